@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test gpu-check bench generated format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Emit layer2 with tile 16 and verify it (numbers on a GPU, compile + resources without).
+demo: $(STAMP)
+	$(BIN)/specgen emit --shape layer2 --tile 16
+	$(BIN)/specgen verify --shape layer2 --tile 16
+
+# CPU tier everywhere; the GPU tier too where a GPU is present.
+test: $(STAMP)
+	$(BIN)/black --check specgen tests
+	$(BIN)/pytest -q
+
+# Regenerate generated/ (the default variant set of every preset).
+generated: $(STAMP)
+	for s in layer1 layer2 mx-layer1 mx-layer2 ae-enc1 ae-enc2 ae-dec1 ae-dec2 ae-dec3; do \
+		$(BIN)/specgen emit --shape $$s --all || exit 1; done
+
+format: $(STAMP)
+	$(BIN)/black specgen tests
+
+# On a GPU machine, from the source tree (no install): the GPU tier, verify, bench.
+OUT ?= out
+gpu-check:
+	mkdir -p $(OUT)
+	set -o pipefail; PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log
+	set -o pipefail; PYTHONPATH=. $(PYTHON) -m specgen verify --all 2>&1 | tee $(OUT)/verify.log
+
+bench:
+	mkdir -p $(OUT)
+	set -o pipefail; PYTHONPATH=. $(PYTHON) -m specgen bench --all-shapes --best \
+		--json $(OUT)/bench.json --plot $(OUT)/bench.png 2>&1 | tee $(OUT)/bench.log
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,251 @@
+"""Timing on the GPU: CUDA events, warm-up, the median of many launches, inputs rotated
+when they fit in L2, each variant verified first, cuDNN timed in the same run."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .compile import cache_dir
+from .shapes import ConvShape
+from .variants import Precision, Variant
+
+WARMUP = 3
+REPS = 25
+L2_ROTATE_BYTES = 3 * 60 * 2**20  # rotate inputs until they span 3x the H200's L2
+
+
+@dataclass
+class Timing:
+    label: str  # variant name or cudnn-fp32 / cudnn-tf32 / cudnn-fp16
+    precision: str
+    ms: float  # median
+    p10: float
+    p90: float
+    tflops: float = 0.0
+    gbs: float = 0.0
+    x_floor: float = 0.0
+    x_cudnn: float | None = None  # our time over cuDNN's of the same precision class
+    verified: str = ""
+
+
+def time_launches(launch, reps=REPS, warmup=WARMUP, rotate=1) -> list[float]:
+    """launch(i) runs once with input set i % rotate; returns ms per launch."""
+    import cupy
+
+    for i in range(warmup):
+        launch(i % rotate)
+    times = []
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    for i in range(reps):
+        start.record()
+        launch(i % rotate)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return times
+
+
+def summarize(label, precision, times, shape, batch, ceil) -> Timing:
+    ms = statistics.median(times)
+    q = np.percentile(times, [10, 90])
+    flops, nbytes = shape.flops(batch), shape.bytes_moved(batch)
+    floor = floor_ms(shape, batch, ceil)
+    return Timing(label, precision, ms, float(q[0]), float(q[1]), flops / ms / 1e9, nbytes / ms / 1e6, ms / floor)
+
+
+def floor_ms(shape: ConvShape, batch: int, ceil: dict, tensor: bool = False) -> float:
+    """max(bytes / copy bandwidth, flops / fp32 rate); tensor-core kernels: memory only."""
+    mem = shape.bytes_moved(batch) / ceil["copy_bytes_per_s"] * 1e3
+    if tensor:
+        return mem
+    return max(mem, shape.flops(batch) / ceil["fp32_flops_per_s"] * 1e3)
+
+
+def device_name() -> str:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def ceilings(refresh: bool = False) -> dict:
+    """Copy bandwidth (bytes read + written) and the fp32 rate of cuBLAS SGEMM,
+    measured once per device and cached."""
+    import cupy
+
+    name = device_name()
+    path = cache_dir() / "ceilings.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if name in known and not refresh:
+        return known[name]
+    a = cupy.empty(2**28, dtype=np.float32)  # 1 GiB
+    b = cupy.empty_like(a)
+    t = statistics.median(time_launches(lambda i: b.__setitem__(Ellipsis, a), reps=10))
+    copy = 2 * a.nbytes / t * 1e3
+    del a, b
+    n = 8192
+    rng = cupy.random.default_rng()
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    y = rng.standard_normal((n, n), dtype=np.float32)
+    with cupy.cuda.Device():
+        import os
+
+        os.environ["CUPY_TF32"] = "0"  # pure fp32: the rate a fp32 kernel is held to
+        t = statistics.median(time_launches(lambda i: cupy.matmul(x, y), reps=10))
+    result = dict(device=name, copy_bytes_per_s=copy, fp32_flops_per_s=2 * n**3 / t * 1e3)
+    known[name] = result
+    from .compile import _atomic_write
+
+    _atomic_write(path, json.dumps(known, indent=1).encode())
+    return result
+
+
+def cudnn_timings(shape: ConvShape, xs, w, batch, ceil) -> list[Timing]:
+    """cuDNN through torch.nn.functional.conv2d with cudnn.benchmark, on the same inputs."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    import cupy
+
+    torch.backends.cudnn.benchmark = True
+    out = []
+    tx = [torch.as_tensor(x, device="cuda") for x in xs]
+    tw = torch.as_tensor(cupy.asarray(w), device="cuda")
+    for label, precision, tf32 in (("cudnn-fp32", "fp32", False), ("cudnn-tf32", "tf32", True)):
+        torch.backends.cudnn.allow_tf32 = tf32
+        f = lambda i: torch.nn.functional.conv2d(tx[i], tw, padding=shape.pad)  # noqa: E731
+        out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
+    hx = [t.half().contiguous(memory_format=torch.channels_last) for t in tx]
+    hw = tw.half().contiguous(memory_format=torch.channels_last)
+    f = lambda i: torch.nn.functional.conv2d(hx[i], hw, padding=shape.pad)  # noqa: E731
+    out.append(summarize("cudnn-fp16", "fp16", _torch_times(f, len(hx)), shape, batch, ceil))
+    torch.backends.cudnn.allow_tf32 = True
+    return out
+
+
+def _torch_times(f, rotate):
+    import torch
+
+    for i in range(WARMUP):
+        f(i % rotate)
+    times = []
+    for i in range(REPS):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f(i % rotate)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return times
+
+
+def input_sets(shape: ConvShape, batch: int, rng) -> list:
+    """Enough fresh random input buffers that rotating them defeats the L2."""
+    import cupy
+
+    nbytes = 4 * batch * shape.C * shape.H * shape.W
+    count = max(1, min(8, -(-L2_ROTATE_BYTES // nbytes)))
+    return [
+        cupy.asarray(rng.standard_normal((batch, shape.C, shape.H, shape.W), dtype=np.float32))
+        for _ in range(count)
+    ]
+
+
+def bench_variant(shape: ConvShape, variant: Variant, batch: int, xs, w, ceil, conv=None) -> Timing:
+    import cupy
+
+    from .runtime import Conv
+
+    conv = conv or Conv(shape, variant)
+    conv.set_weights(w)
+    y = cupy.full((batch, shape.M, shape.Ho, shape.Wo), np.nan, dtype=np.float32)
+    times = time_launches(lambda i: conv(xs[i], y), rotate=len(xs))
+    t = summarize(conv.plan.name, variant.precision.value, times, shape, batch, ceil)
+    t.x_floor = t.ms / floor_ms(shape, batch, ceil, tensor=variant.precision is not Precision.FP32)
+    if not bool(cupy.isfinite(y).all()):
+        t.verified = "NaN in timed output"
+    return t
+
+
+def format_timings(shape: ConvShape, batch: int, rows: list[Timing], ceil) -> str:
+    fl = floor_ms(shape, batch, ceil)
+    mem = floor_ms(shape, batch, ceil, tensor=True)
+    head = f"{'kernel':<46} {'prec':<5} {'ms':>8} {'p10-p90':>15} {'TFLOP/s':>8} {'GB/s':>7} {'x floor':>8} {'vs cuDNN':>9}"
+    lines = [
+        f"{shape.slug} B={batch}: floor {fl:.3f} ms (fp32), memory floor {mem:.3f} ms; "
+        f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, SGEMM {ceil['fp32_flops_per_s'] / 1e12:.1f} TFLOP/s",
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        vs = "-" if r.x_cudnn is None else f"{1 / r.x_cudnn:.2f}x"
+        lines.append(
+            f"{r.label:<46} {r.precision:<5} {r.ms:>8.3f} {f'{r.p10:.3f}-{r.p90:.3f}':>15} {r.tflops:>8.1f} "
+            f"{r.gbs:>7.0f} {r.x_floor:>8.2f} {vs:>9}" + (f"  {r.verified}" if r.verified else "")
+        )
+    return "\n".join(lines)
+
+
+def attach_cudnn_ratio(rows: list[Timing]) -> None:
+    """Speed-up over cuDNN of the same precision class (fp32 with fp32; tf32 with tf32;
+    fp16 with fp16), stored as our time / cuDNN's."""
+    ref = {r.precision: r.ms for r in rows if r.label.startswith("cudnn")}
+    for r in rows:
+        if not r.label.startswith("cudnn") and r.precision in ref:
+            r.x_cudnn = r.ms / ref[r.precision]
+
+
+def to_json(rows: list[Timing]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def run_bench(shapes, batch, variants, best, echo) -> dict:
+    """Verify then time each variant of each shape, with cuDNN and the floor."""
+    import cupy
+
+    from .runtime import Conv, device_arch
+    from .space import default_set
+    from .verify import random_inputs, verify_variant
+
+    ceil = ceilings()
+    arch = device_arch()
+    rng = np.random.default_rng()
+    report = dict(device=device_name(), ceilings=ceil, shapes={})
+    for shape in shapes:
+        b = batch or shape.batch
+        if best:
+            from .tune import best_variants
+
+            chosen = best_variants(shape)
+        else:
+            chosen = (variants or {}).get(shape.slug) or default_set(shape)
+        xs = input_sets(shape, b, rng)
+        _, w = random_inputs(shape, 1, rng)
+        rows = cudnn_timings(shape, xs, w, b, ceil)
+        for v in chosen:
+            check = verify_variant(shape, v, arch=arch, batch=min(b, 8), numbers=True, rng=rng)
+            if not check.ok:
+                echo(f"{check.name}: not timed, verification failed: {'; '.join(check.problems)}")
+                continue
+            t = bench_variant(shape, v, b, xs, w, ceil, Conv(shape, v))
+            t.verified = t.verified or f"verified, err/bound {check.bound_ratio:.2f}"
+            rows.append(t)
+        attach_cudnn_ratio(rows)
+        echo(format_timings(shape, b, rows, ceil))
+        echo("")
+        report["shapes"][shape.slug] = dict(
+            batch=b, floor_ms=floor_ms(shape, b, ceil), memory_floor_ms=floor_ms(shape, b, ceil, True),
+            rows=to_json(rows),
+        )
+        del xs
+        cupy.get_default_memory_pool().free_all_blocks()
+    return report

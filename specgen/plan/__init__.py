@@ -1,0 +1,18 @@
+"""shape + variant -> plan: every derived number, every limit checked, before rendering."""
+
+from ..shapes import ConvShape
+from ..variants import Strategy, Variant
+from .common import Launch, Plan, Size
+from .direct import plan_direct
+
+
+def make_plan(shape: ConvShape, variant: Variant) -> Plan:
+    variant = variant.canonical()
+    if variant.strategy.family == "direct":
+        return plan_direct(shape, variant)
+    from .gemm import plan_gemm
+
+    return plan_gemm(shape, variant)
+
+
+__all__ = ["Launch", "Plan", "Size", "make_plan", "Strategy"]

@@ -1,0 +1,130 @@
+"""What every plan holds, and the hardware limits it is checked against.
+
+A plan is computed in Python before anything is rendered: every derived number (halo
+width, buffer bytes, grid and block, unrolled offsets) is a field here, and every limit
+is checked here.  Templates receive these numbers as literals and only lay them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SpecError
+from ..shapes import ConvShape
+from ..variants import Variant
+
+# Limits of compute capability 9.0 (H100, H200); see the CUDA programming guide's
+# table of technical specifications per compute capability.
+CONST_BYTES = 64 * 1024  # one __constant__ bank
+STATIC_SMEM_BYTES = 48 * 1024  # static __shared__ per block
+OPTIN_SMEM_BYTES = 227 * 1024  # dynamic __shared__ per block after the opt-in
+MAX_THREADS = 1024
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+MAX_REGISTERS = 255
+
+
+@dataclass(frozen=True)
+class Size:
+    """One derived size, for the banner: what it is, its value, where it comes from."""
+
+    label: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch.  The grid is fixed on every axis but ``axis``, which grows
+    with the batch: ``ceil(batch * per_image / per_block)`` blocks."""
+
+    kernel: str
+    args: tuple[str, ...]  # buffer names the runtime passes, in order
+    block: tuple[int, int, int]
+    grid: tuple[int, int, int]  # the entry on ``axis`` is replaced per launch
+    axis: int
+    per_image: int
+    per_block: int
+    dynamic_smem: int = 0
+
+    def grid_for(self, batch: int) -> tuple[int, int, int]:
+        grid = list(self.grid)
+        grid[self.axis] = -(-batch * self.per_image // self.per_block)
+        return tuple(grid)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch one launch covers; the runtime splits larger ones."""
+        by_grid = GRID_LIMITS[self.axis] * self.per_block // self.per_image
+        return min(by_grid, (2**31 - 1) // self.per_image)  # int32 column indices
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class Plan:
+    shape: ConvShape
+    variant: Variant
+    template: str  # path under templates/
+    launches: tuple[Launch, ...]
+    static_smem: int  # bytes of __shared__ the compiler should report
+    dynamic_smem: int  # bytes requested at launch (0 unless over the static limit)
+    const_bytes: int  # bytes of __constant__ weights
+    weight_format: str  # how the host lays out w before upload: "f32" or "h2dup"
+    sizes: tuple[Size, ...]
+    context: dict = field(compare=False, hash=False, repr=False)
+    workspace_per_image: int = 0  # bytes of scratch per image (im2col)
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(launch.kernel for launch in self.launches)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_threads(block: tuple[int, int, int], hint: str) -> None:
+    threads = block[0] * block[1] * block[2]
+    if threads > MAX_THREADS:
+        raise SpecError(
+            f"a block of {block[0]}x{block[1]}x{block[2]} = {threads} threads is over "
+            f"the limit of {MAX_THREADS} threads per block; {hint}"
+        )
+
+
+def check_grid(launch: Launch, batch: int) -> None:
+    """Every fixed axis must fit; the batch axis is split by the runtime."""
+    for axis, (n, limit) in enumerate(zip(launch.grid, GRID_LIMITS)):
+        if axis != launch.axis and n > limit:
+            raise SpecError(
+                f"grid {'xyz'[axis]} = {n} blocks for {launch.kernel} is over the "
+                f"limit of {limit}; choose a larger tile"
+            )
+    if batch < 1:
+        raise SpecError(f"batch must be at least 1, got {batch}")
+
+
+def smem_placement(nbytes: int, what: str, hint: str) -> tuple[int, int]:
+    """(static, dynamic) bytes: static up to 48 KiB, dynamic with the opt-in beyond."""
+    if nbytes <= STATIC_SMEM_BYTES:
+        return nbytes, 0
+    if nbytes <= OPTIN_SMEM_BYTES:
+        return 0, nbytes
+    raise SpecError(
+        f"{what} needs {nbytes} bytes of shared memory, over the sm_90 limit of "
+        f"{OPTIN_SMEM_BYTES} bytes per block (with the opt-in); {hint}"
+    )
+
+
+def bank_conflict_degree(addresses: list[int]) -> int:
+    """Worst number of distinct 4-byte words one bank serves for one warp access."""
+    banks: dict[int, set[int]] = {}
+    for a in addresses:
+        banks.setdefault(a % 32, set()).add(a)
+    return max(len(words) for words in banks.values())

@@ -1,0 +1,120 @@
+"""Load a compiled variant on the GPU and launch it: the Python side of each strategy
+(weight upload, batch chunks past the grid limit, im2col segments, launch order)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compile import Binary, compile_source
+from .errors import SpecError
+from .plan import Plan, make_plan
+from .render import render
+from .shapes import ConvShape
+from .variants import Variant
+
+DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller says otherwise
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device, or no CuPy: all mean "no GPU here"
+        return False
+
+
+def device_arch() -> str:
+    import cupy
+
+    return "sm_" + cupy.cuda.Device().compute_capability
+
+
+def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
+    """The host-side layout each plan asks for: plain fp32, or each weight as the
+    half2 pair (w, w) in one 32-bit word for half2 arithmetic."""
+    w = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+    if fmt == "f32":
+        return w
+    bits = w.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return bits | (bits << 16)
+
+
+class Conv:
+    """One variant, compiled for the GPU present and ready to launch."""
+
+    def __init__(self, shape: ConvShape, variant: Variant, *, plan: Plan | None = None,
+                 binary: Binary | None = None, workspace: int = DEFAULT_WORKSPACE):
+        import cupy
+
+        self.shape = shape
+        self.plan = plan or make_plan(shape, variant)
+        self.binary = binary or compile_source(render(self.plan), self.plan.name, device_arch())
+        self.module = cupy.cuda.function.Module()
+        self.module.load(self.binary.cubin)
+        self.functions = {}
+        for launch in self.plan.launches:
+            f = self.module.get_function(launch.kernel)
+            if launch.dynamic_smem:
+                f.max_dynamic_shared_size_bytes = launch.dynamic_smem
+            self.functions[launch.kernel] = f
+        self.workspace = workspace
+        self.w = None
+
+    def set_weights(self, w) -> None:
+        import cupy
+
+        s = self.shape
+        if tuple(w.shape) != (s.M, s.C, s.K, s.K):
+            raise SpecError(f"weights of shape {tuple(w.shape)}, expected {(s.M, s.C, s.K, s.K)}")
+        host = pack_weights(cupy.asnumpy(w), self.plan.weight_format)
+        if self.plan.const_bytes:
+            ptr = self.module.get_global_var("wc")
+            cupy.ndarray(host.shape, host.dtype, memptr=ptr).set(host)
+            self.w = None
+        else:
+            self.w = cupy.asarray(host)
+
+    def __call__(self, x, y=None):
+        import cupy
+
+        s = self.shape
+        batch = x.shape[0]
+        if tuple(x.shape[1:]) != (s.C, s.H, s.W) or x.dtype != np.float32:
+            raise SpecError(f"input of shape {tuple(x.shape)} {x.dtype}, expected (B, {s.C}, {s.H}, {s.W}) float32")
+        if y is None:
+            y = cupy.empty((batch, s.M, s.Ho, s.Wo), dtype=np.float32)
+        if self.plan.workspace_per_image:
+            self._segments(x, y, batch)
+        else:
+            for launch in self.plan.launches:
+                self._launch(launch, dict(x=x, w=self.w, y=y), batch)
+        return y
+
+    def _segments(self, x, y, batch):
+        """im2col: unroll then multiply, one segment of images at a time."""
+        import cupy
+
+        per_image = self.plan.workspace_per_image
+        seg = min(batch, max(1, self.workspace // per_image), *(l.max_batch for l in self.plan.launches))
+        xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
+        for b0 in range(0, batch, seg):
+            b1 = min(batch, b0 + seg)
+            bufs = dict(x=x[b0:b1], w=self.w, y=y[b0:b1], xu=xu)
+            for launch in self.plan.launches:
+                self._launch(launch, bufs, b1 - b0)
+
+    def _launch(self, launch, bufs, batch):
+        f = self.functions[launch.kernel]
+        step = launch.max_batch
+        for b0 in range(0, batch, step):
+            n = min(step, batch - b0)
+            args = []
+            for name in launch.args:
+                if name == "batch":
+                    args.append(np.int32(n))
+                elif name in ("x", "y"):
+                    args.append(bufs[name][b0 : b0 + n])
+                else:
+                    args.append(bufs[name])
+            f(launch.grid_for(n), launch.block, tuple(args), shared_mem=launch.dynamic_smem)

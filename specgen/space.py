@@ -1,0 +1,98 @@
+"""The variant space: defaults for fields the user leaves out, the default set that
+``generated/`` and ``verify --all`` cover, and the search space of ``tune``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .errors import SpecError
+from .plan import make_plan
+from .plan.direct import UNROLL_CHANNELS_MAX
+from .shapes import ConvShape
+from .variants import Layout, Precision, Strategy, Variant, Weights
+
+# Default unrolled body: big enough for ILP, small enough to compile in seconds.
+DEFAULT_FMAS = 1600
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_coarsening(shape: ConvShape, tile: int, precision: Precision) -> tuple:
+    cx = next(c for c in (4, 2, 1) if tile % c == 0)
+    if precision is Precision.FP16 and cx % 2:
+        cx = 2
+    per_map = shape.K * shape.K * cx
+    cm = max(d for d in _divisors(shape.M) if d <= 16 and d * per_map <= DEFAULT_FMAS or d == 1)
+    return (cx, 1, cm)
+
+
+def complete(
+    shape: ConvShape, v: Variant, *, unroll: bool | None = None, weights: Weights | None = None
+) -> Variant:
+    """Fill in what depends on the shape: weight placement (constant memory when the
+    weights fit, unless the caller chose), unrolling of the channel loop."""
+    if v.strategy.family == "direct":
+        if weights is None:
+            fits = 4 * shape.weight_count <= 64 * 1024
+            weights = Weights.CONST if fits else Weights.GLOBAL
+        v = replace(v, weights=weights)
+        if unroll is None:
+            cx, cy, cm = v.coarsening
+            channels = shape.C // v.splits
+            body = channels * shape.K * shape.K * cx * cy * cm
+            unroll = channels <= UNROLL_CHANNELS_MAX and body <= DEFAULT_FMAS
+        v = replace(v, unroll_channels=unroll)
+    return v.canonical()
+
+
+def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
+    """The first tile from ``choices`` whose plan fits; the last error if none does."""
+    error = None
+    for tile in choices:
+        candidate = replace(v, tile=tile)
+        if v.strategy.family == "direct":
+            candidate = replace(candidate, coarsening=default_coarsening(shape, tile, v.precision))
+            candidate = complete(shape, candidate, weights=None if v.weights is Weights.CONST else v.weights)
+        try:
+            make_plan(shape, candidate)
+            return candidate
+        except SpecError as e:
+            error = e
+    raise error
+
+
+def default_set(shape: ConvShape) -> list[Variant]:
+    """One of each strategy and precision that can serve the shape."""
+    wanted = [
+        Variant(strategy=Strategy.DIRECT),
+        Variant(strategy=Strategy.TILED, layout=Layout.PLANAR),
+        Variant(strategy=Strategy.TILED, layout=Layout.INTERLEAVED),
+        Variant(strategy=Strategy.TILED, weights=Weights.GLOBAL),
+        Variant(strategy=Strategy.TILED, precision=Precision.FP16),
+        Variant(strategy=Strategy.SPLIT, splits=2),
+        Variant(strategy=Strategy.IM2COL, tile=64, regtile=(4, 4)),
+        Variant(strategy=Strategy.IMPLICIT, tile=64, regtile=(1, 1)),
+        Variant(strategy=Strategy.IMPLICIT, tile=64, regtile=(4, 4)),
+        Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32),
+        Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16),
+    ]
+    out: list[Variant] = []
+    for v in wanted:
+        try:
+            if v.strategy.family == "direct":
+                if v.strategy is Strategy.SPLIT:
+                    s = next((d for d in _divisors(shape.C) if d >= 2 and shape.C // d <= 64), 0)
+                    if not s:
+                        continue  # C=1: nothing to split
+                    v = replace(v, splits=s)
+                v = fitting_tile(shape, v)
+            else:
+                make_plan(shape, v)
+        except SpecError:
+            continue  # this strategy cannot serve this shape; the planner said why
+        v = v.canonical()
+        if v not in out:
+            out.append(v)
+    return out

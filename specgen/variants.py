@@ -1,0 +1,174 @@
+"""The variant model: which strategy, tile, coarsening, layout, weight placement and
+precision a kernel uses.  One frozen dataclass; its canonical name is derived from its
+fields and is at once the file name, the kernel symbol and part of the cache key.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, replace
+
+from .errors import SpecError
+
+
+class Strategy(enum.Enum):
+    DIRECT = "direct"  # one thread per output block, loads through the read-only cache
+    TILED = "tiled"  # shared-memory halo tile of all C channels
+    SPLIT = "split"  # tiled, input channels split over blocks, atomicAdd partial sums
+    IM2COL = "im2col"  # explicit unroll kernel + tiled shared-memory GEMM
+    IMPLICIT = "implicit"  # fused implicit GEMM, the unrolled matrix never exists
+    MMA = "mma"  # fused implicit GEMM on tensor-core fragments (mma.sync)
+
+    @property
+    def family(self) -> str:
+        return "gemm" if self in GEMM_FAMILY else "direct"
+
+
+GEMM_FAMILY = (Strategy.IM2COL, Strategy.IMPLICIT, Strategy.MMA)
+
+
+class Layout(enum.Enum):
+    """How the shared-memory halo tile is laid out (tiled and split only)."""
+
+    NONE = "none"
+    PLANAR = "planar"  # xs[c][row][col]: one plane per channel
+    INTERLEAVED = "inter"  # xs[row][col][c]: a pixel's channels side by side
+
+
+class Weights(enum.Enum):
+    CONST = "wconst"  # __constant__ array sized M*C*K*K, warp-uniform broadcast
+    GLOBAL = "wglobal"  # global memory through the read-only cache
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"  # fp32 inputs, products and sums: exact fp32 arithmetic
+    TF32 = "tf32"  # tensor cores: tf32 inputs, fp32 accumulation
+    FP16 = "fp16"  # fp16 inputs (tensor cores) or half2 products (direct family)
+
+
+def _enum(cls, text: str, what: str):
+    for member in cls:
+        if text in (member.value, member.name.lower()):
+            return member
+    choices = ", ".join(m.value for m in cls if m.value != "none")
+    raise SpecError(f"unknown {what} '{text}'; choose one of {choices}")
+
+
+def parse_strategy(text: str) -> Strategy:
+    return _enum(Strategy, text, "strategy")
+
+
+def parse_layout(text: str) -> Layout:
+    return _enum(Layout, text, "layout")
+
+
+def parse_weights(text: str) -> Weights:
+    return _enum(Weights, {"const": "wconst", "global": "wglobal"}.get(text, text), "weights")
+
+
+def parse_precision(text: str) -> Precision:
+    return _enum(Precision, text, "precision")
+
+
+_COARSENING = re.compile(r"^x(\d+)y(\d+)m(\d+)$")
+_REGTILE = re.compile(r"^(\d+)x(\d+)$")
+
+
+def parse_coarsening(text: str) -> tuple[int, int, int]:
+    """``x4y2m4``: 4 outputs along the row, 2 rows, 4 output maps per thread."""
+    m = _COARSENING.match(text.strip())
+    if not m:
+        raise SpecError(
+            f"malformed coarsening '{text}'; write xAyBmC, for example x4y1m4 "
+            "(4 outputs along the row, 1 row, 4 output maps per thread)"
+        )
+    return tuple(int(g) for g in m.groups())
+
+
+def parse_regtile(text: str) -> tuple[int, int]:
+    """``4x4``: each thread accumulates 4 output maps x 4 pixels in registers."""
+    m = _REGTILE.match(text.strip())
+    if not m:
+        raise SpecError(f"malformed register tile '{text}'; write RxC, for example 4x4")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class Variant:
+    strategy: Strategy = Strategy.TILED
+    tile: int = 16
+    coarsening: tuple[int, int, int] = (1, 1, 1)  # (x, y, maps) outputs per thread
+    layout: Layout = Layout.PLANAR
+    weights: Weights = Weights.CONST
+    precision: Precision = Precision.FP32
+    unroll_channels: bool = True
+    regtile: tuple[int, int] = (1, 1)  # GEMM family: maps x pixels per thread
+    splits: int = 1  # split: how many channel groups
+
+    @property
+    def name(self) -> str:
+        """Canonical name: only the fields that shape this strategy's code appear."""
+        s = self.strategy
+        parts = [s.value, f"t{self.tile}"]
+        if s.family == "direct":
+            cx, cy, cm = self.coarsening
+            parts.append(f"x{cx}y{cy}m{cm}")
+            if s is not Strategy.DIRECT:
+                parts.append(self.layout.value)
+            parts.append(self.weights.value)
+            if s is Strategy.SPLIT:
+                parts.append(f"s{self.splits}")
+            parts.append("uc" if self.unroll_channels else "lc")
+        elif s is not Strategy.MMA:
+            parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
+        parts.append(self.precision.value)
+        return "_".join(parts)
+
+    def canonical(self) -> "Variant":
+        """The same kernel with the fields its strategy ignores set to their defaults,
+        so that two spellings of one kernel compare equal."""
+        d = Variant()
+        if self.strategy.family == "gemm":
+            return replace(
+                self,
+                coarsening=d.coarsening,
+                layout=Layout.NONE,
+                weights=Weights.GLOBAL,
+                unroll_channels=d.unroll_channels,
+                splits=1,
+                regtile=d.regtile if self.strategy is Strategy.MMA else self.regtile,
+            )
+        layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
+        if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
+            layout = Layout.PLANAR
+        splits = self.splits if self.strategy is Strategy.SPLIT else 1
+        return replace(self, layout=layout, regtile=d.regtile, splits=splits)
+
+
+def parse_variant_name(name: str) -> Variant:
+    """Inverse of ``Variant.name``: every generated file name parses back."""
+    parts = name.split("_")
+    try:
+        strategy = parse_strategy(parts[0])
+        tile = int(parts[1][1:]) if parts[1].startswith("t") else None
+        precision = parse_precision(parts[-1])
+        fields = dict(strategy=strategy, tile=tile, precision=precision)
+        rest = parts[2:-1]
+        if strategy.family == "direct":
+            fields["coarsening"] = parse_coarsening(rest.pop(0))
+            fields["unroll_channels"] = {"uc": True, "lc": False}[rest.pop()]
+            if strategy is Strategy.SPLIT:
+                fields["splits"] = int(rest.pop()[1:])
+            fields["weights"] = parse_weights(rest.pop())
+            fields["layout"] = parse_layout(rest.pop()) if rest else Layout.NONE
+        elif strategy is not Strategy.MMA:
+            fields["regtile"] = parse_regtile(rest.pop(0)[1:])
+        if tile is None or rest:
+            raise ValueError
+    except (IndexError, KeyError, ValueError, SpecError):
+        raise SpecError(f"malformed variant name '{name}'") from None
+    variant = Variant(**fields).canonical()
+    if variant.name != name:
+        raise SpecError(f"malformed variant name '{name}' (canonical: {variant.name})")
+    return variant

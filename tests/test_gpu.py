@@ -1,0 +1,53 @@
+"""GPU tier: every default variant of every preset, and random shapes, checked against
+the float64 reference with fresh random inputs and a NaN-poisoned output."""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specgen.parallel import precompile
+from specgen.shapes import PRESETS, ConvShape
+from specgen.space import default_set
+from specgen.verify import verify_variant
+
+pytestmark = pytest.mark.gpu
+
+CASES = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+
+
+@pytest.fixture(scope="module")
+def arch():
+    from specgen.runtime import device_arch
+
+    return device_arch()
+
+
+@pytest.mark.parametrize("shape,variant", CASES, ids=[f"{s.name}-{v.name}" for s, v in CASES])
+def test_preset_variant(shape, variant, arch):
+    row = verify_variant(shape, variant, arch=arch, batch=3, numbers=True)
+    assert row.status == "PASS", row.problems
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    K=st.sampled_from([1, 3, 5, 7]),
+    C=st.integers(1, 32),
+    M=st.integers(1, 32),
+    H=st.integers(7, 29),
+    W=st.integers(7, 29),
+    padfrac=st.floats(0, 1),
+    batch=st.integers(1, 3),
+)
+def test_random_shapes(K, C, M, H, W, padfrac, batch, arch):
+    pad = int(padfrac * (K // 2) + 0.5) if K > 1 else 0
+    shape = ConvShape(C=C, M=M, H=H, W=W, K=K, pad=min(pad, K // 2))
+    variants = default_set(shape)
+    assert variants, "every shape gets at least one variant"
+    precompile([(shape, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(shape, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (shape, v.name, row.problems)
