@@ -54,7 +54,16 @@ def summarize(label, precision, times, shape, batch, ceil) -> Timing:
     q = np.percentile(times, [10, 90])
     flops, nbytes = shape.flops(batch), shape.bytes_moved(batch)
     floor = floor_ms(shape, batch, ceil)
-    return Timing(label, precision, ms, float(q[0]), float(q[1]), flops / ms / 1e9, nbytes / ms / 1e6, ms / floor)
+    return Timing(
+        label,
+        precision,
+        ms,
+        float(q[0]),
+        float(q[1]),
+        flops / ms / 1e9,
+        nbytes / ms / 1e6,
+        ms / floor,
+    )
 
 
 def floor_ms(shape: ConvShape, batch: int, ceil: dict, tensor: bool = False) -> float:
@@ -243,7 +252,9 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
         echo(format_timings(shape, b, rows, ceil))
         echo("")
         report["shapes"][shape.slug] = dict(
-            batch=b, floor_ms=floor_ms(shape, b, ceil), memory_floor_ms=floor_ms(shape, b, ceil, True),
+            batch=b,
+            floor_ms=floor_ms(shape, b, ceil),
+            memory_floor_ms=floor_ms(shape, b, ceil, True),
             rows=to_json(rows),
         )
         del xs

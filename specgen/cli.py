@@ -57,9 +57,18 @@ def shapes():
 
 def variant_options(f):
     opts = [
-        click.option("--variant", "variant_name", help="a canonical variant name (as in generated/)"),
-        click.option("--strategy", default=None, help="direct, tiled, split, im2col, implicit, mma"),
-        click.option("--tile", type=int, default=None, help="output tile edge (direct family) or pixels per block (GEMM)"),
+        click.option(
+            "--variant", "variant_name", help="a canonical variant name (as in generated/)"
+        ),
+        click.option(
+            "--strategy", default=None, help="direct, tiled, split, im2col, implicit, mma"
+        ),
+        click.option(
+            "--tile",
+            type=int,
+            default=None,
+            help="output tile edge (direct family) or pixels per block (GEMM)",
+        ),
         click.option("--coarsening", default=None, help="outputs per thread: xAyBmC"),
         click.option("--layout", default=None, help="shared tile layout: planar or inter"),
         click.option("--weights", default=None, help="const or global"),
@@ -73,8 +82,19 @@ def variant_options(f):
     return f
 
 
-def build_variant(shape, variant_name=None, strategy=None, tile=None, coarsening=None, layout=None,
-                  weights=None, precision=None, unroll=None, regtile=None, splits=None) -> Variant:
+def build_variant(
+    shape,
+    variant_name=None,
+    strategy=None,
+    tile=None,
+    coarsening=None,
+    layout=None,
+    weights=None,
+    precision=None,
+    unroll=None,
+    regtile=None,
+    splits=None,
+) -> Variant:
     from .space import complete, default_coarsening
 
     if variant_name:
@@ -96,16 +116,30 @@ def build_variant(shape, variant_name=None, strategy=None, tile=None, coarsening
     if v.strategy.family == "direct":
         if v.tile < 1:
             raise SpecError(f"tile must be at least 1, got {v.tile}")
-        cz = parse_coarsening(coarsening) if coarsening else default_coarsening(shape, v.tile, v.precision)
+        cz = (
+            parse_coarsening(coarsening)
+            if coarsening
+            else default_coarsening(shape, v.tile, v.precision)
+        )
         v = replace(v, coarsening=cz)
     return complete(shape, v, unroll=unroll, weights=parse_weights(weights) if weights else None)
 
 
 @main.command()
-@click.option("--shape", "shape_text", required=True, help="a preset name or C=..,M=..,H=..,W=..,K=..[,pad=..]")
+@click.option(
+    "--shape",
+    "shape_text",
+    required=True,
+    help="a preset name or C=..,M=..,H=..,W=..,K=..[,pad=..]",
+)
 @variant_options
 @click.option("--all", "all_", is_flag=True, help="emit the default variant set of the shape")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, help="output folder (default generated/)")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="output folder (default generated/)",
+)
 def emit(shape_text, all_, out, **opts):
     """Write generated/<shape>/<variant>.cu."""
     from .emit import GENERATED, emit as emit_one
@@ -169,7 +203,9 @@ def verify(shape_text, all_, batch, arch, jobs, **opts):
     click.echo(format_table(rows))
     failed = sum(not r.ok for r in rows)
     if not gpu:
-        click.echo(f"no GPU: compiled for {arch} and checked resources only; the numerical check needs a GPU")
+        click.echo(
+            f"no GPU: compiled for {arch} and checked resources only; the numerical check needs a GPU"
+        )
     click.echo(f"verify: {len(rows) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
@@ -213,3 +249,17 @@ def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
 
         roofline(report, plot_path)
         click.echo(f"wrote {plot_path}")
+
+
+@main.command()
+@click.option("--shape", "shape_text", required=True)
+@click.option("--precision", default="fp32", help="fp32, tf32 or fp16")
+@click.option("--budget", type=int, default=None, help="most candidates to time")
+def tune(shape_text, precision, budget):
+    """Search the variant space of every strategy for the fastest verified kernel."""
+    parse_shape(shape_text)
+    parse_precision(precision)
+    _need_gpu("tune")
+    from .tune import run_tune
+
+    run_tune(parse_shape(shape_text), parse_precision(precision), budget, echo=click.echo)

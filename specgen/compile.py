@@ -81,9 +81,7 @@ def cache_key(source: str, arch: str) -> str:
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
-_FRAME = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(.*)")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _CMEM = re.compile(r"(\d+) bytes cmem\[(\d+)\]")
@@ -97,9 +95,11 @@ def symbol_sizes(cubin: bytes) -> dict[str, int]:
     """
     import struct
 
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)
+    ]
     out = {}
     for sec in sections:
         if sec[1] != 2:  # SHT_SYMTAB

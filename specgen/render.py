@@ -54,11 +54,17 @@ def _grid_text(launch) -> str:
 def _description(plan: Plan) -> list[str]:
     v = plan.variant
     lines = [DESCRIPTIONS[v.strategy]]
-    lines.append(f"precision {v.precision.value}: " + plan.context.get("precision_note", {
-        "fp32": "fp32 inputs, products and sums",
-        "fp16": "fp32 in and out, half2 products summed along each window row, fp32 sums",
-        "tf32": "tf32 inputs, fp32 accumulation",
-    }[v.precision.value]))
+    lines.append(
+        f"precision {v.precision.value}: "
+        + plan.context.get(
+            "precision_note",
+            {
+                "fp32": "fp32 inputs, products and sums",
+                "fp16": "fp32 in and out, half2 products summed along each window row, fp32 sums",
+                "tf32": "tf32 inputs, fp32 accumulation",
+            }[v.precision.value],
+        )
+    )
     return lines
 
 

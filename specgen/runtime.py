@@ -43,8 +43,15 @@ def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
 class Conv:
     """One variant, compiled for the GPU present and ready to launch."""
 
-    def __init__(self, shape: ConvShape, variant: Variant, *, plan: Plan | None = None,
-                 binary: Binary | None = None, workspace: int = DEFAULT_WORKSPACE):
+    def __init__(
+        self,
+        shape: ConvShape,
+        variant: Variant,
+        *,
+        plan: Plan | None = None,
+        binary: Binary | None = None,
+        workspace: int = DEFAULT_WORKSPACE,
+    ):
         import cupy
 
         self.shape = shape
@@ -56,7 +63,11 @@ class Conv:
         for launch in self.plan.launches:
             f = self.module.get_function(launch.kernel)
             if launch.dynamic_smem:
-                f.max_dynamic_shared_size_bytes = launch.dynamic_smem
+                # Over 48 KiB of dynamic shared memory needs the per-function opt-in.
+                from cupy.cuda import driver as drv
+
+                attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+                drv.funcSetAttribute(f.ptr, attr, launch.dynamic_smem)
             self.functions[launch.kernel] = f
         self.workspace = workspace
         self.w = None
@@ -70,6 +81,9 @@ class Conv:
         host = pack_weights(cupy.asnumpy(w), self.plan.weight_format)
         if self.plan.const_bytes:
             ptr = self.module.get_global_var("wc")
+            if not isinstance(ptr, cupy.cuda.MemoryPointer):  # a bare address in some CuPys
+                mem = cupy.cuda.UnownedMemory(int(ptr), host.nbytes, self.module)
+                ptr = cupy.cuda.MemoryPointer(mem, 0)
             cupy.ndarray(host.shape, host.dtype, memptr=ptr).set(host)
             self.w = None
         else:
@@ -81,7 +95,9 @@ class Conv:
         s = self.shape
         batch = x.shape[0]
         if tuple(x.shape[1:]) != (s.C, s.H, s.W) or x.dtype != np.float32:
-            raise SpecError(f"input of shape {tuple(x.shape)} {x.dtype}, expected (B, {s.C}, {s.H}, {s.W}) float32")
+            raise SpecError(
+                f"input of shape {tuple(x.shape)} {x.dtype}, expected (B, {s.C}, {s.H}, {s.W}) float32"
+            )
         if y is None:
             y = cupy.empty((batch, s.M, s.Ho, s.Wo), dtype=np.float32)
         if self.plan.workspace_per_image:
@@ -96,7 +112,9 @@ class Conv:
         import cupy
 
         per_image = self.plan.workspace_per_image
-        seg = min(batch, max(1, self.workspace // per_image), *(l.max_batch for l in self.plan.launches))
+        seg = min(
+            batch, max(1, self.workspace // per_image), *(l.max_batch for l in self.plan.launches)
+        )
         xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
         for b0 in range(0, batch, seg):
             b1 = min(batch, b0 + seg)

@@ -65,9 +65,7 @@ class ConvShape:
 
     @property
     def spec(self) -> str:
-        return (
-            f"C={self.C},M={self.M},H={self.H},W={self.W},K={self.K},pad={self.pad}"
-        )
+        return f"C={self.C},M={self.M},H={self.H},W={self.W},K={self.K},pad={self.pad}"
 
     def flops(self, batch: int) -> int:
         return 2 * batch * self.M * self.reduction * self.Ho * self.Wo

@@ -54,7 +54,9 @@ def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
         candidate = replace(v, tile=tile)
         if v.strategy.family == "direct":
             candidate = replace(candidate, coarsening=default_coarsening(shape, tile, v.precision))
-            candidate = complete(shape, candidate, weights=None if v.weights is Weights.CONST else v.weights)
+            candidate = complete(
+                shape, candidate, weights=None if v.weights is Weights.CONST else v.weights
+            )
         try:
             make_plan(shape, candidate)
             return candidate

@@ -84,8 +84,9 @@ def check_numbers(shape: ConvShape, plan: Plan, binary, batch: int, rng) -> dict
     return compare(y if xp is cupy else cupy.asnumpy(y), ref, ref_abs, gamma, xp)
 
 
-def verify_variant(shape: ConvShape, variant: Variant, *, arch: str, batch: int,
-                   numbers: bool, rng=None) -> Row:
+def verify_variant(
+    shape: ConvShape, variant: Variant, *, arch: str, batch: int, numbers: bool, rng=None
+) -> Row:
     plan = make_plan(shape, variant)
     row = Row(shape.slug, plan.name, plan.variant.precision.value)
     try:
@@ -103,7 +104,11 @@ def verify_variant(shape: ConvShape, variant: Variant, *, arch: str, batch: int,
         row.status = "COMPILED"
         return row
     result = check_numbers(shape, plan, binary, batch, rng or np.random.default_rng())
-    row.rel_l2, row.max_err, row.bound_ratio = result["rel_l2"], result["max_err"], result["bound_ratio"]
+    row.rel_l2, row.max_err, row.bound_ratio = (
+        result["rel_l2"],
+        result["max_err"],
+        result["bound_ratio"],
+    )
     if not result["finite"]:
         row.problems.append("NaN or Inf in the output (an element left unwritten?)")
     elif not result["ok"]:

@@ -204,24 +204,59 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         sizes.append(Size("__constant__", f"{const_bytes} B", f"M*C*K*K = {M * C * KK} floats"))
 
     ctx = dict(
-        C=C, M=M, H=H, W=W, K=K, KK=KK, pad=pad, Ho=Ho, Wo=Wo, tile=tile,
-        cx=cx, cy=cy, cm=cm, bw=bw, bh=bh, threads=bw * bh, tiles_x=tiles_x,
-        tiles_y=tiles_y, map_groups=map_groups, splits=splits, cg=cg, ih=ih, iw=iw,
-        const=const, weight_count=M * C * KK, fp16=fp16, guard_loads=guard_loads,
-        guard_stores=overhang, unroll=v.unroll_channels, smem=None,
-        atomic=v.strategy is Strategy.SPLIT, wstride_group=cm * C * KK,
-        npix=cx + K - 1, nh2=cx + K - 2, half_math=True, HW=H * W, CHW=C * H * W,
-        out_plane=Ho * Wo, out_image=M * Ho * Wo,
+        C=C,
+        M=M,
+        H=H,
+        W=W,
+        K=K,
+        KK=KK,
+        pad=pad,
+        Ho=Ho,
+        Wo=Wo,
+        tile=tile,
+        cx=cx,
+        cy=cy,
+        cm=cm,
+        bw=bw,
+        bh=bh,
+        threads=bw * bh,
+        tiles_x=tiles_x,
+        tiles_y=tiles_y,
+        map_groups=map_groups,
+        splits=splits,
+        cg=cg,
+        ih=ih,
+        iw=iw,
+        const=const,
+        weight_count=M * C * KK,
+        fp16=fp16,
+        guard_loads=guard_loads,
+        guard_stores=overhang,
+        unroll=v.unroll_channels,
+        smem=None,
+        atomic=v.strategy is Strategy.SPLIT,
+        wstride_group=cm * C * KK,
+        npix=cx + K - 1,
+        nh2=cx + K - 2,
+        half_math=True,
+        HW=H * W,
+        CHW=C * H * W,
+        out_plane=Ho * Wo,
+        out_image=M * Ho * Wo,
         stores=[
             dict(m=m, oy=oy, ox=ox, off=m * Ho * Wo + oy * Wo + ox)
-            for m in range(cm) for oy in range(cy) for ox in range(cx)
+            for m in range(cm)
+            for oy in range(cy)
+            for ox in range(cx)
         ],
     )
 
     static_smem = dynamic_smem = 0
     if v.strategy is Strategy.DIRECT:
+
         def offsets(c, ir, j):
             return c * H * W + ir * W + j
+
     else:
         lay = _smem_layout(shape, v, cg, ih, iw, bw)
         nbytes = 4 * lay["floats"]
@@ -255,18 +290,31 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
     if ctx["atomic"]:
         zero_block = 256
         launches.append(
-            Launch(f"{symbol}_zero", ("y", "batch"), (zero_block, 1, 1), (0, 1, 1), 0,
-                   M * Ho * Wo, zero_block * 4)
+            Launch(
+                f"{symbol}_zero",
+                ("y", "batch"),
+                (zero_block, 1, 1),
+                (0, 1, 1),
+                0,
+                M * Ho * Wo,
+                zero_block * 4,
+            )
         )
         ctx["zero_per_thread"] = 4
         ctx["zero_block"] = zero_block
     args = ("x", "y") if const else ("x", "w", "y")
     launches.append(
-        Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1,
-               dynamic_smem)
+        Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1, dynamic_smem)
     )
     return Plan(
-        shape=shape, variant=v, template="direct/conv.cu.j2", launches=tuple(launches),
-        static_smem=static_smem, dynamic_smem=dynamic_smem, const_bytes=const_bytes,
-        weight_format="h2dup" if fp16 else "f32", sizes=tuple(sizes), context=ctx,
+        shape=shape,
+        variant=v,
+        template="direct/conv.cu.j2",
+        launches=tuple(launches),
+        static_smem=static_smem,
+        dynamic_smem=dynamic_smem,
+        const_bytes=const_bytes,
+        weight_format="h2dup" if fp16 else "f32",
+        sizes=tuple(sizes),
+        context=ctx,
     )

@@ -10,7 +10,15 @@ from __future__ import annotations
 from ..errors import SpecError
 from ..shapes import ConvShape
 from ..variants import Precision, Strategy, Variant
-from .common import Launch, Plan, Size, bank_conflict_degree, ceil_div, check_threads, smem_placement
+from .common import (
+    Launch,
+    Plan,
+    Size,
+    bank_conflict_degree,
+    ceil_div,
+    check_threads,
+    smem_placement,
+)
 
 GEMM_BK = 16  # reduction chunk of the CUDA-core GEMMs
 UNROLL_THREADS = 256
@@ -39,9 +47,16 @@ def _pad_for(addr_of) -> tuple[int, int]:
 def _common_sizes(shape: ConvShape) -> list[Size]:
     K, C = shape.K, shape.C
     return [
-        Size("output", f"{shape.M} x {shape.Ho} x {shape.Wo}", f"Ho = H + 2*pad - K + 1 = {shape.H}+{2 * shape.pad}-{K}+1"),
-        Size("GEMM", f"{shape.M} x {C * K * K} . {C * K * K} x (B*{shape.Ho * shape.Wo})",
-             "M x C*K*K weights times C*K*K x B*Ho*Wo gathered input"),
+        Size(
+            "output",
+            f"{shape.M} x {shape.Ho} x {shape.Wo}",
+            f"Ho = H + 2*pad - K + 1 = {shape.H}+{2 * shape.pad}-{K}+1",
+        ),
+        Size(
+            "GEMM",
+            f"{shape.M} x {C * K * K} . {C * K * K} x (B*{shape.Ho * shape.Wo})",
+            "M x C*K*K weights times C*K*K x B*Ho*Wo gathered input",
+        ),
     ]
 
 
@@ -71,9 +86,20 @@ def _k_tables(shape: ConvShape, kpad: int) -> dict:
 def _index_ctx(shape: ConvShape) -> dict:
     H, W, K = shape.H, shape.W, shape.K
     return dict(
-        C=shape.C, M=shape.M, H=H, W=W, K=K, KK=K * K, pad=shape.pad, Ho=shape.Ho,
-        Wo=shape.Wo, HoWo=shape.Ho * shape.Wo, HW=H * W, CHW=shape.C * H * W,
-        CKK=shape.reduction, out_image=shape.M * shape.Ho * shape.Wo,
+        C=shape.C,
+        M=shape.M,
+        H=H,
+        W=W,
+        K=K,
+        KK=K * K,
+        pad=shape.pad,
+        Ho=shape.Ho,
+        Wo=shape.Wo,
+        HoWo=shape.Ho * shape.Wo,
+        HW=H * W,
+        CHW=shape.C * H * W,
+        CKK=shape.reduction,
+        out_image=shape.M * shape.Ho * shape.Wo,
         guard_pad=shape.pad > 0,
     )
 
@@ -98,29 +124,65 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
     static, dynamic = smem_placement(smem, "the GEMM tiles", "choose a smaller tile")
     ctx = _index_ctx(shape)
     ctx.update(
-        bm=bm, bn=bn, bk=bk, r=r, c=c, tx_n=tx, ty_n=ty, threads=tx * ty,
-        ws_stride=ws_stride, xs_stride=xs_stride, chunks=ceil_div(shape.reduction, bk),
-        w_loads=ceil_div(bm * bk, tx * ty), x_loads=ceil_div(bk * bn, tx * ty),
-        m_blocks=ceil_div(shape.M, bm), explicit=v.strategy is Strategy.IM2COL,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        r=r,
+        c=c,
+        tx_n=tx,
+        ty_n=ty,
+        threads=tx * ty,
+        ws_stride=ws_stride,
+        xs_stride=xs_stride,
+        chunks=ceil_div(shape.reduction, bk),
+        w_loads=ceil_div(bm * bk, tx * ty),
+        x_loads=ceil_div(bk * bn, tx * ty),
+        m_blocks=ceil_div(shape.M, bm),
+        explicit=v.strategy is Strategy.IM2COL,
         unroll_threads=UNROLL_THREADS,
     )
     ctx.update(_k_tables(shape, ctx["chunks"] * bk))
     sizes = _common_sizes(shape) + [
         Size("block tile", f"{bm} maps x {bn} pixels", f"min(64, M rounded to r={r}) x tile"),
-        Size("block", f"{tx} x {ty} = {tx * ty} threads", f"tile/c = {bn}/{c}, block maps/r = {bm}/{r}"),
+        Size(
+            "block",
+            f"{tx} x {ty} = {tx * ty} threads",
+            f"tile/c = {bn}/{c}, block maps/r = {bm}/{r}",
+        ),
         Size("registers", f"{r * c} accumulators", f"register tile {r} maps x {c} pixels"),
-        Size("__shared__", f"{smem} B", f"W tile {bk}x{ws_stride} + X tile {bk}x{xs_stride} floats, k chunk {bk}"),
-        Size("k chunks", f"{ctx['chunks']}", f"ceil(C*K*K / {bk}) = ceil({shape.reduction}/{bk}), the last one zero-filled"),
+        Size(
+            "__shared__",
+            f"{smem} B",
+            f"W tile {bk}x{ws_stride} + X tile {bk}x{xs_stride} floats, k chunk {bk}",
+        ),
+        Size(
+            "k chunks",
+            f"{ctx['chunks']}",
+            f"ceil(C*K*K / {bk}) = ceil({shape.reduction}/{bk}), the last one zero-filled",
+        ),
     ]
     launches = []
     symbol = v.name
     workspace = 0
     if v.strategy is Strategy.IM2COL:
         workspace = 4 * shape.reduction * shape.Ho * shape.Wo
-        sizes.append(Size("workspace", f"{workspace} B per image", f"C*K*K x Ho*Wo = {shape.reduction} x {shape.Ho * shape.Wo} floats; images per segment from the budget"))
+        sizes.append(
+            Size(
+                "workspace",
+                f"{workspace} B per image",
+                f"C*K*K x Ho*Wo = {shape.reduction} x {shape.Ho * shape.Wo} floats; images per segment from the budget",
+            )
+        )
         launches.append(
-            Launch(f"{symbol}_unroll", ("x", "xu", "batch"), (UNROLL_THREADS, 1, 1),
-                   (0, shape.C * shape.K, 1), 0, shape.Ho * shape.Wo, UNROLL_THREADS)
+            Launch(
+                f"{symbol}_unroll",
+                ("x", "xu", "batch"),
+                (UNROLL_THREADS, 1, 1),
+                (0, shape.C * shape.K, 1),
+                0,
+                shape.Ho * shape.Wo,
+                UNROLL_THREADS,
+            )
         )
         args = ("w", "xu", "y", "batch")
     else:
@@ -129,9 +191,17 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
         Launch(symbol, args, block, (0, ctx["m_blocks"], 1), 0, shape.Ho * shape.Wo, bn, dynamic)
     )
     return Plan(
-        shape=shape, variant=v, template=f"gemm/{v.strategy.value}.cu.j2",
-        launches=tuple(launches), static_smem=static, dynamic_smem=dynamic, const_bytes=0,
-        weight_format="f32", sizes=tuple(sizes), context=ctx, workspace_per_image=workspace,
+        shape=shape,
+        variant=v,
+        template=f"gemm/{v.strategy.value}.cu.j2",
+        launches=tuple(launches),
+        static_smem=static,
+        dynamic_smem=dynamic,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=ctx,
+        workspace_per_image=workspace,
     )
 
 
@@ -179,11 +249,29 @@ def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
     threads = 32 * MMA_WARPS
     ctx = _index_ctx(shape)
     ctx.update(
-        fp16=fp16, half_math=False, bm=bm, bn=bn, bk=bk, kw=kw, kstep=kstep, kpad=kpad, chunks=kpad // bk,
-        steps_per_chunk=per_chunk, fm=fm, fn=fn, warp_n=warp_n, threads=threads,
-        a_stride=a_stride, b_stride=b_stride, a_words=bm * a_stride, ptx=frag["ptx"],
-        m_blocks=ceil_div(shape.M, bm), w_loads=ceil_div(bm * kw, threads),
-        x_loads=ceil_div(kw * bn, threads), words=words, rows_per_pass=threads // bn,
+        fp16=fp16,
+        half_math=False,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        kw=kw,
+        kstep=kstep,
+        kpad=kpad,
+        chunks=kpad // bk,
+        steps_per_chunk=per_chunk,
+        fm=fm,
+        fn=fn,
+        warp_n=warp_n,
+        threads=threads,
+        a_stride=a_stride,
+        b_stride=b_stride,
+        a_words=bm * a_stride,
+        ptx=frag["ptx"],
+        m_blocks=ceil_div(shape.M, bm),
+        w_loads=ceil_div(bm * kw, threads),
+        x_loads=ceil_div(kw * bn, threads),
+        words=words,
+        rows_per_pass=threads // bn,
     )
     ctx.update(_k_tables(shape, kpad))
     ctx["precision_note"] = (
@@ -193,21 +281,64 @@ def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
     )
     waste = 100.0 * (kpad - ckk) / kpad
     sizes = _common_sizes(shape) + [
-        Size("fragment", f"{frag['wmma']} as 2 x mma.{frag['ptx']}", f"{v.precision.value} inputs, fp32 accumulators"),
-        Size("k padding", f"{ckk} -> {kpad} ({waste:.1f}% zeros)", f"C*K*K rounded up to the fragment depth {kstep}; the pad is zero in W and X"),
-        Size("block tile", f"{bm} maps x {bn} pixels", f"{fm} m16 x {fn} n8 fragments per warp, {MMA_WARPS} warps side by side"),
-        Size("k chunk", f"{bk} = {per_chunk} x {kstep}", f"{kpad // bk} chunks; {per_chunk} divides the {steps} fragment steps"),
-        Size("__shared__", f"{smem} B", f"A {bm}x{a_stride} words, B {b_rows}x{b_stride} words; pads {a_pad}/{b_pad} -> {max(a_deg, b_deg)}-way conflicts at worst"),
-        Size("registers", f"{fm * fn * 4} accumulators", f"{fm}*{fn} fragments x 4 floats per thread"),
+        Size(
+            "fragment",
+            f"{frag['wmma']} as 2 x mma.{frag['ptx']}",
+            f"{v.precision.value} inputs, fp32 accumulators",
+        ),
+        Size(
+            "k padding",
+            f"{ckk} -> {kpad} ({waste:.1f}% zeros)",
+            f"C*K*K rounded up to the fragment depth {kstep}; the pad is zero in W and X",
+        ),
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} pixels",
+            f"{fm} m16 x {fn} n8 fragments per warp, {MMA_WARPS} warps side by side",
+        ),
+        Size(
+            "k chunk",
+            f"{bk} = {per_chunk} x {kstep}",
+            f"{kpad // bk} chunks; {per_chunk} divides the {steps} fragment steps",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B",
+            f"A {bm}x{a_stride} words, B {b_rows}x{b_stride} words; pads {a_pad}/{b_pad} -> {max(a_deg, b_deg)}-way conflicts at worst",
+        ),
+        Size(
+            "registers", f"{fm * fn * 4} accumulators", f"{fm}*{fn} fragments x 4 floats per thread"
+        ),
     ]
     if shape.M % 16:
-        sizes.append(Size("M padding", f"{shape.M} -> {ceil_div(shape.M, 16) * 16}", "rows past M are zero and never stored"))
-    launch = Launch(v.name, ("x", "w", "y", "batch"), (threads, 1, 1), (0, ctx["m_blocks"], 1), 0,
-                    shape.Ho * shape.Wo, bn, dynamic)
+        sizes.append(
+            Size(
+                "M padding",
+                f"{shape.M} -> {ceil_div(shape.M, 16) * 16}",
+                "rows past M are zero and never stored",
+            )
+        )
+    launch = Launch(
+        v.name,
+        ("x", "w", "y", "batch"),
+        (threads, 1, 1),
+        (0, ctx["m_blocks"], 1),
+        0,
+        shape.Ho * shape.Wo,
+        bn,
+        dynamic,
+    )
     return Plan(
-        shape=shape, variant=v, template="gemm/mma.cu.j2", launches=(launch,),
-        static_smem=static, dynamic_smem=dynamic, const_bytes=0, weight_format="f32",
-        sizes=tuple(sizes), context=ctx,
+        shape=shape,
+        variant=v,
+        template="gemm/mma.cu.j2",
+        launches=(launch,),
+        static_smem=static,
+        dynamic_smem=dynamic,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=ctx,
     )
 
 

@@ -1,0 +1,113 @@
+"""CPU tier: the command line through click's runner, every bad input included."""
+
+import pytest
+from click.testing import CliRunner
+
+from specgen.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_shapes_lists_every_preset():
+    r = run("shapes")
+    assert r.exit_code == 0
+    for name in ("layer1", "layer2", "mx-layer2", "ae-dec3"):
+        assert name in r.output
+    assert "12544" in r.output  # layer2 weight bytes
+
+
+def test_emit_writes_once_then_leaves_it(tmp_path):
+    r = run("emit", "--shape", "layer2", "--tile", "16", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    files = list(tmp_path.glob("layer2/*.cu"))
+    assert len(files) == 1 and r.output.startswith("wrote ")
+    mtime = files[0].stat().st_mtime_ns
+    r = run("emit", "--shape", "layer2", "--tile", "16", "--out", str(tmp_path))
+    assert r.output.startswith("unchanged ") and files[0].stat().st_mtime_ns == mtime
+    assert "specgen emit --shape layer2 --variant" in files[0].read_text().splitlines()[1]
+
+
+def test_emit_inline_spec(tmp_path):
+    r = run(
+        "emit",
+        "--shape",
+        "C=3,M=8,H=9,W=11,K=3,pad=1",
+        "--strategy",
+        "direct",
+        "--out",
+        str(tmp_path),
+    )
+    assert r.exit_code == 0, r.output
+    assert list(tmp_path.glob("c3_m8_h9_w11_k3_p1/direct_*.cu"))
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["emit", "--shape", "layer7"], "unknown shape 'layer7'; known presets: layer1"),
+        (["emit", "--shape", "C=4,M=16,H=40"], "malformed shape spec"),
+        (["emit", "--shape", "C=1,M=1,H=4,W=4,K=7"], "larger than the padded image"),
+        (["emit", "--shape", "layer2", "--tile", "0"], "tile must be at least 1"),
+        (
+            [
+                "emit",
+                "--shape",
+                "layer2",
+                "--tile",
+                "64",
+                "--coarsening",
+                "x1y1m1",
+                "--loop-channels",
+            ],
+            "over the limit of 1024 threads",
+        ),
+        (
+            ["emit", "--shape", "C=64,M=64,H=16,W=16,K=7", "--weights", "const"],
+            "over the 65536-byte constant bank; use --weights global",
+        ),
+        (
+            ["emit", "--shape", "ae-enc2", "--tile", "32", "--loop-channels"],
+            "shared memory, over the sm_90 limit",
+        ),
+        (["emit", "--shape", "layer2", "--strategy", "gemm"], "unknown strategy 'gemm'"),
+        (["emit", "--shape", "layer2", "--coarsening", "4x4"], "malformed coarsening"),
+        (["emit", "--shape", "layer2", "--variant", "tiled_t16_bogus"], "malformed variant name"),
+        (
+            ["emit", "--shape", "layer1", "--strategy", "mma", "--precision", "tf32"],
+            "16 output maps",
+        ),
+        (["emit", "--shape", "layer1", "--strategy", "split"], "C=1"),
+        (["emit", "--shape", "layer2", "--strategy", "mma"], "tf32 or fp16"),
+        (["verify"], "give --shape S or --all"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    r = CliRunner().invoke(main, args + (["--out", str(tmp_path)] if args[0] == "emit" else []))
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert not list(tmp_path.rglob("*")), "nothing is written on bad input"
+
+
+@pytest.mark.parametrize("verb", [["bench", "--shape", "layer2"], ["tune", "--shape", "layer2"]])
+def test_timing_verbs_need_a_gpu(verb):
+    from specgen.runtime import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    r = run(*verb)
+    assert r.exit_code == 2
+    assert "needs a CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_verify_without_gpu_compiles_and_says_so():
+    from specgen.runtime import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    r = run("verify", "--shape", "layer1", "--strategy", "tiled", "--jobs", "1")
+    assert r.exit_code == 0, r.output
+    assert "COMPILED" in r.output
+    assert "the numerical check needs a GPU" in r.output

@@ -1,0 +1,94 @@
+"""CPU tier: rendering, generated/ in sync, NVRTC for sm_90 with the planned resources,
+the compile cache."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from specgen.compile import cache_key, compile_source, options_for
+from specgen.emit import GENERATED
+from specgen.parallel import precompile
+from specgen.plan import make_plan
+from specgen.render import render
+from specgen.shapes import PRESETS
+from specgen.space import default_set
+from specgen.verify import check_resources
+
+ALL = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """Compile every preset x default variant once, on every core."""
+    errors = precompile(ALL, "sm_90", jobs=os.cpu_count() or 1)
+    return errors
+
+
+@pytest.mark.parametrize("shape,variant", ALL, ids=[f"{s.name}-{v.name}" for s, v in ALL])
+def test_compiles_for_sm90_without_spills_and_as_planned(shape, variant, compiled):
+    plan = make_plan(shape, variant)
+    assert compiled[plan.name] is None, compiled[plan.name]
+    binary = compile_source(render(plan), plan.name, "sm_90")
+    stats, problems = check_resources(plan, binary)
+    assert not problems, problems
+    assert stats["spills"] == 0
+
+
+def test_layer2_tile16_file_is_what_the_brief_asks():
+    """No loop over the 7x7 window, exactly 3136 constant floats, an exact shared array."""
+    from specgen.cli import build_variant
+
+    shape = PRESETS["layer2"]
+    plan = make_plan(shape, build_variant(shape, tile=16))
+    src = render(plan)
+    assert "__constant__ float wc[3136];" in src
+    assert f"__shared__ float xs[{plan.static_smem // 4}];" in src
+    assert "for (int p" not in src and "for (int q" not in src
+    body = src[src.index("float acc[") :]
+    assert (
+        body.count("fmaf(") == shape.K**2 * 4 * 8
+    )  # window x (4 columns x 8 maps), channel loop kept
+    binary = compile_source(src, plan.name, "sm_90")
+    assert binary.resources[plan.name].spills == 0
+
+
+def test_render_is_deterministic_and_strict():
+    shape = PRESETS["layer1"]
+    plan = make_plan(shape, default_set(shape)[0])
+    assert render(plan) == render(plan)
+    broken = make_plan(shape, default_set(shape)[0])
+    del broken.context["tiles_x"]
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        render(broken)
+
+
+def test_generated_is_in_sync():
+    """generated/ holds exactly the default set of every preset, as render writes it today."""
+    expected = {Path(s.slug) / f"{v.name}.cu": (s, v) for s, v in ALL}
+    found = {p.relative_to(GENERATED) for p in GENERATED.glob("*/*.cu")}
+    assert found == set(expected), "generated/ is stale: run `make generated`"
+    for rel, (s, v) in expected.items():
+        assert (GENERATED / rel).read_text() == render(
+            make_plan(s, v)
+        ), f"{rel} is stale: run `make generated`"
+
+
+def test_cache_key_covers_source_and_arch():
+    assert cache_key("a", "sm_90") != cache_key("b", "sm_90")
+    assert cache_key("a", "sm_90") != cache_key("a", "sm_80")
+    assert not any(o.startswith("-I") for o in options_for("sm_90")), "no CUDA headers are used"
+
+
+def test_corrupt_cache_entry_is_recompiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* __restrict__ y) { y[threadIdx.x] = 1.0f; }'
+    first = compile_source(src, "k")
+    cubins = list(tmp_path.rglob("*.cubin"))
+    assert len(cubins) == 1 and not list(tmp_path.rglob("*.tmp"))
+    cubins[0].write_bytes(b"garbage")
+    again = compile_source(src, "k")
+    assert again.cubin == first.cubin
+    assert cubins[0].read_bytes() == first.cubin

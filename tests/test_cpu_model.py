@@ -1,0 +1,149 @@
+"""CPU tier: shapes, variant names, planning arithmetic and limits."""
+
+import re
+
+import numpy as np
+import pytest
+
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.reference import conv2d, conv2d_loop, error_coefficient
+from specgen.shapes import PRESETS, ConvShape, parse_shape
+from specgen.space import default_set
+from specgen.variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
+
+ALL = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+
+
+def test_presets_match_the_reference_table():
+    s = PRESETS["mx-layer2"]
+    assert (s.C, s.M, s.H, s.W, s.K, s.pad, s.batch) == (12, 24, 33, 33, 7, 0, 10000)
+    assert 4 * s.weight_count == 56448
+    assert (PRESETS["layer2"].Ho, PRESETS["layer2"].Wo) == (34, 34)
+    assert PRESETS["ae-dec1"].Ho == 8 and PRESETS["ae-dec1"].batch == 128
+    assert PRESETS["layer2"].flops(10000) == 2 * 10000 * 16 * 4 * 49 * 34 * 34
+
+
+def test_inline_spec_parses_like_a_preset():
+    s = parse_shape("C=4, M=16,H=40,W=40,K=7")
+    assert (s.C, s.M, s.H, s.W, s.K, s.pad) == (4, 16, 40, 40, 7, 0)
+    assert parse_shape("C=3,M=8,H=9,W=11,K=3,pad=1").Wo == 11
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("layer9", "known presets: layer1"),
+        ("C=4,M=16,H=40,W=40", "missing K"),
+        ("C=4,M=x,H=40,W=40,K=7", "malformed"),
+        ("C=4,M=16,H=40,W=40,K=7,Q=1", "malformed"),
+        ("C=1,M=1,H=3,W=3,K=5", "larger than the padded image"),
+        ("C=0,M=1,H=3,W=3,K=1", "at least 1"),
+    ],
+)
+def test_bad_shapes_say_why(text, needle):
+    with pytest.raises(SpecError, match=needle) as e:
+        parse_shape(text)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("shape,variant", ALL, ids=[f"{s.name}-{v.name}" for s, v in ALL])
+def test_names_round_trip_and_are_symbols(shape, variant):
+    assert parse_variant_name(variant.name) == variant
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", variant.name)
+
+
+def test_default_sets_cover_every_strategy_somewhere():
+    seen = {(v.strategy, v.precision) for _, v in ALL}
+    for s in Strategy:
+        assert any(st is s for st, _ in seen), s
+    assert (Strategy.MMA, Precision.TF32) in seen and (Strategy.MMA, Precision.FP16) in seen
+    assert (Strategy.TILED, Precision.FP16) in seen
+
+
+def test_layer2_tile16_plan_arithmetic():
+    p = make_plan(PRESETS["layer2"], Variant(tile=16, coarsening=(4, 1, 8), unroll_channels=False))
+    assert p.const_bytes == 4 * 3136
+    ctx = p.context
+    # planar halo tile: 4 channels of (16+6) rows of (16+6+pad) floats
+    assert ctx["ih"] == ctx["iw"] == 22
+    assert p.static_smem == 4 * 4 * 22 * (22 + ctx["smem"]["pad"])
+    assert p.launches[-1].block == (4, 16, 1)
+    assert p.launches[-1].grid_for(10) == (9, 2, 10)
+
+
+def test_interleaved_layout_sizes_pixels_by_channels():
+    p = make_plan(
+        PRESETS["mx-layer2"],
+        Variant(layout=Layout.INTERLEAVED, coarsening=(4, 1, 8), unroll_channels=False),
+    )
+    assert p.static_smem == 4 * 22 * 22 * (12 + p.context["smem"]["pad"])
+
+
+def test_mma_padding_is_exact_and_reported():
+    p = make_plan(
+        PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32)
+    )
+    assert p.context["kpad"] == 200  # 196 rounded up to a multiple of 8
+    assert p.context["koff"][196:] == [-1] * 4
+    p = make_plan(
+        PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16)
+    )
+    assert p.context["kpad"] == 208
+    assert any("196 -> 208" in s.value for s in p.sizes)
+
+
+@pytest.mark.parametrize(
+    "shape,variant,needle",
+    [
+        (
+            ConvShape(64, 64, 16, 16, 7),
+            Variant(weights=Weights.CONST, unroll_channels=False),
+            "65536-byte constant bank; use --weights global",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(tile=16, weights=Weights.GLOBAL, unroll_channels=False),
+            "choose --tile",
+        ),
+        (
+            PRESETS["layer2"],
+            Variant(tile=64, coarsening=(1, 1, 1), unroll_channels=False),
+            "1024 threads",
+        ),
+        (PRESETS["layer2"], Variant(tile=0), "at least 1"),
+        (PRESETS["layer2"], Variant(coarsening=(3, 1, 1)), "must divide the tile"),
+        (
+            PRESETS["layer1"],
+            Variant(strategy=Strategy.MMA, precision=Precision.TF32, tile=64),
+            "16 output maps",
+        ),
+        (PRESETS["layer1"], Variant(strategy=Strategy.SPLIT, splits=2), "C=1"),
+        (PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64), "tf32 or fp16"),
+        (PRESETS["layer2"], Variant(precision=Precision.TF32), "tensor-core format"),
+        (PRESETS["layer2"], Variant(coarsening=(4, 1, 16)), "FMAs"),
+    ],
+)
+def test_limits_are_checked_before_rendering(shape, variant, needle):
+    with pytest.raises(SpecError, match=re.escape(needle)) as e:
+        make_plan(shape, variant)
+    assert "\n" not in str(e.value)
+
+
+def test_numpy_reference_matches_the_definition():
+    rng = np.random.default_rng()
+    for pad, K in ((0, 3), (1, 3), (2, 5), (0, 1)):
+        x = rng.standard_normal((2, 3, 7, 6))
+        w = rng.standard_normal((4, 3, K, K))
+        np.testing.assert_allclose(
+            conv2d(x, w, pad), conv2d_loop(x, w, pad), rtol=1e-12, atol=1e-12
+        )
+
+
+def test_tolerance_follows_precision_and_length():
+    fp32 = error_coefficient(Variant(), 4, 7)
+    assert fp32 < error_coefficient(Variant(), 12, 7)  # longer sums, looser bound
+    assert 1e-6 < fp32 < 1e-4
+    tf32 = error_coefficient(Variant(strategy=Strategy.MMA, precision=Precision.TF32), 4, 7)
+    half = error_coefficient(Variant(precision=Precision.FP16), 4, 7)
+    assert fp32 < tf32 < half < 1e-2
