@@ -25,8 +25,13 @@ def arch():
     return device_arch()
 
 
+@pytest.fixture(scope="module")
+def compiled(arch):
+    return precompile(CASES, arch, jobs=os.cpu_count() or 1)
+
+
 @pytest.mark.parametrize("shape,variant", CASES, ids=[f"{s.name}-{v.name}" for s, v in CASES])
-def test_preset_variant(shape, variant, arch):
+def test_preset_variant(shape, variant, arch, compiled):
     row = verify_variant(shape, variant, arch=arch, batch=3, numbers=True)
     assert row.status == "PASS", row.problems
 
