@@ -254,12 +254,15 @@ def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
 @main.command()
 @click.option("--shape", "shape_text", required=True)
 @click.option("--precision", default="fp32", help="fp32, tf32 or fp16")
-@click.option("--budget", type=int, default=None, help="most candidates to time")
-def tune(shape_text, precision, budget):
+@click.option("--budget", type=int, default=40, help="most candidates to time (sampled evenly)")
+@click.option("--batch", type=int, default=None, help="images (default: the preset's batch)")
+def tune(shape_text, precision, budget, batch):
     """Search the variant space of every strategy for the fastest verified kernel."""
     parse_shape(shape_text)
     parse_precision(precision)
     _need_gpu("tune")
     from .tune import run_tune
 
-    run_tune(parse_shape(shape_text), parse_precision(precision), budget, echo=click.echo)
+    run_tune(
+        parse_shape(shape_text), parse_precision(precision), budget, echo=click.echo, batch=batch
+    )

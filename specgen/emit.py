@@ -34,7 +34,9 @@ def write_if_different(path: Path, text: str) -> bool:
     return True
 
 
-def emit(shape: ConvShape, variant: Variant, out: Path = GENERATED) -> tuple[Path, bool]:
+def emit(
+    shape: ConvShape, variant: Variant, out: Path = GENERATED, note: str | None = None
+) -> tuple[Path, bool]:
     plan = make_plan(shape, variant)
     path = out / shape.slug / f"{plan.name}.cu"
-    return path, write_if_different(path, render(plan))
+    return path, write_if_different(path, render(plan, note=note))

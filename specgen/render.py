@@ -68,7 +68,7 @@ def _description(plan: Plan) -> list[str]:
     return lines
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, note: str | None = None) -> str:
     template = _env.get_template(plan.template)
     kernels = [dict(vars(launch), grid_text=_grid_text(launch)) for launch in plan.launches]
     source = template.render(
@@ -78,7 +78,7 @@ def render(plan: Plan) -> str:
         shape_name=plan.shape.name or "inline spec",
         version=__version__,
         command=emit_command(plan),
-        description=_description(plan),
+        description=_description(plan) + ([note] if note else []),
         sizes=plan.sizes,
         kernels=kernels,
     )

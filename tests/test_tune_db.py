@@ -1,0 +1,29 @@
+"""CPU tier: the tuning space and the results database's rules."""
+
+import json
+
+from specgen.plan import make_plan
+from specgen.shapes import PRESETS
+from specgen.tune import candidates, db_path, winners
+from specgen.variants import Precision, Strategy
+
+
+def test_space_holds_only_plannable_variants_of_the_asked_precision():
+    shape = PRESETS["layer2"]
+    for precision in Precision:
+        space = candidates(shape, precision)
+        assert space, precision
+        for v in space:
+            make_plan(shape, v)  # raises if the planner would refuse it
+            assert v.precision is precision  # fp32 never becomes tf32 or fp16
+    assert {v.strategy for v in candidates(shape, Precision.TF32)} == {Strategy.MMA}
+
+
+def test_winners_from_another_gpu_are_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    shape = PRESETS["layer2"]
+    rec = dict(kind="winner", shape=shape.spec, precision="fp32", variant="x", ms=1.0, gpu="A")
+    db_path().parent.mkdir(parents=True, exist_ok=True)
+    db_path().write_text(json.dumps(rec) + "\n{cut short\n")  # an interrupted append
+    assert winners(shape, "A")["fp32"]["variant"] == "x"
+    assert winners(shape, "B") == {}
