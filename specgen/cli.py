@@ -140,15 +140,32 @@ def build_variant(
     default=None,
     help="output folder (default generated/)",
 )
-def emit(shape_text, all_, out, **opts):
+@click.option("--best", is_flag=True, help="emit the tuned winners (see specgen tune)")
+def emit(shape_text, all_, out, best, **opts):
     """Write generated/<shape>/<variant>.cu."""
     from .emit import GENERATED, emit as emit_one
     from .space import default_set
 
     shape = parse_shape(shape_text)
-    variants = default_set(shape) if all_ else [build_variant(shape, **opts)]
+    notes = {}
+    if best:
+        from .tune import winners
+
+        found = winners(shape)
+        if not found:
+            raise SpecError(
+                f"no tuned winner for {shape.slug}: run specgen tune --shape {shape.slug} on a GPU"
+            )
+        for r in found.values():
+            tie = f", a tie with {r['runner_up']}" if r.get("tie") else ""
+            notes[parse_variant_name(r["variant"])] = (
+                f"tuned winner: {r['ms']:.4f} ms at B={r['batch']} on {r['gpu']}, {r['date']}{tie}"
+            )
+        variants = list(notes)
+    else:
+        variants = default_set(shape) if all_ else [build_variant(shape, **opts)]
     for v in variants:
-        path, changed = emit_one(shape, v, out or GENERATED)
+        path, changed = emit_one(shape, v, out or GENERATED, note=notes.get(v))
         click.echo(f"{'wrote' if changed else 'unchanged'} {path}")
 
 

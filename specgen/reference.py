@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .variants import Precision, Strategy, Variant
+from .variants import TENSOR_CORE, Precision, Variant
 
 U_FP32 = 2.0**-24  # unit roundoff of fp32
 U_HALF = 2.0**-11  # of fp16 and of tf32 (10 stored mantissa bits each)
@@ -63,7 +63,7 @@ def error_coefficient(variant: Variant, C: int, K: int) -> float:
     n = C * K * K
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
-    elif variant.strategy is Strategy.MMA:
+    elif variant.strategy in TENSOR_CORE:
         gamma = 2 * U_HALF + n * U_FP32
     else:
         gamma = (3 + K - 1) * U_HALF + n * U_FP32

@@ -20,6 +20,7 @@ DESCRIPTIONS = {
     Strategy.IM2COL: "explicit im2col: an unroll kernel writes the (C*K*K) x (Ho*Wo) matrix, a tiled GEMM multiplies",
     Strategy.IMPLICIT: "fused implicit GEMM: input tiles gathered straight from x, no unrolled matrix",
     Strategy.MMA: "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation",
+    Strategy.MMATILE: "tensor cores (mma.sync) reading B fragments straight from a shared-memory band of the input",
 }
 
 _env = jinja2.Environment(

@@ -79,6 +79,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
         Variant(strategy=Strategy.IMPLICIT, tile=64, regtile=(4, 4)),
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32),
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16),
+        Variant(strategy=Strategy.MMATILE, tile=shape.Ho, precision=Precision.TF32),
     ]
     out: list[Variant] = []
     for v in wanted:
@@ -90,6 +91,8 @@ def default_set(shape: ConvShape) -> list[Variant]:
                         continue  # C=1: nothing to split
                     v = replace(v, splits=s)
                 v = fitting_tile(shape, v)
+            elif v.strategy is Strategy.MMATILE:
+                v = fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
             else:
                 make_plan(shape, v)
         except SpecError:

@@ -26,7 +26,7 @@ from .shapes import ConvShape
 from .variants import Layout, Precision, Strategy, Variant, Weights
 
 RETIME_TOP = 3
-TUNE_MAX_FMAS = 2048  # keeps each candidate's compile to seconds
+TUNE_MAX_FMAS = 3200  # keeps each candidate's compile under ~20 s
 RETIME_ROUNDS = 5
 
 
@@ -99,11 +99,18 @@ def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
     if precision in (Precision.TF32, Precision.FP16):
         for tile in (32, 64, 128):
             out.append(Variant(strategy=Strategy.MMA, tile=tile, precision=precision).canonical())
+    if precision is Precision.TF32:
+        for rows in sorted(
+            {shape.Ho, -(-shape.Ho // 2), -(-shape.Ho // 3), -(-shape.Ho // 4), 8, 4}
+        ):
+            out.append(Variant(strategy=Strategy.MMATILE, tile=rows, precision=precision))
     from .plan.direct import unrolled_fmas
 
     valid, seen = [], set()
     for v in out:
         if v in seen or (v.strategy.family == "direct" and unrolled_fmas(shape, v) > TUNE_MAX_FMAS):
+            continue
+        if _runtime_indexed_constant(shape, v):
             continue
         seen.add(v)
         try:
@@ -112,6 +119,15 @@ def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
             continue
         valid.append(v)
     return valid
+
+
+def _runtime_indexed_constant(shape, v) -> bool:
+    """Constant weights read at a run-time index (several map groups, or a channel
+    loop) were 2-4x slower than global weights on the H200 (2026-11-21, layer2:
+    18.6 ms against 4.4 ms); only literal constant offsets are worth timing."""
+    if v.strategy.family != "direct" or v.weights is not Weights.CONST:
+        return False
+    return v.coarsening[2] != shape.M or not v.unroll_channels
 
 
 def _source_hash(shape, v) -> str:
@@ -131,9 +147,14 @@ def run_tune(shape: ConvShape, precision: Precision, budget: int | None, echo, b
     env = environment()
     arch = device_arch()
     batch = batch or shape.batch
+    from .space import default_set
+
     space = candidates(shape, precision)
-    if budget:
-        space = space[:: max(1, len(space) // budget)][:budget]
+    seeds = [v for v in default_set(shape) if v.precision is precision and v in space]
+    if budget and len(space) > budget:
+        rest = [v for v in space if v not in seeds]
+        space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]
+        space = space[:budget]
     echo(f"tune {shape.slug} {precision.value} on {env['gpu']}: {len(space)} candidates, B={batch}")
     errors = precompile([(shape, v) for v in space], arch, os.cpu_count() or 1, label="compiled")
     known = {
@@ -235,12 +256,30 @@ def winners(shape: ConvShape, gpu: str | None = None) -> dict[str, dict]:
     return out
 
 
+# The fastest verified variants that specgen bench and tune measured on one H200
+# (2026-11-21, `specgen bench --shape S --variant ...` and `specgen tune`; figures in
+# BENCHMARKS.md).  Used by --best only on that GPU and only where this machine's
+# database has no winner of its own; anywhere else --best times the default set.
+SHIPPED_WINNERS = {
+    "NVIDIA H200": {
+        "layer1": ["direct_t16_x2y4m4_wconst_uc_fp32", "tiled_t16_x4y1m4_planar_wconst_uc_fp16"],
+        "layer2": ["tiled_t16_x4y1m8_planar_wglobal_lc_fp32", "mmatile_t34_tf32"],
+        "mx-layer2": ["tiled_t16_x4y1m8_planar_wglobal_lc_fp32", "mmatile_t14_tf32"],
+        "ae-enc2": ["direct_t16_x4y1m16_wglobal_lc_fp32", "mma_t64_tf32", "mma_t64_fp16"],
+    }
+}
+
+
 def best_variants(shape: ConvShape) -> list[Variant]:
     from .bench import device_name
     from .space import default_set
     from .variants import parse_variant_name
 
-    found = winners(shape, device_name())
-    if not found:
-        return default_set(shape)
-    return [parse_variant_name(r["variant"]) for r in found.values()]
+    gpu = device_name()
+    found = winners(shape, gpu)
+    if found:
+        return [parse_variant_name(r["variant"]) for r in found.values()]
+    shipped = SHIPPED_WINNERS.get(gpu, {}).get(shape.slug)
+    if shipped:
+        return [parse_variant_name(name) for name in shipped]
+    return default_set(shape)

@@ -19,13 +19,15 @@ class Strategy(enum.Enum):
     IM2COL = "im2col"  # explicit unroll kernel + tiled shared-memory GEMM
     IMPLICIT = "implicit"  # fused implicit GEMM, the unrolled matrix never exists
     MMA = "mma"  # fused implicit GEMM on tensor-core fragments (mma.sync)
+    MMATILE = "mmatile"  # tensor cores reading a shared-memory band of the input
 
     @property
     def family(self) -> str:
         return "gemm" if self in GEMM_FAMILY else "direct"
 
 
-GEMM_FAMILY = (Strategy.IM2COL, Strategy.IMPLICIT, Strategy.MMA)
+GEMM_FAMILY = (Strategy.IM2COL, Strategy.IMPLICIT, Strategy.MMA, Strategy.MMATILE)
+TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE)
 
 
 class Layout(enum.Enum):
@@ -120,7 +122,7 @@ class Variant:
             if s is Strategy.SPLIT:
                 parts.append(f"s{self.splits}")
             parts.append("uc" if self.unroll_channels else "lc")
-        elif s is not Strategy.MMA:
+        elif s not in TENSOR_CORE:
             parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
         parts.append(self.precision.value)
         return "_".join(parts)
@@ -137,7 +139,7 @@ class Variant:
                 weights=Weights.GLOBAL,
                 unroll_channels=d.unroll_channels,
                 splits=1,
-                regtile=d.regtile if self.strategy is Strategy.MMA else self.regtile,
+                regtile=d.regtile if self.strategy in TENSOR_CORE else self.regtile,
             )
         layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
         if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
@@ -162,7 +164,7 @@ def parse_variant_name(name: str) -> Variant:
                 fields["splits"] = int(rest.pop()[1:])
             fields["weights"] = parse_weights(rest.pop())
             fields["layout"] = parse_layout(rest.pop()) if rest else Layout.NONE
-        elif strategy is not Strategy.MMA:
+        elif strategy not in TENSOR_CORE:
             fields["regtile"] = parse_regtile(rest.pop(0)[1:])
         if tile is None or rest:
             raise ValueError
