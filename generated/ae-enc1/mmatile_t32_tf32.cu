@@ -104,7 +104,7 @@ mmatile_t32_tf32(const float* __restrict__ x, const float* __restrict__ w, float
             base[j] = p < pixels ? p / 32 * 34 + p % 32 : 0;
         }
         float acc[16][1][4] = {};
-#pragma unroll
+#pragma unroll 4
         for (int s = 0; s < 4; ++s) {
             const int2 o = kt[s * 4 + t];
             unsigned b[1][2];

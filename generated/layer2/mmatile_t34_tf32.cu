@@ -188,7 +188,7 @@ mmatile_t34_tf32(const float* __restrict__ x, const float* __restrict__ w, float
             base[j] = p < pixels ? p / 34 * 40 + p % 34 : 0;
         }
         float acc[1][4][4] = {};
-#pragma unroll
+#pragma unroll 25
         for (int s = 0; s < 25; ++s) {
             const int2 o = kt[s * 4 + t];
             unsigned b[4][2];

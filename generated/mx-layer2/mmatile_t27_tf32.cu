@@ -384,7 +384,7 @@ mmatile_t27_tf32(const float* __restrict__ x, const float* __restrict__ w, float
             base[j] = p < pixels ? p / 27 * 33 + p % 27 : 0;
         }
         float acc[2][4][4] = {};
-#pragma unroll
+#pragma unroll 8
         for (int s = 0; s < 74; ++s) {
             const int2 o = kt[s * 4 + t];
             unsigned b[4][2];
