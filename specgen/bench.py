@@ -111,9 +111,9 @@ def ceilings(refresh: bool = False) -> dict:
         t = statistics.median(time_launches(lambda i: cupy.matmul(x, y), reps=10))
     result = dict(device=name, copy_bytes_per_s=copy, fp32_flops_per_s=2 * n**3 / t * 1e3)
     known[name] = result
-    from .compile import _atomic_write
+    from .files import atomic_write
 
-    _atomic_write(path, json.dumps(known, indent=1).encode())
+    atomic_write(path, json.dumps(known, indent=1).encode())
     return result
 
 

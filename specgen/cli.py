@@ -257,7 +257,7 @@ def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
     variants = {s.slug: [parse_variant_name(n) for n in names] for s in shapes} if names else None
     report = run_bench(shapes, batch, variants, best, echo=click.echo)
     if json_path:
-        from .emit import write_if_different
+        from .files import write_if_different
 
         write_if_different(json_path, json.dumps(report, indent=1) + "\n")
         click.echo(f"wrote {json_path}")

@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import __version__
 from .errors import SpecError
+from .files import atomic_write
 
 DEFAULT_ARCH = "sm_90"
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
@@ -155,18 +155,6 @@ def _nvrtc_compile(source: str, name: str, arch: str) -> tuple[bytes, str]:
         nvrtc.destroyProgram(prog)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _load_cached(base: Path, key: str, arch: str) -> Binary | None:
     try:
         meta = json.loads((base / f"{key}.json").read_text())
@@ -197,6 +185,6 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
             resources={k: asdict(r) for k, r in binary.resources.items()},
             log=log,
         )
-        _atomic_write(base / f"{key}.cubin", cubin)  # the cubin first: meta names it
-        _atomic_write(base / f"{key}.json", json.dumps(meta, indent=1).encode())
+        atomic_write(base / f"{key}.cubin", cubin)  # the cubin first: meta names it
+        atomic_write(base / f"{key}.json", json.dumps(meta, indent=1).encode())
     return binary

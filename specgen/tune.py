@@ -213,7 +213,6 @@ def run_tune(shape: ConvShape, precision: Precision, budget: int | None, echo, b
     convs = {v: Conv(shape, v) for v in top}
     for c in convs.values():
         c.set_weights(w)
-    y = {v: None for v in top}
     samples = {v: [] for v in top}
     for _ in range(RETIME_ROUNDS):
         for v, c in convs.items():
@@ -242,7 +241,6 @@ def run_tune(shape: ConvShape, precision: Precision, budget: int | None, echo, b
             date=datetime.date.today().isoformat(),
         )
     )
-    del y
     return dict(winner=win.name, ms=med[win], tie=tie)
 
 

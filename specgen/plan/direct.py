@@ -112,7 +112,7 @@ def _fits_tile(shape, v, limit_bytes):
     return None
 
 
-def _body(shape, v, channels, offsets, wbase_runtime):
+def _body(shape, v, channels, offsets):
     """The unrolled compute: per (channel, input row), the loads and the FMAs.
 
     ``offsets(c, ir, j)`` gives the literal element offset of input pixel j of row ir
@@ -283,7 +283,7 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
             return c * lay["plane"] + ir * lay["row"] + j * lay["pix"]
 
     channels = range(cg) if v.unroll_channels else [0]
-    ctx["body"] = _body(shape, v, channels, offsets, map_groups > 1)
+    ctx["body"] = _body(shape, v, channels, offsets)
 
     launches = []
     symbol = v.name

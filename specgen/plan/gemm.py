@@ -135,8 +135,6 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
         ws_stride=ws_stride,
         xs_stride=xs_stride,
         chunks=ceil_div(shape.reduction, bk),
-        w_loads=ceil_div(bm * bk, tx * ty),
-        x_loads=ceil_div(bk * bn, tx * ty),
         m_blocks=ceil_div(shape.M, bm),
         explicit=v.strategy is Strategy.IM2COL,
         unroll_threads=UNROLL_THREADS,
@@ -268,8 +266,6 @@ def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
         a_words=bm * a_stride,
         ptx=frag["ptx"],
         m_blocks=ceil_div(shape.M, bm),
-        w_loads=ceil_div(bm * kw, threads),
-        x_loads=ceil_div(kw * bn, threads),
         words=words,
         rows_per_pass=threads // bn,
     )
