@@ -242,6 +242,10 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         HW=H * W,
         CHW=C * H * W,
         out_plane=Ho * Wo,
+        halo_plane=ih * iw,
+        group_in=cg * H * W,
+        group_w=cg * KK,
+        group_out=cm * Ho * Wo,
         out_image=M * Ho * Wo,
         stores=[
             dict(m=m, oy=oy, ox=ox, off=m * Ho * Wo + oy * Wo + ox)
@@ -266,7 +270,14 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
             nbytes, f"the {v.layout.value} halo tile of {cg} channels", hint
         )
         planar = v.layout is Layout.PLANAR
-        ctx["smem"] = dict(lay, planar=planar, total=cg * ih * iw, dynamic=dynamic_smem > 0)
+        ctx["smem"] = dict(
+            lay,
+            planar=planar,
+            total=cg * ih * iw,
+            dynamic=dynamic_smem > 0,
+            row_step=cy * lay["row"],
+            col_step=cx * lay["pix"],
+        )
         shape_txt = (
             f"[{cg}][{ih}][{iw}+{lay['pad']}]" if planar else f"[{ih}][{iw}][{cg}+{lay['pad']}]"
         )

@@ -139,6 +139,9 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
         explicit=v.strategy is Strategy.IM2COL,
         unroll_threads=UNROLL_THREADS,
     )
+    ctx.update(
+        w_tile_elems=bm * bk, x_tile_elems=bk * bn, kspan=ctx["chunks"] * bk, CK=shape.C * shape.K
+    )
     ctx.update(_k_tables(shape, ctx["chunks"] * bk))
     sizes = _common_sizes(shape) + [
         Size("block tile", f"{bm} maps x {bn} pixels", f"min(64, M rounded to r={r}) x tile"),
@@ -269,6 +272,7 @@ def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
         words=words,
         rows_per_pass=threads // bn,
     )
+    ctx.update(a_tile_words=bm * kw, step_words=kstep // words, warps=MMA_WARPS)
     ctx.update(_k_tables(shape, kpad))
     ctx["precision_note"] = (
         "x and w rounded to fp16 (round to nearest), products accumulated in fp32"
