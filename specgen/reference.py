@@ -12,6 +12,7 @@ from .variants import TENSOR_CORE, Precision, Variant
 
 U_FP32 = 2.0**-24  # unit roundoff of fp32
 U_HALF = 2.0**-11  # of fp16 and of tf32 (10 stored mantissa bits each)
+ETA_HALF = 2.0**-25  # fp16's largest absolute rounding error among subnormals
 
 
 def conv2d(x, w, pad: int, xp=np):
@@ -70,12 +71,22 @@ def error_coefficient(variant: Variant, C: int, K: int) -> float:
     return gamma * 1.01  # second-order terms
 
 
-def compare(y, ref, ref_abs, gamma, xp=np) -> dict:
+def underflow_term(variant: Variant, C: int, K: int, max_x: float, max_w: float) -> float:
+    """Absolute part of the bound, for fp16 only: its exponent range is narrow, so an
+    operand, product or half sum near zero is rounded to a subnormal with an absolute
+    error of up to 2^-25 that no relative bound covers (tf32 keeps fp32's range).
+    Per term: x, w, the product and K half sums; n = C*K*K terms."""
+    if variant.precision is not Precision.FP16:
+        return 0.0
+    return C * K * K * ETA_HALF * (max_x + max_w + K + 2) * 1.01
+
+
+def compare(y, ref, ref_abs, gamma, xp=np, absolute: float = 0.0) -> dict:
     """Relative L2 error, and the worst ratio of error to its bound (<= 1 passes)."""
     y = xp.asarray(y, dtype=xp.float64)
     finite = bool(xp.isfinite(y).all())
     err = xp.abs(y - ref)
-    bound = gamma * ref_abs + 1e-30
+    bound = gamma * ref_abs + absolute + 1e-30
     ratio = float(xp.max(err / bound)) if finite else float("inf")
     rel_l2 = float(xp.linalg.norm(err) / xp.linalg.norm(ref)) if finite else float("inf")
     return dict(

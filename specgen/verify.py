@@ -9,7 +9,7 @@ import numpy as np
 
 from .compile import compile_source, symbol_sizes
 from .plan import Plan, make_plan
-from .reference import compare, conv2d, error_coefficient
+from .reference import compare, conv2d, error_coefficient, underflow_term
 from .render import render
 from .shapes import ConvShape
 from .variants import Variant
@@ -81,7 +81,10 @@ def check_numbers(shape: ConvShape, plan: Plan, binary, batch: int, rng) -> dict
     ref = conv2d(xr, wr, shape.pad, xp)
     ref_abs = conv2d(xp.abs(xr), xp.abs(wr), shape.pad, xp)
     gamma = error_coefficient(plan.variant, shape.C, shape.K)
-    return compare(y if xp is cupy else cupy.asnumpy(y), ref, ref_abs, gamma, xp)
+    absolute = underflow_term(
+        plan.variant, shape.C, shape.K, float(np.abs(x).max()), float(np.abs(w).max())
+    )
+    return compare(y if xp is cupy else cupy.asnumpy(y), ref, ref_abs, gamma, xp, absolute)
 
 
 def verify_variant(

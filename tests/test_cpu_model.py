@@ -7,7 +7,7 @@ import pytest
 
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.reference import conv2d, conv2d_loop, error_coefficient
+from specgen.reference import compare, conv2d, conv2d_loop, error_coefficient, underflow_term
 from specgen.shapes import PRESETS, ConvShape, parse_shape
 from specgen.space import default_set
 from specgen.variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
@@ -147,3 +147,21 @@ def test_tolerance_follows_precision_and_length():
     tf32 = error_coefficient(Variant(strategy=Strategy.MMA, precision=Precision.TF32), 4, 7)
     half = error_coefficient(Variant(precision=Precision.FP16), 4, 7)
     assert fp32 < tf32 < half < 1e-2
+
+
+def test_fp16_bound_covers_subnormal_inputs():
+    """fp16 inputs near zero become subnormals: a relative bound alone fails there
+    (seen with one-term outputs, C=1 K=1), the underflow term covers it."""
+    rng = np.random.default_rng()
+    v = Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16)
+    x = rng.standard_normal(200000).astype(np.float32)
+    x[:1000] *= np.float32(1e-4)  # make sure the subnormal range is drawn
+    w = np.float32(rng.uniform(0.5, 1.0))
+    y = x.astype(np.float16).astype(np.float64) * float(np.float16(w))
+    ref = x.astype(np.float64) * float(w)
+    gamma = error_coefficient(v, 1, 1)
+    assert not compare(y, ref, np.abs(ref), gamma)["ok"]
+    absolute = underflow_term(v, 1, 1, float(np.abs(x).max()), float(w))
+    result = compare(y, ref, np.abs(ref), gamma, absolute=absolute)
+    assert result["ok"], result
+    assert underflow_term(Variant(), 4, 7, 5.0, 1.0) == 0.0  # fp32 has no such term
