@@ -21,6 +21,7 @@ DESCRIPTIONS = {
     Strategy.IMPLICIT: "fused implicit GEMM: input tiles gathered straight from x, no unrolled matrix",
     Strategy.MMA: "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation",
     Strategy.MMATILE: "tensor cores (mma.sync) reading B fragments straight from a shared-memory band of the input",
+    Strategy.PERSIST: "persistent blocks: weights resident in shared memory, input bands double-buffered with cp.async, each thread an outer product of maps x a row segment",
 }
 
 _env = jinja2.Environment(
@@ -43,12 +44,14 @@ def _grid_text(launch) -> str:
     for axis, n in enumerate(launch.grid):
         if axis != launch.axis:
             axes.append(str(n))
-        elif launch.per_image == launch.per_block:
-            axes.append("B")
+            continue
+        if launch.per_image == launch.per_block:
+            text = "B"
         elif launch.per_block == 1:
-            axes.append(f"B*{launch.per_image}")
+            text = f"B*{launch.per_image}"
         else:
-            axes.append(f"ceil(B*{launch.per_image}/{launch.per_block})")
+            text = f"ceil(B*{launch.per_image}/{launch.per_block})"
+        axes.append(f"min({text}, blocks resident on the device)" if launch.persistent else text)
     return "(" + ", ".join(axes) + ")"
 
 

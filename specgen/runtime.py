@@ -51,7 +51,10 @@ class Conv:
         plan: Plan | None = None,
         binary: Binary | None = None,
         workspace: int = DEFAULT_WORKSPACE,
+        max_blocks: int | None = None,
     ):
+        """``max_blocks`` caps a persistent grid below what the device holds, so that
+        verification can make every block walk several work items."""
         import cupy
 
         self.shape = shape
@@ -69,8 +72,27 @@ class Conv:
                 attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
                 drv.funcSetAttribute(f.ptr, attr, launch.dynamic_smem)
             self.functions[launch.kernel] = f
+        self.resident = {
+            l.kernel: min(self._resident(l), max_blocks or 2**31)
+            for l in self.plan.launches
+            if l.persistent
+        }
         self.workspace = workspace
         self.w = None
+
+    def _resident(self, launch) -> int:
+        """Blocks of a persistent kernel the whole device holds at once."""
+        import cupy
+        from cupy.cuda import driver as drv
+
+        f = self.functions[launch.kernel]
+        per_sm = drv.occupancyMaxActiveBlocksPerMultiprocessor(
+            f.ptr, launch.threads, launch.dynamic_smem
+        )
+        if per_sm < 1:
+            raise SpecError(f"{launch.kernel} cannot be resident on this device (occupancy 0)")
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        return per_sm * sms
 
     def set_weights(self, w) -> None:
         import cupy
@@ -135,4 +157,5 @@ class Conv:
                     args.append(bufs[name][b0 : b0 + n])
                 else:
                     args.append(bufs[name])
-            f(launch.grid_for(n), launch.block, tuple(args), shared_mem=launch.dynamic_smem)
+            grid = launch.grid_for(n, self.resident.get(launch.kernel))
+            f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem)

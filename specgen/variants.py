@@ -20,10 +20,15 @@ class Strategy(enum.Enum):
     IMPLICIT = "implicit"  # fused implicit GEMM, the unrolled matrix never exists
     MMA = "mma"  # fused implicit GEMM on tensor-core fragments (mma.sync)
     MMATILE = "mmatile"  # tensor cores reading a shared-memory band of the input
+    PERSIST = "persist"  # persistent blocks, weights resident, maps x row-segment outer products
 
     @property
     def family(self) -> str:
-        return "gemm" if self in GEMM_FAMILY else "direct"
+        """direct: coarsened outputs per thread; gemm: a matrix product; outer: the
+        register-tiled outer product of ``persist``, named like the GEMMs by its tile."""
+        if self in GEMM_FAMILY:
+            return "gemm"
+        return "outer" if self is Strategy.PERSIST else "direct"
 
 
 GEMM_FAMILY = (Strategy.IM2COL, Strategy.IMPLICIT, Strategy.MMA, Strategy.MMATILE)
@@ -131,7 +136,7 @@ class Variant:
         """The same kernel with the fields its strategy ignores set to their defaults,
         so that two spellings of one kernel compare equal."""
         d = Variant()
-        if self.strategy.family == "gemm":
+        if self.strategy.family != "direct":
             return replace(
                 self,
                 coarsening=d.coarsening,

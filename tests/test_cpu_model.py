@@ -80,6 +80,33 @@ def test_interleaved_layout_sizes_pixels_by_channels():
     assert p.static_smem == 4 * 22 * 22 * (12 + p.context["smem"]["pad"])
 
 
+def test_persist_plan_arithmetic():
+    """layer2, 4 maps x 12 pixels: 4 map groups x 34 rows x 3 segments of a 36-wide
+    row; weights, two bands and two output rounds in one dynamic allocation."""
+    p = make_plan(PRESETS["layer2"], Variant(strategy=Strategy.PERSIST, tile=34, regtile=(4, 12)))
+    ctx = p.context
+    assert p.launches[0].block == (4 * 34 * 3, 1, 1)
+    assert ctx["iw"] == 3 * 12 + 6 and ctx["ih"] == 34 + 6
+    assert ctx["stride"] % 4 == 0 and ctx["stride"] >= ctx["iw"]  # float4 row loads
+    assert ctx["in_vec"] == 4 and ctx["nv"] == 20  # 18 pixels read as 5 float4
+    assert ctx["vec"] == 4  # a thread's 4 maps of one tap are one float4
+    assert ctx["bands_at"] == 3136 and ctx["band"] == 4 * 40 * ctx["stride"]
+    assert ctx["scratch"] == 4 * 34 * 34 and ctx["out_vec"] == 4
+    assert p.dynamic_smem == 4 * (ctx["out_at"] + 2 * ctx["scratch"]) and p.static_smem == 0
+    assert ctx["guard_cols"] and not ctx["guard_rows"]  # 36 columns computed, 34 stored
+    assert ctx["unroll_window"] == (49 * 4 * 12 <= 2048)
+    # persistent: the grid is capped by what is resident, never past the work items
+    launch = p.launches[0]
+    assert launch.persistent and launch.grid_for(10000, 132) == (132, 1, 1)
+    assert launch.grid_for(3, 132) == (3, 1, 1)
+
+
+def test_persist_names_round_trip():
+    v = Variant(strategy=Strategy.PERSIST, tile=12, regtile=(4, 17)).canonical()
+    assert v.name == "persist_t12_r4x17_fp32"
+    assert parse_variant_name(v.name) == v
+
+
 def test_mma_padding_is_exact_and_reported():
     p = make_plan(
         PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32)
@@ -122,6 +149,36 @@ def test_mma_padding_is_exact_and_reported():
         (PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64), "tf32 or fp16"),
         (PRESETS["layer2"], Variant(precision=Precision.TF32), "tensor-core format"),
         (PRESETS["layer2"], Variant(coarsening=(4, 1, 16)), "FMAs"),
+        (
+            PRESETS["layer2"],
+            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(1, 4)),
+            "choose --tile 7 or fewer",
+        ),
+        (
+            PRESETS["layer2"],
+            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(16, 17)),
+            "272 accumulators",
+        ),
+        (
+            PRESETS["layer2"],
+            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(3, 17)),
+            "must divide M=16",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(strategy=Strategy.PERSIST, tile=16, regtile=(4, 8)),
+            "use --strategy tiled or implicit",
+        ),
+        (
+            PRESETS["mx-layer2"],
+            Variant(strategy=Strategy.PERSIST, tile=27, regtile=(1, 27)),
+            "choose --tile",
+        ),
+        (
+            PRESETS["layer2"],
+            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(4, 12), precision=Precision.TF32),
+            "exact fp32",
+        ),
     ],
 )
 def test_limits_are_checked_before_rendering(shape, variant, needle):

@@ -10,6 +10,10 @@ def make_plan(shape: ConvShape, variant: Variant) -> Plan:
     variant = variant.canonical()
     if variant.strategy.family == "direct":
         return plan_direct(shape, variant)
+    if variant.strategy is Strategy.PERSIST:
+        from .persist import plan_persist
+
+        return plan_persist(shape, variant)
     if variant.strategy is Strategy.MMATILE:
         from .mmatile import plan_mmatile
 

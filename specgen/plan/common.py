@@ -35,7 +35,9 @@ class Size:
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch.  The grid is fixed on every axis but ``axis``, which grows
-    with the batch: ``ceil(batch * per_image / per_block)`` blocks."""
+    with the batch: ``ceil(batch * per_image / per_block)`` blocks.  A persistent
+    launch caps that axis at the blocks the device holds at once; its blocks stride
+    over the work items."""
 
     kernel: str
     args: tuple[str, ...]  # buffer names the runtime passes, in order
@@ -45,15 +47,21 @@ class Launch:
     per_image: int
     per_block: int
     dynamic_smem: int = 0
+    persistent: bool = False
 
-    def grid_for(self, batch: int) -> tuple[int, int, int]:
+    def grid_for(self, batch: int, resident: int | None = None) -> tuple[int, int, int]:
+        """``resident``: blocks the device holds at once, which caps a persistent grid."""
         grid = list(self.grid)
         grid[self.axis] = -(-batch * self.per_image // self.per_block)
+        if self.persistent and resident:
+            grid[self.axis] = min(grid[self.axis], resident)
         return tuple(grid)
 
     @property
     def max_batch(self) -> int:
         """The largest batch one launch covers; the runtime splits larger ones."""
+        if self.persistent:
+            return (2**31 - 1) // self.per_image  # int32 work-item indices
         by_grid = GRID_LIMITS[self.axis] * self.per_block // self.per_image
         return min(by_grid, (2**31 - 1) // self.per_image)  # int32 column indices
 

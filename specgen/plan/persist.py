@@ -1,0 +1,237 @@
+"""Planning for ``persist``: persistent blocks, each thread an outer product.
+
+The direct family reloads its weights for every tile and, when they live in constant
+memory, serializes a warp on every distinct address.  Here a block is resident for the
+whole launch: it stages all M*C*K*K weights in shared memory once, transposed so that
+one thread's TM maps of one tap are adjacent (one 16-byte load), then walks the work
+items (image, band of R output rows) that the grid stride gives it.  Each item's input
+band is copied with ``cp.async`` into one of two buffers while the other is computed.
+
+A thread owns TM output maps x TX neighbouring pixels of one output row.  Per input
+channel and window row it loads TX+K-1 pixels into registers once; every tap of the
+row is then TM weights x TX pixels = TM*TX FMAs from registers.  With TM=4, TX=17 that
+is 23 + 7 shared loads for 476 FMAs, so the FMA pipe, not shared memory, is the limit.
+"""
+
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..shapes import ConvShape
+from ..variants import Precision, Variant
+from .common import (
+    MAX_THREADS,
+    OPTIN_SMEM_BYTES,
+    Launch,
+    Plan,
+    Size,
+    bank_conflict_degree,
+    ceil_div,
+    check_threads,
+)
+
+MAX_ACCUMULATORS = 128  # TM*TX fp32 accumulators; past this ptxas spills at 255 registers
+# The KxK taps are emitted as straight-line code up to this many FMAs per channel;
+# beyond, the window rows become a loop (NVRTC's time grows with the square of the body).
+MAX_WINDOW_FMAS = 2048
+
+
+def _vector(tx: int) -> int:
+    """Floats per shared load of an input row: a segment starts at a multiple of TX."""
+    return next(n for n in (4, 2, 1) if tx % n == 0)
+
+
+def _row_stride(iw: int, rows: int, segs: int, tx: int) -> tuple[int, int]:
+    """(stride, conflict degree): the smallest pad of an input row, at most 7 floats
+    and keeping rows aligned for vector loads, that gives the first warp's first load
+    of the compute loop the fewest bank conflicts.  Input loads are a few percent of
+    the shared traffic, so a larger pad would cost more (two bands of it) than the
+    conflicts it saves."""
+    lanes = [(t % (rows * segs)) for t in range(32)]
+    best = None
+    for pad in range(8):
+        stride = iw + pad
+        if stride % _vector(tx):
+            continue
+        addrs = [r // segs * stride + r % segs * tx for r in lanes]
+        degree = bank_conflict_degree(addrs)
+        if best is None or degree < best[1]:
+            best = (stride, degree)
+    return best
+
+
+def plan_persist(shape: ConvShape, v: Variant) -> Plan:
+    if v.precision is not Precision.FP32:
+        raise SpecError(
+            "persist computes exact fp32 on CUDA cores; for tf32 use --strategy mmatile, "
+            "for fp16 a direct-family strategy"
+        )
+    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
+    Ho, Wo, KK = shape.Ho, shape.Wo, K * K
+    rows = v.tile
+    tm, tx = v.regtile
+    if rows < 1 or rows > Ho:
+        raise SpecError(f"persist's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+    if tm < 1 or M % tm:
+        divisors = [d for d in range(1, M + 1) if M % d == 0]
+        raise SpecError(f"register tile maps {tm} must divide M={M}; choose one of {divisors}")
+    if tx < 1 or tx > Wo:
+        raise SpecError(f"register tile pixels {tx} must be 1 to Wo={Wo}")
+    if tm * tx > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"register tile {tm}x{tx} = {tm * tx} accumulators per thread, over "
+            f"{MAX_ACCUMULATORS} (the rest of the kernel needs registers too); "
+            "choose fewer maps or pixels"
+        )
+    groups = M // tm
+    segs = ceil_div(Wo, tx)
+    threads = groups * rows * segs
+    most = MAX_THREADS // (groups * segs)
+    check_threads(
+        (threads, 1, 1),
+        f"{groups} map groups x {rows} rows x {segs} row segments; "
+        + (f"choose --tile {most} or fewer" if most else "choose a larger register tile"),
+    )
+    iw = segs * tx + K - 1  # staged columns: every segment's window, zeros past the edge
+    ih = rows + K - 1
+    stride, degree = _row_stride(iw, rows, segs, tx)
+    plane = ih * stride
+    band = C * plane
+    wn = M * C * KK
+    # Outputs leave through shared memory, one map of every group per round, so that
+    # the global stores are whole rows (a thread's own pixels are TX apart from its
+    # neighbour's).  Two round buffers: one barrier per round.  (All maps in one round
+    # measured no faster on layer2, 2026-11-21, and needs far more shared memory.)
+    out_vec = next(n for n in (4, 2, 1) if (Ho * Wo) % n == 0 and (rows * Wo) % n == 0)
+    bands_at = ceil_div(wn, 4) * 4  # 16-byte aligned for vector reads
+    out_at = ceil_div(bands_at + 2 * band, 4) * 4
+    scratch = groups * rows * Wo
+    nbytes = 4 * (out_at + 2 * scratch)
+    if nbytes > OPTIN_SMEM_BYTES:
+
+        def smem(r):
+            stride_r = _row_stride(iw, r, segs, tx)[0]
+            return 4 * (wn + 2 * C * (r + K - 1) * stride_r + 2 * groups * r * Wo + 6)
+
+        fit = next((r for r in range(rows - 1, 0, -1) if smem(r) <= OPTIN_SMEM_BYTES), None)
+        hint = f"choose --tile {fit}" if fit else "use --strategy tiled or implicit"
+        raise SpecError(
+            f"persist needs {nbytes} bytes of shared memory (weights {4 * wn} B + two "
+            f"bands of {4 * band} B + two output rounds of {4 * scratch} B), over the "
+            f"sm_90 limit of {OPTIN_SMEM_BYTES} bytes per block; {hint}"
+        )
+    vec = next(n for n in (4, 2, 1) if tm % n == 0 and M % n == 0)
+    bands = ceil_div(Ho, rows)
+    unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
+
+    sizes = [
+        Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
+        Size("reduction", f"{C * KK}", f"C*K*K = {C}*{KK} multiply-adds per output"),
+        Size(
+            "thread",
+            f"{tm} maps x {tx} pixels = {tm * tx} accumulators + {tx + K - 1} pixels",
+            f"register tile {tm}x{tx}; a row segment needs TX+K-1 = {tx}+{K}-1 inputs",
+        ),
+        Size(
+            "block",
+            f"{threads} threads",
+            f"{groups} map groups x {rows} rows x {segs} segments of {tx} "
+            f"({segs * tx - Wo} pixel(s) past the edge)",
+        ),
+        Size(
+            "work item",
+            f"image x band of {rows} output rows, {bands} band(s) per image",
+            "blocks stride over B*bands items; the grid is what fits on the device",
+        ),
+        Size(
+            "__shared__ weights",
+            f"{4 * wn} B = {wn} floats [{C}][{K}][{K}][{M}]",
+            f"M*C*K*K, staged once per block, maps innermost ({vec} per load)",
+        ),
+        Size(
+            "__shared__ bands",
+            f"2 x {4 * band} B = 2 x [{C}][{ih}][{stride}]",
+            f"C x (rows+K-1) x (segments*TX+K-1 = {iw}, padded to {stride}: "
+            f"{degree}-way bank conflicts at worst), double-buffered",
+        ),
+        Size(
+            "__shared__ out",
+            f"2 x {4 * scratch} B = 2 x [{groups}][{rows}][{Wo}]",
+            f"map m of each of the {groups} groups per round, {tm} rounds, "
+            f"stored {out_vec} float(s) at a time",
+        ),
+    ]
+    ctx = dict(
+        C=C,
+        M=M,
+        H=H,
+        W=W,
+        K=K,
+        KK=KK,
+        pad=pad,
+        Ho=Ho,
+        Wo=Wo,
+        rows=rows,
+        tm=tm,
+        tx=tx,
+        npix=tx + K - 1,
+        in_vec=_vector(tx),
+        in_type={4: "float4", 2: "float2", 1: "float"}[_vector(tx)],
+        nv=ceil_div(tx + K - 1, _vector(tx)) * _vector(tx),
+        bands_at=bands_at,
+        groups=groups,
+        segs=segs,
+        threads=threads,
+        row_threads=rows * segs,
+        iw=iw,
+        ih=ih,
+        stride=stride,
+        plane=plane,
+        band=band,
+        band_total=C * ih * iw,
+        scratch=scratch,
+        out_at=out_at,
+        band_out=rows * Wo,
+        out_vec=out_vec,
+        out_steps=ceil_div(scratch // out_vec, threads),
+        out_tail=(scratch // out_vec) % threads != 0,
+        out_type={4: "float4", 2: "float2", 1: "float"}[out_vec],
+        band_pixels=ih * iw,
+        wn=wn,
+        w_channel=KK * M,
+        vec=vec,
+        vec_type={4: "float4", 2: "float2", 1: "float"}[vec],
+        bands=bands,
+        smem_bytes=nbytes,
+        unroll_window=unroll_window,
+        guard_rows=Ho % rows != 0,
+        guard_cols=segs * tx != Wo,
+        HW=H * W,
+        CHW=C * H * W,
+        HoWo=Ho * Wo,
+        out_image=M * Ho * Wo,
+        taps=[(ky, kx) for ky in range(K) for kx in range(K)],
+        fmas=C * KK * tm * tx,
+    )
+    launch = Launch(
+        v.name,
+        ("x", "w", "y", "batch"),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        bands,
+        1,
+        nbytes,
+        persistent=True,
+    )
+    return Plan(
+        shape=shape,
+        variant=v,
+        template="direct/persist.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=nbytes,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=ctx,
+    )
