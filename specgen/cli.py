@@ -61,20 +61,23 @@ def variant_options(f):
             "--variant", "variant_name", help="a canonical variant name (as in generated/)"
         ),
         click.option(
-            "--strategy", default=None, help="direct, tiled, split, im2col, implicit, mma"
+            "--strategy",
+            default=None,
+            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist",
         ),
         click.option(
             "--tile",
             type=int,
             default=None,
-            help="output tile edge (direct family) or pixels per block (GEMM)",
+            help="output tile edge (direct family), pixels per block (GEMM), "
+            "output rows per band (mmatile, persist)",
         ),
         click.option("--coarsening", default=None, help="outputs per thread: xAyBmC"),
         click.option("--layout", default=None, help="shared tile layout: planar or inter"),
         click.option("--weights", default=None, help="const or global"),
         click.option("--precision", default=None, help="fp32, tf32 or fp16"),
         click.option("--unroll-channels/--loop-channels", "unroll", default=None),
-        click.option("--regtile", default=None, help="GEMM register tile RxC"),
+        click.option("--regtile", default=None, help="register tile RxC: maps x pixels per thread"),
         click.option("--splits", type=int, default=None, help="split: channel groups"),
     ]
     for opt in reversed(opts):
@@ -95,11 +98,19 @@ def build_variant(
     regtile=None,
     splits=None,
 ) -> Variant:
-    from .space import complete, default_coarsening
+    from .space import complete, default_coarsening, default_persist
 
     if variant_name:
         return parse_variant_name(variant_name)
     v = Variant(strategy=parse_strategy(strategy) if strategy else Strategy.TILED)
+    if v.strategy is Strategy.PERSIST:
+        base = default_persist(shape)
+        return replace(
+            base,
+            tile=tile if tile is not None else base.tile,
+            regtile=parse_regtile(regtile) if regtile else base.regtile,
+            precision=parse_precision(precision) if precision else base.precision,
+        ).canonical()
     if precision:
         v = replace(v, precision=parse_precision(precision))
     v = replace(v, tile=tile if tile is not None else (16 if v.strategy.family == "direct" else 64))
@@ -273,13 +284,13 @@ def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
 @click.option("--precision", default="fp32", help="fp32, tf32 or fp16")
 @click.option("--budget", type=int, default=40, help="most candidates to time (sampled evenly)")
 @click.option("--batch", type=int, default=None, help="images (default: the preset's batch)")
-def tune(shape_text, precision, budget, batch):
+@click.option("--strategy", default=None, help="search only this strategy's variants")
+def tune(shape_text, precision, budget, batch, strategy):
     """Search the variant space of every strategy for the fastest verified kernel."""
-    parse_shape(shape_text)
-    parse_precision(precision)
+    shape = parse_shape(shape_text)
+    prec = parse_precision(precision)
+    strat = parse_strategy(strategy) if strategy else None
     _need_gpu("tune")
     from .tune import run_tune
 
-    run_tune(
-        parse_shape(shape_text), parse_precision(precision), budget, echo=click.echo, batch=batch
-    )
+    run_tune(shape, prec, budget, echo=click.echo, batch=batch, strategy=strat)

@@ -67,14 +67,42 @@ def _append(record: dict) -> None:
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
-    """Every variant of the space that the planner accepts, in a stable order."""
+def persist_candidates(shape: ConvShape) -> list[Variant]:
+    """persist's space: register tiles of up to 16 maps by row segments that waste at
+    most a sixth of a row, and bands of Ho/k rows."""
+    from .plan.persist import MAX_ACCUMULATORS
+
+    maps = [d for d in range(1, min(16, shape.M) + 1) if shape.M % d == 0]
+    even = {-(-shape.Wo // segs) for segs in range(1, shape.Wo + 1)}
+    even |= {-(-tx // 4) * 4 for tx in even}  # whole float4 loads of a row
+    pixels = sorted(
+        (
+            tx
+            for tx in even
+            if 3 <= tx <= min(34, shape.Wo) and -(-shape.Wo // tx) * tx - shape.Wo <= shape.Wo / 6
+        ),
+        reverse=True,
+    )
+    rows = sorted({-(-shape.Ho // k) for k in (1, 2, 3, 4, 6, 8, 12)}, reverse=True)
+    out = []
+    for tm, tx, r in itertools.product(maps, pixels, rows):
+        threads = shape.M // tm * r * -(-shape.Wo // tx)
+        if tm * tx <= MAX_ACCUMULATORS and 64 <= threads <= 1024 and tm * tx >= 16:
+            out.append(Variant(strategy=Strategy.PERSIST, tile=r, regtile=(tm, tx)).canonical())
+    return out
+
+
+def candidates(
+    shape: ConvShape, precision: Precision, strategy: Strategy | None = None
+) -> list[Variant]:
+    """Every variant of the space that the planner accepts, in a stable order; only
+    ``strategy``'s when one is named."""
     from .space import complete
 
     out = []
     divisors = [d for d in range(1, shape.M + 1) if shape.M % d == 0 and d <= 24]
     if precision in (Precision.FP32, Precision.FP16):
-        for strategy, layout in (
+        for strat, layout in (
             (Strategy.DIRECT, Layout.NONE),
             (Strategy.TILED, Layout.PLANAR),
             (Strategy.TILED, Layout.INTERLEAVED),
@@ -83,7 +111,7 @@ def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
                 (8, 16, 32), (2, 4, 8), (1, 2, 4), divisors, (Weights.CONST, Weights.GLOBAL)
             ):
                 v = Variant(
-                    strategy=strategy,
+                    strategy=strat,
                     tile=tile,
                     coarsening=(cx, cy, cm),
                     layout=layout,
@@ -92,10 +120,10 @@ def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
                 )
                 out.append(complete(shape, v, weights=weights))
     if precision is Precision.FP32:
-        for strategy, tile, rt in itertools.product(
+        for strat, tile, rt in itertools.product(
             (Strategy.IMPLICIT, Strategy.IM2COL), (32, 64, 128), ((2, 2), (4, 4), (8, 4))
         ):
-            out.append(Variant(strategy=strategy, tile=tile, regtile=rt).canonical())
+            out.append(Variant(strategy=strat, tile=tile, regtile=rt).canonical())
     if precision in (Precision.TF32, Precision.FP16):
         for tile in (32, 64, 128):
             out.append(Variant(strategy=Strategy.MMA, tile=tile, precision=precision).canonical())
@@ -104,10 +132,14 @@ def candidates(shape: ConvShape, precision: Precision) -> list[Variant]:
             {shape.Ho, -(-shape.Ho // 2), -(-shape.Ho // 3), -(-shape.Ho // 4), 8, 4}
         ):
             out.append(Variant(strategy=Strategy.MMATILE, tile=rows, precision=precision))
+    if precision is Precision.FP32:
+        out += persist_candidates(shape)
     from .plan.direct import unrolled_fmas
 
     valid, seen = [], set()
     for v in out:
+        if strategy is not None and v.strategy is not strategy:
+            continue
         if v in seen or (v.strategy.family == "direct" and unrolled_fmas(shape, v) > TUNE_MAX_FMAS):
             continue
         if _runtime_indexed_constant(shape, v):
@@ -134,7 +166,14 @@ def _source_hash(shape, v) -> str:
     return hashlib.sha256(render(make_plan(shape, v)).encode()).hexdigest()[:16]
 
 
-def run_tune(shape: ConvShape, precision: Precision, budget: int | None, echo, batch=None) -> dict:
+def run_tune(
+    shape: ConvShape,
+    precision: Precision,
+    budget: int | None,
+    echo,
+    batch=None,
+    strategy: Strategy | None = None,
+) -> dict:
     import os
 
     import numpy as np
@@ -149,7 +188,10 @@ def run_tune(shape: ConvShape, precision: Precision, budget: int | None, echo, b
     batch = batch or shape.batch
     from .space import default_set
 
-    space = candidates(shape, precision)
+    space = candidates(shape, precision, strategy)
+    if not space:
+        what = f"{strategy.value} in {precision.value}" if strategy else precision.value
+        raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
     seeds = [v for v in default_set(shape) if v.precision is precision and v in space]
     if budget and len(space) > budget:
         rest = [v for v in space if v not in seeds]
@@ -261,8 +303,9 @@ def winners(shape: ConvShape, gpu: str | None = None) -> dict[str, dict]:
 SHIPPED_WINNERS = {
     "NVIDIA H200": {
         "layer1": ["direct_t16_x2y4m4_wconst_uc_fp32", "tiled_t16_x4y1m4_planar_wconst_uc_fp16"],
-        "layer2": ["tiled_t16_x4y1m8_planar_wglobal_lc_fp32", "mmatile_t34_tf32"],
-        "mx-layer2": ["tiled_t16_x4y1m8_planar_wglobal_lc_fp32", "mmatile_t14_tf32"],
+        "layer2": ["persist_t12_r4x17_fp32", "persist_t34_r8x4_fp32", "mmatile_t34_tf32"],
+        "mx-layer1": ["persist_t11_r12x6_fp32", "tiled_t16_x4y1m6_planar_wconst_uc_fp16"],
+        "mx-layer2": ["persist_t27_r6x4_fp32", "mmatile_t14_tf32"],
         "ae-enc2": ["direct_t16_x4y1m16_wglobal_lc_fp32", "mma_t64_tf32", "mma_t64_fp16"],
     }
 }
