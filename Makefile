@@ -1,4 +1,5 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test`.
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

@@ -65,8 +65,29 @@ def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
     raise error
 
 
+def default_persist(shape: ConvShape) -> Variant:
+    """A persist variant without tuning: 4 maps (or fewer) by a row segment of at most
+    12 pixels, and the tallest band whose buffers fit in a block of at most 512
+    threads (so that ptxas may use 128 registers without spilling)."""
+    tm = max(d for d in _divisors(shape.M) if d <= 4)
+    segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 12)
+    tx = -(-shape.Wo // segs)
+    most = max(1, 512 // (shape.M // tm * segs))
+    error = None
+    for rows in range(min(shape.Ho, most), 0, -1):
+        v = Variant(strategy=Strategy.PERSIST, tile=rows, regtile=(tm, tx)).canonical()
+        try:
+            make_plan(shape, v)
+            return v
+        except SpecError as e:
+            error = e
+    raise error
+
+
 def default_set(shape: ConvShape) -> list[Variant]:
-    """One of each strategy and precision that can serve the shape."""
+    """One of each strategy and precision that can serve the shape, and for a preset
+    the winners that ``tune`` found on the GPUs of ``SHIPPED_WINNERS``, so that the
+    kernels worth reading are in generated/ and covered by ``verify --all``."""
     wanted = [
         Variant(strategy=Strategy.DIRECT),
         Variant(strategy=Strategy.TILED, layout=Layout.PLANAR),
@@ -80,6 +101,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32),
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16),
         Variant(strategy=Strategy.MMATILE, tile=shape.Ho, precision=Precision.TF32),
+        Variant(strategy=Strategy.PERSIST),
     ]
     out: list[Variant] = []
     for v in wanted:
@@ -93,6 +115,8 @@ def default_set(shape: ConvShape) -> list[Variant]:
                 v = fitting_tile(shape, v)
             elif v.strategy is Strategy.MMATILE:
                 v = fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
+            elif v.strategy is Strategy.PERSIST:
+                v = default_persist(shape)
             else:
                 make_plan(shape, v)
         except SpecError:
@@ -100,4 +124,12 @@ def default_set(shape: ConvShape) -> list[Variant]:
         v = v.canonical()
         if v not in out:
             out.append(v)
+    from .tune import SHIPPED_WINNERS
+    from .variants import parse_variant_name
+
+    for table in SHIPPED_WINNERS.values():
+        for name in table.get(shape.slug, []) if shape.name else []:
+            v = parse_variant_name(name)
+            if v not in out:
+                out.append(v)
     return out
