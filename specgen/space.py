@@ -65,6 +65,14 @@ def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
     raise error
 
 
+def direct_tiles(shape: ConvShape) -> tuple[int, ...]:
+    """Tiles of 16, 8, 4 no larger than the output needs: a 16x16 tile over a 3x3
+    output idles 28 of 32 threads (and on a random 7x7, K=5 shape, ptxas spilled it)."""
+    edge = max(shape.Ho, shape.Wo)
+    fits = tuple(t for t in (16, 8, 4) if t // 2 < edge)
+    return fits or (4,)
+
+
 def default_persist(shape: ConvShape) -> Variant:
     """A persist variant without tuning: 4 maps (or fewer) by a row segment of at most
     12 pixels, and the tallest band whose buffers fit in a block of at most 512
@@ -112,7 +120,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
                     if not s:
                         continue  # C=1: nothing to split
                     v = replace(v, splits=s)
-                v = fitting_tile(shape, v)
+                v = fitting_tile(shape, v, choices=direct_tiles(shape))
             elif v.strategy is Strategy.MMATILE:
                 v = fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
             elif v.strategy is Strategy.PERSIST:
