@@ -93,6 +93,28 @@ class Plan:
         return tuple(launch.kernel for launch in self.launches)
 
 
+def shape_context(shape: ConvShape) -> dict:
+    """The shape's numbers every template uses, as literals: sizes, derived sizes,
+    strides of x (NCHW) and y."""
+    H, W, K = shape.H, shape.W, shape.K
+    return dict(
+        C=shape.C,
+        M=shape.M,
+        H=H,
+        W=W,
+        K=K,
+        KK=K * K,
+        pad=shape.pad,
+        Ho=shape.Ho,
+        Wo=shape.Wo,
+        HoWo=shape.Ho * shape.Wo,
+        HW=H * W,
+        CHW=shape.C * H * W,
+        CKK=shape.reduction,
+        out_image=shape.M * shape.Ho * shape.Wo,
+    )
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

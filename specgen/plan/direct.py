@@ -20,6 +20,7 @@ from .common import (
     ceil_div,
     check_threads,
     smem_placement,
+    shape_context,
 )
 
 UNROLL_CHANNELS_MAX = 32  # past this, an unrolled channel loop is a wall of code
@@ -204,15 +205,7 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         sizes.append(Size("__constant__", f"{const_bytes} B", f"M*C*K*K = {M * C * KK} floats"))
 
     ctx = dict(
-        C=C,
-        M=M,
-        H=H,
-        W=W,
-        K=K,
-        KK=KK,
-        pad=pad,
-        Ho=Ho,
-        Wo=Wo,
+        shape_context(shape),
         tile=tile,
         cx=cx,
         cy=cy,
@@ -239,14 +232,11 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         npix=cx + K - 1,
         nh2=cx + K - 2,
         half_math=True,
-        HW=H * W,
-        CHW=C * H * W,
         out_plane=Ho * Wo,
         halo_plane=ih * iw,
         group_in=cg * H * W,
         group_w=cg * KK,
         group_out=cm * Ho * Wo,
-        out_image=M * Ho * Wo,
         stores=[
             dict(m=m, oy=oy, ox=ox, off=m * Ho * Wo + oy * Wo + ox)
             for m in range(cm)

@@ -18,6 +18,7 @@ from .common import (
     ceil_div,
     check_threads,
     smem_placement,
+    shape_context,
 )
 
 GEMM_BK = 16  # reduction chunk of the CUDA-core GEMMs
@@ -84,24 +85,7 @@ def _k_tables(shape: ConvShape, kpad: int) -> dict:
 
 
 def _index_ctx(shape: ConvShape) -> dict:
-    H, W, K = shape.H, shape.W, shape.K
-    return dict(
-        C=shape.C,
-        M=shape.M,
-        H=H,
-        W=W,
-        K=K,
-        KK=K * K,
-        pad=shape.pad,
-        Ho=shape.Ho,
-        Wo=shape.Wo,
-        HoWo=shape.Ho * shape.Wo,
-        HW=H * W,
-        CHW=shape.C * H * W,
-        CKK=shape.reduction,
-        out_image=shape.M * shape.Ho * shape.Wo,
-        guard_pad=shape.pad > 0,
-    )
+    return dict(shape_context(shape), guard_pad=shape.pad > 0)
 
 
 def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:

@@ -14,7 +14,15 @@ from __future__ import annotations
 from ..errors import SpecError
 from ..shapes import ConvShape
 from ..variants import Precision, Variant
-from .common import Launch, Plan, Size, ceil_div, smem_placement, OPTIN_SMEM_BYTES
+from .common import (
+    OPTIN_SMEM_BYTES,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    shape_context,
+    smem_placement,
+)
 
 KSTEP = 8  # mma.m16n8k8 with tf32 inputs
 # Unroll the k steps fully up to this many; beyond, by 8 (NVRTC took 15.7 s on 196
@@ -81,18 +89,7 @@ def plan_mmatile(shape: ConvShape, v: Variant) -> Plan:
 
     ktab = [(koff(s * KSTEP + t), koff(s * KSTEP + t + 4)) for s in range(steps) for t in range(4)]
     ctx = dict(
-        C=C,
-        M=M,
-        H=shape.H,
-        W=shape.W,
-        K=K,
-        pad=pad,
-        Ho=Ho,
-        Wo=Wo,
-        HoWo=Ho * Wo,
-        CHW=C * shape.H * shape.W,
-        HW=shape.H * shape.W,
-        CKK=ckk,
+        shape_context(shape),
         kpad=kpad,
         steps=steps,
         unroll_steps=steps if steps <= FULL_UNROLL_STEPS else 8,
@@ -118,7 +115,6 @@ def plan_mmatile(shape: ConvShape, v: Variant) -> Plan:
         groups=groups,
         a_words=steps * fm * 32 * 4,
         ktab=ktab,
-        out_image=M * Ho * Wo,
         dynamic=dynamic > 0,
         smem_bytes=nbytes,
         load_total=C * hp * wp,

@@ -27,6 +27,7 @@ from .common import (
     bank_conflict_degree,
     ceil_div,
     check_threads,
+    shape_context,
 )
 
 MAX_ACCUMULATORS = 128  # TM*TX fp32 accumulators; past this ptxas spills at 255 registers
@@ -161,15 +162,7 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         ),
     ]
     ctx = dict(
-        C=C,
-        M=M,
-        H=H,
-        W=W,
-        K=K,
-        KK=KK,
-        pad=pad,
-        Ho=Ho,
-        Wo=Wo,
+        shape_context(shape),
         rows=rows,
         tm=tm,
         tx=tx,
@@ -205,10 +198,6 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         unroll_window=unroll_window,
         guard_rows=Ho % rows != 0,
         guard_cols=segs * tx != Wo,
-        HW=H * W,
-        CHW=C * H * W,
-        HoWo=Ho * Wo,
-        out_image=M * Ho * Wo,
         taps=[(ky, kx) for ky in range(K) for kx in range(K)],
         fmas=C * KK * tm * tx,
     )
