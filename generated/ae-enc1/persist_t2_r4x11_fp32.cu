@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        256 x 32 x 32                  Ho = H + 2*pad - K + 1 = 32+2-3+1
 //   reduction     27                             C*K*K = 3*9 multiply-adds per output
-//   thread        4 maps x 11 pixels = 44 accumulators + 13 pixels register tile 4x11; a row segment needs TX+K-1 = 11+3-1 inputs
+//   thread        4 x 11 acc + 13 inputs         register tile: 4 maps x 11 pixels, and the TX+K-1 = 11+3-1 inputs of a row
 //   block         384 threads                    64 map groups x 2 rows x 3 segments of 11 (1 pixel(s) past the edge)
-//   work item     image x band of 2 output rows, 16 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 27648 B = 6912 floats [3][3][3][256] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 1680 B = 2 x [3][4][35]    C x (rows+K-1) x (segments*TX+K-1 = 35, padded to 35: 1-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 16384 B = 2 x [64][2][32]  map m of each of the 64 groups per round, 4 rounds, stored 4 float(s) at a time
+//   work item     2 output rows, 16 per image    blocks stride over B*16 items; the grid is what fits on the device
+//   smem weights  27648 B [3][3][3][256]         M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 1680 B [3][4][35]          C x (rows+K-1) x (segments*TX+K-1 = 35, padded to 35: 1-way bank conflicts at worst), double-buffered
+//   smem out      2 x 16384 B [64][2][32]        map m of each of the 64 groups per round, 4 rounds, stored 4 float(s) at a time
 // Kernel   persist_t2_r4x11_fp32: block 384x1x1, grid (min(B*16, blocks resident on the device), 1, 1), 63776 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

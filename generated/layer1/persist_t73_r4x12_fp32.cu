@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        4 x 80 x 80                    Ho = H + 2*pad - K + 1 = 86+0-7+1
 //   reduction     49                             C*K*K = 1*49 multiply-adds per output
-//   thread        4 maps x 12 pixels = 48 accumulators + 18 pixels register tile 4x12; a row segment needs TX+K-1 = 12+7-1 inputs
+//   thread        4 x 12 acc + 18 inputs         register tile: 4 maps x 12 pixels, and the TX+K-1 = 12+7-1 inputs of a row
 //   block         511 threads                    1 map groups x 73 rows x 7 segments of 12 (4 pixel(s) past the edge)
-//   work item     image x band of 73 output rows, 2 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 784 B = 196 floats [1][7][7][4] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 29072 B = 2 x [1][79][92]  C x (rows+K-1) x (segments*TX+K-1 = 90, padded to 92: 5-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 23360 B = 2 x [1][73][80]  map m of each of the 1 groups per round, 4 rounds, stored 4 float(s) at a time
+//   work item     73 output rows, 2 per image    blocks stride over B*2 items; the grid is what fits on the device
+//   smem weights  784 B [1][7][7][4]             M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 29072 B [1][79][92]        C x (rows+K-1) x (segments*TX+K-1 = 90, padded to 92: 5-way bank conflicts at worst), double-buffered
+//   smem out      2 x 23360 B [1][73][80]        map m of each of the 1 groups per round, 4 rounds, stored 4 float(s) at a time
 // Kernel   persist_t73_r4x12_fp32: block 511x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 105648 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

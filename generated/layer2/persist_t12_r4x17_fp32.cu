@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        16 x 34 x 34                   Ho = H + 2*pad - K + 1 = 40+0-7+1
 //   reduction     196                            C*K*K = 4*49 multiply-adds per output
-//   thread        4 maps x 17 pixels = 68 accumulators + 23 pixels register tile 4x17; a row segment needs TX+K-1 = 17+7-1 inputs
+//   thread        4 x 17 acc + 23 inputs         register tile: 4 maps x 17 pixels, and the TX+K-1 = 17+7-1 inputs of a row
 //   block         96 threads                     4 map groups x 12 rows x 2 segments of 17 (0 pixel(s) past the edge)
-//   work item     image x band of 12 output rows, 3 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 12544 B = 3136 floats [4][7][7][16] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 12096 B = 2 x [4][18][42]  C x (rows+K-1) x (segments*TX+K-1 = 40, padded to 42: 1-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 6528 B = 2 x [4][12][34]   map m of each of the 4 groups per round, 4 rounds, stored 4 float(s) at a time
+//   work item     12 output rows, 3 per image    blocks stride over B*3 items; the grid is what fits on the device
+//   smem weights  12544 B [4][7][7][16]          M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 12096 B [4][18][42]        C x (rows+K-1) x (segments*TX+K-1 = 40, padded to 42: 1-way bank conflicts at worst), double-buffered
+//   smem out      2 x 6528 B [4][12][34]         map m of each of the 4 groups per round, 4 rounds, stored 4 float(s) at a time
 // Kernel   persist_t12_r4x17_fp32: block 96x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 49792 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        16 x 34 x 34                   Ho = H + 2*pad - K + 1 = 40+0-7+1
 //   reduction     196                            C*K*K = 4*49 multiply-adds per output
-//   thread        4 maps x 12 pixels = 48 accumulators + 18 pixels register tile 4x12; a row segment needs TX+K-1 = 12+7-1 inputs
+//   thread        4 x 12 acc + 18 inputs         register tile: 4 maps x 12 pixels, and the TX+K-1 = 12+7-1 inputs of a row
 //   block         408 threads                    4 map groups x 34 rows x 3 segments of 12 (2 pixel(s) past the edge)
-//   work item     image x band of 34 output rows, 1 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 12544 B = 3136 floats [4][7][7][16] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 28160 B = 2 x [4][40][44]  C x (rows+K-1) x (segments*TX+K-1 = 42, padded to 44: 6-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 18496 B = 2 x [4][34][34]  map m of each of the 4 groups per round, 4 rounds, stored 4 float(s) at a time
+//   work item     34 output rows, 1 per image    blocks stride over B*1 items; the grid is what fits on the device
+//   smem weights  12544 B [4][7][7][16]          M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 28160 B [4][40][44]        C x (rows+K-1) x (segments*TX+K-1 = 42, padded to 44: 6-way bank conflicts at worst), double-buffered
+//   smem out      2 x 18496 B [4][34][34]        map m of each of the 4 groups per round, 4 rounds, stored 4 float(s) at a time
 // Kernel   persist_t34_r4x12_fp32: block 408x1x1, grid (min(B, blocks resident on the device), 1, 1), 105856 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        16 x 34 x 34                   Ho = H + 2*pad - K + 1 = 40+0-7+1
 //   reduction     196                            C*K*K = 4*49 multiply-adds per output
-//   thread        8 maps x 4 pixels = 32 accumulators + 10 pixels register tile 8x4; a row segment needs TX+K-1 = 4+7-1 inputs
+//   thread        8 x 4 acc + 10 inputs          register tile: 8 maps x 4 pixels, and the TX+K-1 = 4+7-1 inputs of a row
 //   block         612 threads                    2 map groups x 34 rows x 9 segments of 4 (2 pixel(s) past the edge)
-//   work item     image x band of 34 output rows, 1 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 12544 B = 3136 floats [4][7][7][16] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 28160 B = 2 x [4][40][44]  C x (rows+K-1) x (segments*TX+K-1 = 42, padded to 44: 5-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 9248 B = 2 x [2][34][34]   map m of each of the 2 groups per round, 8 rounds, stored 4 float(s) at a time
+//   work item     34 output rows, 1 per image    blocks stride over B*1 items; the grid is what fits on the device
+//   smem weights  12544 B [4][7][7][16]          M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 28160 B [4][40][44]        C x (rows+K-1) x (segments*TX+K-1 = 42, padded to 44: 5-way bank conflicts at worst), double-buffered
+//   smem out      2 x 9248 B [2][34][34]         map m of each of the 2 groups per round, 8 rounds, stored 4 float(s) at a time
 // Kernel   persist_t34_r8x4_fp32: block 612x1x1, grid (min(B, blocks resident on the device), 1, 1), 87360 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        12 x 66 x 66                   Ho = H + 2*pad - K + 1 = 72+0-7+1
 //   reduction     49                             C*K*K = 1*49 multiply-adds per output
-//   thread        12 maps x 6 pixels = 72 accumulators + 12 pixels register tile 12x6; a row segment needs TX+K-1 = 6+7-1 inputs
+//   thread        12 x 6 acc + 12 inputs         register tile: 12 maps x 6 pixels, and the TX+K-1 = 6+7-1 inputs of a row
 //   block         121 threads                    1 map groups x 11 rows x 11 segments of 6 (0 pixel(s) past the edge)
-//   work item     image x band of 11 output rows, 6 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 2352 B = 588 floats [1][7][7][12] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 4896 B = 2 x [1][17][72]   C x (rows+K-1) x (segments*TX+K-1 = 72, padded to 72: 3-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 2904 B = 2 x [1][11][66]   map m of each of the 1 groups per round, 12 rounds, stored 2 float(s) at a time
+//   work item     11 output rows, 6 per image    blocks stride over B*6 items; the grid is what fits on the device
+//   smem weights  2352 B [1][7][7][12]           M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 4896 B [1][17][72]         C x (rows+K-1) x (segments*TX+K-1 = 72, padded to 72: 3-way bank conflicts at worst), double-buffered
+//   smem out      2 x 2904 B [1][11][66]         map m of each of the 1 groups per round, 12 rounds, stored 2 float(s) at a time
 // Kernel   persist_t11_r12x6_fp32: block 121x1x1, grid (min(B*6, blocks resident on the device), 1, 1), 17952 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        12 x 66 x 66                   Ho = H + 2*pad - K + 1 = 72+0-7+1
 //   reduction     49                             C*K*K = 1*49 multiply-adds per output
-//   thread        4 maps x 11 pixels = 44 accumulators + 17 pixels register tile 4x11; a row segment needs TX+K-1 = 11+7-1 inputs
+//   thread        4 x 11 acc + 17 inputs         register tile: 4 maps x 11 pixels, and the TX+K-1 = 11+7-1 inputs of a row
 //   block         504 threads                    3 map groups x 28 rows x 6 segments of 11 (0 pixel(s) past the edge)
-//   work item     image x band of 28 output rows, 3 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 2352 B = 588 floats [1][7][7][12] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 9792 B = 2 x [1][34][72]   C x (rows+K-1) x (segments*TX+K-1 = 72, padded to 72: 2-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 22176 B = 2 x [3][28][66]  map m of each of the 3 groups per round, 4 rounds, stored 4 float(s) at a time
+//   work item     28 output rows, 3 per image    blocks stride over B*3 items; the grid is what fits on the device
+//   smem weights  2352 B [1][7][7][12]           M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 9792 B [1][34][72]         C x (rows+K-1) x (segments*TX+K-1 = 72, padded to 72: 2-way bank conflicts at worst), double-buffered
+//   smem out      2 x 22176 B [3][28][66]        map m of each of the 3 groups per round, 4 rounds, stored 4 float(s) at a time
 // Kernel   persist_t28_r4x11_fp32: block 504x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 66288 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

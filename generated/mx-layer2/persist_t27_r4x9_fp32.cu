@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        24 x 27 x 27                   Ho = H + 2*pad - K + 1 = 33+0-7+1
 //   reduction     588                            C*K*K = 12*49 multiply-adds per output
-//   thread        4 maps x 9 pixels = 36 accumulators + 15 pixels register tile 4x9; a row segment needs TX+K-1 = 9+7-1 inputs
+//   thread        4 x 9 acc + 15 inputs          register tile: 4 maps x 9 pixels, and the TX+K-1 = 9+7-1 inputs of a row
 //   block         486 threads                    6 map groups x 27 rows x 3 segments of 9 (0 pixel(s) past the edge)
-//   work item     image x band of 27 output rows, 1 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 56448 B = 14112 floats [12][7][7][24] M*C*K*K, staged once per block, maps innermost (4 per load)
-//   __shared__ bands 2 x 52272 B = 2 x [12][33][33] C x (rows+K-1) x (segments*TX+K-1 = 33, padded to 33: 2-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 17496 B = 2 x [6][27][27]  map m of each of the 6 groups per round, 4 rounds, stored 1 float(s) at a time
+//   work item     27 output rows, 1 per image    blocks stride over B*1 items; the grid is what fits on the device
+//   smem weights  56448 B [12][7][7][24]         M*C*K*K, staged once per block, maps innermost (4 per load)
+//   smem bands    2 x 52272 B [12][33][33]       C x (rows+K-1) x (segments*TX+K-1 = 33, padded to 33: 2-way bank conflicts at worst), double-buffered
+//   smem out      2 x 17496 B [6][27][27]        map m of each of the 6 groups per round, 4 rounds, stored 1 float(s) at a time
 // Kernel   persist_t27_r4x9_fp32: block 486x1x1, grid (min(B, blocks resident on the device), 1, 1), 195984 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

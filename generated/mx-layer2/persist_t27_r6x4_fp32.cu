@@ -10,12 +10,12 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        24 x 27 x 27                   Ho = H + 2*pad - K + 1 = 33+0-7+1
 //   reduction     588                            C*K*K = 12*49 multiply-adds per output
-//   thread        6 maps x 4 pixels = 24 accumulators + 10 pixels register tile 6x4; a row segment needs TX+K-1 = 4+7-1 inputs
+//   thread        6 x 4 acc + 10 inputs          register tile: 6 maps x 4 pixels, and the TX+K-1 = 4+7-1 inputs of a row
 //   block         756 threads                    4 map groups x 27 rows x 7 segments of 4 (1 pixel(s) past the edge)
-//   work item     image x band of 27 output rows, 1 band(s) per image blocks stride over B*bands items; the grid is what fits on the device
-//   __shared__ weights 56448 B = 14112 floats [12][7][7][24] M*C*K*K, staged once per block, maps innermost (2 per load)
-//   __shared__ bands 2 x 57024 B = 2 x [12][33][36] C x (rows+K-1) x (segments*TX+K-1 = 34, padded to 36: 5-way bank conflicts at worst), double-buffered
-//   __shared__ out 2 x 11664 B = 2 x [4][27][27]  map m of each of the 4 groups per round, 6 rounds, stored 1 float(s) at a time
+//   work item     27 output rows, 1 per image    blocks stride over B*1 items; the grid is what fits on the device
+//   smem weights  56448 B [12][7][7][24]         M*C*K*K, staged once per block, maps innermost (2 per load)
+//   smem bands    2 x 57024 B [12][33][36]       C x (rows+K-1) x (segments*TX+K-1 = 34, padded to 36: 5-way bank conflicts at worst), double-buffered
+//   smem out      2 x 11664 B [4][27][27]        map m of each of the 4 groups per round, 6 rounds, stored 1 float(s) at a time
 // Kernel   persist_t27_r6x4_fp32: block 756x1x1, grid (min(B, blocks resident on the device), 1, 1), 193824 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).

@@ -129,8 +129,8 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         Size("reduction", f"{C * KK}", f"C*K*K = {C}*{KK} multiply-adds per output"),
         Size(
             "thread",
-            f"{tm} maps x {tx} pixels = {tm * tx} accumulators + {tx + K - 1} pixels",
-            f"register tile {tm}x{tx}; a row segment needs TX+K-1 = {tx}+{K}-1 inputs",
+            f"{tm} x {tx} acc + {tx + K - 1} inputs",
+            f"register tile: {tm} maps x {tx} pixels, and the TX+K-1 = {tx}+{K}-1 inputs of a row",
         ),
         Size(
             "block",
@@ -140,23 +140,23 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         ),
         Size(
             "work item",
-            f"image x band of {rows} output rows, {bands} band(s) per image",
-            "blocks stride over B*bands items; the grid is what fits on the device",
+            f"{rows} output rows, {bands} per image",
+            f"blocks stride over B*{bands} items; the grid is what fits on the device",
         ),
         Size(
-            "__shared__ weights",
-            f"{4 * wn} B = {wn} floats [{C}][{K}][{K}][{M}]",
+            "smem weights",
+            f"{4 * wn} B [{C}][{K}][{K}][{M}]",
             f"M*C*K*K, staged once per block, maps innermost ({vec} per load)",
         ),
         Size(
-            "__shared__ bands",
-            f"2 x {4 * band} B = 2 x [{C}][{ih}][{stride}]",
+            "smem bands",
+            f"2 x {4 * band} B [{C}][{ih}][{stride}]",
             f"C x (rows+K-1) x (segments*TX+K-1 = {iw}, padded to {stride}: "
             f"{degree}-way bank conflicts at worst), double-buffered",
         ),
         Size(
-            "__shared__ out",
-            f"2 x {4 * scratch} B = 2 x [{groups}][{rows}][{Wo}]",
+            "smem out",
+            f"2 x {4 * scratch} B [{groups}][{rows}][{Wo}]",
             f"map m of each of the {groups} groups per round, {tm} rounds, "
             f"stored {out_vec} float(s) at a time",
         ),
