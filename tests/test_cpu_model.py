@@ -88,8 +88,9 @@ def test_persist_plan_arithmetic():
     assert p.launches[0].block == (4 * 34 * 3, 1, 1)
     assert ctx["iw"] == 3 * 12 + 6 and ctx["ih"] == 34 + 6
     assert ctx["stride"] % 4 == 0 and ctx["stride"] >= ctx["iw"]  # float4 row loads
-    assert ctx["in_vec"] == 4 and ctx["nv"] == 20  # 18 pixels read as 5 float4
-    assert ctx["vec"] == 4  # a thread's 4 maps of one tap are one float4
+    assert ctx["row_load"]["vec"] == 4 and ctx["nv"] == 20  # 18 pixels read as 5 float4
+    assert ctx["row_load"]["count"] == 5
+    assert ctx["maps_load"]["vec"] == 4  # a thread's 4 maps of one tap are one float4
     assert ctx["bands_at"] == 3136 and ctx["band"] == 4 * 40 * ctx["stride"]
     assert ctx["scratch"] == 4 * 34 * 34 and ctx["out_vec"] == 4
     assert p.dynamic_smem == 4 * (ctx["out_at"] + 2 * ctx["scratch"]) and p.static_smem == 0

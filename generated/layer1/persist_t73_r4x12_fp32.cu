@@ -48,29 +48,29 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
     }
 }
 
-// The thread's 4 maps of one tap, from the weights at p (maps innermost).
-__device__ __forceinline__ void load_maps(float (&w)[4], const float* __restrict__ p)
+// The thread's 4 maps of one tap, from the weights at p (maps innermost, 4 per load).
+__device__ __forceinline__ void load_maps(float (&dst)[4], const float* __restrict__ p)
 {
 #pragma unroll
     for (int q = 0; q < 1; ++q) {
         const float4 t = reinterpret_cast<const float4*>(p)[q];
-        w[4 * q] = t.x;
-        w[4 * q + 1] = t.y;
-        w[4 * q + 2] = t.z;
-        w[4 * q + 3] = t.w;
+        dst[4 * q + 0] = t.x;
+        dst[4 * q + 1] = t.y;
+        dst[4 * q + 2] = t.z;
+        dst[4 * q + 3] = t.w;
     }
 }
 
-// One window row of the segment: 20 floats from p, 4 at a time (p is 16-byte aligned).
-__device__ __forceinline__ void load_row(float (&v)[20], const float* __restrict__ p)
+// One window row of the segment: 20 floats from p, 4 per load.
+__device__ __forceinline__ void load_row(float (&dst)[20], const float* __restrict__ p)
 {
 #pragma unroll
     for (int q = 0; q < 5; ++q) {
         const float4 t = reinterpret_cast<const float4*>(p)[q];
-        v[4 * q] = t.x;
-        v[4 * q + 1] = t.y;
-        v[4 * q + 2] = t.z;
-        v[4 * q + 3] = t.w;
+        dst[4 * q + 0] = t.x;
+        dst[4 * q + 1] = t.y;
+        dst[4 * q + 2] = t.z;
+        dst[4 * q + 3] = t.w;
     }
 }
 
@@ -93,7 +93,7 @@ persist_t73_r4x12_fp32(const float* __restrict__ x, const float* __restrict__ w,
     // two output round buffers [1][73][80] from float 14732.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ ws = smem;
-    float* __restrict__ bands = smem + 196;
+    float* __restrict__ band_buf = smem + 196;  // two band buffers
 
     // This thread: maps 4*g .., output row `row` of the band, pixels 12*seg ...
     const int g = threadIdx.x / 511;
@@ -118,17 +118,17 @@ persist_t73_r4x12_fp32(const float* __restrict__ x, const float* __restrict__ w,
 
     int item = blockIdx.x;
     if (item < items)
-        stage(bands, x, item);
+        stage(band_buf, x, item);
     cp_async_commit();
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(bands + (buf ^ 1) * 7268, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 7268, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
 
-        const float* __restrict__ xt = bands + buf * 7268 + row * 92 + seg * 12;
+        const float* __restrict__ xt = band_buf + buf * 7268 + row * 92 + seg * 12;
         const float* __restrict__ wt = ws + g * 4;
         float acc[4][12] = {};
         float v[20];  // one input row of the segment: 12 outputs + 6 halo pixels (+ 2 unused, read by the last vector load)

@@ -48,27 +48,27 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
     }
 }
 
-// The thread's 12 maps of one tap, from the weights at p (maps innermost).
-__device__ __forceinline__ void load_maps(float (&w)[12], const float* __restrict__ p)
+// The thread's 12 maps of one tap, from the weights at p (maps innermost, 4 per load).
+__device__ __forceinline__ void load_maps(float (&dst)[12], const float* __restrict__ p)
 {
 #pragma unroll
     for (int q = 0; q < 3; ++q) {
         const float4 t = reinterpret_cast<const float4*>(p)[q];
-        w[4 * q] = t.x;
-        w[4 * q + 1] = t.y;
-        w[4 * q + 2] = t.z;
-        w[4 * q + 3] = t.w;
+        dst[4 * q + 0] = t.x;
+        dst[4 * q + 1] = t.y;
+        dst[4 * q + 2] = t.z;
+        dst[4 * q + 3] = t.w;
     }
 }
 
-// One window row of the segment: 12 floats from p, 2 at a time (p is 8-byte aligned).
-__device__ __forceinline__ void load_row(float (&v)[12], const float* __restrict__ p)
+// One window row of the segment: 12 floats from p, 2 per load.
+__device__ __forceinline__ void load_row(float (&dst)[12], const float* __restrict__ p)
 {
 #pragma unroll
     for (int q = 0; q < 6; ++q) {
         const float2 t = reinterpret_cast<const float2*>(p)[q];
-        v[2 * q] = t.x;
-        v[2 * q + 1] = t.y;
+        dst[2 * q + 0] = t.x;
+        dst[2 * q + 1] = t.y;
     }
 }
 
@@ -91,7 +91,7 @@ persist_t11_r12x6_fp32(const float* __restrict__ x, const float* __restrict__ w,
     // two output round buffers [1][11][66] from float 3036.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ ws = smem;
-    float* __restrict__ bands = smem + 588;
+    float* __restrict__ band_buf = smem + 588;  // two band buffers
 
     // This thread: maps 12*g .., output row `row` of the band, pixels 6*seg ...
     const int g = threadIdx.x / 121;
@@ -114,17 +114,17 @@ persist_t11_r12x6_fp32(const float* __restrict__ x, const float* __restrict__ w,
 
     int item = blockIdx.x;
     if (item < items)
-        stage(bands, x, item);
+        stage(band_buf, x, item);
     cp_async_commit();
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(bands + (buf ^ 1) * 1224, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 1224, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
 
-        const float* __restrict__ xt = bands + buf * 1224 + row * 72 + seg * 6;
+        const float* __restrict__ xt = band_buf + buf * 1224 + row * 72 + seg * 6;
         const float* __restrict__ wt = ws + g * 12;
         float acc[12][6] = {};
         float v[12];  // one input row of the segment: 6 outputs + 6 halo pixels

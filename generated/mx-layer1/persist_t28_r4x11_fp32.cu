@@ -48,25 +48,25 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
     }
 }
 
-// The thread's 4 maps of one tap, from the weights at p (maps innermost).
-__device__ __forceinline__ void load_maps(float (&w)[4], const float* __restrict__ p)
+// The thread's 4 maps of one tap, from the weights at p (maps innermost, 4 per load).
+__device__ __forceinline__ void load_maps(float (&dst)[4], const float* __restrict__ p)
 {
 #pragma unroll
     for (int q = 0; q < 1; ++q) {
         const float4 t = reinterpret_cast<const float4*>(p)[q];
-        w[4 * q] = t.x;
-        w[4 * q + 1] = t.y;
-        w[4 * q + 2] = t.z;
-        w[4 * q + 3] = t.w;
+        dst[4 * q + 0] = t.x;
+        dst[4 * q + 1] = t.y;
+        dst[4 * q + 2] = t.z;
+        dst[4 * q + 3] = t.w;
     }
 }
 
-// One window row of the segment: 17 floats from p.
-__device__ __forceinline__ void load_row(float (&v)[17], const float* __restrict__ p)
+// One window row of the segment: 17 floats from p, 1 per load.
+__device__ __forceinline__ void load_row(float (&dst)[17], const float* __restrict__ p)
 {
 #pragma unroll
-    for (int j = 0; j < 17; ++j)
-        v[j] = p[j];
+    for (int i = 0; i < 17; ++i)
+        dst[i] = p[i];
 }
 
 // One tap: acc[m][j] += w[m] * v[j + kx] for 4 maps x 11 pixels, all from registers.
@@ -88,7 +88,7 @@ persist_t28_r4x11_fp32(const float* __restrict__ x, const float* __restrict__ w,
     // two output round buffers [3][28][66] from float 5484.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ ws = smem;
-    float* __restrict__ bands = smem + 588;
+    float* __restrict__ band_buf = smem + 588;  // two band buffers
 
     // This thread: maps 4*g .., output row `row` of the band, pixels 11*seg ...
     const int g = threadIdx.x / 168;
@@ -113,17 +113,17 @@ persist_t28_r4x11_fp32(const float* __restrict__ x, const float* __restrict__ w,
 
     int item = blockIdx.x;
     if (item < items)
-        stage(bands, x, item);
+        stage(band_buf, x, item);
     cp_async_commit();
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(bands + (buf ^ 1) * 2448, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 2448, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
 
-        const float* __restrict__ xt = bands + buf * 2448 + row * 72 + seg * 11;
+        const float* __restrict__ xt = band_buf + buf * 2448 + row * 72 + seg * 11;
         const float* __restrict__ wt = ws + g * 4;
         float acc[4][11] = {};
         float v[17];  // one input row of the segment: 11 outputs + 6 halo pixels

@@ -36,6 +36,14 @@ MAX_ACCUMULATORS = 128  # TM*TX fp32 accumulators; past this ptxas spills at 255
 MAX_WINDOW_FMAS = 2048
 
 
+VECTOR_TYPES = {4: "float4", 2: "float2", 1: "float"}
+
+
+def _loader(n: int, vec: int) -> dict:
+    """n floats into registers, vec at a time (one vector load each)."""
+    return dict(n=n, vec=vec, type=VECTOR_TYPES[vec], count=n // vec, fields="xyzw"[:vec])
+
+
 def _vector(tx: int) -> int:
     """Floats per shared load of an input row: a segment starts at a multiple of TX."""
     return next(n for n in (4, 2, 1) if tx % n == 0)
@@ -93,27 +101,39 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         + (f"choose --tile {most} or fewer" if most else "choose a larger register tile"),
     )
     iw = segs * tx + K - 1  # staged columns: every segment's window, zeros past the edge
-    ih = rows + K - 1
-    stride, degree = _row_stride(iw, rows, segs, tx)
-    plane = ih * stride
-    band = C * plane
     wn = M * C * KK
     # Outputs leave through shared memory, one map of every group per round, so that
     # the global stores are whole rows (a thread's own pixels are TX apart from its
     # neighbour's).  Two round buffers: one barrier per round.  (All maps in one round
     # measured no faster on layer2, 2026-11-21, and needs far more shared memory.)
     out_vec = next(n for n in (4, 2, 1) if (Ho * Wo) % n == 0 and (rows * Wo) % n == 0)
-    bands_at = ceil_div(wn, 4) * 4  # 16-byte aligned for vector reads
-    out_at = ceil_div(bands_at + 2 * band, 4) * 4
-    scratch = groups * rows * Wo
-    nbytes = 4 * (out_at + 2 * scratch)
+
+    def layout(r: int) -> dict:
+        """Shared memory for bands of r rows: weights, two bands, two output rounds,
+        each 16-byte aligned for vector reads."""
+        stride, degree = _row_stride(iw, r, segs, tx)
+        band = C * (r + K - 1) * stride
+        bands_at = ceil_div(wn, 4) * 4
+        out_at = ceil_div(bands_at + 2 * band, 4) * 4
+        scratch = groups * r * Wo
+        return dict(
+            stride=stride,
+            degree=degree,
+            band=band,
+            bands_at=bands_at,
+            out_at=out_at,
+            scratch=scratch,
+            nbytes=4 * (out_at + 2 * scratch),
+        )
+
+    lay = layout(rows)
+    nbytes, band, scratch = lay["nbytes"], lay["band"], lay["scratch"]
+    stride, degree = lay["stride"], lay["degree"]
+    ih = rows + K - 1
     if nbytes > OPTIN_SMEM_BYTES:
-
-        def smem(r):
-            stride_r = _row_stride(iw, r, segs, tx)[0]
-            return 4 * (wn + 2 * C * (r + K - 1) * stride_r + 2 * groups * r * Wo + 6)
-
-        fit = next((r for r in range(rows - 1, 0, -1) if smem(r) <= OPTIN_SMEM_BYTES), None)
+        fit = next(
+            (r for r in range(rows - 1, 0, -1) if layout(r)["nbytes"] <= OPTIN_SMEM_BYTES), None
+        )
         hint = f"choose --tile {fit}" if fit else "use --strategy tiled or implicit"
         raise SpecError(
             f"persist needs {nbytes} bytes of shared memory (weights {4 * wn} B + two "
@@ -121,7 +141,7 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
             f"sm_90 limit of {OPTIN_SMEM_BYTES} bytes per block; {hint}"
         )
     vec = next(n for n in (4, 2, 1) if tm % n == 0 and M % n == 0)
-    bands = ceil_div(Ho, rows)
+    bands_per_image = ceil_div(Ho, rows)
     unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
 
     sizes = [
@@ -140,8 +160,8 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         ),
         Size(
             "work item",
-            f"{rows} output rows, {bands} per image",
-            f"blocks stride over B*{bands} items; the grid is what fits on the device",
+            f"{rows} output rows, {bands_per_image} per image",
+            f"blocks stride over B*{bands_per_image} items; the grid is what fits on the device",
         ),
         Size(
             "smem weights",
@@ -161,45 +181,49 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
             f"stored {out_vec} float(s) at a time",
         ),
     ]
+    in_vec = _vector(tx)
+    nv = ceil_div(tx + K - 1, in_vec) * in_vec
+    window = [
+        dict(
+            ky=ky, x_off=ky * stride, taps=[dict(kx=kx, w_off=(ky * K + kx) * M) for kx in range(K)]
+        )
+        for ky in range(K)
+    ]
     ctx = dict(
         shape_context(shape),
+        **lay,
         rows=rows,
         tm=tm,
         tx=tx,
         npix=tx + K - 1,
-        in_vec=_vector(tx),
-        in_type={4: "float4", 2: "float2", 1: "float"}[_vector(tx)],
-        nv=ceil_div(tx + K - 1, _vector(tx)) * _vector(tx),
-        bands_at=bands_at,
+        nv=nv,
+        row_load=_loader(nv, in_vec),
+        maps_load=_loader(tm, vec),
+        window=window,
+        w_row_step=K * M,
         groups=groups,
         segs=segs,
         threads=threads,
         row_threads=rows * segs,
         iw=iw,
         ih=ih,
-        stride=stride,
-        plane=plane,
-        band=band,
+        plane=ih * stride,
         band_total=C * ih * iw,
-        scratch=scratch,
-        out_at=out_at,
-        band_out=rows * Wo,
-        out_vec=out_vec,
-        out_steps=ceil_div(scratch // out_vec, threads),
-        out_tail=(scratch // out_vec) % threads != 0,
-        out_type={4: "float4", 2: "float2", 1: "float"}[out_vec],
         band_pixels=ih * iw,
         wn=wn,
         w_channel=KK * M,
-        vec=vec,
-        vec_type={4: "float4", 2: "float2", 1: "float"}[vec],
-        bands=bands,
+        bands_per_image=bands_per_image,
         smem_bytes=nbytes,
         unroll_window=unroll_window,
         guard_rows=Ho % rows != 0,
         guard_cols=segs * tx != Wo,
-        taps=[(ky, kx) for ky in range(K) for kx in range(K)],
-        fmas=C * KK * tm * tx,
+        out_vec=out_vec,
+        out_type=VECTOR_TYPES[out_vec],
+        out_vecs=scratch // out_vec,
+        row_vecs=rows * Wo // out_vec,
+        group_out=tm * Ho * Wo,
+        out_steps=ceil_div(scratch // out_vec, threads),
+        out_tail=(scratch // out_vec) % threads != 0,
     )
     launch = Launch(
         v.name,
@@ -207,7 +231,7 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         (threads, 1, 1),
         (0, 1, 1),
         0,
-        bands,
+        bands_per_image,
         1,
         nbytes,
         persistent=True,
