@@ -132,7 +132,7 @@ __constant__ int2 ktab[100] = {
     { 5046, 6400 },
 };
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 1)
 mmatile_t34_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
     __shared__ __align__(16) unsigned char smem[45600];

@@ -328,7 +328,7 @@ __constant__ int2 ktab[296] = {
     { 7464, 7920 },
 };
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 mmatile_t14_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
     extern __shared__ __align__(16) unsigned char smem[];  // 112464 bytes, sized at launch

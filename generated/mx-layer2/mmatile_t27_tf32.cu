@@ -328,7 +328,7 @@ __constant__ int2 ktab[296] = {
     { 12183, 13068 },
 };
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 1)
 mmatile_t27_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {
     extern __shared__ __align__(16) unsigned char smem[];  // 134772 bytes, sized at launch
