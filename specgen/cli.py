@@ -63,21 +63,25 @@ def variant_options(f):
         click.option(
             "--strategy",
             default=None,
-            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist",
+            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist",
         ),
         click.option(
             "--tile",
             type=int,
             default=None,
             help="output tile edge (direct family), pixels per block (GEMM), "
-            "output rows per band (mmatile, persist)",
+            "output rows per band (mmatile, persist, mmapersist)",
         ),
         click.option("--coarsening", default=None, help="outputs per thread: xAyBmC"),
         click.option("--layout", default=None, help="shared tile layout: planar or inter"),
         click.option("--weights", default=None, help="const or global"),
         click.option("--precision", default=None, help="fp32, tf32 or fp16"),
         click.option("--unroll-channels/--loop-channels", "unroll", default=None),
-        click.option("--regtile", default=None, help="register tile RxC: maps x pixels per thread"),
+        click.option(
+            "--regtile",
+            default=None,
+            help="register tile RxC: maps x pixels per thread (per warp for mmapersist)",
+        ),
         click.option("--splits", type=int, default=None, help="split: channel groups"),
     ]
     for opt in reversed(opts):
@@ -98,13 +102,13 @@ def build_variant(
     regtile=None,
     splits=None,
 ) -> Variant:
-    from .space import complete, default_coarsening, default_persist
+    from .space import PERSISTENT_DEFAULTS, complete, default_coarsening
 
     if variant_name:
         return parse_variant_name(variant_name)
     v = Variant(strategy=parse_strategy(strategy) if strategy else Strategy.TILED)
-    if v.strategy is Strategy.PERSIST:
-        base = default_persist(shape)
+    if v.strategy in PERSISTENT_DEFAULTS:
+        base = PERSISTENT_DEFAULTS[v.strategy](shape)
         return replace(
             base,
             tile=tile if tile is not None else base.tile,
@@ -124,16 +128,17 @@ def build_variant(
         v = replace(v, splits=splits)
     elif v.strategy is Strategy.SPLIT:
         v = replace(v, splits=2)
+    asked = parse_weights(weights) if weights else None
     if v.strategy.family == "direct":
         if v.tile < 1:
             raise SpecError(f"tile must be at least 1, got {v.tile}")
         cz = (
             parse_coarsening(coarsening)
             if coarsening
-            else default_coarsening(shape, v.tile, v.precision)
+            else default_coarsening(shape, v.tile, v.precision, asked, v.strategy)
         )
         v = replace(v, coarsening=cz)
-    return complete(shape, v, unroll=unroll, weights=parse_weights(weights) if weights else None)
+    return complete(shape, v, unroll=unroll, weights=asked)
 
 
 @main.command()

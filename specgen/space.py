@@ -13,18 +13,49 @@ from .variants import Layout, Precision, Strategy, Variant, Weights
 
 # Default unrolled body: big enough for ILP, small enough to compile in seconds.
 DEFAULT_FMAS = 1600
+# When `direct` reads both weights and pixels from global memory, ptxas hoists a
+# channel's loads ahead of its FMAs for latency, so the registers grow with the weights
+# a thread reads per channel (cm*K*K) and its FMAs per channel.  Past these it spilled
+# on sm_90 (NVRTC 12.9, C=25 M=14 K=7 pad=1 at m7: 255 registers + 24 B stack;
+# mx-layer2 at m6); layer2's m4 x4 (196 weights, 784 FMAs) takes 96 registers.  The
+# shared-memory strategies at m7 and m8 did not spill.
+GLOBAL_WEIGHTS_PER_CHANNEL = 196
+GLOBAL_FMAS_PER_CHANNEL = 800
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def default_coarsening(shape: ConvShape, tile: int, precision: Precision) -> tuple:
+def default_weights(shape: ConvShape, asked: Weights | None = None) -> Weights:
+    """Constant memory when the weights fit its 64 KiB bank, unless the caller chose."""
+    if asked is not None:
+        return asked
+    return Weights.CONST if 4 * shape.weight_count <= 64 * 1024 else Weights.GLOBAL
+
+
+def default_coarsening(
+    shape: ConvShape,
+    tile: int,
+    precision: Precision,
+    weights: Weights | None = None,
+    strategy: Strategy = Strategy.DIRECT,
+) -> tuple:
+    """(x, 1, maps) outputs per thread: 4 along the row when the tile allows, and the
+    most maps (a divisor of M, at most 16) whose unrolled body stays small enough."""
     cx = next(c for c in (4, 2, 1) if tile % c == 0)
     if precision is Precision.FP16 and cx % 2:
         cx = 2
-    per_map = shape.K * shape.K * cx
-    cm = max(d for d in _divisors(shape.M) if d <= 16 and d * per_map <= DEFAULT_FMAS or d == 1)
+    kk = shape.K * shape.K
+
+    def fits(cm: int) -> bool:
+        if cm > 16 or cm * kk * cx > DEFAULT_FMAS:
+            return False
+        if strategy is Strategy.DIRECT and default_weights(shape, weights) is Weights.GLOBAL:
+            return cm * kk <= GLOBAL_WEIGHTS_PER_CHANNEL and cm * kk * cx <= GLOBAL_FMAS_PER_CHANNEL
+        return True
+
+    cm = max(d for d in _divisors(shape.M) if d == 1 or fits(d))
     return (cx, 1, cm)
 
 
@@ -34,10 +65,7 @@ def complete(
     """Fill in what depends on the shape: weight placement (constant memory when the
     weights fit, unless the caller chose), unrolling of the channel loop."""
     if v.strategy.family == "direct":
-        if weights is None:
-            fits = 4 * shape.weight_count <= 64 * 1024
-            weights = Weights.CONST if fits else Weights.GLOBAL
-        v = replace(v, weights=weights)
+        v = replace(v, weights=default_weights(shape, weights))
         if unroll is None:
             cx, cy, cm = v.coarsening
             channels = shape.C // v.splits
@@ -53,10 +81,9 @@ def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
     for tile in choices:
         candidate = replace(v, tile=tile)
         if v.strategy.family == "direct":
-            candidate = replace(candidate, coarsening=default_coarsening(shape, tile, v.precision))
-            candidate = complete(
-                shape, candidate, weights=None if v.weights is Weights.CONST else v.weights
-            )
+            weights = None if v.weights is Weights.CONST else v.weights
+            cz = default_coarsening(shape, tile, v.precision, weights, v.strategy)
+            candidate = complete(shape, replace(candidate, coarsening=cz), weights=weights)
         try:
             make_plan(shape, candidate)
             return candidate
@@ -92,6 +119,31 @@ def default_persist(shape: ConvShape) -> Variant:
     raise error
 
 
+def default_mmapersist(shape: ConvShape) -> Variant:
+    """An mmapersist variant without tuning: up to 3 map tiles (24 maps) per warp, pixel
+    tiles up to 32 accumulators per thread, and the tallest band that fits."""
+    nt = min(-(-shape.M // 8), 3)
+    p = max(1, min(4, 8 // nt))
+    error = None
+    for rows in range(shape.Ho, 0, -1):
+        v = Variant(
+            strategy=Strategy.MMAPERSIST,
+            tile=rows,
+            regtile=(8 * nt, 16 * p),
+            precision=Precision.TF32,
+        ).canonical()
+        try:
+            make_plan(shape, v)
+            return v
+        except SpecError as e:
+            error = e
+    raise error
+
+
+# The persistent strategies' defaults depend on the shape as a whole.
+PERSISTENT_DEFAULTS = {Strategy.PERSIST: default_persist, Strategy.MMAPERSIST: default_mmapersist}
+
+
 def default_set(shape: ConvShape) -> list[Variant]:
     """One of each strategy and precision that can serve the shape, and for a preset
     the winners that ``tune`` found on the GPUs of ``SHIPPED_WINNERS``, so that the
@@ -110,6 +162,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16),
         Variant(strategy=Strategy.MMATILE, tile=shape.Ho, precision=Precision.TF32),
         Variant(strategy=Strategy.PERSIST),
+        Variant(strategy=Strategy.MMAPERSIST, precision=Precision.TF32),
     ]
     out: list[Variant] = []
     for v in wanted:
@@ -123,8 +176,8 @@ def default_set(shape: ConvShape) -> list[Variant]:
                 v = fitting_tile(shape, v, choices=direct_tiles(shape))
             elif v.strategy is Strategy.MMATILE:
                 v = fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
-            elif v.strategy is Strategy.PERSIST:
-                v = default_persist(shape)
+            elif v.strategy in PERSISTENT_DEFAULTS:
+                v = PERSISTENT_DEFAULTS[v.strategy](shape)
             else:
                 make_plan(shape, v)
         except SpecError:

@@ -92,6 +92,26 @@ def persist_candidates(shape: ConvShape) -> list[Variant]:
     return out
 
 
+def mmapersist_candidates(shape: ConvShape) -> list[Variant]:
+    """mmapersist's space: 1-4 map tiles by 1-4 pixel tiles per warp (at most 64
+    accumulators per thread), and bands of Ho/k rows."""
+    from .plan.mmapersist import MAX_ACCUMULATORS
+
+    map_tiles = min(4, -(-shape.M // 8))
+    rows = sorted({-(-shape.Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
+    out = []
+    for nt, p, r in itertools.product(range(1, map_tiles + 1), range(1, 5), rows):
+        if 4 * nt * p <= MAX_ACCUMULATORS:
+            v = Variant(
+                strategy=Strategy.MMAPERSIST,
+                tile=r,
+                regtile=(8 * nt, 16 * p),
+                precision=Precision.TF32,
+            )
+            out.append(v.canonical())
+    return out
+
+
 def candidates(
     shape: ConvShape, precision: Precision, strategy: Strategy | None = None
 ) -> list[Variant]:
@@ -132,6 +152,7 @@ def candidates(
             {shape.Ho, -(-shape.Ho // 2), -(-shape.Ho // 3), -(-shape.Ho // 4), 8, 4}
         ):
             out.append(Variant(strategy=Strategy.MMATILE, tile=rows, precision=precision))
+        out += mmapersist_candidates(shape)
     if precision is Precision.FP32:
         out += persist_candidates(shape)
     from .plan.direct import unrolled_fmas

@@ -21,6 +21,7 @@ class Strategy(enum.Enum):
     MMA = "mma"  # fused implicit GEMM on tensor-core fragments (mma.sync)
     MMATILE = "mmatile"  # tensor cores reading a shared-memory band of the input
     PERSIST = "persist"  # persistent blocks, weights resident, maps x row-segment outer products
+    MMAPERSIST = "mmapersist"  # persist's pipeline with tensor cores: warps of mma fragments
 
     @property
     def family(self) -> str:
@@ -31,8 +32,16 @@ class Strategy(enum.Enum):
         return "outer" if self is Strategy.PERSIST else "direct"
 
 
-GEMM_FAMILY = (Strategy.IM2COL, Strategy.IMPLICIT, Strategy.MMA, Strategy.MMATILE)
-TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE)
+GEMM_FAMILY = (
+    Strategy.IM2COL,
+    Strategy.IMPLICIT,
+    Strategy.MMA,
+    Strategy.MMATILE,
+    Strategy.MMAPERSIST,
+)
+TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
+# Strategies whose name carries no register tile: their fragments are fixed.
+FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)
 
 
 class Layout(enum.Enum):
@@ -127,7 +136,7 @@ class Variant:
             if s is Strategy.SPLIT:
                 parts.append(f"s{self.splits}")
             parts.append("uc" if self.unroll_channels else "lc")
-        elif s not in TENSOR_CORE:
+        elif s not in FIXED_FRAGMENT:
             parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
         parts.append(self.precision.value)
         return "_".join(parts)
@@ -144,7 +153,7 @@ class Variant:
                 weights=Weights.GLOBAL,
                 unroll_channels=d.unroll_channels,
                 splits=1,
-                regtile=d.regtile if self.strategy in TENSOR_CORE else self.regtile,
+                regtile=d.regtile if self.strategy in FIXED_FRAGMENT else self.regtile,
             )
         layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
         if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
@@ -169,7 +178,7 @@ def parse_variant_name(name: str) -> Variant:
                 fields["splits"] = int(rest.pop()[1:])
             fields["weights"] = parse_weights(rest.pop())
             fields["layout"] = parse_layout(rest.pop()) if rest else Layout.NONE
-        elif strategy not in TENSOR_CORE:
+        elif strategy not in FIXED_FRAGMENT:
             fields["regtile"] = parse_regtile(rest.pop(0)[1:])
         if tile is None or rest:
             raise ValueError

@@ -223,3 +223,92 @@ def test_fp16_bound_covers_subnormal_inputs():
     result = compare(y, ref, np.abs(ref), gamma, absolute=absolute)
     assert result["ok"], result
     assert underflow_term(Variant(), 4, 7, 5.0, 1.0) == 0.0  # fp32 has no such term
+
+
+def _emulate_mmapersist(shape, plan, x, w):
+    """The arithmetic of templates/gemm/mmapersist.cu.j2 in numpy, from the plan's
+    numbers: band staging (zeroed, halo, padding channel, rows past the band), the
+    B-fragment swizzle, the warp tiles, every lane's A element of every input row of
+    every quad pair, the mma's fragment layout and the guarded stores.  Exact products,
+    so only the indexing is under test."""
+    ctx = plan.context
+    C, M, K, pad, H, W = shape.C, shape.M, shape.K, shape.pad, shape.H, shape.W
+    Ho, Wo, rows, p, nt = shape.Ho, shape.Wo, ctx["rows"], ctx["p"], ctx["nt"]
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    # B fragments, element e = ((((k * K + ky) * map_tiles + j) * 32 + l) * 2 + h.
+    e = np.arange(ctx["w_words"])
+    mt = ctx["map_tiles"]
+    l, q = e // 2 % 32, e // (64 * mt * K) * 2 + e % 2
+    ky, m = e // (64 * mt) % K, e // 64 % mt * 8 + l // 4
+    c, kx = q // ctx["quads_per_row"], q % ctx["quads_per_row"] * 4 + l % 4
+    real = (m < M) & (c < C) & (kx < K)
+    ws = np.where(real, w.reshape(-1)[np.where(real, ((m * C + c) * K + ky) * K + kx, 0)], 0.0)
+    ws = ws.reshape(-1, 32, 2)  # [(k * K + ky) * map_tiles + tile][lane][half]
+    y = np.full((x.shape[0], M, Ho, Wo), np.nan)
+    for n in range(x.shape[0]):
+        for oy0 in range(0, Ho, rows):
+            band = np.zeros(ctx["band"])
+            for cc in range(C):
+                for r in range(ctx["stage_rows"]):
+                    for col in range(ctx["iw"]):
+                        iy, ix = oy0 + r - pad, col - pad
+                        if 0 <= iy < H and 0 <= ix < W:
+                            band[cc * ctx["plane"] + r * ctx["stride"] + col] = x[n, cc, iy, ix]
+            valid = min(rows, Ho - oy0)
+            for u in range(ctx["units"]):
+                mg = u // (ctx["strips"] * ctx["row_groups"])
+                x0 = u // ctx["row_groups"] % ctx["strips"] * 8
+                y0 = u % ctx["row_groups"] * 2 * p
+                short = ctx["guard_tiles"] and y0 + 2 * p > rows
+                tile = ctx["tiles"][1 if short else 0]
+                acc = np.zeros((tile["p"], nt, 16, 8))
+                for it in range(1 if ctx["unrolled"] else ctx["iterations"]):
+                    base = it * ctx["group_plane"] + y0 * ctx["stride"] + x0 + g + t
+                    for k in ctx["body"]:
+                        frags = ws[it * ctx["group_w"] // 32 + k["w"] // 32 :]
+                        prev = None
+                        for r in tile["rows"]:
+                            cur = band[base + r["off"] + k["a"]], band[base + r["off"] + k["b"]]
+                            for use in r["uses"]:
+                                a = np.empty((16, 8))
+                                a[g, t], a[g + 8, t] = prev[0], cur[0]
+                                a[g, t + 4], a[g + 8, t + 4] = prev[1], cur[1]
+                                for j in range(nt):
+                                    frag = frags[use["ky"] * mt + mg * nt + j]
+                                    b = np.empty((8, 8))
+                                    b[t, g], b[t + 4, g] = frag[:, 0], frag[:, 1]
+                                    acc[use["i"], j] += a @ b
+                            prev = cur
+                for i in range(tile["p"]):
+                    for row in range(16):
+                        oy, ox = y0 + 2 * i + row // 8, x0 + row % 8
+                        for j in range(nt):
+                            for col in range(8):
+                                mm = (nt * mg + j) * 8 + col
+                                if oy < valid and ox < Wo and mm < M:
+                                    y[n, mm, oy0 + oy, ox] = acc[i, j, row, col]
+    return y
+
+
+@pytest.mark.parametrize(
+    "shape,variant",
+    [
+        (PRESETS["layer2"], "mmapersist_t34_r16x64_tf32"),
+        (PRESETS["layer2"], "mmapersist_t12_r8x32_tf32"),
+        (parse_shape("C=3,M=10,H=9,W=7,K=3,pad=1"), "mmapersist_t4_r8x16_tf32"),
+        (parse_shape("C=13,M=24,H=12,W=11,K=7,pad=2"), "mmapersist_t5_r24x32_tf32"),
+        (parse_shape("C=2,M=5,H=8,W=8,K=5,pad=1"), "mmapersist_t3_r8x32_tf32"),
+        (parse_shape("C=5,M=17,H=13,W=18,K=1,pad=0"), "mmapersist_t13_r16x64_tf32"),
+    ],
+)
+def test_mmapersist_fragment_indexing_computes_the_convolution(shape, variant):
+    """Every output written, each equal to the float64 convolution: the band offsets,
+    the quad padding of the window rows, the channel loop and the B swizzle agree."""
+    plan = make_plan(shape, parse_variant_name(variant))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, shape.C, shape.H, shape.W))
+    w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K))
+    y = _emulate_mmapersist(shape, plan, x, w)
+    assert not np.isnan(y).any()
+    np.testing.assert_allclose(y, conv2d(x, w, shape.pad), rtol=1e-10, atol=1e-10)

@@ -19,6 +19,7 @@ def test_space_holds_only_plannable_variants_of_the_asked_precision():
     assert {v.strategy for v in candidates(shape, Precision.TF32)} == {
         Strategy.MMA,
         Strategy.MMATILE,
+        Strategy.MMAPERSIST,
     }
 
 

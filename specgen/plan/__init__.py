@@ -14,6 +14,10 @@ def make_plan(shape: ConvShape, variant: Variant) -> Plan:
         from .persist import plan_persist
 
         return plan_persist(shape, variant)
+    if variant.strategy is Strategy.MMAPERSIST:
+        from .mmapersist import plan_mmapersist
+
+        return plan_mmapersist(shape, variant)
     if variant.strategy is Strategy.MMATILE:
         from .mmatile import plan_mmatile
 
