@@ -324,9 +324,9 @@ def winners(shape: ConvShape, gpu: str | None = None) -> dict[str, dict]:
 SHIPPED_WINNERS = {
     "NVIDIA H200": {
         "layer1": ["direct_t16_x2y4m4_wconst_uc_fp32", "tiled_t16_x4y1m4_planar_wconst_uc_fp16"],
-        "layer2": ["persist_t12_r4x17_fp32", "persist_t34_r8x4_fp32", "mmatile_t34_tf32"],
+        "layer2": ["persist_t12_r4x17_fp32", "persist_t34_r8x4_fp32", "mmapersist_t34_r16x48_tf32"],
         "mx-layer1": ["persist_t11_r12x6_fp32", "tiled_t16_x4y1m6_planar_wconst_uc_fp16"],
-        "mx-layer2": ["persist_t27_r6x4_fp32", "mmatile_t14_tf32"],
+        "mx-layer2": ["persist_t27_r6x4_fp32", "mmapersist_t27_r24x64_tf32"],
         "ae-enc2": ["direct_t16_x4y1m16_wglobal_lc_fp32", "mma_t64_tf32", "mma_t64_fp16"],
     }
 }

@@ -227,24 +227,23 @@ def test_fp16_bound_covers_subnormal_inputs():
 
 def _emulate_mmapersist(shape, plan, x, w):
     """The arithmetic of templates/gemm/mmapersist.cu.j2 in numpy, from the plan's
-    numbers: band staging (zeroed, halo, padding channel, rows past the band), the
-    B-fragment swizzle, the warp tiles, every lane's A element of every input row of
-    every quad pair, the mma's fragment layout and the guarded stores.  Exact products,
-    so only the indexing is under test."""
+    numbers: band staging (zeroed, halo, row pad, padding channel), the B-fragment
+    swizzle, every lane's A and B element of every k step, the mma's fragment layout
+    and the guarded stores.  Exact products, so only the indexing is under test."""
     ctx = plan.context
     C, M, K, pad, H, W = shape.C, shape.M, shape.K, shape.pad, shape.H, shape.W
-    Ho, Wo, rows, p, nt = shape.Ho, shape.Wo, ctx["rows"], ctx["p"], ctx["nt"]
+    Ho, Wo, rows, mt = shape.Ho, shape.Wo, ctx["rows"], ctx["map_tiles"]
     lane = np.arange(32)
     g, t = lane // 4, lane % 4
-    # B fragments, element e = ((((k * K + ky) * map_tiles + j) * 32 + l) * 2 + h.
+    # B fragments, element e = ((s * map_tiles + j) * 32 + l) * 2 + h.
     e = np.arange(ctx["w_words"])
-    mt = ctx["map_tiles"]
-    l, q = e // 2 % 32, e // (64 * mt * K) * 2 + e % 2
-    ky, m = e // (64 * mt) % K, e // 64 % mt * 8 + l // 4
-    c, kx = q // ctx["quads_per_row"], q % ctx["quads_per_row"] * 4 + l % 4
+    l, q = e // 2 % 32, e // (64 * mt) * 2 + e % 2
+    m = e // 64 % mt * 8 + l // 4
+    c, ky = q // ctx["per_channel"], q % ctx["per_channel"] // ctx["quads_per_row"]
+    kx = q % ctx["quads_per_row"] * 4 + l % 4
     real = (m < M) & (c < C) & (kx < K)
     ws = np.where(real, w.reshape(-1)[np.where(real, ((m * C + c) * K + ky) * K + kx, 0)], 0.0)
-    ws = ws.reshape(-1, 32, 2)  # [(k * K + ky) * map_tiles + tile][lane][half]
+    ws = ws.reshape(-1, 32, 2)  # [step * map_tiles + tile][lane][half]
     y = np.full((x.shape[0], M, Ho, Wo), np.nan)
     for n in range(x.shape[0]):
         for oy0 in range(0, Ho, rows):
@@ -255,39 +254,32 @@ def _emulate_mmapersist(shape, plan, x, w):
                         iy, ix = oy0 + r - pad, col - pad
                         if 0 <= iy < H and 0 <= ix < W:
                             band[cc * ctx["plane"] + r * ctx["stride"] + col] = x[n, cc, iy, ix]
-            valid = min(rows, Ho - oy0)
-            for u in range(ctx["units"]):
-                mg = u // (ctx["strips"] * ctx["row_groups"])
-                x0 = u // ctx["row_groups"] % ctx["strips"] * 8
-                y0 = u % ctx["row_groups"] * 2 * p
-                short = ctx["guard_tiles"] and y0 + 2 * p > rows
-                tile = ctx["tiles"][1 if short else 0]
-                acc = np.zeros((tile["p"], nt, 16, 8))
+            valid = min(rows, Ho - oy0) * Wo
+            for tile in range(ctx["tiles"]):
+                px = tile * 16 + g[None, :] + 8 * np.arange(2)[:, None]  # [h][lane]
+                px_read = np.where(px < ctx["pixels"], px, 0)
+                pa = px_read // Wo * ctx["stride"] + px_read % Wo + t
+                acc = np.zeros((mt, 16, 8))
                 for it in range(1 if ctx["unrolled"] else ctx["iterations"]):
-                    base = it * ctx["group_plane"] + y0 * ctx["stride"] + x0 + g + t
-                    for k in ctx["body"]:
-                        frags = ws[it * ctx["group_w"] // 32 + k["w"] // 32 :]
-                        prev = None
-                        for r in tile["rows"]:
-                            cur = band[base + r["off"] + k["a"]], band[base + r["off"] + k["b"]]
-                            for use in r["uses"]:
-                                a = np.empty((16, 8))
-                                a[g, t], a[g + 8, t] = prev[0], cur[0]
-                                a[g, t + 4], a[g + 8, t + 4] = prev[1], cur[1]
-                                for j in range(nt):
-                                    frag = frags[use["ky"] * mt + mg * nt + j]
-                                    b = np.empty((8, 8))
-                                    b[t, g], b[t + 4, g] = frag[:, 0], frag[:, 1]
-                                    acc[use["i"], j] += a @ b
-                            prev = cur
-                for i in range(tile["p"]):
-                    for row in range(16):
-                        oy, ox = y0 + 2 * i + row // 8, x0 + row % 8
-                        for j in range(nt):
-                            for col in range(8):
-                                mm = (nt * mg + j) * 8 + col
-                                if oy < valid and ox < Wo and mm < M:
-                                    y[n, mm, oy0 + oy, ox] = acc[i, j, row, col]
+                    base = it * ctx["group_plane"]
+                    for s in ctx["body"]:
+                        a = np.empty((16, 8))
+                        a[g, t] = band[base + pa[0] + s["a"]]
+                        a[g + 8, t] = band[base + pa[1] + s["a"]]
+                        a[g, t + 4] = band[base + pa[0] + s["b"]]
+                        a[g + 8, t + 4] = band[base + pa[1] + s["b"]]
+                        for j in range(mt):
+                            frag = ws[it * ctx["group_w"] // 32 + s["w"] // 32 + j]
+                            b = np.empty((8, 8))
+                            b[t, g], b[t + 4, g] = frag[:, 0], frag[:, 1]
+                            acc[j] += a @ b
+                for j in range(mt):
+                    for r in range(16):
+                        p = tile * 16 + r
+                        for col in range(8):
+                            if p < valid and j * 8 + col < M:
+                                yy, xx = oy0 + p // Wo, p % Wo
+                                y[n, j * 8 + col, yy, xx] = acc[j, r, col]
     return y
 
 

@@ -9,14 +9,14 @@
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        256 x 32 x 32                  Ho = H + 2*pad - K + 1 = 32+2-3+1
-//   fragment      mma.m16n8k8, tf32              8 columns x 2 rows of pixels, 8 maps, 8 taps
-//   k padding     27 -> 48 (43.8% zeros)         window rows padded to 4 taps, C to 4: 2 quad pair(s) x 3 window rows = 6 k steps
-//   warp tile     8 x 4 pixels x 24 maps         2 m16 tile(s) x 3 n8 tile(s), 24 accumulators per thread; 12 A loads per quad pair for 18 mma
-//   work item     32 output rows, 352 warp tiles 11 map group(s) x 4 strips x 8 row group(s); 0% of the columns past the edge; 1 item(s) per image
-//   block         512 threads                    16 warps take the warp tiles in turn
-//   smem B        50688 B                        2 pairs x 3 rows x 33 map tiles x 32 lanes x 2, tf32, staged once
-//   smem bands    2 x 18512 B [4][34][34]        C x (rows the warp tiles read = 34) x (W+2*pad = 34), double-buffered with cp.async
-// Kernel   mmapersist_t32_r24x32_tf32: block 512x1x1, grid (min(B, blocks resident on the device), 1, 1), 87712 B dynamic shared memory (opt-in)
+//   fragment      mma.m16n8k8, tf32              16 pixels x 8 maps x 8 taps, fp32 accumulators
+//   k padding     27 -> 48 (43.8% zeros)         window rows padded to 4 taps, C to 4 (whole k steps): 6 k steps
+//   warp          2 x 3 mma per k step           register tile 32 pixels x 24 maps = 24 accumulators per thread
+//   block         352 threads                    11 map group(s) x 1 pixel group(s) of warps
+//   work item     32 output rows = 1024 pixels   64 m16 tiles in 32 pass(es) of 2 (0% idle); 1 item(s) per image
+//   smem B        50688 B                        6 k steps x 33 map tiles x 32 lanes x 2, tf32, staged once
+//   smem bands    2 x 18528 B [4][34][34]        C x (rows+K-1) x (W+2*pad = 34, padded to 34: 1-way bank conflicts at worst), double-buffered with cp.async
+// Kernel   mmapersist_t32_r24x32_tf32: block 352x1x1, grid (min(B, blocks resident on the device), 1, 1), 87744 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -31,27 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 34 + r) * 34 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1156 * 1156 + e / 34 % 34 * 34 + e % 34;
-}
-
 // Copy work item `item` (image item / 1, output rows 32*(item % 1) + 0..31)
 // into a band buffer: 3 channel(s) x 34 rows x 34 columns, zero outside the image.
-// Thread i copies elements i, i + 512, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 3072;
     const int iy0 = item % 1 * 32 - 1;
-    for (int e = threadIdx.x; e < 3468; e += 512) {
+    for (int e = threadIdx.x; e < 3468; e += 352) {
         const int c = e / 1156;
         const int r = e / 34 % 34;
         const int col = e % 34;
         const int iy = iy0 + r;
         const int ix = col - 1;
         const bool inside = (unsigned)iy < 32u && (unsigned)ix < 32u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1024 + iy * 32 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1156 + r * 34 + col, inside ? xn + c * 1024 + iy * 32 + ix : x, inside ? 4 : 0);
     }
 }
 
@@ -61,16 +54,6 @@ __device__ __forceinline__ unsigned to_tf32(float f)
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
     return r;
-}
-
-// Round this thread's own elements of a band that has arrived (cp.async.wait_group makes
-// a thread's copies visible to it) to tf32 in place, so the A loads need no conversion.
-__device__ __forceinline__ void round_band(float* __restrict__ band)
-{
-    for (int e = threadIdx.x; e < 3468; e += 512) {
-        float* v = band + band_slot(e);
-        *v = __uint_as_float(to_tf32(*v));
-    }
 }
 
 // d += a * b on one m16n8k8 fragment: 16 pixels x 8 maps x 8 taps, tf32 in, fp32 out.
@@ -83,165 +66,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A warp tile of 2 m16 tile(s) stacked down the band: 8 columns x 4 output rows x 24 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_2(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[2][3][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 1156 (channel 1) of each window row
-            float2 b[3][3];  // B fragments of the 3 window rows
-#pragma unroll
-            for (int ky = 0; ky < 3; ++ky)
-#pragma unroll
-                for (int j = 0; j < 3; ++j)
-                    b[ky][j] = wc[0 + ky * 1056 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[1156]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[34]);  // input row 1
-            q[1][3] = __float_as_uint(xc[1190]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[68]);  // input row 2
-            q[0][3] = __float_as_uint(xc[1224]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[102]);  // input row 3
-            q[1][3] = __float_as_uint(xc[1258]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[136]);  // input row 4
-            q[0][3] = __float_as_uint(xc[1292]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[170]);  // input row 5
-            q[1][3] = __float_as_uint(xc[1326]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-        }
-        {  // quad pair 1: taps at band offsets 2312 (channel 2) and 3468 (channel 3) of each window row
-            float2 b[3][3];  // B fragments of the 3 window rows
-#pragma unroll
-            for (int ky = 0; ky < 3; ++ky)
-#pragma unroll
-                for (int j = 0; j < 3; ++j)
-                    b[ky][j] = wc[3168 + ky * 1056 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 2, quad 3};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[2312]);  // input row 0
-            q[0][3] = __float_as_uint(xc[3468]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2346]);  // input row 1
-            q[1][3] = __float_as_uint(xc[3502]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2380]);  // input row 2
-            q[0][3] = __float_as_uint(xc[3536]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2414]);  // input row 3
-            q[1][3] = __float_as_uint(xc[3570]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2448]);  // input row 4
-            q[0][3] = __float_as_uint(xc[3604]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2482]);  // input row 5
-            q[1][3] = __float_as_uint(xc[3638]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 3; ++j) {
-                    if (m0 + 8 * j < 256)
-                        yo[8 * j * 1024 + (2 * i + h) * 32] = acc[i][j][2 * h];
-                    if (m0 + 8 * j + 1 < 256)
-                        yo[(8 * j + 1) * 1024 + (2 * i + h) * 32] = acc[i][j][2 * h + 1];
-                }
-}
-
-// At least one block per SM: 24 accumulators and 18 B registers per thread need room.
-extern "C" __global__ void __launch_bounds__(512, 1)
+// At least one block per SM: the 24 accumulators and 8 A registers of 2 x 3 fragments need room.
+extern "C" __global__ void __launch_bounds__(352, 1)
 mmapersist_t32_r24x32_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int batch)
 {
-    // 87712 B, sized at launch: B fragments [2][3][33][32][2] (tf32),
-    // then two bands [4][34][34] of 4628 floats from float 12672.
+    // 87744 B, sized at launch: B fragments [6][33][32][2] (tf32),
+    // then two bands [4][34][34] of 4632 floats from float 12672.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ band_buf = smem + 12672;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int g = lane / 4;  // fragment row: column g of a tile (rows g and g+8), map g of B
+    const int g = lane / 4;  // fragment row: pixel g and g+8 of a tile, map g of B
     const int t = lane % 4;  // fragment column: tap t of a quad
+    const int mg = warp % 11;  // maps 24*mg ..
+    const int pg = warp / 11;  // pixel tiles 2*pg .. of each pass
     const int items = batch * 1;
 
-    // B fragments once per block.  Element (k, ky, j, l, h): the weight of map 8j + l/4 at
-    // window row ky, tap l%4 of quad 2k+h; quad q is channel q/1, taps 4*(q%1) ..; zero past K, C or M.
-    for (int e = threadIdx.x; e < 12672; e += 512) {
+    // B fragments once per block.  Element (s, j, l, h): the weight of map 8j + l/4 at tap
+    // l%4 of quad 2s+h; quad q is channel q/3, window row q%3/1, taps 4*(q%1) ..; zero past K, C or M.
+    for (int e = threadIdx.x; e < 12672; e += 352) {
         const int l = e / 2 % 32;
-        const int q = e / 6336 * 2 + e % 2;
-        const int ky = e / 2112 % 3;
+        const int q = e / 2112 * 2 + e % 2;
         const int m = e / 64 % 33 * 8 + l / 4;
-        const int c = q / 1;
+        const int c = q / 3;
+        const int ky = q % 3 / 1;
         const int kx = q % 1 * 4 + l % 4;
         const bool real = m < 256 && c < 3 && kx < 3;
         smem[e] = __uint_as_float(to_tf32(real ? __ldg(&w[((m * 3 + c) * 3 + ky) * 3 + kx]) : 0.0f));
     }
     // Zero both bands once: the row pad, the padding channel and the slack that the quad
     // padding reads are never copied into, and must hold finite numbers (0 * NaN = NaN).
-    for (int e = threadIdx.x; e < 9256; e += 512)
+    for (int e = threadIdx.x; e < 9264; e += 352)
         band_buf[e] = 0.0f;
     __syncthreads();
 
@@ -252,24 +108,151 @@ mmapersist_t32_r24x32_tf32(const float* __restrict__ x, const float* __restrict_
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(band_buf + (buf ^ 1) * 4628, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 4632, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
-        round_band(band_buf + buf * 4628);
         __syncthreads();
 
         const int oy0 = item % 1 * 32;
         float* __restrict__ yb = y + (size_t)(item / 1) * 262144 + oy0 * 32;
-        // Warp tile u: maps of group u / 32, columns 8 * (u / 8 % 4) .., rows 4 * (u % 8) ..
-        for (int u = warp; u < 352; u += 16) {
-            const int mg = u / 32;
-            const int x0 = u / 8 % 4 * 8;
-            const int y0 = u % 8 * 4;
-            const int m0 = 24 * mg + 2 * t;  // this lane's first map
-            const float* __restrict__ xc = band_buf + buf * 4628 + y0 * 34 + x0 + g + t;
+        const int valid = 1024;
+        for (int tile0 = pg * 2; tile0 < 64; tile0 += 2) {
+            // Band offset + t of this lane's pixels g and g+8 in each of its 2 tile(s);
+            // pixels past the band read pixel 0 and are not stored.
+            int pa[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int px = (tile0 + i) * 16 + g + 8 * h;
+                    px = px < 1024 ? px : 0;
+                    pa[i][h] = px / 32 * 34 + px % 32 + t;
+                }
+            float acc[2][3][4] = {};
+            const float* __restrict__ xc = band_buf + buf * 4632;
             const float2* __restrict__ wc = reinterpret_cast<const float2*>(smem) + mg * 96 + lane;
-            float* __restrict__ yo = yb + m0 * 1024 + y0 * 32 + x0 + g;
-            warp_tile_2(xc, wc, yo, 4, true, m0);
+            {
+                {  // k step 0: quads at band offsets 0 and 34
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 0]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 0]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 34]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 34]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[0 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 1: quads at band offsets 68 and 1156
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 68]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 68]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1156]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1156]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[1056 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 2: quads at band offsets 1190 and 1224
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1190]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1190]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1224]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1224]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[2112 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 3: quads at band offsets 2312 and 2346
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 2312]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 2312]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 2346]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 2346]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[3168 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 4: quads at band offsets 2380 and 3468
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 2380]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 2380]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3468]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3468]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[4224 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 5: quads at band offsets 3502 and 3536
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3502]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3502]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3536]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3536]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[5280 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+            }
+
+            // Accumulator e of fragment (i, j): pixel 16*(tile0+i) + g + 8*(e/2), map 8*(3*mg+j) + 2t + e%2.
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int px = (tile0 + i) * 16 + g + 8 * h;
+                    if (px < valid) {
+#pragma unroll
+                        for (int j = 0; j < 3; ++j) {
+                            const int m = (3 * mg + j) * 8 + 2 * t;
+                            if (m < 256)
+                                yb[m * 1024 + px] = acc[i][j][2 * h];
+                            if (m + 1 < 256)
+                                yb[(m + 1) * 1024 + px] = acc[i][j][2 * h + 1];
+                        }
+                    }
+                }
         }
         __syncthreads();  // every warp is done with this band before it is refilled
     }

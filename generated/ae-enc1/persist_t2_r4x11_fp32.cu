@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 4 + r) * 35 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 140 * 140 + e / 35 % 4 * 35 + e % 35;
-}
-
 // Copy work item `item` (image item / 16, output rows 2*(item % 16) + 0..1)
 // into a band buffer: 3 channel(s) x 4 rows x 35 columns, zero outside the image.
-// Thread i copies elements i, i + 384, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 16) * 3072;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 1;
         const bool inside = (unsigned)iy < 32u && (unsigned)ix < 32u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1024 + iy * 32 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 140 + r * 35 + col, inside ? xn + c * 1024 + iy * 32 + ix : x, inside ? 4 : 0);
     }
 }
 

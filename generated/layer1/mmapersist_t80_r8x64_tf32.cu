@@ -9,14 +9,14 @@
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        4 x 80 x 80                    Ho = H + 2*pad - K + 1 = 86+0-7+1
-//   fragment      mma.m16n8k8, tf32              8 columns x 2 rows of pixels, 8 maps, 8 taps
-//   k padding     49 -> 56 (12.5% zeros)         window rows padded to 8 taps: 1 quad pair(s) x 7 window rows = 7 k steps
-//   warp tile     8 x 8 pixels x 8 maps          4 m16 tile(s) x 1 n8 tile(s), 16 accumulators per thread; 28 A loads per quad pair for 28 mma
-//   work item     80 output rows, 100 warp tiles 1 map group(s) x 10 strips x 10 row group(s); 0% of the columns past the edge; 1 item(s) per image
-//   block         480 threads                    15 warps take the warp tiles in turn
-//   smem B        1792 B                         1 pairs x 7 rows x 1 map tiles x 32 lanes x 2, tf32, staged once
-//   smem bands    2 x 29600 B [1][86][86]        C x (rows the warp tiles read = 86) x (W+2*pad = 86), double-buffered with cp.async
-// Kernel   mmapersist_t80_r8x64_tf32: block 480x1x1, grid (min(B, blocks resident on the device), 1, 1), 60992 B dynamic shared memory (opt-in)
+//   fragment      mma.m16n8k8, tf32              16 pixels x 8 maps x 8 taps, fp32 accumulators
+//   k padding     49 -> 56 (12.5% zeros)         window rows padded to 8 taps: 7 k steps
+//   warp          4 x 1 mma per k step           register tile 64 pixels x 8 maps = 16 accumulators per thread
+//   block         320 threads                    1 map group(s) x 10 pixel group(s) of warps
+//   work item     80 output rows = 6400 pixels   400 m16 tiles in 10 pass(es) of 40 (0% idle); 1 item(s) per image
+//   smem B        1792 B                         7 k steps x 1 map tiles x 32 lanes x 2, tf32, staged once
+//   smem bands    2 x 29616 B [1][86][86]        C x (rows+K-1) x (W+2*pad = 86, padded to 86: 1-way bank conflicts at worst), double-buffered with cp.async
+// Kernel   mmapersist_t80_r8x64_tf32: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 61024 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -31,27 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 86 + r) * 86 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 7396 * 7396 + e / 86 % 86 * 86 + e % 86;
-}
-
 // Copy work item `item` (image item / 1, output rows 80*(item % 1) + 0..79)
 // into a band buffer: 1 channel(s) x 86 rows x 86 columns, zero outside the image.
-// Thread i copies elements i, i + 480, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 7396;
     const int iy0 = item % 1 * 80 - 0;
-    for (int e = threadIdx.x; e < 7396; e += 480) {
+    for (int e = threadIdx.x; e < 7396; e += 320) {
         const int c = e / 7396;
         const int r = e / 86 % 86;
         const int col = e % 86;
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 86u && (unsigned)ix < 86u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 7396 + iy * 86 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 7396 + r * 86 + col, inside ? xn + c * 7396 + iy * 86 + ix : x, inside ? 4 : 0);
     }
 }
 
@@ -61,16 +54,6 @@ __device__ __forceinline__ unsigned to_tf32(float f)
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
     return r;
-}
-
-// Round this thread's own elements of a band that has arrived (cp.async.wait_group makes
-// a thread's copies visible to it) to tf32 in place, so the A loads need no conversion.
-__device__ __forceinline__ void round_band(float* __restrict__ band)
-{
-    for (int e = threadIdx.x; e < 7396; e += 480) {
-        float* v = band + band_slot(e);
-        *v = __uint_as_float(to_tf32(*v));
-    }
 }
 
 // d += a * b on one m16n8k8 fragment: 16 pixels x 8 maps x 8 taps, tf32 in, fp32 out.
@@ -83,212 +66,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A warp tile of 4 m16 tile(s) stacked down the band: 8 columns x 8 output rows x 8 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_4(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[4][1][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][1];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 1; ++j)
-                    b[ky][j] = wc[0 + ky * 32 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[86]);  // input row 1
-            q[1][3] = __float_as_uint(xc[90]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[172]);  // input row 2
-            q[0][3] = __float_as_uint(xc[176]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[258]);  // input row 3
-            q[1][3] = __float_as_uint(xc[262]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[344]);  // input row 4
-            q[0][3] = __float_as_uint(xc[348]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[430]);  // input row 5
-            q[1][3] = __float_as_uint(xc[434]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[516]);  // input row 6
-            q[0][3] = __float_as_uint(xc[520]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[602]);  // input row 7
-            q[1][3] = __float_as_uint(xc[606]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[688]);  // input row 8
-            q[0][3] = __float_as_uint(xc[692]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[774]);  // input row 9
-            q[1][3] = __float_as_uint(xc[778]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[860]);  // input row 10
-            q[0][3] = __float_as_uint(xc[864]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[946]);  // input row 11
-            q[1][3] = __float_as_uint(xc[950]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[1032]);  // input row 12
-            q[0][3] = __float_as_uint(xc[1036]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[1118]);  // input row 13
-            q[1][3] = __float_as_uint(xc[1122]);
-#pragma unroll
-            for (int j = 0; j < 1; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 1; ++j) {
-                    if (m0 + 8 * j < 4)
-                        yo[8 * j * 6400 + (2 * i + h) * 80] = acc[i][j][2 * h];
-                    if (m0 + 8 * j + 1 < 4)
-                        yo[(8 * j + 1) * 6400 + (2 * i + h) * 80] = acc[i][j][2 * h + 1];
-                }
-}
-
-// At least one block per SM: 16 accumulators and 14 B registers per thread need room.
-extern "C" __global__ void __launch_bounds__(480, 1)
+// At least one block per SM: the 16 accumulators and 16 A registers of 4 x 1 fragments need room.
+extern "C" __global__ void __launch_bounds__(320, 1)
 mmapersist_t80_r8x64_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int batch)
 {
-    // 60992 B, sized at launch: B fragments [1][7][1][32][2] (tf32),
-    // then two bands [1][86][86] of 7400 floats from float 448.
+    // 61024 B, sized at launch: B fragments [7][1][32][2] (tf32),
+    // then two bands [1][86][86] of 7404 floats from float 448.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ band_buf = smem + 448;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int g = lane / 4;  // fragment row: column g of a tile (rows g and g+8), map g of B
+    const int g = lane / 4;  // fragment row: pixel g and g+8 of a tile, map g of B
     const int t = lane % 4;  // fragment column: tap t of a quad
+    const int mg = warp % 1;  // maps 8*mg ..
+    const int pg = warp / 1;  // pixel tiles 4*pg .. of each pass
     const int items = batch * 1;
 
-    // B fragments once per block.  Element (k, ky, j, l, h): the weight of map 8j + l/4 at
-    // window row ky, tap l%4 of quad 2k+h; quad q is channel q/2, taps 4*(q%2) ..; zero past K, C or M.
-    for (int e = threadIdx.x; e < 448; e += 480) {
+    // B fragments once per block.  Element (s, j, l, h): the weight of map 8j + l/4 at tap
+    // l%4 of quad 2s+h; quad q is channel q/14, window row q%14/2, taps 4*(q%2) ..; zero past K, C or M.
+    for (int e = threadIdx.x; e < 448; e += 320) {
         const int l = e / 2 % 32;
-        const int q = e / 448 * 2 + e % 2;
-        const int ky = e / 64 % 7;
+        const int q = e / 64 * 2 + e % 2;
         const int m = e / 64 % 1 * 8 + l / 4;
-        const int c = q / 2;
+        const int c = q / 14;
+        const int ky = q % 14 / 2;
         const int kx = q % 2 * 4 + l % 4;
         const bool real = m < 4 && c < 1 && kx < 7;
         smem[e] = __uint_as_float(to_tf32(real ? __ldg(&w[((m * 1 + c) * 7 + ky) * 7 + kx]) : 0.0f));
     }
     // Zero both bands once: the row pad, the padding channel and the slack that the quad
     // padding reads are never copied into, and must hold finite numbers (0 * NaN = NaN).
-    for (int e = threadIdx.x; e < 14800; e += 480)
+    for (int e = threadIdx.x; e < 14808; e += 320)
         band_buf[e] = 0.0f;
     __syncthreads();
 
@@ -299,24 +108,168 @@ mmapersist_t80_r8x64_tf32(const float* __restrict__ x, const float* __restrict__
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(band_buf + (buf ^ 1) * 7400, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 7404, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
-        round_band(band_buf + buf * 7400);
         __syncthreads();
 
         const int oy0 = item % 1 * 80;
         float* __restrict__ yb = y + (size_t)(item / 1) * 25600 + oy0 * 80;
-        // Warp tile u: maps of group u / 100, columns 8 * (u / 10 % 10) .., rows 8 * (u % 10) ..
-        for (int u = warp; u < 100; u += 15) {
-            const int mg = u / 100;
-            const int x0 = u / 10 % 10 * 8;
-            const int y0 = u % 10 * 8;
-            const int m0 = 8 * mg + 2 * t;  // this lane's first map
-            const float* __restrict__ xc = band_buf + buf * 7400 + y0 * 86 + x0 + g + t;
+        const int valid = 6400;
+        for (int tile0 = pg * 4; tile0 < 400; tile0 += 40) {
+            // Band offset + t of this lane's pixels g and g+8 in each of its 4 tile(s);
+            // pixels past the band read pixel 0 and are not stored.
+            int pa[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int px = (tile0 + i) * 16 + g + 8 * h;
+                    px = px < 6400 ? px : 0;
+                    pa[i][h] = px / 80 * 86 + px % 80 + t;
+                }
+            float acc[4][1][4] = {};
+            const float* __restrict__ xc = band_buf + buf * 7404;
             const float2* __restrict__ wc = reinterpret_cast<const float2*>(smem) + mg * 32 + lane;
-            float* __restrict__ yo = yb + m0 * 6400 + y0 * 80 + x0 + g;
-            warp_tile_4(xc, wc, yo, 8, true, m0);
+            {
+                {  // k step 0: quads at band offsets 0 and 4
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 0]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 0]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[0 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 1: quads at band offsets 86 and 90
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 86]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 86]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 90]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 90]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[32 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 2: quads at band offsets 172 and 176
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 172]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 172]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 176]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 176]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[64 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 3: quads at band offsets 258 and 262
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 258]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 258]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 262]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 262]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[96 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 4: quads at band offsets 344 and 348
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 344]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 344]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 348]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 348]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[128 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 5: quads at band offsets 430 and 434
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 430]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 430]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 434]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 434]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[160 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 6: quads at band offsets 516 and 520
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 516]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 516]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 520]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 520]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 1; ++j) {
+                        const float2 b = wc[192 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+            }
+
+            // Accumulator e of fragment (i, j): pixel 16*(tile0+i) + g + 8*(e/2), map 8*(1*mg+j) + 2t + e%2.
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int px = (tile0 + i) * 16 + g + 8 * h;
+                    if (px < valid) {
+#pragma unroll
+                        for (int j = 0; j < 1; ++j) {
+                            const int m = (1 * mg + j) * 8 + 2 * t;
+                            if (m < 4)
+                                yb[m * 6400 + px] = acc[i][j][2 * h];
+                            if (m + 1 < 4)
+                                yb[(m + 1) * 6400 + px] = acc[i][j][2 * h + 1];
+                        }
+                    }
+                }
         }
         __syncthreads();  // every warp is done with this band before it is refilled
     }

@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 79 + r) * 90 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 7110 * 7268 + e / 90 % 79 * 92 + e % 90;
-}
-
 // Copy work item `item` (image item / 2, output rows 73*(item % 2) + 0..72)
 // into a band buffer: 1 channel(s) x 79 rows x 90 columns, zero outside the image.
-// Thread i copies elements i, i + 511, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 2) * 7396;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 86u && (unsigned)ix < 86u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 7396 + iy * 86 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 7268 + r * 92 + col, inside ? xn + c * 7396 + iy * 86 + ix : x, inside ? 4 : 0);
     }
 }
 

@@ -9,14 +9,14 @@
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        16 x 34 x 34                   Ho = H + 2*pad - K + 1 = 40+0-7+1
-//   fragment      mma.m16n8k8, tf32              8 columns x 2 rows of pixels, 8 maps, 8 taps
-//   k padding     196 -> 224 (12.5% zeros)       window rows padded to 8 taps: 4 quad pair(s) x 7 window rows = 28 k steps
-//   warp tile     8 x 8 pixels x 16 maps         4 m16 tile(s) x 2 n8 tile(s), 32 accumulators per thread; 28 A loads per quad pair for 56 mma
-//   work item     34 output rows, 25 warp tiles  1 map group(s) x 5 strips x 5 row group(s); 15% of the columns past the edge; 1 item(s) per image
-//   block         288 threads                    9 warps take the warp tiles in turn
-//   smem B        14336 B                        4 pairs x 7 rows x 2 map tiles x 32 lanes x 2, tf32, staged once
-//   smem bands    2 x 29472 B [4][46][40]        C x (rows the warp tiles read = 46) x (W+2*pad = 40), double-buffered with cp.async
-// Kernel   mmapersist_t34_r16x64_tf32: block 288x1x1, grid (min(B, blocks resident on the device), 1, 1), 73280 B dynamic shared memory (opt-in)
+//   fragment      mma.m16n8k8, tf32              16 pixels x 8 maps x 8 taps, fp32 accumulators
+//   k padding     196 -> 224 (12.5% zeros)       window rows padded to 8 taps: 28 k steps
+//   warp          4 x 2 mma per k step           register tile 64 pixels x 16 maps = 32 accumulators per thread
+//   block         320 threads                    1 map group(s) x 10 pixel group(s) of warps
+//   work item     34 output rows = 1156 pixels   73 m16 tiles in 2 pass(es) of 40 (9% idle); 1 item(s) per image
+//   smem B        14336 B                        28 k steps x 2 map tiles x 32 lanes x 2, tf32, staged once
+//   smem bands    2 x 25632 B [4][40][40]        C x (rows+K-1) x (W+2*pad = 40, padded to 40: 1-way bank conflicts at worst), double-buffered with cp.async
+// Kernel   mmapersist_t34_r16x64_tf32: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 65600 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -31,27 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 40 + r) * 40 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1600 * 1840 + e / 40 % 40 * 40 + e % 40;
-}
-
 // Copy work item `item` (image item / 1, output rows 34*(item % 1) + 0..33)
 // into a band buffer: 4 channel(s) x 40 rows x 40 columns, zero outside the image.
-// Thread i copies elements i, i + 288, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 6400;
     const int iy0 = item % 1 * 34 - 0;
-    for (int e = threadIdx.x; e < 6400; e += 288) {
+    for (int e = threadIdx.x; e < 6400; e += 320) {
         const int c = e / 1600;
         const int r = e / 40 % 40;
         const int col = e % 40;
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 40u && (unsigned)ix < 40u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1600 + iy * 40 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1600 + r * 40 + col, inside ? xn + c * 1600 + iy * 40 + ix : x, inside ? 4 : 0);
     }
 }
 
@@ -61,16 +54,6 @@ __device__ __forceinline__ unsigned to_tf32(float f)
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
     return r;
-}
-
-// Round this thread's own elements of a band that has arrived (cp.async.wait_group makes
-// a thread's copies visible to it) to tf32 in place, so the A loads need no conversion.
-__device__ __forceinline__ void round_band(float* __restrict__ band)
-{
-    for (int e = threadIdx.x; e < 6400; e += 288) {
-        float* v = band + band_slot(e);
-        *v = __uint_as_float(to_tf32(*v));
-    }
 }
 
 // d += a * b on one m16n8k8 fragment: 16 pixels x 8 maps x 8 taps, tf32 in, fp32 out.
@@ -83,930 +66,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A warp tile of 4 m16 tile(s) stacked down the band: 8 columns x 8 output rows x 16 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_4(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[4][2][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[0 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[40]);  // input row 1
-            q[1][3] = __float_as_uint(xc[44]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[80]);  // input row 2
-            q[0][3] = __float_as_uint(xc[84]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[120]);  // input row 3
-            q[1][3] = __float_as_uint(xc[124]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[160]);  // input row 4
-            q[0][3] = __float_as_uint(xc[164]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[200]);  // input row 5
-            q[1][3] = __float_as_uint(xc[204]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[240]);  // input row 6
-            q[0][3] = __float_as_uint(xc[244]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[280]);  // input row 7
-            q[1][3] = __float_as_uint(xc[284]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[320]);  // input row 8
-            q[0][3] = __float_as_uint(xc[324]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[360]);  // input row 9
-            q[1][3] = __float_as_uint(xc[364]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[400]);  // input row 10
-            q[0][3] = __float_as_uint(xc[404]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[440]);  // input row 11
-            q[1][3] = __float_as_uint(xc[444]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[480]);  // input row 12
-            q[0][3] = __float_as_uint(xc[484]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[520]);  // input row 13
-            q[1][3] = __float_as_uint(xc[524]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 1: taps at band offsets 1840 (channel 1) and 1844 (channel 1) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[448 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 2, quad 3};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[1840]);  // input row 0
-            q[0][3] = __float_as_uint(xc[1844]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[1880]);  // input row 1
-            q[1][3] = __float_as_uint(xc[1884]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[1920]);  // input row 2
-            q[0][3] = __float_as_uint(xc[1924]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[1960]);  // input row 3
-            q[1][3] = __float_as_uint(xc[1964]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2000]);  // input row 4
-            q[0][3] = __float_as_uint(xc[2004]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2040]);  // input row 5
-            q[1][3] = __float_as_uint(xc[2044]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2080]);  // input row 6
-            q[0][3] = __float_as_uint(xc[2084]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2120]);  // input row 7
-            q[1][3] = __float_as_uint(xc[2124]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2160]);  // input row 8
-            q[0][3] = __float_as_uint(xc[2164]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2200]);  // input row 9
-            q[1][3] = __float_as_uint(xc[2204]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2240]);  // input row 10
-            q[0][3] = __float_as_uint(xc[2244]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2280]);  // input row 11
-            q[1][3] = __float_as_uint(xc[2284]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2320]);  // input row 12
-            q[0][3] = __float_as_uint(xc[2324]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2360]);  // input row 13
-            q[1][3] = __float_as_uint(xc[2364]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 2: taps at band offsets 3680 (channel 2) and 3684 (channel 2) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[896 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 4, quad 5};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[3680]);  // input row 0
-            q[0][3] = __float_as_uint(xc[3684]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3720]);  // input row 1
-            q[1][3] = __float_as_uint(xc[3724]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3760]);  // input row 2
-            q[0][3] = __float_as_uint(xc[3764]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3800]);  // input row 3
-            q[1][3] = __float_as_uint(xc[3804]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3840]);  // input row 4
-            q[0][3] = __float_as_uint(xc[3844]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3880]);  // input row 5
-            q[1][3] = __float_as_uint(xc[3884]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3920]);  // input row 6
-            q[0][3] = __float_as_uint(xc[3924]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3960]);  // input row 7
-            q[1][3] = __float_as_uint(xc[3964]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[4000]);  // input row 8
-            q[0][3] = __float_as_uint(xc[4004]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[4040]);  // input row 9
-            q[1][3] = __float_as_uint(xc[4044]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[4080]);  // input row 10
-            q[0][3] = __float_as_uint(xc[4084]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[4120]);  // input row 11
-            q[1][3] = __float_as_uint(xc[4124]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[4160]);  // input row 12
-            q[0][3] = __float_as_uint(xc[4164]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[4200]);  // input row 13
-            q[1][3] = __float_as_uint(xc[4204]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 3: taps at band offsets 5520 (channel 3) and 5524 (channel 3) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[1344 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 6, quad 7};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[5520]);  // input row 0
-            q[0][3] = __float_as_uint(xc[5524]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5560]);  // input row 1
-            q[1][3] = __float_as_uint(xc[5564]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5600]);  // input row 2
-            q[0][3] = __float_as_uint(xc[5604]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5640]);  // input row 3
-            q[1][3] = __float_as_uint(xc[5644]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5680]);  // input row 4
-            q[0][3] = __float_as_uint(xc[5684]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5720]);  // input row 5
-            q[1][3] = __float_as_uint(xc[5724]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5760]);  // input row 6
-            q[0][3] = __float_as_uint(xc[5764]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5800]);  // input row 7
-            q[1][3] = __float_as_uint(xc[5804]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5840]);  // input row 8
-            q[0][3] = __float_as_uint(xc[5844]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5880]);  // input row 9
-            q[1][3] = __float_as_uint(xc[5884]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5920]);  // input row 10
-            q[0][3] = __float_as_uint(xc[5924]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5960]);  // input row 11
-            q[1][3] = __float_as_uint(xc[5964]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[6000]);  // input row 12
-            q[0][3] = __float_as_uint(xc[6004]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[6040]);  // input row 13
-            q[1][3] = __float_as_uint(xc[6044]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    yo[8 * j * 1156 + (2 * i + h) * 34] = acc[i][j][2 * h];
-                    yo[(8 * j + 1) * 1156 + (2 * i + h) * 34] = acc[i][j][2 * h + 1];
-                }
-}
-
-// A warp tile of 1 m16 tile(s) stacked down the band: 8 columns x 2 output rows x 16 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_1(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[1][2][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[0 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[40]);  // input row 1
-            q[1][3] = __float_as_uint(xc[44]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[80]);  // input row 2
-            q[0][3] = __float_as_uint(xc[84]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[120]);  // input row 3
-            q[1][3] = __float_as_uint(xc[124]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[160]);  // input row 4
-            q[0][3] = __float_as_uint(xc[164]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[200]);  // input row 5
-            q[1][3] = __float_as_uint(xc[204]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[240]);  // input row 6
-            q[0][3] = __float_as_uint(xc[244]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[280]);  // input row 7
-            q[1][3] = __float_as_uint(xc[284]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 1: taps at band offsets 1840 (channel 1) and 1844 (channel 1) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[448 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 2, quad 3};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[1840]);  // input row 0
-            q[0][3] = __float_as_uint(xc[1844]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[1880]);  // input row 1
-            q[1][3] = __float_as_uint(xc[1884]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[1920]);  // input row 2
-            q[0][3] = __float_as_uint(xc[1924]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[1960]);  // input row 3
-            q[1][3] = __float_as_uint(xc[1964]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2000]);  // input row 4
-            q[0][3] = __float_as_uint(xc[2004]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2040]);  // input row 5
-            q[1][3] = __float_as_uint(xc[2044]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[2080]);  // input row 6
-            q[0][3] = __float_as_uint(xc[2084]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[2120]);  // input row 7
-            q[1][3] = __float_as_uint(xc[2124]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 2: taps at band offsets 3680 (channel 2) and 3684 (channel 2) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[896 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 4, quad 5};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[3680]);  // input row 0
-            q[0][3] = __float_as_uint(xc[3684]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3720]);  // input row 1
-            q[1][3] = __float_as_uint(xc[3724]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3760]);  // input row 2
-            q[0][3] = __float_as_uint(xc[3764]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3800]);  // input row 3
-            q[1][3] = __float_as_uint(xc[3804]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3840]);  // input row 4
-            q[0][3] = __float_as_uint(xc[3844]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3880]);  // input row 5
-            q[1][3] = __float_as_uint(xc[3884]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[3920]);  // input row 6
-            q[0][3] = __float_as_uint(xc[3924]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[3960]);  // input row 7
-            q[1][3] = __float_as_uint(xc[3964]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-        {  // quad pair 3: taps at band offsets 5520 (channel 3) and 5524 (channel 3) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[1344 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 6, quad 7};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[5520]);  // input row 0
-            q[0][3] = __float_as_uint(xc[5524]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5560]);  // input row 1
-            q[1][3] = __float_as_uint(xc[5564]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5600]);  // input row 2
-            q[0][3] = __float_as_uint(xc[5604]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5640]);  // input row 3
-            q[1][3] = __float_as_uint(xc[5644]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5680]);  // input row 4
-            q[0][3] = __float_as_uint(xc[5684]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5720]);  // input row 5
-            q[1][3] = __float_as_uint(xc[5724]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[5760]);  // input row 6
-            q[0][3] = __float_as_uint(xc[5764]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[5800]);  // input row 7
-            q[1][3] = __float_as_uint(xc[5804]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 1; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    yo[8 * j * 1156 + (2 * i + h) * 34] = acc[i][j][2 * h];
-                    yo[(8 * j + 1) * 1156 + (2 * i + h) * 34] = acc[i][j][2 * h + 1];
-                }
-}
-
-// At least one block per SM: 32 accumulators and 28 B registers per thread need room.
-extern "C" __global__ void __launch_bounds__(288, 1)
+// At least one block per SM: the 32 accumulators and 16 A registers of 4 x 2 fragments need room.
+extern "C" __global__ void __launch_bounds__(320, 1)
 mmapersist_t34_r16x64_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int batch)
 {
-    // 73280 B, sized at launch: B fragments [4][7][2][32][2] (tf32),
-    // then two bands [4][46][40] of 7368 floats from float 3584.
+    // 65600 B, sized at launch: B fragments [28][2][32][2] (tf32),
+    // then two bands [4][40][40] of 6408 floats from float 3584.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ band_buf = smem + 3584;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int g = lane / 4;  // fragment row: column g of a tile (rows g and g+8), map g of B
+    const int g = lane / 4;  // fragment row: pixel g and g+8 of a tile, map g of B
     const int t = lane % 4;  // fragment column: tap t of a quad
+    const int mg = warp % 1;  // maps 16*mg ..
+    const int pg = warp / 1;  // pixel tiles 4*pg .. of each pass
     const int items = batch * 1;
 
-    // B fragments once per block.  Element (k, ky, j, l, h): the weight of map 8j + l/4 at
-    // window row ky, tap l%4 of quad 2k+h; quad q is channel q/2, taps 4*(q%2) ..; zero past K, C or M.
-    for (int e = threadIdx.x; e < 3584; e += 288) {
+    // B fragments once per block.  Element (s, j, l, h): the weight of map 8j + l/4 at tap
+    // l%4 of quad 2s+h; quad q is channel q/14, window row q%14/2, taps 4*(q%2) ..; zero past K, C or M.
+    for (int e = threadIdx.x; e < 3584; e += 320) {
         const int l = e / 2 % 32;
-        const int q = e / 896 * 2 + e % 2;
-        const int ky = e / 128 % 7;
+        const int q = e / 128 * 2 + e % 2;
         const int m = e / 64 % 2 * 8 + l / 4;
-        const int c = q / 2;
+        const int c = q / 14;
+        const int ky = q % 14 / 2;
         const int kx = q % 2 * 4 + l % 4;
         const bool real = m < 16 && c < 4 && kx < 7;
         smem[e] = __uint_as_float(to_tf32(real ? __ldg(&w[((m * 4 + c) * 7 + ky) * 7 + kx]) : 0.0f));
     }
     // Zero both bands once: the row pad, the padding channel and the slack that the quad
     // padding reads are never copied into, and must hold finite numbers (0 * NaN = NaN).
-    for (int e = threadIdx.x; e < 14736; e += 288)
+    for (int e = threadIdx.x; e < 12816; e += 320)
         band_buf[e] = 0.0f;
     __syncthreads();
 
@@ -1017,28 +108,523 @@ mmapersist_t34_r16x64_tf32(const float* __restrict__ x, const float* __restrict_
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(band_buf + (buf ^ 1) * 7368, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 6408, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
-        round_band(band_buf + buf * 7368);
         __syncthreads();
 
         const int oy0 = item % 1 * 34;
         float* __restrict__ yb = y + (size_t)(item / 1) * 18496 + oy0 * 34;
-        const int valid = min(34, 34 - oy0);  // output rows of this item
-        // Warp tile u: maps of group u / 25, columns 8 * (u / 5 % 5) .., rows 8 * (u % 5) ..
-        for (int u = warp; u < 25; u += 9) {
-            const int mg = u / 25;
-            const int x0 = u / 5 % 5 * 8;
-            const int y0 = u % 5 * 8;
-            const int m0 = 16 * mg + 2 * t;  // this lane's first map
-            const float* __restrict__ xc = band_buf + buf * 7368 + y0 * 40 + x0 + g + t;
+        const int valid = 1156;
+        for (int tile0 = pg * 4; tile0 < 73; tile0 += 40) {
+            // Band offset + t of this lane's pixels g and g+8 in each of its 4 tile(s);
+            // pixels past the band read pixel 0 and are not stored.
+            int pa[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int px = (tile0 + i) * 16 + g + 8 * h;
+                    px = px < 1156 ? px : 0;
+                    pa[i][h] = px / 34 * 40 + px % 34 + t;
+                }
+            float acc[4][2][4] = {};
+            const float* __restrict__ xc = band_buf + buf * 6408;
             const float2* __restrict__ wc = reinterpret_cast<const float2*>(smem) + mg * 64 + lane;
-            float* __restrict__ yo = yb + m0 * 1156 + y0 * 34 + x0 + g;
-            if (y0 + 8 <= 34)
-                warp_tile_4(xc, wc, yo, valid - y0, x0 + g < 34, m0);
-            else  // the band's last 2 row(s)
-                warp_tile_1(xc, wc, yo, valid - y0, x0 + g < 34, m0);
+            {
+                {  // k step 0: quads at band offsets 0 and 4
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 0]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 0]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[0 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 1: quads at band offsets 40 and 44
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 40]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 40]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 44]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 44]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[64 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 2: quads at band offsets 80 and 84
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 80]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 80]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 84]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 84]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[128 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 3: quads at band offsets 120 and 124
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 120]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 120]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 124]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 124]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[192 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 4: quads at band offsets 160 and 164
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 160]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 160]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 164]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 164]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[256 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 5: quads at band offsets 200 and 204
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 200]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 200]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 204]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 204]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[320 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 6: quads at band offsets 240 and 244
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 240]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 240]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 244]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 244]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[384 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 7: quads at band offsets 1600 and 1604
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1600]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1600]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1604]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1604]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[448 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 8: quads at band offsets 1640 and 1644
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1640]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1640]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1644]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1644]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[512 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 9: quads at band offsets 1680 and 1684
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1680]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1680]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1684]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1684]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[576 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 10: quads at band offsets 1720 and 1724
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1720]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1720]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1724]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1724]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[640 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 11: quads at band offsets 1760 and 1764
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1760]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1760]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1764]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1764]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[704 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 12: quads at band offsets 1800 and 1804
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1800]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1800]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1804]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1804]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[768 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 13: quads at band offsets 1840 and 1844
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 1840]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 1840]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 1844]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 1844]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[832 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 14: quads at band offsets 3200 and 3204
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3200]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3200]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3204]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3204]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[896 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 15: quads at band offsets 3240 and 3244
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3240]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3240]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3244]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3244]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[960 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 16: quads at band offsets 3280 and 3284
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3280]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3280]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3284]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3284]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1024 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 17: quads at band offsets 3320 and 3324
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3320]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3320]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3324]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3324]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1088 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 18: quads at band offsets 3360 and 3364
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3360]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3360]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3364]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3364]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1152 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 19: quads at band offsets 3400 and 3404
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3400]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3400]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3404]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3404]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1216 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 20: quads at band offsets 3440 and 3444
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 3440]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 3440]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 3444]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 3444]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1280 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 21: quads at band offsets 4800 and 4804
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 4800]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 4800]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4804]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4804]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1344 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 22: quads at band offsets 4840 and 4844
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 4840]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 4840]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4844]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4844]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1408 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 23: quads at band offsets 4880 and 4884
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 4880]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 4880]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4884]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4884]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1472 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 24: quads at band offsets 4920 and 4924
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 4920]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 4920]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4924]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4924]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1536 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 25: quads at band offsets 4960 and 4964
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 4960]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 4960]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4964]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4964]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1600 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 26: quads at band offsets 5000 and 5004
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 5000]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 5000]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 5004]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 5004]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1664 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 27: quads at band offsets 5040 and 5044
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 5040]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 5040]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 5044]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 5044]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[1728 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+            }
+
+            // Accumulator e of fragment (i, j): pixel 16*(tile0+i) + g + 8*(e/2), map 8*(2*mg+j) + 2t + e%2.
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int px = (tile0 + i) * 16 + g + 8 * h;
+                    if (px < valid) {
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) {
+                            const int m = (2 * mg + j) * 8 + 2 * t;
+                            yb[m * 1156 + px] = acc[i][j][2 * h];
+                            yb[(m + 1) * 1156 + px] = acc[i][j][2 * h + 1];
+                        }
+                    }
+                }
         }
         __syncthreads();  // every warp is done with this band before it is refilled
     }

@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 40 + r) * 42 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1680 * 1760 + e / 42 % 40 * 44 + e % 42;
-}
-
 // Copy work item `item` (image item / 1, output rows 34*(item % 1) + 0..33)
 // into a band buffer: 4 channel(s) x 40 rows x 42 columns, zero outside the image.
-// Thread i copies elements i, i + 408, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 6400;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 40u && (unsigned)ix < 40u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1600 + iy * 40 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1760 + r * 44 + col, inside ? xn + c * 1600 + iy * 40 + ix : x, inside ? 4 : 0);
     }
 }
 

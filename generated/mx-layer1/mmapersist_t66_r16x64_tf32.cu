@@ -9,14 +9,14 @@
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        12 x 66 x 66                   Ho = H + 2*pad - K + 1 = 72+0-7+1
-//   fragment      mma.m16n8k8, tf32              8 columns x 2 rows of pixels, 8 maps, 8 taps
-//   k padding     49 -> 56 (12.5% zeros)         window rows padded to 8 taps: 1 quad pair(s) x 7 window rows = 7 k steps
-//   warp tile     8 x 8 pixels x 16 maps         4 m16 tile(s) x 2 n8 tile(s), 32 accumulators per thread; 28 A loads per quad pair for 56 mma
-//   work item     66 output rows, 81 warp tiles  1 map group(s) x 9 strips x 9 row group(s); 8% of the columns past the edge; 1 item(s) per image
-//   block         384 threads                    12 warps take the warp tiles in turn
-//   smem B        3584 B                         1 pairs x 7 rows x 2 map tiles x 32 lanes x 2, tf32, staged once
-//   smem bands    2 x 22496 B [1][78][72]        C x (rows the warp tiles read = 78) x (W+2*pad = 72), double-buffered with cp.async
-// Kernel   mmapersist_t66_r16x64_tf32: block 384x1x1, grid (min(B, blocks resident on the device), 1, 1), 48576 B dynamic shared memory (opt-in)
+//   fragment      mma.m16n8k8, tf32              16 pixels x 8 maps x 8 taps, fp32 accumulators
+//   k padding     49 -> 56 (12.5% zeros)         window rows padded to 8 taps: 7 k steps
+//   warp          4 x 2 mma per k step           register tile 64 pixels x 16 maps = 32 accumulators per thread
+//   block         448 threads                    1 map group(s) x 14 pixel group(s) of warps
+//   work item     66 output rows = 4356 pixels   273 m16 tiles in 5 pass(es) of 56 (3% idle); 1 item(s) per image
+//   smem B        3584 B                         7 k steps x 2 map tiles x 32 lanes x 2, tf32, staged once
+//   smem bands    2 x 20768 B [1][72][72]        C x (rows+K-1) x (W+2*pad = 72, padded to 72: 1-way bank conflicts at worst), double-buffered with cp.async
+// Kernel   mmapersist_t66_r16x64_tf32: block 448x1x1, grid (min(B, blocks resident on the device), 1, 1), 45120 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -31,27 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 72 + r) * 72 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 5184 * 5616 + e / 72 % 72 * 72 + e % 72;
-}
-
 // Copy work item `item` (image item / 1, output rows 66*(item % 1) + 0..65)
 // into a band buffer: 1 channel(s) x 72 rows x 72 columns, zero outside the image.
-// Thread i copies elements i, i + 384, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 5184;
     const int iy0 = item % 1 * 66 - 0;
-    for (int e = threadIdx.x; e < 5184; e += 384) {
+    for (int e = threadIdx.x; e < 5184; e += 448) {
         const int c = e / 5184;
         const int r = e / 72 % 72;
         const int col = e % 72;
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 72u && (unsigned)ix < 72u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 5184 + r * 72 + col, inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
     }
 }
 
@@ -61,16 +54,6 @@ __device__ __forceinline__ unsigned to_tf32(float f)
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
     return r;
-}
-
-// Round this thread's own elements of a band that has arrived (cp.async.wait_group makes
-// a thread's copies visible to it) to tf32 in place, so the A loads need no conversion.
-__device__ __forceinline__ void round_band(float* __restrict__ band)
-{
-    for (int e = threadIdx.x; e < 5184; e += 384) {
-        float* v = band + band_slot(e);
-        *v = __uint_as_float(to_tf32(*v));
-    }
 }
 
 // d += a * b on one m16n8k8 fragment: 16 pixels x 8 maps x 8 taps, tf32 in, fp32 out.
@@ -83,301 +66,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A warp tile of 4 m16 tile(s) stacked down the band: 8 columns x 8 output rows x 16 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_4(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[4][2][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[0 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[72]);  // input row 1
-            q[1][3] = __float_as_uint(xc[76]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[144]);  // input row 2
-            q[0][3] = __float_as_uint(xc[148]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[216]);  // input row 3
-            q[1][3] = __float_as_uint(xc[220]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[288]);  // input row 4
-            q[0][3] = __float_as_uint(xc[292]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[360]);  // input row 5
-            q[1][3] = __float_as_uint(xc[364]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 0
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[432]);  // input row 6
-            q[0][3] = __float_as_uint(xc[436]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 1
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[504]);  // input row 7
-            q[1][3] = __float_as_uint(xc[508]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 2
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 0
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[576]);  // input row 8
-            q[0][3] = __float_as_uint(xc[580]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 3
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 1
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[648]);  // input row 9
-            q[1][3] = __float_as_uint(xc[652]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 4
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 2
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[720]);  // input row 10
-            q[0][3] = __float_as_uint(xc[724]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 5
-                mma_tf32(acc[2][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 3
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[792]);  // input row 11
-            q[1][3] = __float_as_uint(xc[796]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 2, window row 6
-                mma_tf32(acc[2][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 4
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[864]);  // input row 12
-            q[0][3] = __float_as_uint(xc[868]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 5
-                mma_tf32(acc[3][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[936]);  // input row 13
-            q[1][3] = __float_as_uint(xc[940]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 3, window row 6
-                mma_tf32(acc[3][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    if (m0 + 8 * j < 12)
-                        yo[8 * j * 4356 + (2 * i + h) * 66] = acc[i][j][2 * h];
-                    if (m0 + 8 * j + 1 < 12)
-                        yo[(8 * j + 1) * 4356 + (2 * i + h) * 66] = acc[i][j][2 * h + 1];
-                }
-}
-
-// A warp tile of 1 m16 tile(s) stacked down the band: 8 columns x 2 output rows x 16 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_1(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[1][2][4] = {};
-    {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][2];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    b[ky][j] = wc[0 + ky * 64 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[72]);  // input row 1
-            q[1][3] = __float_as_uint(xc[76]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[144]);  // input row 2
-            q[0][3] = __float_as_uint(xc[148]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[216]);  // input row 3
-            q[1][3] = __float_as_uint(xc[220]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[288]);  // input row 4
-            q[0][3] = __float_as_uint(xc[292]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[360]);  // input row 5
-            q[1][3] = __float_as_uint(xc[364]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[432]);  // input row 6
-            q[0][3] = __float_as_uint(xc[436]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[504]);  // input row 7
-            q[1][3] = __float_as_uint(xc[508]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 1; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    if (m0 + 8 * j < 12)
-                        yo[8 * j * 4356 + (2 * i + h) * 66] = acc[i][j][2 * h];
-                    if (m0 + 8 * j + 1 < 12)
-                        yo[(8 * j + 1) * 4356 + (2 * i + h) * 66] = acc[i][j][2 * h + 1];
-                }
-}
-
-// At least one block per SM: 32 accumulators and 28 B registers per thread need room.
-extern "C" __global__ void __launch_bounds__(384, 1)
+// At least one block per SM: the 32 accumulators and 16 A registers of 4 x 2 fragments need room.
+extern "C" __global__ void __launch_bounds__(448, 1)
 mmapersist_t66_r16x64_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int batch)
 {
-    // 48576 B, sized at launch: B fragments [1][7][2][32][2] (tf32),
-    // then two bands [1][78][72] of 5624 floats from float 896.
+    // 45120 B, sized at launch: B fragments [7][2][32][2] (tf32),
+    // then two bands [1][72][72] of 5192 floats from float 896.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ band_buf = smem + 896;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int g = lane / 4;  // fragment row: column g of a tile (rows g and g+8), map g of B
+    const int g = lane / 4;  // fragment row: pixel g and g+8 of a tile, map g of B
     const int t = lane % 4;  // fragment column: tap t of a quad
+    const int mg = warp % 1;  // maps 16*mg ..
+    const int pg = warp / 1;  // pixel tiles 4*pg .. of each pass
     const int items = batch * 1;
 
-    // B fragments once per block.  Element (k, ky, j, l, h): the weight of map 8j + l/4 at
-    // window row ky, tap l%4 of quad 2k+h; quad q is channel q/2, taps 4*(q%2) ..; zero past K, C or M.
-    for (int e = threadIdx.x; e < 896; e += 384) {
+    // B fragments once per block.  Element (s, j, l, h): the weight of map 8j + l/4 at tap
+    // l%4 of quad 2s+h; quad q is channel q/14, window row q%14/2, taps 4*(q%2) ..; zero past K, C or M.
+    for (int e = threadIdx.x; e < 896; e += 448) {
         const int l = e / 2 % 32;
-        const int q = e / 896 * 2 + e % 2;
-        const int ky = e / 128 % 7;
+        const int q = e / 128 * 2 + e % 2;
         const int m = e / 64 % 2 * 8 + l / 4;
-        const int c = q / 2;
+        const int c = q / 14;
+        const int ky = q % 14 / 2;
         const int kx = q % 2 * 4 + l % 4;
         const bool real = m < 12 && c < 1 && kx < 7;
         smem[e] = __uint_as_float(to_tf32(real ? __ldg(&w[((m * 1 + c) * 7 + ky) * 7 + kx]) : 0.0f));
     }
     // Zero both bands once: the row pad, the padding channel and the slack that the quad
     // padding reads are never copied into, and must hold finite numbers (0 * NaN = NaN).
-    for (int e = threadIdx.x; e < 11248; e += 384)
+    for (int e = threadIdx.x; e < 10384; e += 448)
         band_buf[e] = 0.0f;
     __syncthreads();
 
@@ -388,28 +108,168 @@ mmapersist_t66_r16x64_tf32(const float* __restrict__ x, const float* __restrict_
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(band_buf + (buf ^ 1) * 5624, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 5192, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
-        round_band(band_buf + buf * 5624);
         __syncthreads();
 
         const int oy0 = item % 1 * 66;
         float* __restrict__ yb = y + (size_t)(item / 1) * 52272 + oy0 * 66;
-        const int valid = min(66, 66 - oy0);  // output rows of this item
-        // Warp tile u: maps of group u / 81, columns 8 * (u / 9 % 9) .., rows 8 * (u % 9) ..
-        for (int u = warp; u < 81; u += 12) {
-            const int mg = u / 81;
-            const int x0 = u / 9 % 9 * 8;
-            const int y0 = u % 9 * 8;
-            const int m0 = 16 * mg + 2 * t;  // this lane's first map
-            const float* __restrict__ xc = band_buf + buf * 5624 + y0 * 72 + x0 + g + t;
+        const int valid = 4356;
+        for (int tile0 = pg * 4; tile0 < 273; tile0 += 56) {
+            // Band offset + t of this lane's pixels g and g+8 in each of its 4 tile(s);
+            // pixels past the band read pixel 0 and are not stored.
+            int pa[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int px = (tile0 + i) * 16 + g + 8 * h;
+                    px = px < 4356 ? px : 0;
+                    pa[i][h] = px / 66 * 72 + px % 66 + t;
+                }
+            float acc[4][2][4] = {};
+            const float* __restrict__ xc = band_buf + buf * 5192;
             const float2* __restrict__ wc = reinterpret_cast<const float2*>(smem) + mg * 64 + lane;
-            float* __restrict__ yo = yb + m0 * 4356 + y0 * 66 + x0 + g;
-            if (y0 + 8 <= 66)
-                warp_tile_4(xc, wc, yo, valid - y0, x0 + g < 66, m0);
-            else  // the band's last 2 row(s)
-                warp_tile_1(xc, wc, yo, valid - y0, x0 + g < 66, m0);
+            {
+                {  // k step 0: quads at band offsets 0 and 4
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 0]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 0]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[0 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 1: quads at band offsets 72 and 76
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 72]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 72]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 76]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 76]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[64 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 2: quads at band offsets 144 and 148
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 144]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 144]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 148]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 148]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[128 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 3: quads at band offsets 216 and 220
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 216]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 216]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 220]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 220]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[192 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 4: quads at band offsets 288 and 292
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 288]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 288]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 292]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 292]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[256 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 5: quads at band offsets 360 and 364
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 360]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 360]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 364]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 364]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[320 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 6: quads at band offsets 432 and 436
+                    unsigned a[4][4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 432]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 432]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 436]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 436]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 b = wc[384 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+            }
+
+            // Accumulator e of fragment (i, j): pixel 16*(tile0+i) + g + 8*(e/2), map 8*(2*mg+j) + 2t + e%2.
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int px = (tile0 + i) * 16 + g + 8 * h;
+                    if (px < valid) {
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) {
+                            const int m = (2 * mg + j) * 8 + 2 * t;
+                            if (m < 12)
+                                yb[m * 4356 + px] = acc[i][j][2 * h];
+                            if (m + 1 < 12)
+                                yb[(m + 1) * 4356 + px] = acc[i][j][2 * h + 1];
+                        }
+                    }
+                }
         }
         __syncthreads();  // every warp is done with this band before it is refilled
     }

@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 17 + r) * 72 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1224 * 1224 + e / 72 % 17 * 72 + e % 72;
-}
-
 // Copy work item `item` (image item / 6, output rows 11*(item % 6) + 0..10)
 // into a band buffer: 1 channel(s) x 17 rows x 72 columns, zero outside the image.
-// Thread i copies elements i, i + 121, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 6) * 5184;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 72u && (unsigned)ix < 72u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1224 + r * 72 + col, inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
     }
 }
 

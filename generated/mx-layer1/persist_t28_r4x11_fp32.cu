@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 34 + r) * 72 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 2448 * 2448 + e / 72 % 34 * 72 + e % 72;
-}
-
 // Copy work item `item` (image item / 3, output rows 28*(item % 3) + 0..27)
 // into a band buffer: 1 channel(s) x 34 rows x 72 columns, zero outside the image.
-// Thread i copies elements i, i + 504, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 3) * 5184;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 72u && (unsigned)ix < 72u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 2448 + r * 72 + col, inside ? xn + c * 5184 + iy * 72 + ix : x, inside ? 4 : 0);
     }
 }
 

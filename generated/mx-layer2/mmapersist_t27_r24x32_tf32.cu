@@ -9,14 +9,14 @@
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   output        24 x 27 x 27                   Ho = H + 2*pad - K + 1 = 33+0-7+1
-//   fragment      mma.m16n8k8, tf32              8 columns x 2 rows of pixels, 8 maps, 8 taps
-//   k padding     588 -> 672 (12.5% zeros)       window rows padded to 8 taps: 12 quad pair(s) x 7 window rows = 84 k steps
-//   warp tile     8 x 4 pixels x 24 maps         2 m16 tile(s) x 3 n8 tile(s), 24 accumulators per thread; 20 A loads per quad pair for 42 mma
-//   work item     27 output rows, 28 warp tiles  1 map group(s) x 4 strips x 7 row group(s); 16% of the columns past the edge; 1 item(s) per image
-//   block         320 threads                    10 warps take the warp tiles in turn
-//   smem B        64512 B                        12 pairs x 7 rows x 3 map tiles x 32 lanes x 2, tf32, staged once
-//   smem bands    2 x 53888 B [12][34][33]       C x (rows the warp tiles read = 34) x (W+2*pad = 33), double-buffered with cp.async
-// Kernel   mmapersist_t27_r24x32_tf32: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 172288 B dynamic shared memory (opt-in)
+//   fragment      mma.m16n8k8, tf32              16 pixels x 8 maps x 8 taps, fp32 accumulators
+//   k padding     588 -> 672 (12.5% zeros)       window rows padded to 8 taps: 84 k steps
+//   warp          2 x 3 mma per k step           register tile 32 pixels x 24 maps = 24 accumulators per thread
+//   block         384 threads                    1 map group(s) x 12 pixel group(s) of warps
+//   work item     27 output rows = 729 pixels    46 m16 tiles in 2 pass(es) of 24 (4% idle); 1 item(s) per image
+//   smem B        64512 B                        84 k steps x 3 map tiles x 32 lanes x 2, tf32, staged once
+//   smem bands    2 x 52304 B [12][33][33]       C x (rows+K-1) x (W+2*pad = 33, padded to 33: 1-way bank conflicts at worst), double-buffered with cp.async
+// Kernel   mmapersist_t27_r24x32_tf32: block 384x1x1, grid (min(B, blocks resident on the device), 1, 1), 169120 B dynamic shared memory (opt-in)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -31,27 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 33 + r) * 33 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1089 * 1122 + e / 33 % 33 * 33 + e % 33;
-}
-
 // Copy work item `item` (image item / 1, output rows 27*(item % 1) + 0..26)
 // into a band buffer: 12 channel(s) x 33 rows x 33 columns, zero outside the image.
-// Thread i copies elements i, i + 320, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 13068;
     const int iy0 = item % 1 * 27 - 0;
-    for (int e = threadIdx.x; e < 13068; e += 320) {
+    for (int e = threadIdx.x; e < 13068; e += 384) {
         const int c = e / 1089;
         const int r = e / 33 % 33;
         const int col = e % 33;
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 33u && (unsigned)ix < 33u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1089 + iy * 33 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1089 + r * 33 + col, inside ? xn + c * 1089 + iy * 33 + ix : x, inside ? 4 : 0);
     }
 }
 
@@ -61,16 +54,6 @@ __device__ __forceinline__ unsigned to_tf32(float f)
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
     return r;
-}
-
-// Round this thread's own elements of a band that has arrived (cp.async.wait_group makes
-// a thread's copies visible to it) to tf32 in place, so the A loads need no conversion.
-__device__ __forceinline__ void round_band(float* __restrict__ band)
-{
-    for (int e = threadIdx.x; e < 13068; e += 320) {
-        float* v = band + band_slot(e);
-        *v = __uint_as_float(to_tf32(*v));
-    }
 }
 
 // d += a * b on one m16n8k8 fragment: 16 pixels x 8 maps x 8 taps, tf32 in, fp32 out.
@@ -83,153 +66,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A warp tile of 2 m16 tile(s) stacked down the band: 8 columns x 4 output rows x 24 maps.
-// xc: the band at the tile's first row and this lane's column + t; wc: this warp's B fragments;
-// yo: y at the lane's first output and map m0.  For quad pair k, input row r of the window
-// rows is loaded once into a[1], a[3] and serves tile i at window row r-1-2i, with the row
-// before it (a[0], a[2]) as the fragment's rows g.
-__device__ __forceinline__ void warp_tile_2(const float* __restrict__ xc, const float2* __restrict__ wc, float* __restrict__ yo, int rows_left, bool col_ok, int m0)
-{
-    float acc[2][3][4] = {};
-#pragma unroll 1
-    for (int it = 0; it < 12; ++it, xc += 1122, wc += 672) {
-        {  // quad pair 0: taps at band offsets 0 (channel 0) and 4 (channel 0) of each window row
-            float2 b[7][3];  // B fragments of the 7 window rows
-#pragma unroll
-            for (int ky = 0; ky < 7; ++ky)
-#pragma unroll
-                for (int j = 0; j < 3; ++j)
-                    b[ky][j] = wc[0 + ky * 96 + 32 * j];
-            // A of input rows r-1 and r: q[r % 2] = {row r-1, row r} x {quad 0, quad 1};
-            // row r is loaded into q[r % 2] and copied into q[(r + 1) % 2] for the next row.
-            unsigned q[2][4];
-            q[0][1] = __float_as_uint(xc[0]);  // input row 0
-            q[0][3] = __float_as_uint(xc[4]);
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[33]);  // input row 1
-            q[1][3] = __float_as_uint(xc[37]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 0
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[66]);  // input row 2
-            q[0][3] = __float_as_uint(xc[70]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 1
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[99]);  // input row 3
-            q[1][3] = __float_as_uint(xc[103]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 2
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 0
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[0][j].x), __float_as_uint(b[0][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[132]);  // input row 4
-            q[0][3] = __float_as_uint(xc[136]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 3
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 1
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[1][j].x), __float_as_uint(b[1][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[165]);  // input row 5
-            q[1][3] = __float_as_uint(xc[169]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 4
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 2
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[2][j].x), __float_as_uint(b[2][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[198]);  // input row 6
-            q[0][3] = __float_as_uint(xc[202]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 5
-                mma_tf32(acc[0][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 3
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[3][j].x), __float_as_uint(b[3][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[231]);  // input row 7
-            q[1][3] = __float_as_uint(xc[235]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 0, window row 6
-                mma_tf32(acc[0][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 4
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[4][j].x), __float_as_uint(b[4][j].y));
-            q[0][0] = q[1][1];
-            q[0][2] = q[1][3];
-            q[0][1] = __float_as_uint(xc[264]);  // input row 8
-            q[0][3] = __float_as_uint(xc[268]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 5
-                mma_tf32(acc[1][j], q[0], __float_as_uint(b[5][j].x), __float_as_uint(b[5][j].y));
-            q[1][0] = q[0][1];
-            q[1][2] = q[0][3];
-            q[1][1] = __float_as_uint(xc[297]);  // input row 9
-            q[1][3] = __float_as_uint(xc[301]);
-#pragma unroll
-            for (int j = 0; j < 3; ++j)  // tile 1, window row 6
-                mma_tf32(acc[1][j], q[1], __float_as_uint(b[6][j].x), __float_as_uint(b[6][j].y));
-        }
-    }
-    // Accumulator e of fragment (i, j): output row 2i + e/2, map m0 + 8j + e%2.
-    if (!col_ok)
-        return;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (2 * i + h < rows_left)
-#pragma unroll
-                for (int j = 0; j < 3; ++j) {
-                    yo[8 * j * 729 + (2 * i + h) * 27] = acc[i][j][2 * h];
-                    yo[(8 * j + 1) * 729 + (2 * i + h) * 27] = acc[i][j][2 * h + 1];
-                }
-}
-
-// At least one block per SM: 24 accumulators and 42 B registers per thread need room.
-extern "C" __global__ void __launch_bounds__(320, 1)
+// At least one block per SM: the 24 accumulators and 8 A registers of 2 x 3 fragments need room.
+extern "C" __global__ void __launch_bounds__(384, 1)
 mmapersist_t27_r24x32_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int batch)
 {
-    // 172288 B, sized at launch: B fragments [12][7][3][32][2] (tf32),
-    // then two bands [12][34][33] of 13472 floats from float 16128.
+    // 169120 B, sized at launch: B fragments [84][3][32][2] (tf32),
+    // then two bands [12][33][33] of 13076 floats from float 16128.
     extern __shared__ __align__(16) float smem[];
     float* __restrict__ band_buf = smem + 16128;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int g = lane / 4;  // fragment row: column g of a tile (rows g and g+8), map g of B
+    const int g = lane / 4;  // fragment row: pixel g and g+8 of a tile, map g of B
     const int t = lane % 4;  // fragment column: tap t of a quad
+    const int mg = warp % 1;  // maps 24*mg ..
+    const int pg = warp / 1;  // pixel tiles 2*pg .. of each pass
     const int items = batch * 1;
 
-    // B fragments once per block.  Element (k, ky, j, l, h): the weight of map 8j + l/4 at
-    // window row ky, tap l%4 of quad 2k+h; quad q is channel q/2, taps 4*(q%2) ..; zero past K, C or M.
-    for (int e = threadIdx.x; e < 16128; e += 320) {
+    // B fragments once per block.  Element (s, j, l, h): the weight of map 8j + l/4 at tap
+    // l%4 of quad 2s+h; quad q is channel q/14, window row q%14/2, taps 4*(q%2) ..; zero past K, C or M.
+    for (int e = threadIdx.x; e < 16128; e += 384) {
         const int l = e / 2 % 32;
-        const int q = e / 1344 * 2 + e % 2;
-        const int ky = e / 192 % 7;
+        const int q = e / 192 * 2 + e % 2;
         const int m = e / 64 % 3 * 8 + l / 4;
-        const int c = q / 2;
+        const int c = q / 14;
+        const int ky = q % 14 / 2;
         const int kx = q % 2 * 4 + l % 4;
         const bool real = m < 24 && c < 12 && kx < 7;
         smem[e] = __uint_as_float(to_tf32(real ? __ldg(&w[((m * 12 + c) * 7 + ky) * 7 + kx]) : 0.0f));
     }
     // Zero both bands once: the row pad, the padding channel and the slack that the quad
     // padding reads are never copied into, and must hold finite numbers (0 * NaN = NaN).
-    for (int e = threadIdx.x; e < 26944; e += 320)
+    for (int e = threadIdx.x; e < 26152; e += 384)
         band_buf[e] = 0.0f;
     __syncthreads();
 
@@ -240,25 +108,167 @@ mmapersist_t27_r24x32_tf32(const float* __restrict__ x, const float* __restrict_
     for (int buf = 0; item < items; item += gridDim.x, buf ^= 1) {
         // Prefetch the next item into the other buffer, then wait for this one.
         if (item + gridDim.x < items)
-            stage(band_buf + (buf ^ 1) * 13472, x, item + gridDim.x);
+            stage(band_buf + (buf ^ 1) * 13076, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
-        round_band(band_buf + buf * 13472);
         __syncthreads();
 
         const int oy0 = item % 1 * 27;
         float* __restrict__ yb = y + (size_t)(item / 1) * 17496 + oy0 * 27;
-        const int valid = min(27, 27 - oy0);  // output rows of this item
-        // Warp tile u: maps of group u / 28, columns 8 * (u / 7 % 4) .., rows 4 * (u % 7) ..
-        for (int u = warp; u < 28; u += 10) {
-            const int mg = u / 28;
-            const int x0 = u / 7 % 4 * 8;
-            const int y0 = u % 7 * 4;
-            const int m0 = 24 * mg + 2 * t;  // this lane's first map
-            const float* __restrict__ xc = band_buf + buf * 13472 + y0 * 33 + x0 + g + t;
+        const int valid = 729;
+        for (int tile0 = pg * 2; tile0 < 46; tile0 += 24) {
+            // Band offset + t of this lane's pixels g and g+8 in each of its 2 tile(s);
+            // pixels past the band read pixel 0 and are not stored.
+            int pa[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int px = (tile0 + i) * 16 + g + 8 * h;
+                    px = px < 729 ? px : 0;
+                    pa[i][h] = px / 27 * 33 + px % 27 + t;
+                }
+            float acc[2][3][4] = {};
+            const float* __restrict__ xc = band_buf + buf * 13076;
             const float2* __restrict__ wc = reinterpret_cast<const float2*>(smem) + mg * 96 + lane;
-            float* __restrict__ yo = yb + m0 * 729 + y0 * 27 + x0 + g;
-            warp_tile_2(xc, wc, yo, valid - y0, x0 + g < 27, m0);
+#pragma unroll 1
+            for (int it = 0; it < 12; ++it, xc += 1089, wc += 672) {
+                {  // k step 0: quads at band offsets 0 and 4
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 0]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 0]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 4]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 4]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[0 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 1: quads at band offsets 33 and 37
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 33]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 33]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 37]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 37]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[96 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 2: quads at band offsets 66 and 70
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 66]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 66]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 70]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 70]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[192 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 3: quads at band offsets 99 and 103
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 99]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 99]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 103]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 103]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[288 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 4: quads at band offsets 132 and 136
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 132]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 132]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 136]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 136]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[384 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 5: quads at band offsets 165 and 169
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 165]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 165]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 169]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 169]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[480 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+                {  // k step 6: quads at band offsets 198 and 202
+                    unsigned a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        a[i][0] = to_tf32(xc[pa[i][0] + 198]);
+                        a[i][1] = to_tf32(xc[pa[i][1] + 198]);
+                        a[i][2] = to_tf32(xc[pa[i][0] + 202]);
+                        a[i][3] = to_tf32(xc[pa[i][1] + 202]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) {
+                        const float2 b = wc[576 + 32 * j];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i)
+                            mma_tf32(acc[i][j], a[i], __float_as_uint(b.x), __float_as_uint(b.y));
+                    }
+                }
+            }
+
+            // Accumulator e of fragment (i, j): pixel 16*(tile0+i) + g + 8*(e/2), map 8*(3*mg+j) + 2t + e%2.
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int px = (tile0 + i) * 16 + g + 8 * h;
+                    if (px < valid) {
+#pragma unroll
+                        for (int j = 0; j < 3; ++j) {
+                            const int m = (3 * mg + j) * 8 + 2 * t;
+                            yb[m * 729 + px] = acc[i][j][2 * h];
+                            yb[(m + 1) * 729 + px] = acc[i][j][2 * h + 1];
+                        }
+                    }
+                }
         }
         __syncthreads();  // every warp is done with this band before it is refilled
     }

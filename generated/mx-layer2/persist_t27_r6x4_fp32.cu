@@ -31,15 +31,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most one committed group (the band being prefetched) is in flight.
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Element e of a work item's band, e = (c * 33 + r) * 34 + col: its slot in a band buffer.
-__device__ __forceinline__ int band_slot(int e)
-{
-    return e / 1122 * 1188 + e / 34 % 33 * 36 + e % 34;
-}
-
 // Copy work item `item` (image item / 1, output rows 27*(item % 1) + 0..26)
 // into a band buffer: 12 channel(s) x 33 rows x 34 columns, zero outside the image.
-// Thread i copies elements i, i + 756, ...
 __device__ __forceinline__ void stage(float* __restrict__ band, const float* __restrict__ x, int item)
 {
     const float* __restrict__ xn = x + (size_t)(item / 1) * 13068;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void stage(float* __restrict__ band, const float* __r
         const int iy = iy0 + r;
         const int ix = col - 0;
         const bool inside = (unsigned)iy < 33u && (unsigned)ix < 33u;
-        cp_async4(band + band_slot(e), inside ? xn + c * 1089 + iy * 33 + ix : x, inside ? 4 : 0);
+        cp_async4(band + c * 1188 + r * 36 + col, inside ? xn + c * 1089 + iy * 33 + ix : x, inside ? 4 : 0);
     }
 }
 

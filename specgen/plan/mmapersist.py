@@ -8,19 +8,21 @@ next band's ``cp.async`` copy in flight while the current one is computed.
 
 The GEMM is D[pixel][map] = sum_k A[pixel][k] * B[k][map]: output pixels are the
 mma's 16 rows, maps its 8 columns.  Each window row is padded to whole quads of 4 taps
-(K=7 -> 8, one zero weight), and a k step of the m16n8k8 mma is a pair of quads of the
-same window row ky (two quads of one channel, or one quad of two channels).
+(K=7 -> 8, one zero weight), and a k step of the m16n8k8 mma is two consecutive quads
+in (channel, window row, quad) order.
 
-The shape of an m16 pixel tile is what makes it cheap: 8 neighbouring pixels of one
-output row (fragment rows g) over the same 8 pixels one row down (rows g+8).  Then
-for window row ky the tile's A fragment is input rows y+ky and y+ky+1 at the lane's
-column, and a warp that stacks P such tiles (8 columns x 2P output rows) reads each of
-its 2P+K-1 input rows once per quad pair: the registers of input row r serve tile i
-at window row r-2i and r-2i-1.  That is 2*(2P+K-1) shared loads where a flat tile
-needs 4*P*K; the flat version of this kernel was limited by the shared-load queue
-(Nsight Compute, layer2, 2026-11-21: MIO throttle 35% of stall cycles, tensor pipe
-32% busy).  The B fragments of a quad pair, all K window rows x NT map tiles, are
-loaded into registers once and used by every tile of the warp.
+A warp owns P m16 tiles of 16 consecutive output pixels of the band (flat: a tile may
+run on into the next row) x NT n8 map tiles.  Lane (g, t) needs tap t of each quad for
+pixels g and g+8 of a tile: the band at (pixel base + t) + (the quad's offset), a
+register plus a literal, so the window costs no address arithmetic.  Per k step that is
+4P shared loads for A and NT 8-byte loads for B feeding P*NT mma.  Rounding the band
+to tf32 in place once per item, instead of at every A load, measured no faster
+(layer2 0.94 ms, mx-layer2 1.80, H200, 2026-11-21): the pass costs what it saves.
+
+A 'stacked' tile (8 columns x 2 rows, P tiles down the band, each input row loaded once
+for every window row it serves) cut the A loads 3x and measured no faster on the H200
+(layer2 0.90 ms against 0.89, mx-layer2 1.96 against 1.77, 2026-11-21): its 8-column
+strips waste 18% of 34- and 27-wide rows, and it issued more instructions per mma.
 """
 
 from __future__ import annotations
@@ -33,16 +35,57 @@ from .common import (
     Launch,
     Plan,
     Size,
+    bank_conflict_degree,
     ceil_div,
     shape_context,
 )
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: P pixel tiles x NT map tiles x 4
-MAX_B_REGISTERS = 64  # B fragments of one quad pair held per thread: K x NT x 2
 MAX_WARPS = 16
-# Quad pairs are straight-line code up to this many; beyond, a loop over channel
+MIN_WARPS = 8
+# The k steps are straight-line code up to this many; beyond, a loop over channel
 # groups whose body is straight-line (NVRTC's time grows fast with the body).
-FULL_UNROLL_PAIRS = 8
+FULL_UNROLL_STEPS = 32
+SLACK = 8  # floats after the last plane: the quad padding of the last row reads there
+
+
+def _row_stride(iw: int, wo: int) -> tuple[int, int]:
+    """(stride, conflict degree): the input row pad, at most 7 floats, that gives the
+    fewest bank conflicts over the A loads of the 16-pixel tiles of a band's first rows
+    (flat pixel p sits at p // Wo * stride + p % Wo, lane (g, t) reads + t)."""
+    best = None
+    for pad in range(8):
+        stride = iw + pad
+        worst = 1
+        for tile in range(max(1, ceil_div(4 * wo, 16))):
+            for half in (0, 8):
+                addrs = []
+                for lane in range(32):
+                    p = tile * 16 + half + lane // 4
+                    addrs.append(p // wo * stride + p % wo + lane % 4)
+                worst = max(worst, bank_conflict_degree(addrs))
+        if best is None or worst < best[1]:
+            best = (stride, worst)
+    return best
+
+
+def _warp_grid(tiles: int, p: int, map_groups: int, registers: int) -> tuple[int, int]:
+    """(pixel groups per block, passes per item).  The block's warps are map_groups x
+    pixel groups.  Each of the 4 schedulers of an SM has 16384 registers and gets every
+    4th warp, so at `registers` per thread at most 4 * 16384 // (32 * registers) warps
+    fit.  At least MIN_WARPS where the item has the tiles (a warp waits on its shared
+    loads and mma; the others fill the gaps); among those, the fewest tile slots
+    (passes * groups * P) that cover the item's tiles, then the most warps."""
+    fit = 4 * (16384 // (32 * min(255, ceil_div(registers, 8) * 8)))
+    most = max(1, min(MAX_WARPS, fit) // map_groups)
+    least = min(most, max(1, ceil_div(MIN_WARPS, map_groups)), ceil_div(tiles, p))
+    best = None
+    for pg in range(least, most + 1):
+        passes = ceil_div(tiles, pg * p)
+        key = (passes * pg * p, -pg)
+        if best is None or key < best[0]:
+            best = (key, pg, passes)
+    return best[1], best[2]
 
 
 def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
@@ -66,8 +109,7 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
         )
     if pw < 16 or pw % 16:
         raise SpecError(
-            f"register tile pixels {pw}: a warp takes whole m16 tiles (8 columns x 2 rows); "
-            "choose 16, 32, 48 or 64"
+            f"register tile pixels {pw}: a warp takes whole m16 pixel tiles; choose 16, 32, 48 or 64"
         )
     nt, p = mw // 8, pw // 16
     if 4 * nt * p > MAX_ACCUMULATORS:
@@ -75,48 +117,30 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
             f"register tile {mw}x{pw} = {4 * nt * p} accumulators per thread, over "
             f"{MAX_ACCUMULATORS}; choose fewer maps or pixels per warp"
         )
-    if 2 * K * nt > MAX_B_REGISTERS:
-        raise SpecError(
-            f"a warp holds the B fragments of K={K} window rows x {nt} map tiles = "
-            f"{2 * K * nt} registers per thread, over {MAX_B_REGISTERS}; choose fewer maps "
-            f"per warp (at most {8 * max(1, MAX_B_REGISTERS // (2 * K))})"
-        )
     quads_per_row = ceil_div(K, 4)
     kx_pad = 4 * quads_per_row
-    group = 1 if quads_per_row % 2 == 0 else 2  # channels per whole number of quad pairs
+    per_channel = K * quads_per_row  # quads of one channel
+    group = 1 if per_channel % 2 == 0 else 2  # channels per whole number of k steps
     c_pad = ceil_div(C, group) * group
-    pairs = c_pad * quads_per_row // 2
-    steps = pairs * K
+    steps = c_pad * per_channel // 2
     map_groups = ceil_div(map_tiles, nt)
     map_tiles = map_groups * nt  # B holds zero maps up to whole map groups
-    strips = ceil_div(Wo, 8)  # 8-column strips of the band
-    row_groups = ceil_div(rows, 2 * p)  # 2P-row groups of the band
-    units = map_groups * strips * row_groups  # warp tiles per work item
-    # Warps: as many as the registers allow, then the fewest that take the warp tiles
-    # in as few rounds.  Each of the 4 schedulers of an SM has 16384 registers and gets
-    # every 4th warp of the block, so warps come in fours: 128 registers per thread at
-    # 16 warps, 168 at 12, 255 at 8.  A thread needs its accumulators, the B fragments
-    # of a quad pair, and about 80 more (ptxas, layer2: 138 at 32 + 28).
-    registers = ceil_div(4 * p * nt + 2 * K * nt + 80, 8) * 8
-    most = max(1, min(MAX_WARPS, 4 * (16384 // (32 * min(255, registers)))))
-    rounds = ceil_div(units, most)
-    warps = ceil_div(units, rounds)
+    pixels = rows * Wo
+    tiles = ceil_div(pixels, 16)
+    # Registers: accumulators, the A fragments of a step and about 60 for the rest
+    # (ptxas, layer2 r16x48: 106).
+    pg, passes = _warp_grid(tiles, p, map_groups, 4 * nt * p + 4 * p + 60)
+    warps = map_groups * pg
     threads = 32 * warps
 
-    iw = Wo + K - 1  # = W + 2*pad columns: the halo is stored
-    ih = row_groups * 2 * p + K - 1  # every row a warp tile reads, past the band zeroed
-    stride = iw  # a warp's A load reads 11 neighbouring words of one row: no bank conflicts
-    # The last strip reads up to 8*strips - 1 + kx_pad - 1 columns; those past the row
-    # run into the next row (finite, multiplied by a zero or not stored), those past the
-    # last plane into a zeroed slack.
-    slack = ceil_div(8 * strips + kx_pad - iw, 4) * 4
+    iw, ih = Wo + K - 1, rows + K - 1  # = W + 2*pad columns: the halo is stored
+    stride, degree = _row_stride(iw, Wo)
     plane = ih * stride
-    band = ceil_div(c_pad * plane + slack, 4) * 4
-    w_words = steps * map_tiles * 64  # B fragments: [pair][ky][map tile][lane][2]
+    band = ceil_div(c_pad * plane + SLACK, 4) * 4
+    w_words = steps * map_tiles * 64  # B fragments: [step][map tile][lane][2]
 
     def smem_bytes(r: int) -> int:
-        rg = ceil_div(r, 2 * p)
-        return 4 * (w_words + 2 * ceil_div(c_pad * (rg * 2 * p + K - 1) * stride + slack, 4) * 4)
+        return 4 * (w_words + 2 * ceil_div(c_pad * (r + K - 1) * stride + SLACK, 4) * 4)
 
     nbytes = smem_bytes(rows)
     if nbytes > OPTIN_SMEM_BYTES:
@@ -128,116 +152,94 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
             f"bytes per block; {hint}"
         )
 
-    def quad(qi: int) -> tuple[int, int]:
-        """Band offset of quad qi's first tap within a window row, and its channel."""
-        c, qx = divmod(qi, quads_per_row)
-        return c * plane + 4 * qx, c
+    def quad_offset(q: int) -> int:
+        c, rest = divmod(q, per_channel)
+        ky, qx = divmod(rest, quads_per_row)
+        return c * plane + ky * stride + 4 * qx
 
-    unrolled = pairs <= FULL_UNROLL_PAIRS
-    body_pairs = pairs if unrolled else group * quads_per_row // 2
-
-    def row_plan(tp: int) -> list[dict]:
-        """The input rows of one quad pair in order for a warp tile of tp m16 tiles;
-        after loading row r, tile i takes its window row r-1-2i (input rows r-1 and r
-        are its fragment rows g and g+8)."""
-        out = []
-        for r in range(2 * tp + K - 1):
-            uses = [dict(i=i, ky=r - 1 - 2 * i) for i in range(tp) if 0 <= r - 1 - 2 * i < K]
-            out.append(dict(r=r, off=r * stride, uses=uses))
-        return out
-
-    # A band whose last row group is short gets a second, shorter warp tile for it.
-    last = ceil_div(rows - (row_groups - 1) * 2 * p, 2)
-    guard_tiles = last < p
-    tiles = [dict(p=p, rows=row_plan(p))] + (
-        [dict(p=last, rows=row_plan(last))] if guard_tiles else []
-    )
-    body = []
-    for k in range(body_pairs):
-        (qa, ca), (qb, cb) = quad(2 * k), quad(2 * k + 1)
-        body.append(dict(k=k, a=qa, b=qb, ca=ca, cb=cb, w=k * K * map_tiles * 32))
+    unrolled = steps <= FULL_UNROLL_STEPS
+    body_steps = steps if unrolled else group * per_channel // 2
+    body = [
+        dict(s=s, a=quad_offset(2 * s), b=quad_offset(2 * s + 1), w=s * map_tiles * 32)
+        for s in range(body_steps)
+    ]
     bands_per_image = ceil_div(Ho, rows)
     ctx = dict(
         shape_context(shape),
         rows=rows,
         ih=ih,
+        stage_rows=ih,
         iw=iw,
         stride=stride,
         plane=plane,
         band=band,
-        band_total=C * (rows + K - 1) * iw,
-        band_pixels=(rows + K - 1) * iw,
-        stage_rows=rows + K - 1,
+        band_total=C * ih * iw,
+        band_pixels=ih * iw,
         zero_total=2 * band,
         w_words=w_words,
         bands_at=w_words,
         quads_per_row=quads_per_row,
-        kx_pad=kx_pad,
-        group=group,
+        per_channel=per_channel,
         c_pad=c_pad,
-        pairs=pairs,
         steps=steps,
         unrolled=unrolled,
         body=body,
-        tiles=tiles,
         iterations=c_pad // group,
         group_plane=group * plane,
-        group_w=body_pairs * K * map_tiles * 32,
-        ky_w=map_tiles * 32,
+        group_w=body_steps * map_tiles * 32,
         map_tiles=map_tiles,
         nt=nt,
         p=p,
         map_groups=map_groups,
-        strips=strips,
-        row_groups=row_groups,
-        units=units,
+        pixel_groups=pg,
         warps=warps,
         threads=threads,
+        pixels=pixels,
+        tiles=tiles,
         bands_per_image=bands_per_image,
-        guard_tiles=guard_tiles,
-        guard_rows=Ho % rows != 0 or row_groups * 2 * p != rows,
-        guard_cols=strips * 8 != Wo,
+        guard_rows=Ho % rows != 0,
         guard_maps=map_groups * nt * 8 != M,
         smem_bytes=nbytes,
         precision_note="x and w rounded to tf32 (cvt.rna), products accumulated in fp32",
     )
     kpad = c_pad * K * kx_pad
-    used = Wo * rows
-    slots = strips * 8 * rows
     sizes = [
         Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
-        Size("fragment", "mma.m16n8k8, tf32", "8 columns x 2 rows of pixels, 8 maps, 8 taps"),
+        Size("fragment", "mma.m16n8k8, tf32", "16 pixels x 8 maps x 8 taps, fp32 accumulators"),
         Size(
             "k padding",
             f"{shape.reduction} -> {kpad} ({100.0 * (kpad - shape.reduction) / kpad:.1f}% zeros)",
             f"window rows padded to {kx_pad} taps"
-            + (f", C to {c_pad}" if c_pad != C else "")
-            + f": {pairs} quad pair(s) x {K} window rows = {steps} k steps",
+            + (f", C to {c_pad} (whole k steps)" if c_pad != C else "")
+            + f": {steps} k steps",
         ),
         Size(
-            "warp tile",
-            f"8 x {2 * p} pixels x {mw} maps",
-            f"{p} m16 tile(s) x {nt} n8 tile(s), {4 * nt * p} accumulators per thread; "
-            f"{2 * (2 * p + K - 1)} A loads per quad pair for {p * K * nt} mma",
+            "warp",
+            f"{p} x {nt} mma per k step",
+            f"register tile {pw} pixels x {mw} maps = {4 * nt * p} accumulators per thread",
+        ),
+        Size(
+            "block",
+            f"{threads} threads",
+            f"{map_groups} map group(s) x {pg} pixel group(s) of warps",
         ),
         Size(
             "work item",
-            f"{rows} output rows, {units} warp tiles",
-            f"{map_groups} map group(s) x {strips} strips x {row_groups} row group(s); "
-            f"{100.0 * (1 - used / slots):.0f}% of the columns past the edge; "
+            f"{rows} output rows = {pixels} pixels",
+            f"{tiles} m16 tiles in {passes} pass(es) of {pg * p} "
+            f"({100.0 * (1 - tiles / (passes * pg * p)):.0f}% idle); "
             f"{bands_per_image} item(s) per image",
         ),
-        Size("block", f"{threads} threads", f"{warps} warps take the warp tiles in turn"),
         Size(
             "smem B",
             f"{4 * w_words} B",
-            f"{pairs} pairs x {K} rows x {map_tiles} map tiles x 32 lanes x 2, tf32, staged once",
+            f"{steps} k steps x {map_tiles} map tiles x 32 lanes x 2, tf32, staged once",
         ),
         Size(
             "smem bands",
             f"2 x {4 * band} B [{c_pad}][{ih}][{stride}]",
-            f"C x (rows the warp tiles read = {ih}) x (W+2*pad = {iw}"
-            "), double-buffered with cp.async",
+            f"C x (rows+K-1) x (W+2*pad = {iw}, padded to {stride}: {degree}-way bank "
+            "conflicts at worst), double-buffered with cp.async",
         ),
     ]
     launch = Launch(
