@@ -100,6 +100,20 @@ def direct_tiles(shape: ConvShape) -> tuple[int, ...]:
     return fits or (4,)
 
 
+def _tallest_band(shape: ConvShape, v: Variant, most: int) -> Variant:
+    """v with the tallest band of at most `most` output rows that the planner accepts;
+    the planner's error for one row if none is."""
+    error = None
+    for rows in range(min(shape.Ho, most), 0, -1):
+        candidate = replace(v, tile=rows).canonical()
+        try:
+            make_plan(shape, candidate)
+            return candidate
+        except SpecError as e:
+            error = e
+    raise error
+
+
 def default_persist(shape: ConvShape) -> Variant:
     """A persist variant without tuning: 4 maps (or fewer) by a row segment of at most
     12 pixels, and the tallest band whose buffers fit in a block of at most 512
@@ -108,15 +122,7 @@ def default_persist(shape: ConvShape) -> Variant:
     segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 12)
     tx = -(-shape.Wo // segs)
     most = max(1, 512 // (shape.M // tm * segs))
-    error = None
-    for rows in range(min(shape.Ho, most), 0, -1):
-        v = Variant(strategy=Strategy.PERSIST, tile=rows, regtile=(tm, tx)).canonical()
-        try:
-            make_plan(shape, v)
-            return v
-        except SpecError as e:
-            error = e
-    raise error
+    return _tallest_band(shape, Variant(strategy=Strategy.PERSIST, regtile=(tm, tx)), most)
 
 
 def default_mmapersist(shape: ConvShape) -> Variant:
@@ -124,20 +130,8 @@ def default_mmapersist(shape: ConvShape) -> Variant:
     tiles up to 32 accumulators per thread, and the tallest band that fits."""
     nt = min(-(-shape.M // 8), 3)
     p = max(1, min(4, 8 // nt))
-    error = None
-    for rows in range(shape.Ho, 0, -1):
-        v = Variant(
-            strategy=Strategy.MMAPERSIST,
-            tile=rows,
-            regtile=(8 * nt, 16 * p),
-            precision=Precision.TF32,
-        ).canonical()
-        try:
-            make_plan(shape, v)
-            return v
-        except SpecError as e:
-            error = e
-    raise error
+    v = Variant(strategy=Strategy.MMAPERSIST, regtile=(8 * nt, 16 * p), precision=Precision.TF32)
+    return _tallest_band(shape, v, shape.Ho)
 
 
 # The persistent strategies' defaults depend on the shape as a whole.
