@@ -15,9 +15,7 @@
 //   registers     64 accumulators + 6 pixels     cm*cy*cx = 16*1*4; cx+K-1 = 4+3-1
 // Kernel   direct_t8_x4y1m16_wglobal_lc_fp32: block 2x8x1, grid (1, 8, B)
 
-// A block smaller than a warp: without the explicit one block per SM, ptxas budgets
-// registers as if many such blocks shared the SM and capped this one at 128
-// (C=8 M=1 K=5, 4 threads: 88 B of spills).
+// A block smaller than a warp: one block per SM, or ptxas caps its registers at 128.
 extern "C" __global__ void __launch_bounds__(16, 1)
 direct_t8_x4y1m16_wglobal_lc_fp32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y)
 {

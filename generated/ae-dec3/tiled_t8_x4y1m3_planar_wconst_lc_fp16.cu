@@ -54,9 +54,7 @@ __device__ __forceinline__ float2 unpack_half2(unsigned h)
 // A warp reads one weight at a time, which the constant cache broadcasts.
 __constant__ unsigned wc[6912];
 
-// A block smaller than a warp: without the explicit one block per SM, ptxas budgets
-// registers as if many such blocks shared the SM and capped this one at 128
-// (C=8 M=1 K=5, 4 threads: 88 B of spills).
+// A block smaller than a warp: one block per SM, or ptxas caps its registers at 128.
 extern "C" __global__ void __launch_bounds__(16, 1)
 tiled_t8_x4y1m3_planar_wconst_lc_fp16(const float* __restrict__ x, float* __restrict__ y)
 {

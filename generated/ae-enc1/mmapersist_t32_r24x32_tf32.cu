@@ -245,7 +245,7 @@ mmapersist_t32_r24x32_tf32(const float* __restrict__ x, const float* __restrict_
                     if (px < valid) {
 #pragma unroll
                         for (int j = 0; j < 3; ++j) {
-                            const int m = (3 * mg + j) * 8 + 2 * t;
+                            const int m = mg * 24 + 8 * j + 2 * t;
                             if (m < 256)
                                 yb[m * 1024 + px] = acc[i][j][2 * h];
                             if (m + 1 < 256)

@@ -262,7 +262,7 @@ mmapersist_t80_r8x64_tf32(const float* __restrict__ x, const float* __restrict__
                     if (px < valid) {
 #pragma unroll
                         for (int j = 0; j < 1; ++j) {
-                            const int m = (1 * mg + j) * 8 + 2 * t;
+                            const int m = mg * 8 + 8 * j + 2 * t;
                             if (m < 4)
                                 yb[m * 6400 + px] = acc[i][j][2 * h];
                             if (m + 1 < 4)

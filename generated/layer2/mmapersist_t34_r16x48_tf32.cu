@@ -619,7 +619,7 @@ mmapersist_t34_r16x48_tf32(const float* __restrict__ x, const float* __restrict_
                     if (px < valid) {
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            const int m = (2 * mg + j) * 8 + 2 * t;
+                            const int m = mg * 16 + 8 * j + 2 * t;
                             yb[m * 1156 + px] = acc[i][j][2 * h];
                             yb[(m + 1) * 1156 + px] = acc[i][j][2 * h + 1];
                         }

@@ -262,7 +262,7 @@ mmapersist_t66_r16x64_tf32(const float* __restrict__ x, const float* __restrict_
                     if (px < valid) {
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            const int m = (2 * mg + j) * 8 + 2 * t;
+                            const int m = mg * 16 + 8 * j + 2 * t;
                             if (m < 12)
                                 yb[m * 4356 + px] = acc[i][j][2 * h];
                             if (m + 1 < 12)

@@ -263,7 +263,7 @@ mmapersist_t27_r24x64_tf32(const float* __restrict__ x, const float* __restrict_
                     if (px < valid) {
 #pragma unroll
                         for (int j = 0; j < 3; ++j) {
-                            const int m = (3 * mg + j) * 8 + 2 * t;
+                            const int m = mg * 24 + 8 * j + 2 * t;
                             yb[m * 729 + px] = acc[i][j][2 * h];
                             yb[(m + 1) * 729 + px] = acc[i][j][2 * h + 1];
                         }

@@ -213,6 +213,11 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         bw=bw,
         bh=bh,
         threads=bw * bh,
+        # A block smaller than a warp: without an explicit one block per SM, ptxas
+        # budgets registers as if many such blocks shared the SM and capped one at 128
+        # (C=8 M=1 K=5, 4 threads: 88 B of spills).  Larger blocks keep the plain bound
+        # (layer1's 32-thread winner: 128 registers, 162 with the explicit bound).
+        launch_bounds=f"{bw * bh}, 1" if bw * bh < 32 else f"{bw * bh}",
         tiles_x=tiles_x,
         tiles_y=tiles_y,
         map_groups=map_groups,

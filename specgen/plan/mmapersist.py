@@ -192,7 +192,12 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
         p=p,
         map_groups=map_groups,
         pixel_groups=pg,
-        warps=warps,
+        pass_tiles=pg * p,
+        warp_maps=8 * nt,
+        warp_fragments=32 * nt,  # float2 B fragments of one k step for a warp's maps
+        accumulators=4 * nt * p,
+        a_registers=4 * p,
+        step_words=64 * map_tiles,
         threads=threads,
         pixels=pixels,
         tiles=tiles,
