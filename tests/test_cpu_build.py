@@ -92,3 +92,39 @@ def test_corrupt_cache_entry_is_recompiled(tmp_path, monkeypatch):
     again = compile_source(src, "k")
     assert again.cubin == first.cubin
     assert cubins[0].read_bytes() == first.cubin
+
+
+def _register_hungry(bounds: str) -> str:
+    """A kernel that keeps 96 loaded floats live, under the given launch bounds."""
+    return bounds + """
+extern "C" __global__ void BOUNDS k(const float* __restrict__ x, float* __restrict__ y)
+{
+    float v[96];
+#pragma unroll
+    for (int i = 0; i < 96; ++i)
+        v[i] = x[threadIdx.x + 1024 * i];
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 96; ++i)
+        s = fmaf(s, v[i], v[95 - i]);
+#pragma unroll
+    for (int i = 0; i < 96; ++i)
+        y[threadIdx.x + 1024 * i] = v[i] * s;
+}
+"""
+
+
+def test_spilling_launch_bounds_fall_back_to_the_alternative(tmp_path, monkeypatch):
+    """(1024, 2) caps ptxas at 32 registers: 96 live floats spill.  A source that offers
+    a second choice gets it, and the cache remembers which; one that does not keeps its
+    spills for verify to report."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    with_alt = _register_hungry(
+        "#ifndef SPECGEN_ALT_BOUNDS\n#define BOUNDS __launch_bounds__(1024, 2)\n"
+        "#else\n#define BOUNDS __launch_bounds__(128, 1)\n#endif"
+    )
+    b = compile_source(with_alt, "k")
+    assert b.defines == ("SPECGEN_ALT_BOUNDS",) and b.spills == 0, b.resources
+    assert compile_source(with_alt, "k").defines == b.defines  # from the cache
+    fixed = compile_source(_register_hungry("#define BOUNDS __launch_bounds__(1024, 2)"), "k")
+    assert fixed.defines == () and fixed.spills > 0
