@@ -63,14 +63,14 @@ def variant_options(f):
         click.option(
             "--strategy",
             default=None,
-            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist",
+            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist, stream",
         ),
         click.option(
             "--tile",
             type=int,
             default=None,
             help="output tile edge (direct family), pixels per block (GEMM), "
-            "output rows per band (mmatile, persist, mmapersist)",
+            "output rows per band (mmatile, persist, mmapersist, stream)",
         ),
         click.option("--coarsening", default=None, help="outputs per thread: xAyBmC"),
         click.option("--layout", default=None, help="shared tile layout: planar or inter"),
@@ -83,6 +83,7 @@ def variant_options(f):
             help="register tile RxC: maps x pixels per thread (per warp for mmapersist)",
         ),
         click.option("--splits", type=int, default=None, help="split: channel groups"),
+        click.option("--maps", type=int, default=None, help="stream: output maps per block"),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -101,19 +102,21 @@ def build_variant(
     unroll=None,
     regtile=None,
     splits=None,
+    maps=None,
 ) -> Variant:
-    from .space import PERSISTENT_DEFAULTS, complete, default_coarsening
+    from .space import SHAPE_DEFAULTS, complete, default_coarsening
 
     if variant_name:
         return parse_variant_name(variant_name)
     v = Variant(strategy=parse_strategy(strategy) if strategy else Strategy.TILED)
-    if v.strategy in PERSISTENT_DEFAULTS:
-        base = PERSISTENT_DEFAULTS[v.strategy](shape)
+    if v.strategy in SHAPE_DEFAULTS:
+        base = SHAPE_DEFAULTS[v.strategy](shape)
         return replace(
             base,
             tile=tile if tile is not None else base.tile,
             regtile=parse_regtile(regtile) if regtile else base.regtile,
             precision=parse_precision(precision) if precision else base.precision,
+            maps=maps if maps is not None else base.maps,
         ).canonical()
     if precision:
         v = replace(v, precision=parse_precision(precision))

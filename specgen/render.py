@@ -22,6 +22,7 @@ DESCRIPTIONS = {
     Strategy.MMA: "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation",
     Strategy.MMATILE: "tensor cores (mma.sync) reading B fragments straight from a shared-memory band of the input",
     Strategy.MMAPERSIST: "persistent blocks on tensor cores: tf32 B fragments resident in shared memory, input bands double-buffered with cp.async, each warp pixel tiles x map tiles of mma.sync",
+    Strategy.STREAM: "weights and input bands streamed through shared memory a chunk of channels at a time (cp.async, double-buffered), each thread an outer product of maps x a row segment",
     Strategy.PERSIST: "persistent blocks: weights resident in shared memory, input bands double-buffered with cp.async, each thread an outer product of maps x a row segment",
 }
 

@@ -31,9 +31,13 @@ def device_arch() -> str:
 
 
 def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
-    """The host-side layout each plan asks for: plain fp32, or each weight as the
+    """The host-side layout each plan asks for: plain fp32, fp32 transposed to
+    [C][K][K][M] (a tap's maps adjacent, for 16-byte copies), or each weight as the
     half2 pair (w, w) in one 32-bit word for half2 arithmetic."""
-    w = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+    w = np.asarray(w, dtype=np.float32)
+    if fmt == "ckkm":
+        return np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
+    w = np.ascontiguousarray(w).reshape(-1)
     if fmt == "f32":
         return w
     bits = w.astype(np.float16).view(np.uint16).astype(np.uint32)

@@ -134,8 +134,25 @@ def default_mmapersist(shape: ConvShape) -> Variant:
     return _tallest_band(shape, v, shape.Ho)
 
 
-# The persistent strategies' defaults depend on the shape as a whole.
-PERSISTENT_DEFAULTS = {Strategy.PERSIST: default_persist, Strategy.MMAPERSIST: default_mmapersist}
+def default_stream(shape: ConvShape) -> Variant:
+    """A stream variant without tuning: 8 maps (or fewer) by a row segment of at most 8
+    pixels per thread, up to 128 maps per block, and the tallest band that keeps the
+    block within 256 threads (two blocks per SM)."""
+    tm = max(d for d in _divisors(shape.M) if d <= 8)
+    bm = max(d for d in _divisors(shape.M) if d <= 128 and d % tm == 0)
+    segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 8)
+    tx = -(-shape.Wo // segs)
+    most = max(1, 256 // (bm // tm * segs))
+    v = Variant(strategy=Strategy.STREAM, maps=bm, regtile=(tm, tx))
+    return _tallest_band(shape, v, most)
+
+
+# The defaults of these strategies depend on the shape as a whole, not on a tile.
+SHAPE_DEFAULTS = {
+    Strategy.PERSIST: default_persist,
+    Strategy.MMAPERSIST: default_mmapersist,
+    Strategy.STREAM: default_stream,
+}
 
 
 def default_set(shape: ConvShape) -> list[Variant]:
@@ -156,6 +173,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
         Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16),
         Variant(strategy=Strategy.MMATILE, tile=shape.Ho, precision=Precision.TF32),
         Variant(strategy=Strategy.PERSIST),
+        Variant(strategy=Strategy.STREAM),
         Variant(strategy=Strategy.MMAPERSIST, precision=Precision.TF32),
     ]
     out: list[Variant] = []
@@ -170,8 +188,8 @@ def default_set(shape: ConvShape) -> list[Variant]:
                 v = fitting_tile(shape, v, choices=direct_tiles(shape))
             elif v.strategy is Strategy.MMATILE:
                 v = fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
-            elif v.strategy in PERSISTENT_DEFAULTS:
-                v = PERSISTENT_DEFAULTS[v.strategy](shape)
+            elif v.strategy in SHAPE_DEFAULTS:
+                v = SHAPE_DEFAULTS[v.strategy](shape)
             else:
                 make_plan(shape, v)
         except SpecError:

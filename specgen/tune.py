@@ -112,6 +112,33 @@ def mmapersist_candidates(shape: ConvShape) -> list[Variant]:
     return out
 
 
+def stream_candidates(shape: ConvShape) -> list[Variant]:
+    """stream's space: register tiles of 32 to 128 accumulators (up to 16 maps by row
+    segments of up to 16 pixels that waste at most a sixth of a row), 4 to 32 map
+    groups per block (or all of M), bands of Ho/k rows, 64 to 512 threads."""
+    from .plan.persist import MAX_ACCUMULATORS
+
+    M, Wo, Ho = shape.M, shape.Wo, shape.Ho
+    even = {-(-Wo // segs) for segs in range(1, Wo + 1)}
+    even |= {-(-tx // 4) * 4 for tx in even}
+    pixels = [
+        tx for tx in sorted(even) if 4 <= tx <= min(16, Wo) and -(-Wo // tx) * tx - Wo <= Wo / 6
+    ]
+    rows = sorted({-(-Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
+    out = []
+    for tm in (d for d in range(1, 17) if M % d == 0):
+        blocks = {
+            bm
+            for bm in range(tm, M + 1, tm)
+            if M % bm == 0 and (bm // tm in (4, 8, 16, 32) or bm == M)
+        }
+        for bm, tx, r in itertools.product(sorted(blocks), pixels, rows):
+            threads = bm // tm * r * -(-Wo // tx)
+            if 32 <= tm * tx <= MAX_ACCUMULATORS and 64 <= threads <= 512:
+                out.append(Variant(strategy=Strategy.STREAM, tile=r, maps=bm, regtile=(tm, tx)))
+    return out
+
+
 def candidates(
     shape: ConvShape, precision: Precision, strategy: Strategy | None = None
 ) -> list[Variant]:
@@ -155,6 +182,7 @@ def candidates(
         out += mmapersist_candidates(shape)
     if precision is Precision.FP32:
         out += persist_candidates(shape)
+        out += stream_candidates(shape)
     from .plan.direct import unrolled_fmas
 
     valid, seen = [], set()

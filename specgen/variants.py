@@ -22,6 +22,7 @@ class Strategy(enum.Enum):
     MMATILE = "mmatile"  # tensor cores reading a shared-memory band of the input
     PERSIST = "persist"  # persistent blocks, weights resident, maps x row-segment outer products
     MMAPERSIST = "mmapersist"  # persist's pipeline with tensor cores: warps of mma fragments
+    STREAM = "stream"  # weights and input streamed by channel chunks, persist's outer products
 
     @property
     def family(self) -> str:
@@ -29,7 +30,7 @@ class Strategy(enum.Enum):
         register-tiled outer product of ``persist``, named like the GEMMs by its tile."""
         if self in GEMM_FAMILY:
             return "gemm"
-        return "outer" if self is Strategy.PERSIST else "direct"
+        return "outer" if self in OUTER_FAMILY else "direct"
 
 
 GEMM_FAMILY = (
@@ -39,6 +40,7 @@ GEMM_FAMILY = (
     Strategy.MMATILE,
     Strategy.MMAPERSIST,
 )
+OUTER_FAMILY = (Strategy.PERSIST, Strategy.STREAM)
 TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
 # Strategies whose name carries no register tile: their fragments are fixed.
 FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)
@@ -121,6 +123,7 @@ class Variant:
     unroll_channels: bool = True
     regtile: tuple[int, int] = (1, 1)  # GEMM family: maps x pixels per thread
     splits: int = 1  # split: how many channel groups
+    maps: int = 0  # stream: output maps per block (0 where the strategy has no such field)
 
     @property
     def name(self) -> str:
@@ -137,6 +140,8 @@ class Variant:
                 parts.append(f"s{self.splits}")
             parts.append("uc" if self.unroll_channels else "lc")
         elif s not in FIXED_FRAGMENT:
+            if s is Strategy.STREAM:
+                parts.append(f"m{self.maps}")
             parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
         parts.append(self.precision.value)
         return "_".join(parts)
@@ -154,12 +159,13 @@ class Variant:
                 unroll_channels=d.unroll_channels,
                 splits=1,
                 regtile=d.regtile if self.strategy in FIXED_FRAGMENT else self.regtile,
+                maps=self.maps if self.strategy is Strategy.STREAM else d.maps,
             )
         layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
         if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
             layout = Layout.PLANAR
         splits = self.splits if self.strategy is Strategy.SPLIT else 1
-        return replace(self, layout=layout, regtile=d.regtile, splits=splits)
+        return replace(self, layout=layout, regtile=d.regtile, splits=splits, maps=d.maps)
 
 
 def parse_variant_name(name: str) -> Variant:
@@ -179,6 +185,8 @@ def parse_variant_name(name: str) -> Variant:
             fields["weights"] = parse_weights(rest.pop())
             fields["layout"] = parse_layout(rest.pop()) if rest else Layout.NONE
         elif strategy not in FIXED_FRAGMENT:
+            if strategy is Strategy.STREAM:
+                fields["maps"] = int(rest.pop(0)[1:])
             fields["regtile"] = parse_regtile(rest.pop(0)[1:])
         if tile is None or rest:
             raise ValueError

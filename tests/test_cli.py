@@ -81,6 +81,10 @@ def test_emit_inline_spec(tmp_path):
         (["emit", "--shape", "layer1", "--strategy", "split"], "C=1"),
         (["emit", "--shape", "layer2", "--strategy", "mma"], "tf32 or fp16"),
         (["verify"], "give --shape S or --all"),
+        (
+            ["emit", "--shape", "ae-enc2", "--strategy", "stream", "--maps", "96"],
+            "maps per block 96 must divide M=128",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):

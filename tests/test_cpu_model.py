@@ -108,6 +108,15 @@ def test_persist_names_round_trip():
     assert parse_variant_name(v.name) == v
 
 
+def test_stream_names_carry_the_block_maps():
+    v = Variant(strategy=Strategy.STREAM, tile=8, maps=128, regtile=(8, 8)).canonical()
+    assert v.name == "stream_t8_m128_r8x8_fp32"
+    assert parse_variant_name(v.name) == v
+    assert Variant(strategy=Strategy.PERSIST, maps=64).canonical().maps == 0
+    with pytest.raises(SpecError, match="malformed variant name"):
+        parse_variant_name("stream_t8_r8x8_fp32")
+
+
 def test_mma_padding_is_exact_and_reported():
     p = make_plan(
         PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32)
@@ -179,6 +188,28 @@ def test_mma_padding_is_exact_and_reported():
             PRESETS["layer2"],
             Variant(strategy=Strategy.PERSIST, tile=34, regtile=(4, 12), precision=Precision.TF32),
             "exact fp32",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(
+                strategy=Strategy.STREAM, tile=8, maps=128, regtile=(8, 8), precision=Precision.TF32
+            ),
+            "exact fp32",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(strategy=Strategy.STREAM, tile=8, maps=96, regtile=(8, 8)),
+            "must divide M=128",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(strategy=Strategy.STREAM, tile=8, maps=64, regtile=(12, 8)),
+            "must divide the block's 64 maps",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(strategy=Strategy.STREAM, tile=16, maps=128, regtile=(2, 8)),
+            "choose --tile 8 or fewer",
         ),
     ],
 )
@@ -304,3 +335,87 @@ def test_mmapersist_fragment_indexing_computes_the_convolution(shape, variant):
     y = _emulate_mmapersist(shape, plan, x, w)
     assert not np.isnan(y).any()
     np.testing.assert_allclose(y, conv2d(x, w, shape.pad), rtol=1e-10, atol=1e-10)
+
+
+def _emulate_stream(shape, plan, x, w):
+    """The copies and arithmetic of templates/direct/stream.cu.j2 in numpy, thread by
+    thread (vectorized over threadIdx), from the plan's numbers: each thread's band and
+    weight copy slots into NaN-poisoned chunk buffers, the [C][K][K][M] weight layout,
+    the register tile's loads and the guarded stores.  A read of a word nobody wrote
+    poisons the output; exact products, so only the indexing is under test."""
+    from specgen.runtime import pack_weights
+
+    ctx = plan.context
+    M, K, pad, H, W, Ho, Wo = shape.M, shape.K, shape.pad, shape.H, shape.W, shape.Ho, shape.Wo
+    T, cb, KK, bm, tm, tx = (ctx[k] for k in ("threads", "cb", "KK", "bm", "tm", "tx"))
+    rows, iw, stride, plane, segs = (ctx[k] for k in ("rows", "iw", "stride", "plane", "segs"))
+    bpi, runs, vec = ctx["bands_per_image"], ctx["w_row_copies"], ctx["w_vec"]
+    wp = pack_weights(w, "ckkm").astype(np.float64)
+    tid = np.arange(T)
+    g, row, seg = tid // ctx["row_threads"], tid // segs % rows, tid % segs
+    y = np.full((x.shape[0], M, Ho, Wo), np.nan)
+    for blk in range(x.shape[0] * bpi * ctx["map_blocks"]):
+        mb, item = blk % ctx["map_blocks"], blk // ctx["map_blocks"]
+        n, iy0 = item // bpi, item % bpi * rows - pad
+        acc = np.zeros((T, tm, tx))
+        for k in range(ctx["chunks"]):
+            ws, bs = np.full(ctx["wchunk"] + 8, np.nan), np.full(ctx["band"] + 8, np.nan)
+            for i in range(ctx["w_slots"]):
+                if ctx["w_regular"]:
+                    tap, q = tid // runs + ctx["w_tap_step"] * i, tid % runs * vec
+                    ok = tap < cb * KK
+                else:
+                    e = tid + T * i
+                    tap, q, ok = e // runs, e % runs * vec, e < ctx["w_copies"]
+                for j in range(vec):
+                    src = mb * bm + k * ctx["w_chunk_stride"] + tap * M + q + j
+                    ws[(tap * bm + q + j)[ok]] = wp[src[ok]]
+            for i in range(ctx["band_slots"]):
+                e = tid + T * i
+                iy, ix = iy0 + e // iw, e % iw - pad
+                dst = np.where(e < ctx["band_pixels"], e // iw * stride + e % iw, -1)
+                inside = (dst >= 0) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+                for c in range(cb):
+                    plane_x = x[n, k * cb + c]
+                    val = np.where(inside, plane_x[iy.clip(0, H - 1), ix.clip(0, W - 1)], 0.0)
+                    bs[(dst + c * plane)[dst >= 0]] = val[dst >= 0]
+            for c in range(cb):
+                for ky in range(K):
+                    v = bs[
+                        (row * stride + seg * tx + c * plane + ky * stride)[:, None]
+                        + np.arange(tx + K - 1)
+                    ]
+                    for kx in range(K):
+                        wm = ws[(g * tm + (c * KK + ky * K + kx) * bm)[:, None] + np.arange(tm)]
+                        acc += wm[:, :, None] * v[:, None, kx : kx + tx]
+        oy = item % bpi * rows + row
+        for t in range(T):
+            for m in range(tm):
+                for j in range(tx):
+                    if oy[t] < Ho and seg[t] * tx + j < Wo:
+                        y[n, mb * bm + g[t] * tm + m, oy[t], seg[t] * tx + j] = acc[t, m, j]
+    return y
+
+
+@pytest.mark.parametrize(
+    "shape,variant",
+    [
+        (PRESETS["ae-dec1"], "stream_t8_m32_r8x8_fp32"),  # chunks, 4 map blocks, float4 copies
+        (parse_shape("C=12,M=16,H=9,W=11,K=3,pad=1"), "stream_t4_m8_r4x6_fp32"),  # tails
+        (parse_shape("C=5,M=6,H=10,W=10,K=5,pad=2"), "stream_t3_m3_r3x5_fp32"),  # 4-byte copies
+        (parse_shape("C=3,M=4,H=8,W=13,K=1,pad=0"), "stream_t8_m4_r2x4_fp32"),  # K=1
+        (parse_shape("C=2,M=12,H=14,W=14,K=7,pad=0"), "stream_t5_m12_r4x8_fp32"),  # K=7, C=2
+    ],
+)
+def test_stream_copies_and_register_tile_compute_the_convolution(shape, variant):
+    """Every output written, each equal to the float64 convolution: the copy slots of
+    both chunk buffers, the transposed weights and the row loads of the register tile."""
+    plan = make_plan(shape, parse_variant_name(variant))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, shape.C, shape.H, shape.W))
+    # fp32 values: the host packs the weights as fp32, the check is of indices only
+    w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K)).astype(np.float32)
+    y = _emulate_stream(shape, plan, x, w)
+    assert not np.isnan(y).any()
+    ref = conv2d(x, w.astype(np.float64), shape.pad)
+    np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)

@@ -14,6 +14,10 @@ def make_plan(shape: ConvShape, variant: Variant) -> Plan:
         from .persist import plan_persist
 
         return plan_persist(shape, variant)
+    if variant.strategy is Strategy.STREAM:
+        from .stream import plan_stream
+
+        return plan_stream(shape, variant)
     if variant.strategy is Strategy.MMAPERSIST:
         from .mmapersist import plan_mmapersist
 

@@ -168,6 +168,7 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
         shape_context(shape),
         rows=rows,
         ih=ih,
+        stage_channels=C,
         stage_rows=ih,
         iw=iw,
         stride=stride,

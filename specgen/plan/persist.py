@@ -207,6 +207,7 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         row_threads=rows * segs,
         iw=iw,
         ih=ih,
+        stage_channels=C,
         stage_rows=ih,
         plane=ih * stride,
         band_total=C * ih * iw,

@@ -1,0 +1,247 @@
+"""Planning for ``stream``: persist's outer products for layers too wide to keep resident.
+
+``persist`` holds all M*C*K*K weights in shared memory, which the autoencoder's middle
+layers (128-256 channels, 0.6-1.2 MB of weights) cannot.  Here a block owns BM output
+maps of one band of R output rows of one image, and streams the reduction through
+shared memory a chunk of CB input channels at a time: the chunk's weights (BM maps x
+CB*K*K taps, from a copy of w transposed on the host to [C][K][K][M], 16-byte
+``cp.async``) and its input band (CB x (R+K-1) rows with the halo, zero outside the
+image, 4-byte ``cp.async``).  Two chunk buffers: chunk k+1 is in flight while chunk k
+is computed, one barrier per chunk.
+
+A thread owns TM maps x TX neighbouring pixels of one output row, as in persist: per
+channel and window row it loads TX+K-1 pixels once and every tap is TM*TX FMAs from
+registers.  At 8 x 8 and K=3 that is 3 + 6 sixteen-byte shared loads per 192 FMAs.
+The accumulators stay in registers for the whole reduction and are stored once.
+"""
+
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..shapes import ConvShape
+from ..variants import Precision, Variant
+from .common import (
+    MAX_THREADS,
+    OPTIN_SMEM_BYTES,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    check_threads,
+    shape_context,
+)
+from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _loader, _row_stride, _vector
+
+# Channels per chunk: the most (a divisor of C) whose FMAs per thread stay within this,
+# so a chunk's compute covers the next chunk's copy many times over and the unrolled
+# body stays quick to compile.
+CHUNK_FMAS = 2304
+# A thread keeps the addresses of its band pixels in registers (two per pixel) up to
+# this many pixels; past it (small blocks over wide bands: layer1's 250 threads over
+# 31 x 82 pixels spilled) it recomputes them for every chunk.
+FIXED_SLOTS = 4
+UNROLLED_COPIES = 16  # weight copies per thread and chunk emitted as straight-line code
+
+
+def _chunk(C: int, per_channel: int) -> int:
+    return max(
+        d for d in range(1, C + 1) if C % d == 0 and (d == 1 or d * per_channel <= CHUNK_FMAS)
+    )
+
+
+def plan_stream(shape: ConvShape, v: Variant) -> Plan:
+    if v.precision is not Precision.FP32:
+        raise SpecError(
+            "stream computes exact fp32 on CUDA cores; for tf32 or fp16 use --strategy mma"
+        )
+    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
+    Ho, Wo, KK = shape.Ho, shape.Wo, K * K
+    rows, bm = v.tile, v.maps
+    tm, tx = v.regtile
+    if rows < 1 or rows > Ho:
+        raise SpecError(f"stream's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+    if bm < 1 or M % bm:
+        divisors = [d for d in range(1, M + 1) if M % d == 0]
+        raise SpecError(f"maps per block {bm} must divide M={M}; choose one of {divisors}")
+    if tm < 1 or bm % tm:
+        divisors = [d for d in range(1, bm + 1) if bm % d == 0]
+        raise SpecError(
+            f"register tile maps {tm} must divide the block's {bm} maps; choose one of {divisors}"
+        )
+    if tx < 1 or tx > Wo:
+        raise SpecError(f"register tile pixels {tx} must be 1 to Wo={Wo}")
+    if tm * tx > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"register tile {tm}x{tx} = {tm * tx} accumulators per thread, over "
+            f"{MAX_ACCUMULATORS} (the rest of the kernel needs registers too); "
+            "choose fewer maps or pixels"
+        )
+    groups = bm // tm
+    segs = ceil_div(Wo, tx)
+    threads = groups * rows * segs
+    most = MAX_THREADS // (groups * segs)
+    check_threads(
+        (threads, 1, 1),
+        f"{groups} map groups x {rows} rows x {segs} row segments; "
+        + (f"choose --tile {most} or fewer" if most else "choose fewer --maps per block"),
+    )
+    cb = _chunk(C, KK * tm * tx)
+    chunks = C // cb
+    iw = segs * tx + K - 1  # staged columns: every segment's window, zeros past the edge
+    ih = rows + K - 1
+    stride, degree = _row_stride(iw, rows, segs, tx)
+    band = cb * ih * stride
+    wchunk = cb * KK * bm
+    bands_at = ceil_div(2 * wchunk, 4) * 4
+    nbytes = 4 * (bands_at + 2 * band)
+    if nbytes > OPTIN_SMEM_BYTES:
+        raise SpecError(
+            f"stream needs {nbytes} bytes of shared memory (two chunks of {cb} channel(s): "
+            f"weights {4 * wchunk} B + band {4 * band} B each), over the sm_90 limit of "
+            f"{OPTIN_SMEM_BYTES} bytes per block; choose fewer --maps or a smaller --tile"
+        )
+    map_blocks = M // bm
+    bands_per_image = ceil_div(Ho, rows)
+    in_vec = _vector(tx)
+    nv = ceil_div(tx + K - 1, in_vec) * in_vec
+    maps_vec = next(n for n in (4, 2, 1) if tm % n == 0)
+    w_vec = 4 if bm % 4 == 0 and M % 4 == 0 else 1  # 16-byte copies need aligned map runs
+    # Weight copies: w_row_copies runs of w_vec floats per tap of the chunk.  When the
+    # block's threads are a multiple of the runs, a thread keeps its run for good and
+    # steps through the taps (one base address, literal offsets); otherwise it walks
+    # the chunk's copies with a stride of the block.
+    w_row_copies = bm // w_vec
+    w_regular = threads % w_row_copies == 0
+    w_tap_step = threads // w_row_copies if w_regular else 0
+    w_copies = cb * KK * w_row_copies
+    w_slots = ceil_div(cb * KK, w_tap_step) if w_regular else ceil_div(w_copies, threads)
+    band_slots = ceil_div(ih * iw, threads)
+    out_vec = next(n for n in (4, 2, 1) if tx % n == 0 and Wo % n == 0)
+    guard_cols = segs * tx != Wo
+    if guard_cols:
+        out_vec = 1
+    chunk_fmas = cb * KK * tm * tx
+    # Blocks under a warp with the chunk unrolled spilled at 255 registers (C=5 M=6 K=5,
+    # 6 threads, NVRTC 12.9; 48 registers with the channel loop).
+    unroll_chunk = chunk_fmas <= CHUNK_FMAS and threads >= 32
+    unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
+
+    sizes = [
+        Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
+        Size("reduction", f"{C * KK}", f"C*K*K = {C}*{KK} multiply-adds per output"),
+        Size(
+            "thread",
+            f"{tm} x {tx} acc + {tx + K - 1} inputs",
+            f"register tile: {tm} maps x {tx} pixels, and the TX+K-1 = {tx}+{K}-1 inputs of a row",
+        ),
+        Size(
+            "block",
+            f"{threads} threads, {bm} maps",
+            f"{groups} map groups x {rows} rows x {segs} segments of {tx} "
+            f"({segs * tx - Wo} pixel(s) past the edge)",
+        ),
+        Size(
+            "grid",
+            f"B x {bands_per_image} x {map_blocks} blocks",
+            f"image x band of {rows} rows (Ho = {Ho}) x map block of {bm} (M = {M})",
+        ),
+        Size(
+            "chunk",
+            f"{cb} channel(s), {chunks} per output",
+            f"the most channels (a divisor of C) within {CHUNK_FMAS} FMAs per thread: "
+            f"{chunk_fmas}",
+        ),
+        Size(
+            "smem weights",
+            f"2 x {4 * wchunk} B [{cb}][{K}][{K}][{bm}]",
+            f"the chunk's taps of the block's maps, maps innermost ({maps_vec} per load), "
+            f"from w transposed to [C][K][K][M] on the host",
+        ),
+        Size(
+            "smem bands",
+            f"2 x {4 * band} B [{cb}][{ih}][{stride}]",
+            f"chunk x (rows+K-1) x (segments*TX+K-1 = {iw}, padded to {stride}: "
+            f"{degree}-way bank conflicts at worst)",
+        ),
+    ]
+    window = [
+        dict(
+            ky=ky,
+            x_off=ky * stride,
+            taps=[dict(kx=kx, w_off=(ky * K + kx) * bm) for kx in range(K)],
+        )
+        for ky in range(K)
+    ]
+    ctx = dict(
+        shape_context(shape),
+        rows=rows,
+        bm=bm,
+        tm=tm,
+        tx=tx,
+        nv=nv,
+        npix=tx + K - 1,
+        row_load=_loader(nv, in_vec),
+        maps_load=_loader(tm, maps_vec),
+        window=window,
+        w_row_step=K * bm,
+        groups=groups,
+        segs=segs,
+        threads=threads,
+        launch_bounds=f"{threads}, 1",
+        launch_bounds_alt=f"{threads}",
+        row_threads=rows * segs,
+        map_blocks=map_blocks,
+        cb=cb,
+        chunks=chunks,
+        iw=iw,
+        ih=ih,
+        stride=stride,
+        plane=ih * stride,
+        band=band,
+        band_pixels=ih * iw,
+        wchunk=wchunk,
+        bands_at=bands_at,
+        w_vec=w_vec,
+        w_row_copies=w_row_copies,
+        w_regular=w_regular,
+        w_tap_step=w_tap_step,
+        w_copies=w_copies,
+        w_slots=w_slots,
+        w_tail=w_slots * w_tap_step != cb * KK if w_regular else w_slots * threads != w_copies,
+        band_slots=band_slots,
+        band_fixed=band_slots <= FIXED_SLOTS,
+        w_unroll=w_slots <= UNROLLED_COPIES,
+        band_tail=band_slots * threads != ih * iw,
+        w_chunk_stride=cb * KK * M,
+        w_channel=KK * bm,
+        bands_per_image=bands_per_image,
+        smem_bytes=nbytes,
+        unroll_chunk=unroll_chunk,
+        unroll_window=unroll_window,
+        guard_rows=Ho % rows != 0,
+        guard_cols=guard_cols,
+        out_vec=out_vec,
+        out_type=VECTOR_TYPES[out_vec],
+    )
+    launch = Launch(
+        v.name,
+        ("x", "w", "y", "batch"),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        bands_per_image * map_blocks,
+        1,
+        nbytes,
+    )
+    return Plan(
+        shape=shape,
+        variant=v,
+        template="direct/stream.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=nbytes,
+        const_bytes=0,
+        weight_format="ckkm",
+        sizes=tuple(sizes),
+        context=ctx,
+    )
