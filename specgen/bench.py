@@ -33,20 +33,21 @@ class Timing:
 
 
 def time_launches(launch, reps=REPS, warmup=WARMUP, rotate=1) -> list[float]:
-    """launch(i) runs once with input set i % rotate; returns ms per launch."""
+    """launch(i) runs once with input set i % rotate; returns ms per launch.  Every
+    launch sits between its own pair of events, and all are queued before one final
+    synchronize: the GPU runs them back to back, so the host's launch overhead (tens of
+    microseconds from Python, as long as some kernels here) stays out of the figures."""
     import cupy
 
     for i in range(warmup):
         launch(i % rotate)
-    times = []
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    for i in range(reps):
+    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
+    for i, (start, stop) in enumerate(events):
         start.record()
         launch(i % rotate)
         stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return times
+    events[-1][1].synchronize()
+    return [cupy.cuda.get_elapsed_time(start, stop) for start, stop in events]
 
 
 def summarize(label, precision, times, shape, batch, ceil) -> Timing:
@@ -142,19 +143,21 @@ def cudnn_timings(shape: ConvShape, xs, w, batch, ceil) -> list[Timing]:
 
 
 def _torch_times(f, rotate):
+    """As time_launches, with torch's events on torch's stream."""
     import torch
 
     for i in range(WARMUP):
         f(i % rotate)
-    times = []
-    for i in range(REPS):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(REPS)
+    ]
+    for i, (start, stop) in enumerate(events):
+        start.record()
         f(i % rotate)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return times
+        stop.record()
+    events[-1][1].synchronize()
+    return [start.elapsed_time(stop) for start, stop in events]
 
 
 def input_sets(shape: ConvShape, batch: int, rng) -> list:

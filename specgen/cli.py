@@ -84,6 +84,7 @@ def variant_options(f):
         ),
         click.option("--splits", type=int, default=None, help="split: channel groups"),
         click.option("--maps", type=int, default=None, help="stream: output maps per block"),
+        click.option("--chunk", type=int, default=None, help="stream: channels per stage"),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -103,6 +104,7 @@ def build_variant(
     regtile=None,
     splits=None,
     maps=None,
+    chunk=None,
 ) -> Variant:
     from .space import SHAPE_DEFAULTS, complete, default_coarsening
 
@@ -117,6 +119,7 @@ def build_variant(
             regtile=parse_regtile(regtile) if regtile else base.regtile,
             precision=parse_precision(precision) if precision else base.precision,
             maps=maps if maps is not None else base.maps,
+            chunk=chunk if chunk is not None else base.chunk,
         ).canonical()
     if precision:
         v = replace(v, precision=parse_precision(precision))

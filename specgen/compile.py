@@ -71,7 +71,12 @@ def cache_dir() -> Path:
 
 
 def options_for(arch: str) -> tuple[str, ...]:
-    return (f"--gpu-architecture={arch}",) + BASE_OPTIONS
+    """NVRTC 12.9 and later keep their own cache of compiled programs, and a hit there
+    returns an empty log: no ptxas report, so no registers or spills to check (seen on
+    the H200 with NVRTC 13.0 when a source differed from an earlier one only in its
+    comments).  specgen caches the outcome itself, so NVRTC's cache is turned off."""
+    own_cache = ("--no-cache",) if nvrtc_version() >= (12, 9) else ()
+    return (f"--gpu-architecture={arch}",) + BASE_OPTIONS + own_cache
 
 
 def cache_key(source: str, arch: str) -> str:

@@ -21,6 +21,10 @@ DEFAULT_FMAS = 1600
 # shared-memory strategies at m7 and m8 did not spill.
 GLOBAL_WEIGHTS_PER_CHANNEL = 196
 GLOBAL_FMAS_PER_CHANNEL = 800
+# stream's default chunk: the most channels whose FMAs per thread stay within this
+# (ae-enc2 8x8: 0.426 / 0.415 / 0.407 / 0.417 ms with 2 / 4 / 8 / 16 channels of 576
+# FMAs; ae-dec1 and ae-dec2 alike, H200, 2026-11-21).
+STREAM_CHUNK_FMAS = 4608
 
 
 def _divisors(n: int) -> list[int]:
@@ -136,14 +140,16 @@ def default_mmapersist(shape: ConvShape) -> Variant:
 
 def default_stream(shape: ConvShape) -> Variant:
     """A stream variant without tuning: 8 maps (or fewer) by a row segment of at most 8
-    pixels per thread, up to 128 maps per block, and the tallest band that keeps the
-    block within 256 threads (two blocks per SM)."""
+    pixels per thread, up to 128 maps per block, the tallest band that keeps the block
+    within 256 threads (two blocks per SM), and chunks of about STREAM_CHUNK_FMAS."""
     tm = max(d for d in _divisors(shape.M) if d <= 8)
     bm = max(d for d in _divisors(shape.M) if d <= 128 and d % tm == 0)
     segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 8)
     tx = -(-shape.Wo // segs)
+    per_channel = shape.K * shape.K * tm * tx
+    cb = max(d for d in _divisors(shape.C) if d == 1 or d * per_channel <= STREAM_CHUNK_FMAS)
     most = max(1, 256 // (bm // tm * segs))
-    v = Variant(strategy=Strategy.STREAM, maps=bm, regtile=(tm, tx))
+    v = Variant(strategy=Strategy.STREAM, maps=bm, chunk=cb, regtile=(tm, tx))
     return _tallest_band(shape, v, most)
 
 

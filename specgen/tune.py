@@ -113,18 +113,20 @@ def mmapersist_candidates(shape: ConvShape) -> list[Variant]:
 
 
 def stream_candidates(shape: ConvShape) -> list[Variant]:
-    """stream's space: register tiles of 32 to 128 accumulators (up to 16 maps by row
-    segments of up to 16 pixels that waste at most a sixth of a row), 4 to 32 map
-    groups per block (or all of M), bands of Ho/k rows, 64 to 512 threads."""
+    """stream's space: register tiles of 32 to 128 accumulators (or all M maps by at
+    least 8 pixels), up to 16 maps by row segments of up to 16 pixels that waste at most
+    a sixth of a row; 4 to 32 map groups per block (or all of M); bands of Ho/k rows;
+    64 to 512 threads; chunks of 1152 to 9216 FMAs per thread."""
     from .plan.persist import MAX_ACCUMULATORS
 
-    M, Wo, Ho = shape.M, shape.Wo, shape.Ho
+    M, Wo, Ho, KK = shape.M, shape.Wo, shape.Ho, shape.K * shape.K
     even = {-(-Wo // segs) for segs in range(1, Wo + 1)}
     even |= {-(-tx // 4) * 4 for tx in even}
     pixels = [
         tx for tx in sorted(even) if 4 <= tx <= min(16, Wo) and -(-Wo // tx) * tx - Wo <= Wo / 6
     ]
     rows = sorted({-(-Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
+    divisors = [d for d in range(1, shape.C + 1) if shape.C % d == 0]
     out = []
     for tm in (d for d in range(1, 17) if M % d == 0):
         blocks = {
@@ -134,8 +136,14 @@ def stream_candidates(shape: ConvShape) -> list[Variant]:
         }
         for bm, tx, r in itertools.product(sorted(blocks), pixels, rows):
             threads = bm // tm * r * -(-Wo // tx)
-            if 32 <= tm * tx <= MAX_ACCUMULATORS and 64 <= threads <= 512:
-                out.append(Variant(strategy=Strategy.STREAM, tile=r, maps=bm, regtile=(tm, tx)))
+            big = 32 <= tm * tx <= MAX_ACCUMULATORS or (tm == M and tx >= 8)
+            if not (big and 64 <= threads <= 512):
+                continue
+            per_channel = KK * tm * tx
+            chunks = [d for d in divisors if 1152 <= d * per_channel <= 9216] or divisors[:1]
+            for cb in chunks:
+                v = Variant(strategy=Strategy.STREAM, tile=r, maps=bm, chunk=cb, regtile=(tm, tx))
+                out.append(v)
     return out
 
 

@@ -124,6 +124,7 @@ class Variant:
     regtile: tuple[int, int] = (1, 1)  # GEMM family: maps x pixels per thread
     splits: int = 1  # split: how many channel groups
     maps: int = 0  # stream: output maps per block (0 where the strategy has no such field)
+    chunk: int = 0  # stream: input channels per pipeline stage (0 likewise)
 
     @property
     def name(self) -> str:
@@ -141,7 +142,7 @@ class Variant:
             parts.append("uc" if self.unroll_channels else "lc")
         elif s not in FIXED_FRAGMENT:
             if s is Strategy.STREAM:
-                parts.append(f"m{self.maps}")
+                parts += [f"m{self.maps}", f"c{self.chunk}"]
             parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
         parts.append(self.precision.value)
         return "_".join(parts)
@@ -160,12 +161,15 @@ class Variant:
                 splits=1,
                 regtile=d.regtile if self.strategy in FIXED_FRAGMENT else self.regtile,
                 maps=self.maps if self.strategy is Strategy.STREAM else d.maps,
+                chunk=self.chunk if self.strategy is Strategy.STREAM else d.chunk,
             )
         layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
         if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
             layout = Layout.PLANAR
         splits = self.splits if self.strategy is Strategy.SPLIT else 1
-        return replace(self, layout=layout, regtile=d.regtile, splits=splits, maps=d.maps)
+        return replace(
+            self, layout=layout, regtile=d.regtile, splits=splits, maps=d.maps, chunk=d.chunk
+        )
 
 
 def parse_variant_name(name: str) -> Variant:
@@ -187,6 +191,7 @@ def parse_variant_name(name: str) -> Variant:
         elif strategy not in FIXED_FRAGMENT:
             if strategy is Strategy.STREAM:
                 fields["maps"] = int(rest.pop(0)[1:])
+                fields["chunk"] = int(rest.pop(0)[1:])
             fields["regtile"] = parse_regtile(rest.pop(0)[1:])
         if tile is None or rest:
             raise ValueError

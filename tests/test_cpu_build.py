@@ -128,3 +128,14 @@ def test_spilling_launch_bounds_fall_back_to_the_alternative(tmp_path, monkeypat
     assert compile_source(with_alt, "k").defines == b.defines  # from the cache
     fixed = compile_source(_register_hungry("#define BOUNDS __launch_bounds__(1024, 2)"), "k")
     assert fixed.defines == () and fixed.spills > 0
+
+
+def test_every_compile_reports_resources_even_a_repeated_one(tmp_path, monkeypatch):
+    """NVRTC's own cache (12.9+) answers a program it has seen with an empty log; a
+    source differing only in comments compiles to the same PTX.  Each compile, the
+    third included, must still carry ptxas's report."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    body = 'extern "C" __global__ void k(float* __restrict__ y) { y[threadIdx.x] = 2.0f; }'
+    for comment in ("// one\n", "// two\n", "// one\n"):
+        b = compile_source(comment + body, "k", cache=False)
+        assert "k" in b.resources, b.log

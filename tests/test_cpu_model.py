@@ -109,12 +109,12 @@ def test_persist_names_round_trip():
 
 
 def test_stream_names_carry_the_block_maps():
-    v = Variant(strategy=Strategy.STREAM, tile=8, maps=128, regtile=(8, 8)).canonical()
-    assert v.name == "stream_t8_m128_r8x8_fp32"
+    v = Variant(strategy=Strategy.STREAM, tile=8, maps=128, chunk=4, regtile=(8, 8)).canonical()
+    assert v.name == "stream_t8_m128_c4_r8x8_fp32"
     assert parse_variant_name(v.name) == v
     assert Variant(strategy=Strategy.PERSIST, maps=64).canonical().maps == 0
     with pytest.raises(SpecError, match="malformed variant name"):
-        parse_variant_name("stream_t8_r8x8_fp32")
+        parse_variant_name("stream_t8_m128_r8x8_fp32")
 
 
 def test_mma_padding_is_exact_and_reported():
@@ -198,18 +198,28 @@ def test_mma_padding_is_exact_and_reported():
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=8, maps=96, regtile=(8, 8)),
+            Variant(strategy=Strategy.STREAM, tile=8, maps=96, chunk=4, regtile=(8, 8)),
             "must divide M=128",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=8, maps=64, regtile=(12, 8)),
+            Variant(strategy=Strategy.STREAM, tile=8, maps=64, chunk=4, regtile=(12, 8)),
             "must divide the block's 64 maps",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=16, maps=128, regtile=(2, 8)),
+            Variant(strategy=Strategy.STREAM, tile=16, maps=128, chunk=4, regtile=(2, 8)),
             "choose --tile 8 or fewer",
+        ),
+        (
+            PRESETS["ae-enc2"],
+            Variant(strategy=Strategy.STREAM, tile=8, maps=128, chunk=3, regtile=(8, 8)),
+            "chunk of 3 channels must divide C=256",
+        ),
+        (
+            PRESETS["ae-dec3"],
+            Variant(strategy=Strategy.STREAM, tile=32, maps=3, chunk=32, regtile=(3, 8)),
+            "choose a smaller --chunk",
         ),
     ],
 )
@@ -400,11 +410,14 @@ def _emulate_stream(shape, plan, x, w):
 @pytest.mark.parametrize(
     "shape,variant",
     [
-        (PRESETS["ae-dec1"], "stream_t8_m32_r8x8_fp32"),  # chunks, 4 map blocks, float4 copies
-        (parse_shape("C=12,M=16,H=9,W=11,K=3,pad=1"), "stream_t4_m8_r4x6_fp32"),  # tails
-        (parse_shape("C=5,M=6,H=10,W=10,K=5,pad=2"), "stream_t3_m3_r3x5_fp32"),  # 4-byte copies
-        (parse_shape("C=3,M=4,H=8,W=13,K=1,pad=0"), "stream_t8_m4_r2x4_fp32"),  # K=1
-        (parse_shape("C=2,M=12,H=14,W=14,K=7,pad=0"), "stream_t5_m12_r4x8_fp32"),  # K=7, C=2
+        (PRESETS["ae-dec1"], "stream_t8_m32_c16_r8x8_fp32"),  # 4 map blocks, float4 copies
+        (
+            parse_shape("C=12,M=16,H=9,W=11,K=3,pad=1"),
+            "stream_t4_m8_c6_r4x6_fp32",
+        ),  # tails, 2 chunks
+        (parse_shape("C=5,M=6,H=10,W=10,K=5,pad=2"), "stream_t3_m3_c5_r3x5_fp32"),  # 4-byte copies
+        (parse_shape("C=3,M=4,H=8,W=13,K=1,pad=0"), "stream_t8_m4_c1_r2x4_fp32"),  # K=1, 3 chunks
+        (parse_shape("C=2,M=12,H=14,W=14,K=7,pad=0"), "stream_t5_m12_c1_r4x8_fp32"),  # K=7, C=2
     ],
 )
 def test_stream_copies_and_register_tile_compute_the_convolution(shape, variant):

@@ -32,21 +32,18 @@ from .common import (
 )
 from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _loader, _row_stride, _vector
 
-# Channels per chunk: the most (a divisor of C) whose FMAs per thread stay within this,
-# so a chunk's compute covers the next chunk's copy many times over and the unrolled
-# body stays quick to compile.
-CHUNK_FMAS = 2304
+# The channel loop of a chunk is straight-line code up to this many FMAs per thread.
+# Longer bodies overflow the instruction cache: ae-enc2's 8x8 tile with whole chunks
+# of 4 / 8 / 16 channels unrolled took 0.438 / 0.586 / 1.015 ms, and 0.407 with chunks
+# of 8 unrolled 2 at a time (H200, 2026-11-21).  Shorter ones starve small blocks of
+# ILP: ae-dec3's 3x8 tile (216 FMAs per channel, one 4-warp block per SM) took 0.174
+# ms with 8 channels unrolled and 0.255 with 4.
+UNROLL_FMAS = 2048
 # A thread keeps the addresses of its band pixels in registers (two per pixel) up to
 # this many pixels; past it (small blocks over wide bands: layer1's 250 threads over
 # 31 x 82 pixels spilled) it recomputes them for every chunk.
 FIXED_SLOTS = 4
 UNROLLED_COPIES = 16  # weight copies per thread and chunk emitted as straight-line code
-
-
-def _chunk(C: int, per_channel: int) -> int:
-    return max(
-        d for d in range(1, C + 1) if C % d == 0 and (d == 1 or d * per_channel <= CHUNK_FMAS)
-    )
 
 
 def plan_stream(shape: ConvShape, v: Variant) -> Plan:
@@ -56,7 +53,7 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         )
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo, KK = shape.Ho, shape.Wo, K * K
-    rows, bm = v.tile, v.maps
+    rows, bm, cb = v.tile, v.maps, v.chunk
     tm, tx = v.regtile
     if rows < 1 or rows > Ho:
         raise SpecError(f"stream's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
@@ -70,6 +67,9 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         )
     if tx < 1 or tx > Wo:
         raise SpecError(f"register tile pixels {tx} must be 1 to Wo={Wo}")
+    if cb < 1 or C % cb:
+        divisors = [d for d in range(1, C + 1) if C % d == 0]
+        raise SpecError(f"chunk of {cb} channels must divide C={C}; choose one of {divisors}")
     if tm * tx > MAX_ACCUMULATORS:
         raise SpecError(
             f"register tile {tm}x{tx} = {tm * tx} accumulators per thread, over "
@@ -85,7 +85,6 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         f"{groups} map groups x {rows} rows x {segs} row segments; "
         + (f"choose --tile {most} or fewer" if most else "choose fewer --maps per block"),
     )
-    cb = _chunk(C, KK * tm * tx)
     chunks = C // cb
     iw = segs * tx + K - 1  # staged columns: every segment's window, zeros past the edge
     ih = rows + K - 1
@@ -98,7 +97,8 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         raise SpecError(
             f"stream needs {nbytes} bytes of shared memory (two chunks of {cb} channel(s): "
             f"weights {4 * wchunk} B + band {4 * band} B each), over the sm_90 limit of "
-            f"{OPTIN_SMEM_BYTES} bytes per block; choose fewer --maps or a smaller --tile"
+            f"{OPTIN_SMEM_BYTES} bytes per block; choose a smaller --chunk, fewer --maps "
+            "or a smaller --tile"
         )
     map_blocks = M // bm
     bands_per_image = ceil_div(Ho, rows)
@@ -120,10 +120,15 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
     guard_cols = segs * tx != Wo
     if guard_cols:
         out_vec = 1
-    chunk_fmas = cb * KK * tm * tx
-    # Blocks under a warp with the chunk unrolled spilled at 255 registers (C=5 M=6 K=5,
-    # 6 threads, NVRTC 12.9; 48 registers with the channel loop).
-    unroll_chunk = chunk_fmas <= CHUNK_FMAS and threads >= 32
+    per_channel = KK * tm * tx
+    # Channels of the chunk unrolled together: the most (a divisor of the chunk) within
+    # UNROLL_FMAS.  Blocks under a warp keep the loop: with the chunk unrolled they
+    # spilled at 255 registers (C=5 M=6 K=5, 6 threads, NVRTC 12.9; 48 with the loop).
+    unroll = max(
+        d for d in range(1, cb + 1) if cb % d == 0 and (d == 1 or d * per_channel <= UNROLL_FMAS)
+    )
+    if threads < 32:
+        unroll = 1
     unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
 
     sizes = [
@@ -148,8 +153,8 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         Size(
             "chunk",
             f"{cb} channel(s), {chunks} per output",
-            f"the most channels (a divisor of C) within {CHUNK_FMAS} FMAs per thread: "
-            f"{chunk_fmas}",
+            f"{cb * per_channel} FMAs per thread between barriers; {unroll} channel(s) "
+            f"unrolled together ({unroll * per_channel} FMAs of straight-line code)",
         ),
         Size(
             "smem weights",
@@ -216,7 +221,7 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         w_channel=KK * bm,
         bands_per_image=bands_per_image,
         smem_bytes=nbytes,
-        unroll_chunk=unroll_chunk,
+        unroll=unroll,
         unroll_window=unroll_window,
         guard_rows=Ho % rows != 0,
         guard_cols=guard_cols,
