@@ -363,7 +363,11 @@ SHIPPED_WINNERS = {
         "layer2": ["persist_t12_r4x17_fp32", "persist_t34_r8x4_fp32", "mmapersist_t34_r16x48_tf32"],
         "mx-layer1": ["persist_t11_r12x6_fp32", "tiled_t16_x4y1m6_planar_wconst_uc_fp16"],
         "mx-layer2": ["persist_t27_r6x4_fp32", "mmapersist_t27_r24x64_tf32"],
-        "ae-enc2": ["direct_t16_x4y1m16_wglobal_lc_fp32", "mma_t64_tf32", "mma_t64_fp16"],
+        "ae-enc1": ["stream_t4_m32_c1_r8x4_fp32", "mmatile_t32_tf32", "mma_t64_fp16"],
+        "ae-enc2": ["stream_t16_m128_c16_r8x8_fp32", "mma_t64_tf32", "mma_t64_fp16"],
+        "ae-dec1": ["stream_t8_m128_c8_r4x8_fp32", "mma_t64_tf32", "mma_t64_fp16"],
+        "ae-dec2": ["stream_t16_m128_c16_r4x16_fp32", "mma_t64_tf32", "mma_t64_fp16"],
+        "ae-dec3": ["stream_t32_m3_c16_r3x8_fp32", "tiled_t8_x4y1m3_planar_wconst_lc_fp16"],
     }
 }
 
