@@ -33,10 +33,13 @@ format: $(STAMP)
 
 # On a GPU machine, from the source tree (no install): the GPU tier, verify, bench.
 OUT ?= out
+# Both steps run; the target fails if either did.
 gpu-check:
 	mkdir -p $(OUT)
-	set -o pipefail; PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log
-	set -o pipefail; PYTHONPATH=. $(PYTHON) -m specgen verify --all 2>&1 | tee $(OUT)/verify.log
+	set -o pipefail; status=0; \
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
+	PYTHONPATH=. $(PYTHON) -m specgen verify --all 2>&1 | tee $(OUT)/verify.log || status=1; \
+	exit $$status
 
 bench:
 	mkdir -p $(OUT)

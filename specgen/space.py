@@ -13,14 +13,15 @@ from .variants import Layout, Precision, Strategy, Variant, Weights
 
 # Default unrolled body: big enough for ILP, small enough to compile in seconds.
 DEFAULT_FMAS = 1600
-# When `direct` reads both weights and pixels from global memory, ptxas hoists a
-# channel's loads ahead of its FMAs for latency, so the registers grow with the weights
-# a thread reads per channel (cm*K*K) and its FMAs per channel.  Past these it spilled
-# on sm_90 (NVRTC 12.9, C=25 M=14 K=7 pad=1 at m7: 255 registers + 24 B stack;
-# mx-layer2 at m6); layer2's m4 x4 (196 weights, 784 FMAs) takes 96 registers.  The
-# shared-memory strategies at m7 and m8 did not spill.
+# `direct` reads its pixels from global memory, and ptxas hoists a channel's loads
+# ahead of its FMAs for latency, so the registers grow with the FMAs per channel
+# (cm*K*K*cx) and, with global weights, with the weights a thread reads (cm*K*K).
+# Past these it spilled on sm_90 at 255 registers (NVRTC 12.9: C=25 M=14 K=7 pad=1 at
+# m7 with global weights; C=27 M=5 K=7 at x4 m5 = 980 FMAs with constant weights,
+# 146 registers at x2 m5); layer2's x4 m4 (196 weights, 784 FMAs) takes 96 registers.
+# The shared-memory strategies at m7 and m8 did not spill.
 GLOBAL_WEIGHTS_PER_CHANNEL = 196
-GLOBAL_FMAS_PER_CHANNEL = 800
+DIRECT_FMAS_PER_CHANNEL = 800
 # stream's default chunk: the most channels whose FMAs per thread stay within this
 # (ae-enc2 8x8: 0.426 / 0.415 / 0.407 / 0.417 ms with 2 / 4 / 8 / 16 channels of 576
 # FMAs; ae-dec1 and ae-dec2 alike, H200, 2026-11-21).
@@ -45,22 +46,31 @@ def default_coarsening(
     weights: Weights | None = None,
     strategy: Strategy = Strategy.DIRECT,
 ) -> tuple:
-    """(x, 1, maps) outputs per thread: 4 along the row when the tile allows, and the
-    most maps (a divisor of M, at most 16) whose unrolled body stays small enough."""
-    cx = next(c for c in (4, 2, 1) if tile % c == 0)
-    if precision is Precision.FP16 and cx % 2:
-        cx = 2
+    """(x, 1, maps) outputs per thread: the most outputs (x along the row times maps, a
+    divisor of M, at most 16) whose unrolled body stays small enough.  On a tie the
+    shared-memory strategies take more along the row, ``direct`` more maps: there a
+    map costs a weight (a constant operand) and a pixel along the row a global load
+    (mx-layer2, constant weights: x4 m4 spilled at 255 registers, x2 m8 took 127)."""
     kk = shape.K * shape.K
+    xs = [c for c in (4, 2, 1) if tile % c == 0]
+    if precision is Precision.FP16:
+        xs = [c for c in xs if c % 2 == 0] or [2]
+    direct = strategy is Strategy.DIRECT
+    global_weights = direct and default_weights(shape, weights) is Weights.GLOBAL
 
-    def fits(cm: int) -> bool:
+    def fits(cx: int, cm: int) -> bool:
         if cm > 16 or cm * kk * cx > DEFAULT_FMAS:
             return False
-        if strategy is Strategy.DIRECT and default_weights(shape, weights) is Weights.GLOBAL:
-            return cm * kk <= GLOBAL_WEIGHTS_PER_CHANNEL and cm * kk * cx <= GLOBAL_FMAS_PER_CHANNEL
-        return True
+        if global_weights and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
+            return False
+        return not direct or cm * kk * cx <= DIRECT_FMAS_PER_CHANNEL
 
-    cm = max(d for d in _divisors(shape.M) if d == 1 or fits(d))
-    return (cx, 1, cm)
+    best = None
+    for cx in xs:
+        cm = max(d for d in _divisors(shape.M) if d == 1 or fits(cx, d))
+        if best is None or cx * cm > best[0] * best[1] or (direct and cx * cm == best[0] * best[1]):
+            best = (cx, cm)
+    return (best[0], 1, best[1])
 
 
 def complete(

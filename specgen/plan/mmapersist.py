@@ -200,6 +200,8 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
         a_registers=4 * p,
         step_words=64 * map_tiles,
         threads=threads,
+        launch_bounds=f"{threads}, 1",
+        launch_bounds_alt=f"{threads}",
         pixels=pixels,
         tiles=tiles,
         bands_per_image=bands_per_image,

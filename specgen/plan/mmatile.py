@@ -102,6 +102,8 @@ def plan_mmatile(shape: ConvShape, v: Variant) -> Plan:
         fn=fn,
         warps=warps,
         threads=threads,
+        launch_bounds=f"{threads}, 1",
+        launch_bounds_alt=f"{threads}",
         rows=rows,
         bands=bands,
         wp=wp,

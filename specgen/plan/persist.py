@@ -204,6 +204,8 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
         groups=groups,
         segs=segs,
         threads=threads,
+        launch_bounds=f"{threads}, 1",
+        launch_bounds_alt=f"{threads}",
         row_threads=rows * segs,
         iw=iw,
         ih=ih,
