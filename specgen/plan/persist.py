@@ -68,6 +68,52 @@ def _row_stride(iw: int, rows: int, segs: int, tx: int) -> tuple[int, int]:
     return best
 
 
+def outer_context(
+    K: int,
+    tm: int,
+    tx: int,
+    maps_vec: int,
+    stride: int,
+    map_stride: int,
+    rows: int,
+    segs: int,
+    groups: int,
+) -> dict:
+    """What templates/common/outer.j2 and the compute loop of persist and stream need:
+    the register tile, its loaders, and the unrolled window (input row offsets in the
+    band, and each tap's offset in a weight layout with `map_stride` floats per tap)."""
+    in_vec = _vector(tx)
+    nv = ceil_div(tx + K - 1, in_vec) * in_vec
+    threads = groups * rows * segs
+    window = [
+        dict(
+            ky=ky,
+            x_off=ky * stride,
+            taps=[dict(kx=kx, w_off=(ky * K + kx) * map_stride) for kx in range(K)],
+        )
+        for ky in range(K)
+    ]
+    return dict(
+        tm=tm,
+        tx=tx,
+        npix=tx + K - 1,
+        nv=nv,
+        row_load=_loader(nv, in_vec),
+        maps_load=_loader(tm, maps_vec),
+        window=window,
+        w_row_step=K * map_stride,
+        groups=groups,
+        segs=segs,
+        rows=rows,
+        threads=threads,
+        row_threads=rows * segs,
+        # ptxas may use up to 255 registers; the compile step tries the plain bound
+        # if that spills (specgen/compile.py).
+        launch_bounds=f"{threads}, 1",
+        launch_bounds_alt=f"{threads}",
+    )
+
+
 def plan_persist(shape: ConvShape, v: Variant) -> Plan:
     if v.precision is not Precision.FP32:
         raise SpecError(
@@ -181,32 +227,10 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
             f"stored {out_vec} float(s) at a time",
         ),
     ]
-    in_vec = _vector(tx)
-    nv = ceil_div(tx + K - 1, in_vec) * in_vec
-    window = [
-        dict(
-            ky=ky, x_off=ky * stride, taps=[dict(kx=kx, w_off=(ky * K + kx) * M) for kx in range(K)]
-        )
-        for ky in range(K)
-    ]
     ctx = dict(
         shape_context(shape),
         **lay,
-        rows=rows,
-        tm=tm,
-        tx=tx,
-        npix=tx + K - 1,
-        nv=nv,
-        row_load=_loader(nv, in_vec),
-        maps_load=_loader(tm, vec),
-        window=window,
-        w_row_step=K * M,
-        groups=groups,
-        segs=segs,
-        threads=threads,
-        launch_bounds=f"{threads}, 1",
-        launch_bounds_alt=f"{threads}",
-        row_threads=rows * segs,
+        **outer_context(K, tm, tx, vec, stride, M, rows, segs, groups),
         iw=iw,
         ih=ih,
         stage_channels=C,

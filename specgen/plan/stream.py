@@ -30,7 +30,7 @@ from .common import (
     check_threads,
     shape_context,
 )
-from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _loader, _row_stride, _vector
+from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _row_stride, outer_context
 
 # The channel loop of a chunk is straight-line code up to this many FMAs per thread.
 # Longer bodies overflow the instruction cache: ae-enc2's 8x8 tile with whole chunks
@@ -102,8 +102,6 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         )
     map_blocks = M // bm
     bands_per_image = ceil_div(Ho, rows)
-    in_vec = _vector(tx)
-    nv = ceil_div(tx + K - 1, in_vec) * in_vec
     maps_vec = next(n for n in (4, 2, 1) if tm % n == 0)
     w_vec = 4 if bm % 4 == 0 and M % 4 == 0 else 1  # 16-byte copies need aligned map runs
     # Weight copies: w_row_copies runs of w_vec floats per tap of the chunk.  When the
@@ -169,32 +167,10 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
             f"{degree}-way bank conflicts at worst)",
         ),
     ]
-    window = [
-        dict(
-            ky=ky,
-            x_off=ky * stride,
-            taps=[dict(kx=kx, w_off=(ky * K + kx) * bm) for kx in range(K)],
-        )
-        for ky in range(K)
-    ]
     ctx = dict(
         shape_context(shape),
-        rows=rows,
+        **outer_context(K, tm, tx, maps_vec, stride, bm, rows, segs, groups),
         bm=bm,
-        tm=tm,
-        tx=tx,
-        nv=nv,
-        npix=tx + K - 1,
-        row_load=_loader(nv, in_vec),
-        maps_load=_loader(tm, maps_vec),
-        window=window,
-        w_row_step=K * bm,
-        groups=groups,
-        segs=segs,
-        threads=threads,
-        launch_bounds=f"{threads}, 1",
-        launch_bounds_alt=f"{threads}",
-        row_threads=rows * segs,
         map_blocks=map_blocks,
         cb=cb,
         chunks=chunks,
