@@ -26,6 +26,8 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
 }
 
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
 // 16-byte asynchronous copy global -> shared, through L2 only (the weights are read by
 // every block; L1 would only evict the band).
 __device__ __forceinline__ void cp_async16(float* dst, const float* src)
@@ -34,8 +36,6 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src)
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
 }
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 

@@ -115,6 +115,16 @@ def shape_context(shape: ConvShape) -> dict:
     )
 
 
+def launch_bounds(threads: int, one_per_sm_first: bool = True) -> dict:
+    """The two __launch_bounds__ of templates/common/bounds.j2: one block per SM (so
+    ptxas may use up to 255 registers) and the plain bound, in the order tried.  ptxas
+    derives its register cap from the bound, and which one spills cannot be told from
+    the block alone; the compile step keeps whichever does not (specgen/compile.py)."""
+    one, plain = f"{threads}, 1", f"{threads}"
+    first, second = (one, plain) if one_per_sm_first else (plain, one)
+    return dict(launch_bounds=first, launch_bounds_alt=second)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

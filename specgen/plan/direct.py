@@ -19,8 +19,9 @@ from .common import (
     bank_conflict_degree,
     ceil_div,
     check_threads,
-    smem_placement,
+    launch_bounds,
     shape_context,
+    smem_placement,
 )
 
 UNROLL_CHANNELS_MAX = 32  # past this, an unrolled channel loop is a wall of code
@@ -213,16 +214,12 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         bw=bw,
         bh=bh,
         threads=bw * bh,
-        # ptxas derives its register cap from the launch bounds, and which bound spills
-        # is not predictable from the block alone: 64-thread blocks spilled under the
-        # plain bound (C=1 M=7 K=3 fp16: capped at 56) and under the explicit one block
-        # per SM (mx-layer2 m8: 255 + stack).  The source carries both; the compile
-        # step uses the second when the first spills (specgen/compile.py).  First: one
-        # block per SM for blocks under a warp (else ptxas capped one at 128 and
-        # spilled, C=8 M=1 K=5, 4 threads), the plain bound otherwise (layer1's
-        # 32-thread winner: 128 registers, 162 with the explicit bound).
-        launch_bounds=f"{bw * bh}, 1" if bw * bh < 32 else f"{bw * bh}",
-        launch_bounds_alt=f"{bw * bh}" if bw * bh < 32 else f"{bw * bh}, 1",
+        # Tried first: one block per SM for blocks under a warp (else ptxas capped one
+        # at 128 registers and spilled, C=8 M=1 K=5, 4 threads), the plain bound
+        # otherwise (layer1's 32-thread winner: 128 registers, 162 with the explicit
+        # one).  The other is the fallback: 64-thread blocks spilled under the plain
+        # bound (C=1 M=7 K=3 fp16) and under one per SM (mx-layer2 m8) alike.
+        **launch_bounds(bw * bh, one_per_sm_first=bw * bh < 32),
         tiles_x=tiles_x,
         tiles_y=tiles_y,
         map_groups=map_groups,

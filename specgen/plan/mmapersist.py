@@ -31,12 +31,13 @@ from ..errors import SpecError
 from ..shapes import ConvShape
 from ..variants import Precision, Variant
 from .common import (
-    OPTIN_SMEM_BYTES,
     Launch,
+    OPTIN_SMEM_BYTES,
     Plan,
     Size,
     bank_conflict_degree,
     ceil_div,
+    launch_bounds,
     shape_context,
 )
 
@@ -200,8 +201,7 @@ def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
         a_registers=4 * p,
         step_words=64 * map_tiles,
         threads=threads,
-        launch_bounds=f"{threads}, 1",
-        launch_bounds_alt=f"{threads}",
+        **launch_bounds(threads),
         pixels=pixels,
         tiles=tiles,
         bands_per_image=bands_per_image,

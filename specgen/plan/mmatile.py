@@ -15,11 +15,12 @@ from ..errors import SpecError
 from ..shapes import ConvShape
 from ..variants import Precision, Variant
 from .common import (
-    OPTIN_SMEM_BYTES,
     Launch,
+    OPTIN_SMEM_BYTES,
     Plan,
     Size,
     ceil_div,
+    launch_bounds,
     shape_context,
     smem_placement,
 )
@@ -102,8 +103,7 @@ def plan_mmatile(shape: ConvShape, v: Variant) -> Plan:
         fn=fn,
         warps=warps,
         threads=threads,
-        launch_bounds=f"{threads}, 1",
-        launch_bounds_alt=f"{threads}",
+        **launch_bounds(threads),
         rows=rows,
         bands=bands,
         wp=wp,

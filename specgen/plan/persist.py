@@ -19,14 +19,15 @@ from ..errors import SpecError
 from ..shapes import ConvShape
 from ..variants import Precision, Variant
 from .common import (
+    Launch,
     MAX_THREADS,
     OPTIN_SMEM_BYTES,
-    Launch,
     Plan,
     Size,
     bank_conflict_degree,
     ceil_div,
     check_threads,
+    launch_bounds,
     shape_context,
 )
 
@@ -107,10 +108,7 @@ def outer_context(
         rows=rows,
         threads=threads,
         row_threads=rows * segs,
-        # ptxas may use up to 255 registers; the compile step tries the plain bound
-        # if that spills (specgen/compile.py).
-        launch_bounds=f"{threads}, 1",
-        launch_bounds_alt=f"{threads}",
+        **launch_bounds(threads),
     )
 
 

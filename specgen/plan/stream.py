@@ -194,6 +194,8 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
         w_unroll=w_slots <= UNROLLED_COPIES,
         band_tail=band_slots * threads != ih * iw,
         w_chunk_stride=cb * KK * M,
+        x_chunk_stride=cb * H * W,
+        chunk_taps=cb * KK,
         w_channel=KK * bm,
         bands_per_image=bands_per_image,
         smem_bytes=nbytes,
