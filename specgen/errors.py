@@ -1,4 +1,9 @@
-"""The one exception type that the CLI turns into a one-line message and exit status 2."""
+"""The one exception type that the CLI turns into a one-line message and exit status 2,
+and the one way specgen warns about something it worked around."""
+
+import sys
+
+_warned: set[str] = set()
 
 
 class SpecError(ValueError):
@@ -7,3 +12,12 @@ class SpecError(ValueError):
     The message is a single line that says what was asked, which limit it breaks,
     and what to choose instead.
     """
+
+
+def warn_once(key: str, message: str) -> None:
+    """One line on stderr, once per process for each ``key``: a degraded cache or a
+    skipped database line must be visible, and must not drown the output."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    print(f"warning: {message}", file=sys.stderr)

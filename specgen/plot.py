@@ -3,13 +3,15 @@ and achieved rate, under the measured copy-bandwidth and fp32 ceilings."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from .errors import SpecError
+from .files import atomic_write
 from .shapes import PRESETS, parse_shape
 
 
-def roofline(report: dict, path: Path) -> None:
+def require_matplotlib():
     try:
         import matplotlib
 
@@ -17,6 +19,11 @@ def roofline(report: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SpecError("--plot needs matplotlib: pip install 'specgen[plot]'") from None
+    return plt
+
+
+def roofline(report: dict, path: Path) -> None:
+    plt = require_matplotlib()
     ceil = report["ceilings"]
     bw, peak = ceil["copy_bytes_per_s"], ceil["fp32_flops_per_s"]
     fig, ax = plt.subplots(figsize=(9, 6))
@@ -56,5 +63,7 @@ def roofline(report: dict, path: Path) -> None:
     ax.set_title(f"specgen bench on {report['device']}")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write(path, png.getvalue())
