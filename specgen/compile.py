@@ -12,11 +12,13 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+import struct
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .errors import SpecError
+from .errors import SpecError, warn_once
 from .files import atomic_write
 
 DEFAULT_ARCH = "sm_90"
@@ -62,12 +64,50 @@ def nvrtc_version() -> tuple[int, int]:
     return tuple(nvrtc.getVersion())
 
 
+def supported_arch(arch: str) -> None:
+    """Refuse an architecture NVRTC cannot target, naming the ones it can."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    m = re.fullmatch(r"sm_([0-9]{2,3})a?", arch)
+    if not m:
+        raise SpecError(f"malformed architecture '{arch}'; write sm_XX, for example sm_90")
+    try:
+        known = tuple(nvrtc.getSupportedArchs())
+    except (AttributeError, RuntimeError):
+        return  # an NVRTC too old to say: let it refuse for itself
+    if int(m.group(1)) not in known:
+        raise SpecError(
+            f"NVRTC %d.%d cannot compile for {arch}; it targets " % nvrtc_version()
+            + ", ".join(f"sm_{a}" for a in known)
+        )
+
+
 def cache_dir() -> Path:
     env = os.environ.get("SPECGEN_CACHE_DIR")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "specgen"
+
+
+def cache_writable(arch: str) -> bool:
+    """Whether compiled entries for ``arch`` can be stored; warns once when not."""
+    folder = cache_dir() / arch
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError as e:
+        _unwritable(folder, e)
+        return False
+
+
+def _unwritable(folder: Path, e: OSError) -> None:
+    warn_once(
+        "cache",
+        f"the compile cache {folder} cannot be written ({e.strerror or e}); "
+        "compiling without caching (set SPECGEN_CACHE_DIR to a writable folder)",
+    )
 
 
 def options_for(arch: str) -> tuple[str, ...]:
@@ -106,8 +146,15 @@ def symbol_sizes(cubin: bytes) -> dict[str, int]:
     ptxas run through NVRTC does not report module-scope __constant__ bytes, so the
     size of each constant array is read off the binary itself.
     """
-    import struct
+    if cubin[:4] != b"\x7fELF":
+        raise ValueError("not an ELF cubin")
+    try:
+        return _elf_objects(cubin)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed cubin: {e}") from None
 
+
+def _elf_objects(cubin: bytes) -> dict[str, int]:
     (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
     sections = [
@@ -168,16 +215,42 @@ def _nvrtc_compile(source: str, name: str, arch: str, defines=()) -> tuple[bytes
         nvrtc.destroyProgram(prog)
 
 
-def _load_cached(base: Path, key: str, arch: str) -> Binary | None:
+def _entry_bytes(meta: dict, cubin: bytes) -> bytes:
+    """One cache entry: the SHA-256 of everything after it, then the metadata as one
+    JSON line, then the cubin.  Metadata and binary are checked together, so an entry
+    that was edited, cut short or mixed from two compilations is compiled again."""
+    body = json.dumps(meta, sort_keys=True).encode() + b"\n" + cubin
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def _load_cached(path: Path, key: str, arch: str) -> Binary | None:
+    """The entry at ``path`` if it checks out, else None (compile again)."""
     try:
-        meta = json.loads((base / f"{key}.json").read_text())
-        cubin = (base / f"{key}.cubin").read_bytes()
-        if hashlib.sha256(cubin).hexdigest() != meta["cubin_sha256"]:
+        data = path.read_bytes()
+        digest, body = data.split(b"\n", 1)
+        if hashlib.sha256(body).hexdigest().encode() != digest:
             return None
-        resources = {k: Resources(**r) for k, r in meta["resources"].items()}
-        return Binary(cubin, arch, resources, key, meta["log"], tuple(meta["defines"]))
+        head, cubin = body.split(b"\n", 1)
+        meta = json.loads(head)
+        log, defines = meta["log"], meta["defines"]
+        if meta["key"] != key or meta["arch"] != arch or not isinstance(log, str):
+            return None
+        if not isinstance(defines, list) or not all(isinstance(d, str) for d in defines):
+            return None
+        symbol_sizes(cubin)  # raises ValueError on anything but an ELF cubin
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or corrupt: compile again
+        return None
+    # The resources are read from ptxas's log again, not trusted from a stored copy.
+    return Binary(cubin, arch, parse_resources(log), key, log, tuple(defines))
+
+
+def _store(path: Path, binary: Binary, name: str) -> None:
+    meta = dict(name=name, key=binary.key, arch=binary.arch, log=binary.log)
+    meta["defines"] = list(binary.defines)
+    try:
+        atomic_write(path, _entry_bytes(meta, binary.cubin))
+    except OSError as e:
+        _unwritable(path.parent, e)
 
 
 def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool = True) -> Binary:
@@ -186,11 +259,10 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
     When the source offers a second choice of launch bounds (``ALT_BOUNDS``) and the
     first spills, it is compiled again with the second, and the one with fewer spilled
     bytes is kept: the cache holds the outcome, so the retry is paid once."""
-    if not re.fullmatch(r"sm_\d+a?", arch):
-        raise SpecError(f"malformed architecture '{arch}'; write sm_XX, for example sm_90")
+    supported_arch(arch)
     key = cache_key(source, arch)
-    base = cache_dir() / arch
-    if cache and (hit := _load_cached(base, key, arch)):
+    path = cache_dir() / arch / f"{key}.entry"
+    if cache and (hit := _load_cached(path, key, arch)):
         return hit
     cubin, log = _nvrtc_compile(source, name, arch)
     binary = Binary(cubin, arch, parse_resources(log), key, log)
@@ -200,14 +272,5 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
         if alt.spills < binary.spills:
             binary = alt
     if cache:
-        meta = dict(
-            name=name,
-            arch=arch,
-            cubin_sha256=hashlib.sha256(cubin).hexdigest(),
-            resources={k: asdict(r) for k, r in binary.resources.items()},
-            log=binary.log,
-            defines=list(binary.defines),
-        )
-        atomic_write(base / f"{key}.cubin", cubin)  # the cubin first: meta names it
-        atomic_write(base / f"{key}.json", json.dumps(meta, indent=1).encode())
+        _store(path, binary, name)
     return binary

@@ -8,7 +8,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import click
 
-from .compile import compile_source
+from .compile import cache_writable, compile_source
 from .plan import make_plan
 from .render import render
 
@@ -23,8 +23,11 @@ def _compile_one(shape, variant, arch):
 
 
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
-    """Fill the disk cache for every (shape, variant); returns name -> error or None."""
+    """Fill the disk cache for every (shape, variant); returns name -> error or None.
+    With no writable cache there is nothing to fill: each variant compiles when used."""
     results = {}
+    if not cache_writable(arch):
+        return results
     if jobs <= 1 or len(items) <= 1:
         for shape, v in items:
             name, err = _compile_one(shape, v, arch)
