@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .compile import cache_dir
+from .errors import SpecError
 from .shapes import ConvShape
 from .variants import Precision, Variant
 
@@ -235,9 +236,13 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
     for shape in shapes:
         b = batch or shape.batch
         if best:
-            from .tune import best_variants
+            from .tune import best_picks
 
-            chosen = best_variants(shape)
+            try:
+                chosen = [v for v, _ in best_picks(shape, device_name())] or default_set(shape)
+            except SpecError as e:
+                echo(f"{shape.slug}: not timed: {e}")
+                continue
         else:
             chosen = (variants or {}).get(shape.slug) or default_set(shape)
         xs = input_sets(shape, b, rng)

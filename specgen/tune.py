@@ -11,60 +11,29 @@ from __future__ import annotations
 import datetime
 import hashlib
 import itertools
-import json
 import statistics
 import sys
-from dataclasses import replace
 
 import click
 
-from .compile import cache_dir, nvrtc_version
+from . import tunedb
+from .compile import nvrtc_version
 from .errors import SpecError
 from .plan import make_plan
+from .plan.common import divisors
 from .render import render
 from .shapes import ConvShape
-from .variants import Layout, Precision, Strategy, Variant, Weights
+from .variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
 
 RETIME_TOP = 3
 TUNE_MAX_FMAS = 3200  # keeps each candidate's compile under ~20 s
 RETIME_ROUNDS = 5
 
 
-def db_path():
-    return cache_dir() / "tune.jsonl"
-
-
-def environment() -> dict:
-    import cupy
-
-    from .bench import device_name
-
-    return dict(
-        gpu=device_name(),
-        driver=cupy.cuda.runtime.driverGetVersion(),
-        nvrtc="%d.%d" % nvrtc_version(),
-    )
-
-
-def _records():
-    try:
-        lines = db_path().read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by an interrupted run
-    return out
-
-
-def _append(record: dict) -> None:
-    path = db_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+def even_segments(width: int, most: int) -> set[int]:
+    """Segment lengths of at most ``most`` pixels that split a row of ``width`` into
+    ceil(width / segments) pieces: tx is one when ceil(width / ceil(width / tx)) == tx."""
+    return {tx for tx in range(1, min(most, width) + 1) if -(-width // -(-width // tx)) == tx}
 
 
 def persist_candidates(shape: ConvShape) -> list[Variant]:
@@ -72,8 +41,8 @@ def persist_candidates(shape: ConvShape) -> list[Variant]:
     most a sixth of a row, and bands of Ho/k rows."""
     from .plan.persist import MAX_ACCUMULATORS
 
-    maps = [d for d in range(1, min(16, shape.M) + 1) if shape.M % d == 0]
-    even = {-(-shape.Wo // segs) for segs in range(1, shape.Wo + 1)}
+    maps = [d for d in divisors(shape.M) if d <= 16]
+    even = even_segments(shape.Wo, 34)
     even |= {-(-tx // 4) * 4 for tx in even}  # whole float4 loads of a row
     pixels = sorted(
         (
@@ -120,15 +89,15 @@ def stream_candidates(shape: ConvShape) -> list[Variant]:
     from .plan.persist import MAX_ACCUMULATORS
 
     M, Wo, Ho, KK = shape.M, shape.Wo, shape.Ho, shape.K * shape.K
-    even = {-(-Wo // segs) for segs in range(1, Wo + 1)}
+    even = even_segments(Wo, 16)
     even |= {-(-tx // 4) * 4 for tx in even}
     pixels = [
         tx for tx in sorted(even) if 4 <= tx <= min(16, Wo) and -(-Wo // tx) * tx - Wo <= Wo / 6
     ]
     rows = sorted({-(-Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
-    divisors = [d for d in range(1, shape.C + 1) if shape.C % d == 0]
+    channel_divisors = divisors(shape.C)
     out = []
-    for tm in (d for d in range(1, 17) if M % d == 0):
+    for tm in (d for d in divisors(M) if d <= 16):
         blocks = {
             bm
             for bm in range(tm, M + 1, tm)
@@ -140,7 +109,9 @@ def stream_candidates(shape: ConvShape) -> list[Variant]:
             if not (big and 64 <= threads <= 512):
                 continue
             per_channel = KK * tm * tx
-            chunks = [d for d in divisors if 1152 <= d * per_channel <= 9216] or divisors[:1]
+            chunks = [
+                d for d in channel_divisors if 1152 <= d * per_channel <= 9216
+            ] or channel_divisors[:1]
             for cb in chunks:
                 v = Variant(strategy=Strategy.STREAM, tile=r, maps=bm, chunk=cb, regtile=(tm, tx))
                 out.append(v)
@@ -155,7 +126,7 @@ def candidates(
     from .space import complete
 
     out = []
-    divisors = [d for d in range(1, shape.M + 1) if shape.M % d == 0 and d <= 24]
+    map_divisors = [d for d in divisors(shape.M) if d <= 24]
     if precision in (Precision.FP32, Precision.FP16):
         for strat, layout in (
             (Strategy.DIRECT, Layout.NONE),
@@ -163,7 +134,7 @@ def candidates(
             (Strategy.TILED, Layout.INTERLEAVED),
         ):
             for tile, cx, cy, cm, weights in itertools.product(
-                (8, 16, 32), (2, 4, 8), (1, 2, 4), divisors, (Weights.CONST, Weights.GLOBAL)
+                (8, 16, 32), (2, 4, 8), (1, 2, 4), map_divisors, (Weights.CONST, Weights.GLOBAL)
             ):
                 v = Variant(
                     strategy=strat,
@@ -256,14 +227,7 @@ def run_tune(
         space = space[:budget]
     echo(f"tune {shape.slug} {precision.value} on {env['gpu']}: {len(space)} candidates, B={batch}")
     errors = precompile([(shape, v) for v in space], arch, os.cpu_count() or 1, label="compiled")
-    known = {
-        (r["variant"], r["source"]): r
-        for r in _records()
-        if r.get("kind") == "timing"
-        and all(r.get(k) == env[k] for k in env)
-        and r.get("shape") == shape.spec
-        and r.get("batch") == batch
-    }
+    known = tunedb.timings(env, shape.spec, batch)
     ceil = ceilings()
     rng = np.random.default_rng()
     xs = input_sets(shape, batch, rng)
@@ -288,7 +252,7 @@ def run_tune(
             counts["verified"] += 1
             t = bench_variant(shape, v, batch, xs, w, ceil)
             counts["timed"] += 1
-            _append(
+            tunedb.append(
                 dict(
                     env,
                     kind="timing",
@@ -325,7 +289,7 @@ def run_tune(
         echo(f"  {v.name:<48} {med[v]:.4f} ms  (p10-p90 {spread[v][0]:.4f}-{spread[v][-1]:.4f})")
     verdict = f"tie with {order[1].name}" if tie else "winner"
     echo(f"{verdict}: {win.name} {med[win]:.4f} ms")
-    _append(
+    tunedb.append(
         dict(
             env,
             kind="winner",
@@ -341,16 +305,6 @@ def run_tune(
         )
     )
     return dict(winner=win.name, ms=med[win], tie=tie)
-
-
-def winners(shape: ConvShape, gpu: str | None = None) -> dict[str, dict]:
-    """The latest winner per precision for the shape (on ``gpu`` if named)."""
-    out = {}
-    for r in _records():
-        if r.get("kind") == "winner" and r.get("shape") == shape.spec:
-            if gpu is None or r.get("gpu") == gpu:
-                out[r["precision"]] = r
-    return out
 
 
 # The fastest verified variants that specgen bench and tune measured on one H200
@@ -372,16 +326,26 @@ SHIPPED_WINNERS = {
 }
 
 
-def best_variants(shape: ConvShape) -> list[Variant]:
-    from .bench import device_name
-    from .space import default_set
-    from .variants import parse_variant_name
-
-    gpu = device_name()
-    found = winners(shape, gpu)
-    if found:
-        return [parse_variant_name(r["variant"]) for r in found.values()]
-    shipped = SHIPPED_WINNERS.get(gpu, {}).get(shape.slug)
-    if shipped:
-        return [parse_variant_name(name) for name in shipped]
-    return default_set(shape)
+def best_picks(shape: ConvShape, gpu: str) -> list[tuple[Variant, str | None]]:
+    """(variant, banner note) for each precision's winner on ``gpu``: this machine's
+    database first, else the winners shipped for that GPU, else nothing.  All or
+    nothing: a recorded winner that the planner now refuses is an error that names its
+    database line."""
+    found = tunedb.winners(shape.spec, gpu)
+    if not found:
+        shipped = SHIPPED_WINNERS.get(gpu, {}).get(shape.slug, []) if shape.name else []
+        return [(parse_variant_name(name), None) for name in shipped]
+    picks = []
+    for r in found.values():
+        try:
+            v = parse_variant_name(r["variant"])
+            make_plan(shape, v)
+        except SpecError as e:
+            raise SpecError(
+                f"{tunedb.db_path()} line {r['line']}: the recorded winner '{r['variant']}' "
+                f"cannot be planned any more ({e}); run specgen tune again"
+            ) from None
+        tie = f", a tie with {r['runner_up']}" if r.get("tie") else ""
+        note = f"tuned winner: {r['ms']:.4f} ms at B={r['batch']} on {r['gpu']}, {r['date']}{tie}"
+        picks.append((v, note))
+    return picks

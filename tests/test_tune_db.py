@@ -2,9 +2,10 @@
 
 import json
 
+from specgen import tunedb
 from specgen.plan import make_plan
 from specgen.shapes import PRESETS
-from specgen.tune import candidates, db_path, winners
+from specgen.tune import candidates
 from specgen.variants import Precision, Strategy
 
 
@@ -26,8 +27,17 @@ def test_space_holds_only_plannable_variants_of_the_asked_precision():
 def test_winners_from_another_gpu_are_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     shape = PRESETS["layer2"]
-    rec = dict(kind="winner", shape=shape.spec, precision="fp32", variant="x", ms=1.0, gpu="A")
-    db_path().parent.mkdir(parents=True, exist_ok=True)
-    db_path().write_text(json.dumps(rec) + "\n{cut short\n")  # an interrupted append
-    assert winners(shape, "A")["fp32"]["variant"] == "x"
-    assert winners(shape, "B") == {}
+    rec = dict(
+        kind="winner",
+        shape=shape.spec,
+        batch=10,
+        precision="fp32",
+        variant="x",
+        ms=1.0,
+        gpu="A",
+        date="2026-11-22",
+    )
+    tunedb.db_path().parent.mkdir(parents=True, exist_ok=True)
+    tunedb.db_path().write_text(json.dumps(rec) + "\n{cut short\n")  # an interrupted append
+    assert tunedb.winners(shape.spec, "A")["fp32"]["variant"] == "x"
+    assert tunedb.winners(shape.spec, "B") == {}

@@ -1,0 +1,150 @@
+"""The tuning results database: one JSON object per line, appended, never rewritten.
+
+A line that cannot be read (cut short by a killed run, not UTF-8, not an object, a
+record missing a field or holding a value of the wrong type) is skipped and counted
+in one warning; it never stops a reader.  An append always starts on a line of its
+own, so a record cut short by a crash cannot swallow the next one.  Every reader asks
+for one GPU: a result measured on another GPU is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from .compile import cache_dir
+from .errors import warn_once
+from .variants import Precision
+
+# What each kind of record must hold, and the type of each field.
+_POSITIVE = "positive number"
+_COUNT = "count"
+REQUIRED = {
+    "timing": dict(
+        gpu=str,
+        driver=int,
+        nvrtc=str,
+        shape=str,
+        batch=_COUNT,
+        variant=str,
+        source=str,
+        ms=_POSITIVE,
+    ),
+    "winner": dict(
+        gpu=str,
+        shape=str,
+        batch=_COUNT,
+        precision=str,
+        variant=str,
+        ms=_POSITIVE,
+        date=str,
+    ),
+}
+
+
+def db_path() -> Path:
+    return cache_dir() / "tune.jsonl"
+
+
+def _is(value, kind) -> bool:
+    if kind == _POSITIVE:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok and math.isfinite(value) and value > 0
+    if kind == _COUNT:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def valid(record) -> bool:
+    """A record every reader can use without checking it again."""
+    if not isinstance(record, dict) or record.get("kind") not in REQUIRED:
+        return False
+    if not all(_is(record.get(k), t) for k, t in REQUIRED[record["kind"]].items()):
+        return False
+    if record["kind"] == "winner":
+        if record["precision"] not in {p.value for p in Precision}:
+            return False
+        if not isinstance(record.get("tie", False), bool):
+            return False
+        if not isinstance(record.get("runner_up"), (str, type(None))):
+            return False
+    return True
+
+
+def records() -> list[dict]:
+    """Every readable record, each with ``line``: its line number in the file."""
+    path = db_path()
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    out, bad = [], []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+            record = None
+        if valid(record):
+            out.append(dict(record, line=number))
+        else:
+            bad.append(number)
+    if bad:
+        lines = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        warn_once(
+            f"db:{path}",
+            f"skipped {len(bad)} unreadable line(s) of {path} (line {lines}); "
+            "the other records are used",
+        )
+    return out
+
+
+def append(record: dict) -> None:
+    """Add one record on a line of its own.  A database that cannot be written costs
+    this run's records (said once), not the run: the results are printed anyway."""
+    path = db_path()
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # the last record was cut short
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        warn_once(
+            f"db-write:{path}",
+            f"cannot append to {path} ({e.strerror or e}); this run's results are printed "
+            "but not saved",
+        )
+
+
+def timings(env: dict, shape_spec: str, batch: int) -> dict[tuple[str, str], dict]:
+    """(variant, source hash) -> timing record, for this GPU, driver and NVRTC only."""
+    return {
+        (r["variant"], r["source"]): r
+        for r in records()
+        if r["kind"] == "timing"
+        and all(r.get(k) == env[k] for k in env)
+        and r["shape"] == shape_spec
+        and r["batch"] == batch
+    }
+
+
+def winners(shape_spec: str, gpu: str) -> dict[str, dict]:
+    """The latest winner per precision for the shape, measured on ``gpu``."""
+    out = {}
+    for r in records():
+        if r["kind"] == "winner" and r["shape"] == shape_spec and r["gpu"] == gpu:
+            out[r["precision"]] = r
+    return out
+
+
+def recorded_gpus() -> list[str]:
+    return sorted({r["gpu"] for r in records() if r["kind"] == "winner"})
