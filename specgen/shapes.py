@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 from .errors import SpecError
 
+# specgen's kernels address one image of x or y, the weights and each grid axis with
+# 32-bit ints (the batch offset is 64-bit); a shape past this is refused, not wrapped.
+INDEX_LIMIT = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class ConvShape:
@@ -37,6 +41,16 @@ class ConvShape:
                 f"K={self.K} is larger than the padded image "
                 f"{self.H + 2 * self.pad}x{self.W + 2 * self.pad}"
             )
+        for what, formula, n, fix in (
+            ("one image of x", "C*H*W", self.C * self.H * self.W, "C, H or W"),
+            ("one image of y", "M*Ho*Wo", self.M * self.Ho * self.Wo, "M, H or W"),
+            ("the weights", "M*C*K*K", self.weight_count, "M, C or K"),
+        ):
+            if n > INDEX_LIMIT:
+                raise SpecError(
+                    f"{what} holds {formula} = {n} elements, over the {INDEX_LIMIT} that "
+                    f"specgen's 32-bit indices address; choose a smaller {fix}"
+                )
 
     @property
     def Ho(self) -> int:
@@ -100,7 +114,7 @@ PRESETS: dict[str, ConvShape] = {
 }
 
 _SPEC_KEYS = ("C", "M", "H", "W", "K", "pad")
-_SPEC_ITEM = re.compile(r"^\s*([A-Za-z]+)\s*=\s*(-?\d+)\s*$")
+_SPEC_ITEM = re.compile(r"^\s*([A-Za-z]+)\s*=\s*(-?[0-9]+)\s*$")
 
 
 def parse_shape(text: str) -> ConvShape:
@@ -126,7 +140,10 @@ def parse_shape(text: str) -> ConvShape:
             )
         if key in values:
             raise SpecError(f"malformed shape spec '{text}': {key} given twice")
-        values[key] = int(m.group(2))
+        digits = m.group(2)
+        if len(digits.lstrip("-")) > 10 or int(digits) > INDEX_LIMIT:
+            raise SpecError(f"shape spec '{text}': {key}={digits} is over {INDEX_LIMIT}")
+        values[key] = int(digits)
     missing = [k for k in _SPEC_KEYS[:5] if k not in values]
     if missing:
         raise SpecError(f"malformed shape spec '{text}': missing {', '.join(missing)}")

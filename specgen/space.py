@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from .errors import SpecError
 from .plan import make_plan
+from .plan.common import divisors
 from .plan.direct import UNROLL_CHANNELS_MAX
 from .shapes import ConvShape
 from .variants import Layout, Precision, Strategy, Variant, Weights
@@ -26,10 +27,6 @@ DIRECT_FMAS_PER_CHANNEL = 800
 # (ae-enc2 8x8: 0.426 / 0.415 / 0.407 / 0.417 ms with 2 / 4 / 8 / 16 channels of 576
 # FMAs; ae-dec1 and ae-dec2 alike, H200, 2026-11-21).
 STREAM_CHUNK_FMAS = 4608
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def default_weights(shape: ConvShape, asked: Weights | None = None) -> Weights:
@@ -67,7 +64,7 @@ def default_coarsening(
 
     best = None
     for cx in xs:
-        cm = max(d for d in _divisors(shape.M) if d == 1 or fits(cx, d))
+        cm = max(d for d in divisors(shape.M) if d == 1 or fits(cx, d))
         if best is None or cx * cm > best[0] * best[1] or (direct and cx * cm == best[0] * best[1]):
             best = (cx, cm)
     return (best[0], 1, best[1])
@@ -132,8 +129,8 @@ def default_persist(shape: ConvShape) -> Variant:
     """A persist variant without tuning: 4 maps (or fewer) by a row segment of at most
     12 pixels, and the tallest band whose buffers fit in a block of at most 512
     threads (so that ptxas may use 128 registers without spilling)."""
-    tm = max(d for d in _divisors(shape.M) if d <= 4)
-    segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 12)
+    tm = max(d for d in divisors(shape.M) if d <= 4)
+    segs = -(-shape.Wo // 12)  # the fewest row segments of at most 12 pixels
     tx = -(-shape.Wo // segs)
     most = max(1, 512 // (shape.M // tm * segs))
     return _tallest_band(shape, Variant(strategy=Strategy.PERSIST, regtile=(tm, tx)), most)
@@ -152,12 +149,12 @@ def default_stream(shape: ConvShape) -> Variant:
     """A stream variant without tuning: 8 maps (or fewer) by a row segment of at most 8
     pixels per thread, up to 128 maps per block, the tallest band that keeps the block
     within 256 threads (two blocks per SM), and chunks of about STREAM_CHUNK_FMAS."""
-    tm = max(d for d in _divisors(shape.M) if d <= 8)
-    bm = max(d for d in _divisors(shape.M) if d <= 128 and d % tm == 0)
-    segs = next(s for s in range(1, shape.Wo + 1) if -(-shape.Wo // s) <= 8)
+    tm = max(d for d in divisors(shape.M) if d <= 8)
+    bm = max(d for d in divisors(shape.M) if d <= 128 and d % tm == 0)
+    segs = -(-shape.Wo // 8)  # the fewest row segments of at most 8 pixels
     tx = -(-shape.Wo // segs)
     per_channel = shape.K * shape.K * tm * tx
-    cb = max(d for d in _divisors(shape.C) if d == 1 or d * per_channel <= STREAM_CHUNK_FMAS)
+    cb = max(d for d in divisors(shape.C) if d == 1 or d * per_channel <= STREAM_CHUNK_FMAS)
     most = max(1, 256 // (bm // tm * segs))
     v = Variant(strategy=Strategy.STREAM, maps=bm, chunk=cb, regtile=(tm, tx))
     return _tallest_band(shape, v, most)
@@ -197,7 +194,7 @@ def default_set(shape: ConvShape) -> list[Variant]:
         try:
             if v.strategy.family == "direct":
                 if v.strategy is Strategy.SPLIT:
-                    s = next((d for d in _divisors(shape.C) if d >= 2 and shape.C // d <= 64), 0)
+                    s = next((d for d in divisors(shape.C) if d >= 2 and shape.C // d <= 64), 0)
                     if not s:
                         continue  # C=1: nothing to split
                     v = replace(v, splits=s)

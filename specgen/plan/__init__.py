@@ -2,12 +2,23 @@
 
 from ..shapes import ConvShape
 from ..variants import Strategy, Variant
-from .common import Launch, Plan, Size
+from .common import Launch, Plan, Size, check_grid
 from .direct import plan_direct
 
 
 def make_plan(shape: ConvShape, variant: Variant) -> Plan:
-    variant = variant.canonical()
+    plan = _plan(shape, variant.canonical())
+    hint = (
+        "choose more output maps per thread (--coarsening) or a larger --tile"
+        if plan.variant.strategy.family == "direct"
+        else "choose a larger --tile"
+    )
+    for launch in plan.launches:
+        check_grid(launch, hint)
+    return plan
+
+
+def _plan(shape: ConvShape, variant: Variant) -> Plan:
     if variant.strategy.family == "direct":
         return plan_direct(shape, variant)
     if variant.strategy is Strategy.PERSIST:

@@ -129,6 +129,28 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order, by trial division up to sqrt(n), so that
+    a huge size costs milliseconds, not a scan to n."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def choices(values, most: int = 12) -> str:
+    """Values for a message, the first and last few when there are many."""
+    values = [str(v) for v in values]
+    if len(values) > most:
+        values = values[: most - 3] + ["..."] + values[-2:]
+    return ", ".join(values)
+
+
 def check_threads(block: tuple[int, int, int], hint: str) -> None:
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS:
@@ -138,16 +160,17 @@ def check_threads(block: tuple[int, int, int], hint: str) -> None:
         )
 
 
-def check_grid(launch: Launch, batch: int) -> None:
-    """Every fixed axis must fit; the batch axis is split by the runtime."""
+def check_grid(launch: Launch, hint: str) -> None:
+    """Every fixed axis must fit the device's grid, and the batch axis must hold at
+    least one image: the runtime splits a larger batch into launches of ``max_batch``."""
     for axis, (n, limit) in enumerate(zip(launch.grid, GRID_LIMITS)):
-        if axis != launch.axis and n > limit:
+        if axis == launch.axis:
+            n = ceil_div(launch.per_image, launch.per_block)  # one image's blocks
+        if n > limit:
             raise SpecError(
                 f"grid {'xyz'[axis]} = {n} blocks for {launch.kernel} is over the "
-                f"limit of {limit}; choose a larger tile"
+                f"limit of {limit}; {hint}"
             )
-    if batch < 1:
-        raise SpecError(f"batch must be at least 1, got {batch}")
 
 
 def smem_placement(nbytes: int, what: str, hint: str) -> tuple[int, int]:

@@ -19,6 +19,8 @@ from .common import (
     bank_conflict_degree,
     ceil_div,
     check_threads,
+    choices,
+    divisors,
     launch_bounds,
     shape_context,
     smem_placement,
@@ -36,19 +38,33 @@ def unrolled_fmas(shape: ConvShape, v: Variant) -> int:
     return channels * shape.K * shape.K * cx * cy * cm
 
 
+def largest_tile(shape: ConvShape) -> int:
+    """The largest output tile worth a block: the output's longer edge rounded up to
+    a power of two (at least 4, the smallest default)."""
+    edge = max(shape.Ho, shape.Wo, 4)
+    return 1 << (edge - 1).bit_length()
+
+
 def _check_variant(shape: ConvShape, v: Variant) -> None:
     cx, cy, cm = v.coarsening
     if v.tile < 1:
         raise SpecError(f"tile must be at least 1, got {v.tile}")
+    most = largest_tile(shape)
+    if v.tile > most:
+        raise SpecError(
+            f"tile {v.tile} is larger than the {shape.Ho}x{shape.Wo} output needs; "
+            f"choose at most {most}"
+        )
     for what, c in (("x", cx), ("y", cy)):
         if c < 1 or v.tile % c:
             raise SpecError(
                 f"coarsening {what}{c} must divide the tile {v.tile}; "
-                f"choose one of {[d for d in range(1, v.tile + 1) if v.tile % d == 0]}"
+                f"choose one of {choices(divisors(v.tile))}"
             )
     if cm < 1 or shape.M % cm:
-        divisors = [d for d in range(1, shape.M + 1) if shape.M % d == 0]
-        raise SpecError(f"coarsening m{cm} must divide M={shape.M}; choose one of {divisors}")
+        raise SpecError(
+            f"coarsening m{cm} must divide M={shape.M}; choose one of {choices(divisors(shape.M))}"
+        )
     if v.precision is Precision.TF32:
         raise SpecError(
             f"{v.strategy.value} computes with CUDA cores: precision fp32 or fp16, not "
@@ -63,10 +79,9 @@ def _check_variant(shape: ConvShape, v: Variant) -> None:
         if shape.C < 2:
             raise SpecError(f"split needs at least 2 input channels to split, C={shape.C}")
         if v.splits < 2 or shape.C % v.splits:
-            divisors = [d for d in range(2, shape.C + 1) if shape.C % d == 0]
             raise SpecError(
                 f"split s{v.splits} must divide C={shape.C} into 2 or more groups; "
-                f"choose one of {divisors}"
+                f"choose one of {choices(divisors(shape.C)[1:])}"
             )
     if v.unroll_channels and shape.C // v.splits > UNROLL_CHANNELS_MAX:
         raise SpecError(

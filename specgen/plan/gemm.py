@@ -97,7 +97,10 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
     r, c = v.regtile
     bn = v.tile
     if r < 1 or c < 1 or bn % c:
-        raise SpecError(f"register tile {r}x{c} must have c dividing the tile {bn}")
+        raise SpecError(
+            f"register tile {r}x{c}: its {c} pixels per thread must divide the tile of {bn} "
+            f"pixels per block; choose a tile that is a multiple of {c}"
+        )
     bm = min(64, ceil_div(shape.M, r) * r)
     tx, ty = bn // c, bm // r
     block = (tx, ty, 1)

@@ -27,6 +27,8 @@ from .common import (
     bank_conflict_degree,
     ceil_div,
     check_threads,
+    choices,
+    divisors,
     launch_bounds,
     shape_context,
 )
@@ -125,8 +127,9 @@ def plan_persist(shape: ConvShape, v: Variant) -> Plan:
     if rows < 1 or rows > Ho:
         raise SpecError(f"persist's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
     if tm < 1 or M % tm:
-        divisors = [d for d in range(1, M + 1) if M % d == 0]
-        raise SpecError(f"register tile maps {tm} must divide M={M}; choose one of {divisors}")
+        raise SpecError(
+            f"register tile maps {tm} must divide M={M}; choose one of {choices(divisors(M))}"
+        )
     if tx < 1 or tx > Wo:
         raise SpecError(f"register tile pixels {tx} must be 1 to Wo={Wo}")
     if tm * tx > MAX_ACCUMULATORS:

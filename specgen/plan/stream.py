@@ -28,6 +28,8 @@ from .common import (
     Size,
     ceil_div,
     check_threads,
+    choices,
+    divisors,
     shape_context,
 )
 from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _row_stride, outer_context
@@ -58,18 +60,20 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
     if rows < 1 or rows > Ho:
         raise SpecError(f"stream's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
     if bm < 1 or M % bm:
-        divisors = [d for d in range(1, M + 1) if M % d == 0]
-        raise SpecError(f"maps per block {bm} must divide M={M}; choose one of {divisors}")
-    if tm < 1 or bm % tm:
-        divisors = [d for d in range(1, bm + 1) if bm % d == 0]
         raise SpecError(
-            f"register tile maps {tm} must divide the block's {bm} maps; choose one of {divisors}"
+            f"maps per block {bm} must divide M={M}; choose one of {choices(divisors(M))}"
+        )
+    if tm < 1 or bm % tm:
+        raise SpecError(
+            f"register tile maps {tm} must divide the block's {bm} maps; "
+            f"choose one of {choices(divisors(bm))}"
         )
     if tx < 1 or tx > Wo:
         raise SpecError(f"register tile pixels {tx} must be 1 to Wo={Wo}")
     if cb < 1 or C % cb:
-        divisors = [d for d in range(1, C + 1) if C % d == 0]
-        raise SpecError(f"chunk of {cb} channels must divide C={C}; choose one of {divisors}")
+        raise SpecError(
+            f"chunk of {cb} channels must divide C={C}; choose one of {choices(divisors(C))}"
+        )
     if tm * tx > MAX_ACCUMULATORS:
         raise SpecError(
             f"register tile {tm}x{tx} = {tm * tx} accumulators per thread, over "
@@ -122,9 +126,7 @@ def plan_stream(shape: ConvShape, v: Variant) -> Plan:
     # Channels of the chunk unrolled together: the most (a divisor of the chunk) within
     # UNROLL_FMAS.  Blocks under a warp keep the loop: with the chunk unrolled they
     # spilled at 255 registers (C=5 M=6 K=5, 6 threads, NVRTC 12.9; 48 with the loop).
-    unroll = max(
-        d for d in range(1, cb + 1) if cb % d == 0 and (d == 1 or d * per_channel <= UNROLL_FMAS)
-    )
+    unroll = max(d for d in divisors(cb) if d == 1 or d * per_channel <= UNROLL_FMAS)
     if threads < 32:
         unroll = 1
     unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
