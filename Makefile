@@ -25,8 +25,7 @@ test: $(STAMP)
 
 # Regenerate generated/ (the default variant set of every preset).
 generated: $(STAMP)
-	for s in layer1 layer2 mx-layer1 mx-layer2 ae-enc1 ae-enc2 ae-dec1 ae-dec2 ae-dec3; do \
-		$(BIN)/specgen emit --shape $$s --all || exit 1; done
+	$(BIN)/specgen emit --all-shapes --all
 
 format: $(STAMP)
 	$(BIN)/black specgen tests
@@ -38,7 +37,7 @@ gpu-check:
 	mkdir -p $(OUT)
 	set -o pipefail; status=0; \
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
-	PYTHONPATH=. $(PYTHON) -m specgen verify --all 2>&1 | tee $(OUT)/verify.log || status=1; \
+	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes 2>&1 | tee $(OUT)/verify.log || status=1; \
 	exit $$status
 
 bench:

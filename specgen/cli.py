@@ -1,9 +1,15 @@
-"""The command line: a thin layer over shapes -> plan -> render -> compile -> verify."""
+"""The command line: a thin layer over shapes -> plan -> render -> compile -> verify.
+
+Every verb selects shapes the same way (``--shape S`` or ``--all-shapes``, every
+preset) and variants the same way: the variant options build one variant, ``--variant``
+names one, ``--all`` is the shape's default set (``--strategy`` may filter it).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +17,9 @@ import click
 
 from . import __version__
 from .errors import SpecError
-from .shapes import PRESETS, parse_shape
+from .shapes import INDEX_LIMIT, PRESETS, parse_shape
 from .variants import (
+    OPTIONS,
     Strategy,
     Variant,
     parse_coarsening,
@@ -24,16 +31,50 @@ from .variants import (
     parse_weights,
 )
 
+SIZE = click.IntRange(1, INDEX_LIMIT)
+# How each variant option is spelled on the command line, for messages.
+FLAGS = {"variant_name": "--variant", "unroll": "--unroll-channels/--loop-channels"}
+
+
+def flag(key: str) -> str:
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def one_line(message: str) -> str:
+    """A message as one printable line: the user's own text may hold line breaks."""
+    return "".join(
+        (
+            c.encode("unicode_escape").decode()
+            if unicodedata.category(c)[0] in "CZ" and c != " "
+            else c
+        )
+        for c in message
+    )
+
+
+def fail(message: str, status: int = 2):
+    click.echo(f"error: {one_line(message)}", err=True)
+    sys.exit(status)
+
 
 class Group(click.Group):
-    """Bad input is one line on stderr and exit status 2, never a traceback."""
+    """Bad input is one line on stderr and exit status 2, never a traceback: click's
+    own usage errors, specgen's refusals, and files that cannot be written."""
 
-    def invoke(self, ctx):
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
         try:
-            return super().invoke(ctx)
+            code = super().main(*args, **kwargs)
+        except click.exceptions.ClickException as e:
+            fail(e.format_message(), e.exit_code)
+        except click.exceptions.Abort:
+            fail("interrupted", 130)
         except SpecError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            fail(str(e))
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            fail(f"{where}{e.strerror or e}")
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 @click.group(cls=Group)
@@ -55,6 +96,16 @@ def shapes():
         )
 
 
+def shape_options(f):
+    f = click.option("--all-shapes", is_flag=True, help="every preset (see specgen shapes)")(f)
+    return click.option(
+        "--shape",
+        "shape_text",
+        default=None,
+        help="a preset name or an inline spec C=..,M=..,H=..,W=..,K=..[,pad=..]",
+    )(f)
+
+
 def variant_options(f):
     opts = [
         click.option(
@@ -63,176 +114,270 @@ def variant_options(f):
         click.option(
             "--strategy",
             default=None,
-            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist, stream",
+            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist, "
+            "stream; with --all, keeps that strategy's variants of the default set",
         ),
         click.option(
             "--tile",
-            type=int,
+            type=SIZE,
             default=None,
             help="output tile edge (direct family), pixels per block (GEMM), "
             "output rows per band (mmatile, persist, mmapersist, stream)",
         ),
-        click.option("--coarsening", default=None, help="outputs per thread: xAyBmC"),
-        click.option("--layout", default=None, help="shared tile layout: planar or inter"),
-        click.option("--weights", default=None, help="const or global"),
+        click.option(
+            "--coarsening",
+            default=None,
+            help="direct family: outputs per thread xAyBmC (row, rows, output maps)",
+        ),
+        click.option(
+            "--layout", default=None, help="tiled, split: shared tile layout, planar or inter"
+        ),
+        click.option(
+            "--weights", default=None, help="direct family: const or global memory for weights"
+        ),
         click.option("--precision", default=None, help="fp32, tf32 or fp16"),
-        click.option("--unroll-channels/--loop-channels", "unroll", default=None),
+        click.option(
+            "--unroll-channels/--loop-channels",
+            "unroll",
+            default=None,
+            help="direct family: unroll the loop over input channels or keep it",
+        ),
         click.option(
             "--regtile",
             default=None,
-            help="register tile RxC: maps x pixels per thread (per warp for mmapersist)",
+            help="register tile RxC: maps x pixels per thread (im2col, implicit, persist, "
+            "stream), per warp (mmapersist)",
         ),
-        click.option("--splits", type=int, default=None, help="split: channel groups"),
-        click.option("--maps", type=int, default=None, help="stream: output maps per block"),
-        click.option("--chunk", type=int, default=None, help="stream: channels per stage"),
+        click.option("--splits", type=SIZE, default=None, help="split: channel groups"),
+        click.option("--maps", type=SIZE, default=None, help="stream: output maps per block"),
+        click.option("--chunk", type=SIZE, default=None, help="stream: channels per stage"),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-def build_variant(
-    shape,
-    variant_name=None,
-    strategy=None,
-    tile=None,
-    coarsening=None,
-    layout=None,
-    weights=None,
-    precision=None,
-    unroll=None,
-    regtile=None,
-    splits=None,
-    maps=None,
-    chunk=None,
-) -> Variant:
-    from .space import SHAPE_DEFAULTS, complete, default_coarsening
+def _given(opts: dict) -> list[str]:
+    return [k for k, v in opts.items() if v is not None]
 
-    if variant_name:
-        return parse_variant_name(variant_name)
-    v = Variant(strategy=parse_strategy(strategy) if strategy else Strategy.TILED)
-    if v.strategy in SHAPE_DEFAULTS:
-        base = SHAPE_DEFAULTS[v.strategy](shape)
-        return replace(
-            base,
-            tile=tile if tile is not None else base.tile,
-            regtile=parse_regtile(regtile) if regtile else base.regtile,
-            precision=parse_precision(precision) if precision else base.precision,
-            maps=maps if maps is not None else base.maps,
-            chunk=chunk if chunk is not None else base.chunk,
-        ).canonical()
+
+def build_variant(shape, **opts) -> Variant:
+    """One variant from the variant options: what is given, the strategy's defaults
+    for the rest.  An option the strategy does not read is an error."""
+    from .space import SHAPE_DEFAULTS, complete, default_coarsening, direct_tiles, fitting_tile
+
+    given = _given(opts)
+    if "variant_name" in given:
+        extra = [flag(k) for k in given if k != "variant_name"]
+        if extra:
+            raise SpecError(f"--variant names a whole variant; drop {', '.join(extra)}")
+        return parse_variant_name(opts["variant_name"])
+    strategy = parse_strategy(opts["strategy"]) if "strategy" in given else Strategy.TILED
+    for key in given:
+        if key != "strategy" and key not in OPTIONS[strategy]:
+            users = [s.value for s in Strategy if key in OPTIONS[s]]
+            raise SpecError(
+                f"{flag(key)} does not apply to {strategy.value}; it is read by {', '.join(users)}"
+            )
+    tile, precision = opts.get("tile"), opts.get("precision")
+    regtile = parse_regtile(opts["regtile"]) if opts.get("regtile") else None
+    v = Variant(strategy=strategy)
     if precision:
         v = replace(v, precision=parse_precision(precision))
-    v = replace(v, tile=tile if tile is not None else (16 if v.strategy.family == "direct" else 64))
-    if layout:
-        v = replace(v, layout=parse_layout(layout))
-    if regtile:
-        v = replace(v, regtile=parse_regtile(regtile))
-    elif v.strategy in (Strategy.IM2COL, Strategy.IMPLICIT):
-        v = replace(v, regtile=(4, 4))
-    if splits is not None:
-        v = replace(v, splits=splits)
-    elif v.strategy is Strategy.SPLIT:
-        v = replace(v, splits=2)
-    asked = parse_weights(weights) if weights else None
-    if v.strategy.family == "direct":
-        if v.tile < 1:
-            raise SpecError(f"tile must be at least 1, got {v.tile}")
-        cz = (
-            parse_coarsening(coarsening)
-            if coarsening
-            else default_coarsening(shape, v.tile, v.precision, asked, v.strategy)
+    if strategy in SHAPE_DEFAULTS:
+        base = SHAPE_DEFAULTS[strategy](shape)
+        return replace(
+            base,
+            tile=tile or base.tile,
+            regtile=regtile or base.regtile,
+            precision=v.precision if precision else base.precision,
+            maps=opts.get("maps") or base.maps,
+            chunk=opts.get("chunk") or base.chunk,
+        ).canonical()
+    if strategy is Strategy.MMATILE:
+        if tile:
+            return replace(v, tile=tile).canonical()
+        return fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
+    if strategy.family != "direct":
+        return replace(v, tile=tile or 64, regtile=regtile or (4, 4)).canonical()
+    v = replace(v, tile=tile or direct_tiles(shape)[0], splits=opts.get("splits") or 2)
+    if opts.get("layout"):
+        v = replace(v, layout=parse_layout(opts["layout"]))
+    asked = parse_weights(opts["weights"]) if opts.get("weights") else None
+    coarsening = opts.get("coarsening")
+    cz = (
+        parse_coarsening(coarsening)
+        if coarsening
+        else default_coarsening(shape, v.tile, v.precision, asked, v.strategy)
+    )
+    return complete(shape, replace(v, coarsening=cz), unroll=opts.get("unroll"), weights=asked)
+
+
+def _shapes(shape_text, all_shapes):
+    if (shape_text is not None) == all_shapes:
+        raise SpecError("give --shape S or --all-shapes (every preset)")
+    return list(PRESETS.values()) if all_shapes else [parse_shape(shape_text)]
+
+
+def _default_set(shape, strategy_text=None):
+    """The shape's default set, only ``strategy_text``'s variants if one is named; when
+    the set has none of that strategy, its default variant, or the planner's reason."""
+    from .space import default_set
+
+    variants = default_set(shape)
+    if strategy_text is None:
+        return variants
+    strategy = parse_strategy(strategy_text)
+    return [v for v in variants if v.strategy is strategy] or [
+        build_variant(shape, strategy=strategy_text)
+    ]
+
+
+def select(shapes, opts, all_, *, default_is_set: bool):
+    """(shape, variant) pairs.  The default set when ``--all`` is given (or when no
+    variant option is and ``default_is_set``), else the one variant the options build.
+    With several shapes, a shape that the asked strategy cannot serve is skipped with
+    a note; with one, that is an error."""
+    from .plan import make_plan
+
+    given = _given(opts)
+    beyond_strategy = [flag(k) for k in given if k != "strategy"]
+    if all_ and beyond_strategy:
+        raise SpecError(
+            "--all is the shape's default variant set; it takes no variant options but "
+            f"--strategy (got {', '.join(beyond_strategy)})"
         )
-        v = replace(v, coarsening=cz)
-    return complete(shape, v, unroll=unroll, weights=asked)
-
-
-@main.command()
-@click.option(
-    "--shape",
-    "shape_text",
-    required=True,
-    help="a preset name or C=..,M=..,H=..,W=..,K=..[,pad=..]",
-)
-@variant_options
-@click.option("--all", "all_", is_flag=True, help="emit the default variant set of the shape")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="output folder (default generated/)",
-)
-@click.option("--best", is_flag=True, help="emit the tuned winners (see specgen tune)")
-def emit(shape_text, all_, out, best, **opts):
-    """Write generated/<shape>/<variant>.cu."""
-    from .emit import GENERATED, emit as emit_one
-    from .space import default_set
-
-    shape = parse_shape(shape_text)
-    notes = {}
-    if best:
-        from .tune import winners
-
-        found = winners(shape)
-        if not found:
-            raise SpecError(
-                f"no tuned winner for {shape.slug}: run specgen tune --shape {shape.slug} on a GPU"
-            )
-        for r in found.values():
-            tie = f", a tie with {r['runner_up']}" if r.get("tie") else ""
-            notes[parse_variant_name(r["variant"])] = (
-                f"tuned winner: {r['ms']:.4f} ms at B={r['batch']} on {r['gpu']}, {r['date']}{tie}"
-            )
-        variants = list(notes)
-    else:
-        variants = default_set(shape) if all_ else [build_variant(shape, **opts)]
-    for v in variants:
-        path, changed = emit_one(shape, v, out or GENERATED, note=notes.get(v))
-        click.echo(f"{'wrote' if changed else 'unchanged'} {path}")
-
-
-def _selected(shape_text, all_, opts):
-    """(shape, variant) pairs: one built variant if any variant option is given beyond
-    --strategy, else each shape's default set (filtered by --strategy)."""
-    from .space import default_set
-
-    if all_ == bool(shape_text):
-        raise SpecError("give --shape S or --all")
-    shapes = list(PRESETS.values()) if all_ else [parse_shape(shape_text)]
-    strategy = opts.get("strategy")
+    use_set = all_ or (default_is_set and not beyond_strategy)
     out = []
     for shape in shapes:
-        if any(v is not None for k, v in opts.items() if k != "strategy"):
-            variants = [build_variant(shape, **opts)]
-        else:
-            variants = default_set(shape)
-            if strategy:
-                variants = [v for v in variants if v.strategy is parse_strategy(strategy)]
+        try:
+            if use_set:
+                variants = _default_set(shape, opts.get("strategy"))
+            else:
+                variants = [build_variant(shape, **opts)]
+            for v in variants:
+                make_plan(shape, v)  # refuse here, before any work or output starts
+        except SpecError as e:
+            if len(shapes) == 1:
+                raise
+            click.echo(f"skipped {shape.slug}: {one_line(str(e))}")
+            continue
         out += [(shape, v) for v in variants]
+    if not out:
+        raise SpecError("no preset can be served by the asked variant")
     return out
 
 
 @main.command()
-@click.option("--shape", "shape_text", default=None)
-@click.option("--all", "all_", is_flag=True, help="every preset")
-@click.option("--batch", type=int, default=None, help="images per check (default 4)")
-@click.option("--arch", default=None, help="target without a GPU (default sm_90)")
-@click.option("--jobs", type=int, default=os.cpu_count(), help="parallel compilations")
+@shape_options
 @variant_options
-def verify(shape_text, all_, batch, arch, jobs, **opts):
+@click.option(
+    "--all", "all_", is_flag=True, help="the shape's default variant set (what generated/ holds)"
+)
+@click.option(
+    "--best", is_flag=True, help="the tuned winners on one GPU (see specgen tune and --gpu)"
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="with --best: whose winners, e.g. 'NVIDIA H200' (default: the GPU present)",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="output folder (default: generated/ in the current folder)",
+)
+def emit(shape_text, all_shapes, all_, best, gpu, out, **opts):
+    """Write <out>/<shape>/<variant>.cu."""
+    from .emit import GENERATED, source_file
+    from .files import write_if_different
+
+    shapes = _shapes(shape_text, all_shapes)
+    if gpu is not None and not best:
+        raise SpecError("--gpu names whose tuned winners --best emits; add --best or drop --gpu")
+    if best:
+        if _given(opts) or all_:
+            got = [flag(k) for k in _given(opts)] + (["--all"] if all_ else [])
+            raise SpecError(f"--best emits the tuned winners; drop {', '.join(got)}")
+        picks = [(s, v, note) for s in shapes for v, note in _best(s, gpu)]
+    else:
+        picks = [(s, v, None) for s, v in select(shapes, opts, all_, default_is_set=False)]
+    # Render everything before writing anything: a refusal leaves no partial set.
+    files = [source_file(s, v, out or GENERATED, note) for s, v, note in picks]
+    for path, text in files:
+        try:
+            changed = write_if_different(path, text)
+        except OSError as e:
+            raise SpecError(f"cannot write {path}: {e.strerror or e}") from None
+        click.echo(f"{'wrote' if changed else 'unchanged'} {path}")
+
+
+def _best(shape, gpu):
+    from . import tunedb
+    from .runtime import gpu_available
+    from .tune import SHIPPED_WINNERS, best_picks
+
+    if gpu is None:
+        if not gpu_available():
+            known = sorted(set(tunedb.recorded_gpus()) | set(SHIPPED_WINNERS))
+            raise SpecError(
+                "--best picks the winners of one GPU and none is visible here; name it with "
+                f"--gpu (winners are known for: {', '.join(known) or 'none'})"
+            )
+        from .bench import device_name
+
+        gpu = device_name()
+    picks = best_picks(shape, gpu)
+    if not picks:
+        raise SpecError(
+            f"no tuned winner for {shape.slug} on {gpu}: run specgen tune --shape "
+            f"{shape.name or shape.spec} on that GPU"
+        )
+    return picks
+
+
+def _check_arch(arch):
+    from .compile import supported_arch
+
+    if arch is not None:
+        supported_arch(arch)
+
+
+@main.command()
+@shape_options
+@variant_options
+@click.option(
+    "--all", "all_", is_flag=True, help="the default variant set (the default without options)"
+)
+@click.option("--batch", type=SIZE, default=None, help="images per check (default 4)")
+@click.option("--arch", default=None, help="target without a GPU, sm_XX (default sm_90)")
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 1024),
+    default=os.cpu_count() or 1,
+    help="parallel compilations (default: the CPU count)",
+)
+def verify(shape_text, all_shapes, all_, batch, arch, jobs, **opts):
     """Compile every variant, check its resources and, on a GPU, its numbers."""
     import numpy as np
 
     from .compile import DEFAULT_ARCH
+    from .parallel import precompile
     from .runtime import device_arch, gpu_available
     from .verify import format_table, verify_variant
-    from .parallel import precompile
 
-    selected = _selected(shape_text, all_, opts)
+    _check_arch(arch)
+    selected = select(_shapes(shape_text, all_shapes), opts, all_, default_is_set=True)
     gpu = gpu_available()
-    arch = device_arch() if gpu else (arch or DEFAULT_ARCH)
-    if batch is not None and batch < 1:
-        raise SpecError(f"batch must be at least 1, got {batch}")
+    if gpu:
+        if arch is not None and arch != device_arch():
+            raise SpecError(
+                f"--arch {arch} does not apply here: verify runs on the GPU present, "
+                f"{device_arch()}; drop --arch"
+            )
+        arch = device_arch()
+    arch = arch or DEFAULT_ARCH
     precompile(selected, arch, jobs, label="compiling")
     rng = np.random.default_rng()
     rows = []
@@ -241,11 +386,13 @@ def verify(shape_text, all_, batch, arch, jobs, **opts):
             rows.append(verify_variant(shape, v, arch=arch, batch=batch or 4, numbers=gpu, rng=rng))
     click.echo(format_table(rows))
     failed = sum(not r.ok for r in rows)
-    if not gpu:
+    if gpu:
+        click.echo(f"verify: {len(rows) - failed} passed, {failed} failed")
+    else:
         click.echo(
-            f"no GPU: compiled for {arch} and checked resources only; the numerical check needs a GPU"
+            f"verify: {len(rows) - failed} compiled for {arch} with their planned resources, "
+            f"{failed} failed; numbers not checked: that needs a GPU"
         )
-    click.echo(f"verify: {len(rows) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
 
@@ -256,32 +403,64 @@ def _need_gpu(verb: str) -> None:
         raise SpecError(f"{verb} times kernels and needs a CUDA GPU; none is visible here")
 
 
+def _writable_file(path: Path | None, option: str) -> None:
+    """Refuse a report path that cannot be written before the long run, not after."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise SpecError(f"{option} {path} is a folder; name a file")
+    parent = path.parent
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise SpecError(f"{option} {path}: {folder} is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise SpecError(f"{option} {path}: {folder} is not writable")
+            break
+
+
 @main.command()
-@click.option("--shape", "shape_text", default=None)
-@click.option("--all-shapes", is_flag=True, help="every preset")
-@click.option("--batch", type=int, default=None, help="images (default: the preset's batch)")
+@shape_options
+@click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option("--variant", "names", multiple=True, help="variant names to time (repeatable)")
-@click.option("--best", is_flag=True, help="the tuned winner of each precision")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
+@click.option("--all", "all_", is_flag=True, help="the default variant set (the default)")
+@click.option("--best", is_flag=True, help="the tuned winner of each precision on this GPU")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="also write the report as JSON here",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="also draw a roofline chart here (PNG; needs matplotlib)",
+)
+def bench(shape_text, all_shapes, batch, names, all_, best, json_path, plot_path):
     """Time variants beside cuDNN and the hardware floor."""
     import json
 
     from .bench import run_bench
 
-    _need_gpu("bench")
-    if all_shapes == bool(shape_text):
-        raise SpecError("give --shape S or --all-shapes")
-    shapes = list(PRESETS.values()) if all_shapes else [parse_shape(shape_text)]
-    if batch is not None and batch < 1:
-        raise SpecError(f"batch must be at least 1, got {batch}")
+    shapes = _shapes(shape_text, all_shapes)
+    if sum((bool(names), all_, best)) > 1:
+        raise SpecError("choose one of --variant, --all and --best")
+    _writable_file(json_path, "--json")
+    _writable_file(plot_path, "--plot")
+    if plot_path:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
     variants = {s.slug: [parse_variant_name(n) for n in names] for s in shapes} if names else None
+    _need_gpu("bench")
     report = run_bench(shapes, batch, variants, best, echo=click.echo)
     if json_path:
-        from .files import write_if_different
+        from .files import atomic_write
 
-        write_if_different(json_path, json.dumps(report, indent=1) + "\n")
+        atomic_write(json_path, (json.dumps(report, indent=1) + "\n").encode())
         click.echo(f"wrote {json_path}")
     if plot_path:
         from .plot import roofline
@@ -291,10 +470,15 @@ def bench(shape_text, all_shapes, batch, names, best, json_path, plot_path):
 
 
 @main.command()
-@click.option("--shape", "shape_text", required=True)
+@click.option("--shape", "shape_text", required=True, help="a preset name or an inline spec")
 @click.option("--precision", default="fp32", help="fp32, tf32 or fp16")
-@click.option("--budget", type=int, default=40, help="most candidates to time (sampled evenly)")
-@click.option("--batch", type=int, default=None, help="images (default: the preset's batch)")
+@click.option(
+    "--budget",
+    type=SIZE,
+    default=40,
+    help="most candidates to time (sampled evenly)",
+)
+@click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option("--strategy", default=None, help="search only this strategy's variants")
 def tune(shape_text, precision, budget, batch, strategy):
     """Search the variant space of every strategy for the fastest verified kernel."""

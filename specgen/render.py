@@ -11,7 +11,16 @@ from . import __version__
 from .plan import Plan
 from .variants import Strategy
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+def _templates() -> Path:
+    """templates/ ships inside the package when installed (specgen/templates) and
+    sits beside it in the source tree."""
+    here = Path(__file__).resolve().parent
+    installed = here / "templates"
+    return installed if installed.is_dir() else here.parent / "templates"
+
+
+TEMPLATES = _templates()
 
 DESCRIPTIONS = {
     Strategy.DIRECT: "direct convolution, input pixels read from global memory",

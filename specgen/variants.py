@@ -46,6 +46,24 @@ TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
 FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)
 
 
+# The variant options (as the CLI names them) that each strategy's code reads; an
+# option a strategy does not read is refused, not ignored.
+_SHARED = ("tile", "precision")
+_DIRECT = _SHARED + ("coarsening", "weights", "unroll")
+OPTIONS = {
+    Strategy.DIRECT: _DIRECT,
+    Strategy.TILED: _DIRECT + ("layout",),
+    Strategy.SPLIT: _DIRECT + ("layout", "splits"),
+    Strategy.IM2COL: _SHARED + ("regtile",),
+    Strategy.IMPLICIT: _SHARED + ("regtile",),
+    Strategy.MMA: _SHARED,
+    Strategy.MMATILE: _SHARED,
+    Strategy.PERSIST: _SHARED + ("regtile",),
+    Strategy.MMAPERSIST: _SHARED + ("regtile",),
+    Strategy.STREAM: _SHARED + ("regtile", "maps", "chunk"),
+}
+
+
 class Layout(enum.Enum):
     """How the shared-memory halo tile is laid out (tiled and split only)."""
 
@@ -82,24 +100,27 @@ def parse_layout(text: str) -> Layout:
 
 
 def parse_weights(text: str) -> Weights:
-    return _enum(Weights, {"const": "wconst", "global": "wglobal"}.get(text, text), "weights")
+    spelled = {"const": "wconst", "global": "wglobal"}
+    if spelled.get(text, text) not in {w.value for w in Weights}:
+        raise SpecError(f"unknown weights '{text}'; choose const or global")
+    return Weights(spelled.get(text, text))
 
 
 def parse_precision(text: str) -> Precision:
     return _enum(Precision, text, "precision")
 
 
-_COARSENING = re.compile(r"^x(\d+)y(\d+)m(\d+)$")
-_REGTILE = re.compile(r"^(\d+)x(\d+)$")
+_COARSENING = re.compile(r"^x([0-9]{1,9})y([0-9]{1,9})m([0-9]{1,9})$")
+_REGTILE = re.compile(r"^([0-9]{1,9})x([0-9]{1,9})$")
 
 
 def parse_coarsening(text: str) -> tuple[int, int, int]:
     """``x4y2m4``: 4 outputs along the row, 2 rows, 4 output maps per thread."""
     m = _COARSENING.match(text.strip())
-    if not m:
+    if not m or any(int(g) < 1 for g in m.groups()):
         raise SpecError(
-            f"malformed coarsening '{text}'; write xAyBmC, for example x4y1m4 "
-            "(4 outputs along the row, 1 row, 4 output maps per thread)"
+            f"malformed coarsening '{text}'; write xAyBmC with counts of at least 1, for "
+            "example x4y1m4 (4 outputs along the row, 1 row, 4 output maps per thread)"
         )
     return tuple(int(g) for g in m.groups())
 
@@ -107,8 +128,10 @@ def parse_coarsening(text: str) -> tuple[int, int, int]:
 def parse_regtile(text: str) -> tuple[int, int]:
     """``4x4``: each thread accumulates 4 output maps x 4 pixels in registers."""
     m = _REGTILE.match(text.strip())
-    if not m:
-        raise SpecError(f"malformed register tile '{text}'; write RxC, for example 4x4")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise SpecError(
+            f"malformed register tile '{text}'; write RxC with both at least 1, for example 4x4"
+        )
     return int(m.group(1)), int(m.group(2))
 
 
