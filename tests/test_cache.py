@@ -1,0 +1,110 @@
+"""CPU tier: the compile cache under corruption, without write access, and shared by
+two processes at once.  Whatever is on disk, a compile returns the right binary."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specgen import compile as comp
+from specgen.compile import compile_source
+
+SRC = 'extern "C" __global__ void k(float* __restrict__ y) { y[threadIdx.x] = 1.0f; }'
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    warnings = []
+    monkeypatch.setattr(comp, "warn_once", lambda key, message: warnings.append(message))
+    first = compile_source(SRC, "k")
+    (entry,) = tmp_path.rglob("*.entry")
+    return first, entry, warnings
+
+
+def _forged(entry, meta_edit=None, cubin=None) -> bytes:
+    """The entry rewritten with a valid hash: what a careless tool or a bad merge of
+    two entries could leave."""
+    digest, body = entry.read_bytes().split(b"\n", 1)
+    head, binary = body.split(b"\n", 1)
+    meta = json.loads(head)
+    if meta_edit:
+        meta = meta_edit(meta)
+    body = json.dumps(meta).encode() + b"\n" + (binary if cubin is None else cubin)
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+CORRUPTIONS = {
+    "garbage": lambda e: b"garbage",
+    "empty": lambda e: b"",
+    "cut short": lambda e: e.read_bytes()[:-100],
+    "one byte flipped": lambda e: e.read_bytes()[:-50] + b"X" + e.read_bytes()[-49:],
+    "smem edited": lambda e: e.read_bytes().replace(b"smem", b"smex", 1),
+    "garbage cubin, hash matching": lambda e: _forged(e, cubin=b"\x7fELF garbage"),
+    "cubin not ELF, hash matching": lambda e: _forged(e, cubin=b"not a cubin"),
+    "metadata a list": lambda e: _forged(e, meta_edit=lambda m: [m]),
+    "defines not strings": lambda e: _forged(e, meta_edit=lambda m: dict(m, defines=[1])),
+    "log missing": lambda e: _forged(e, meta_edit=lambda m: {k: m[k] for k in m if k != "log"}),
+    "another key": lambda e: _forged(e, meta_edit=lambda m: dict(m, key="0" * 64)),
+}
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_a_corrupt_entry_is_compiled_again(cache, how):
+    first, entry, warnings = cache
+    entry.write_bytes(CORRUPTIONS[how](entry))
+    again = compile_source(SRC, "k")
+    assert again.cubin == first.cubin and again.resources == first.resources
+    assert compile_source(SRC, "k").cubin == first.cubin  # and the entry is good again
+    assert comp._load_cached(entry, first.key, "sm_90") is not None
+    assert not warnings
+
+
+def test_an_entry_that_is_a_folder_costs_only_caching(cache):
+    first, entry, warnings = cache
+    entry.unlink()
+    entry.mkdir()
+    assert compile_source(SRC, "k").cubin == first.cubin
+    assert len(warnings) == 1 and "cannot be written" in warnings[0]
+
+
+def test_cache_dir_that_is_a_file_degrades_to_no_cache(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(blocker))
+    warnings = []
+    monkeypatch.setattr(comp, "warn_once", lambda key, message: warnings.append(message))
+    b = compile_source(SRC, "k")
+    assert "k" in b.resources and warnings and "SPECGEN_CACHE_DIR" in warnings[0]
+    assert blocker.read_text() == "x"
+
+
+def test_unwritable_cache_through_the_cli_is_one_warning(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(blocker))
+    args = ["verify", "--shape", "C=2,M=4,H=9,W=9,K=3", "--strategy", "direct"]
+    r = subprocess.run([sys.executable, "-m", "specgen", *args], env=env, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
+    warnings = [l for l in r.stderr.decode().splitlines() if l.startswith("warning:")]
+    assert len(warnings) == 1 and "cannot be written" in warnings[0]
+
+
+def test_two_verify_runs_share_one_empty_cache(tmp_path):
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
+    args = ["verify", "--shape", "C=3,M=8,H=11,W=9,K=3,pad=1", "--strategy", "tiled"]
+    cmd = [sys.executable, "-m", "specgen", *args, "--jobs", "1"]
+    runs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)]
+    runs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [r.communicate(timeout=300) for r in runs]
+    for r, (out, err) in zip(runs, outs):
+        assert r.returncode == 0, err.decode()
+        assert b"0 failed" in out and b"warning" not in err
+    entries = list((tmp_path / "cache").rglob("*.entry"))
+    assert entries and not list((tmp_path / "cache").rglob("*.tmp"))
+    for e in entries:
+        key = e.stem
+        assert comp._load_cached(e, key, e.parent.name) is not None
