@@ -11,7 +11,8 @@ import numpy as np
 
 from .compile import cache_dir
 from .errors import SpecError
-from .shapes import ConvShape
+from .shapes import Act, ConvProblem, DType, TensorLayout
+from .tensors import from_storage, to_storage, x_shape, y_shape
 from .variants import Precision, Variant
 
 WARMUP = 3
@@ -68,7 +69,7 @@ def summarize(label, precision, times, shape, batch, ceil) -> Timing:
     )
 
 
-def floor_ms(shape: ConvShape, batch: int, ceil: dict, tensor: bool = False) -> float:
+def floor_ms(shape: ConvProblem, batch: int, ceil: dict, tensor: bool = False) -> float:
     """max(bytes / copy bandwidth, flops / fp32 rate); tensor-core kernels: memory only."""
     mem = shape.bytes_moved(batch) / ceil["copy_bytes_per_s"] * 1e3
     if tensor:
@@ -119,8 +120,11 @@ def ceilings(refresh: bool = False) -> dict:
     return result
 
 
-def cudnn_timings(shape: ConvShape, xs, w, batch, ceil) -> list[Timing]:
-    """cuDNN through torch.nn.functional.conv2d with cudnn.benchmark, on the same inputs."""
+def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
+    """cuDNN through torch.nn.functional.conv2d with cudnn.benchmark, on the same inputs,
+    as a user would run the problem: conv2d with its bias, then the activation.  An fp32
+    problem is also timed in tf32 and, converted to fp16 channels-last, in fp16; a 16-bit
+    problem in its own dtype and layout."""
     try:
         import torch
     except ImportError:
@@ -128,18 +132,42 @@ def cudnn_timings(shape: ConvShape, xs, w, batch, ceil) -> list[Timing]:
     import cupy
 
     torch.backends.cudnn.benchmark = True
-    out = []
-    tx = [torch.as_tensor(x, device="cuda") for x in xs]
+    F = torch.nn.functional
+    pt, pb, pl, pr = shape.pads
+    equal = pt == pb and pl == pr
     tw = torch.as_tensor(cupy.asarray(w), device="cuda")
-    for label, precision, tf32 in (("cudnn-fp32", "fp32", False), ("cudnn-tf32", "tf32", True)):
-        torch.backends.cudnn.allow_tf32 = tf32
-        f = lambda i: torch.nn.functional.conv2d(tx[i], tw, padding=shape.pad)  # noqa: E731
-        out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
-    hx = [t.half().contiguous(memory_format=torch.channels_last) for t in tx]
-    hw = tw.half().contiguous(memory_format=torch.channels_last)
-    f = lambda i: torch.nn.functional.conv2d(hx[i], hw, padding=shape.pad)  # noqa: E731
-    out.append(summarize("cudnn-fp16", "fp16", _torch_times(f, len(hx)), shape, batch, ceil))
-    torch.backends.cudnn.allow_tf32 = True
+    tb = None if b is None else torch.as_tensor(cupy.asarray(b), device="cuda")
+
+    def conv(x, w, bias):
+        if not equal:  # conv2d pads equally; an unequal padding is a pad first
+            x = F.pad(x, (pl, pr, pt, pb))
+        y = F.conv2d(x, w, bias, shape.stride, (pt, pl) if equal else 0, shape.dil, shape.groups)
+        return F.relu(y) if shape.act is Act.RELU else y
+
+    def nchw(x):
+        t = torch.as_tensor(cupy.asarray(from_storage(x, shape.dtype, cupy)), device="cuda")
+        return t.permute(0, 3, 1, 2) if shape.layout is TensorLayout.NHWC else t
+
+    tx = [nchw(x) for x in xs]
+    out = []
+    if shape.dtype is DType.FP32:
+        for label, precision, tf32 in (("cudnn-fp32", "fp32", False), ("cudnn-tf32", "tf32", True)):
+            torch.backends.cudnn.allow_tf32 = tf32
+            f = lambda i: conv(tx[i], tw, tb)  # noqa: E731
+            out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
+        torch.backends.cudnn.allow_tf32 = True
+        half = torch.float16
+    else:
+        half = torch.float16 if shape.dtype is DType.FP16 else torch.bfloat16
+    # fp32 problems are timed in fp16 the way cuDNN runs fastest, channels-last.
+    last = shape.dtype is DType.FP32 or shape.layout is TensorLayout.NHWC
+    fmt = torch.channels_last if last else torch.contiguous_format
+    hx = [t.to(half).contiguous(memory_format=fmt) for t in tx]
+    hw = tw.to(half).contiguous(memory_format=fmt)
+    hb = None if tb is None else tb.to(half)
+    name = "fp16" if half is torch.float16 else "bf16"
+    f = lambda i: conv(hx[i], hw, hb)  # noqa: E731
+    out.append(summarize(f"cudnn-{name}", name, _torch_times(f, len(hx)), shape, batch, ceil))
     return out
 
 
@@ -161,35 +189,41 @@ def _torch_times(f, rotate):
     return [start.elapsed_time(stop) for start, stop in events]
 
 
-def input_sets(shape: ConvShape, batch: int, rng) -> list:
-    """Enough fresh random input buffers that rotating them defeats the L2."""
+def input_sets(shape: ConvProblem, batch: int, rng) -> list:
+    """Enough fresh random input buffers that rotating them defeats the L2, in the
+    problem's storage dtype and layout."""
     import cupy
 
-    nbytes = 4 * batch * shape.C * shape.H * shape.W
+    nbytes = shape.dtype.bytes * batch * shape.C * shape.H * shape.W
     count = max(1, min(8, -(-L2_ROTATE_BYTES // nbytes)))
     return [
-        cupy.asarray(rng.standard_normal((batch, shape.C, shape.H, shape.W), dtype=np.float32))
+        cupy.asarray(
+            to_storage(rng.standard_normal(x_shape(shape, batch), dtype=np.float32), shape.dtype)
+        )
         for _ in range(count)
     ]
 
 
-def bench_variant(shape: ConvShape, variant: Variant, batch: int, xs, w, ceil, conv=None) -> Timing:
+def bench_variant(
+    shape: ConvProblem, variant: Variant, batch: int, xs, w, b, ceil, conv=None
+) -> Timing:
     import cupy
 
     from .runtime import Conv
 
     conv = conv or Conv(shape, variant)
-    conv.set_weights(w)
-    y = cupy.full((batch, shape.M, shape.Ho, shape.Wo), np.nan, dtype=np.float32)
+    conv.set_weights(w, b)
+    nan = cupy.full(y_shape(shape, batch), np.nan, dtype=np.float32)
+    y = to_storage(nan, shape.dtype, cupy)
     times = time_launches(lambda i: conv(xs[i], y), rotate=len(xs))
     t = summarize(conv.plan.name, variant.precision.value, times, shape, batch, ceil)
     t.x_floor = t.ms / floor_ms(shape, batch, ceil, tensor=variant.precision is not Precision.FP32)
-    if not bool(cupy.isfinite(y).all()):
+    if not bool(cupy.isfinite(from_storage(y, shape.dtype, cupy)).all()):
         t.verified = "NaN in timed output"
     return t
 
 
-def format_timings(shape: ConvShape, batch: int, rows: list[Timing], ceil) -> str:
+def format_timings(shape: ConvProblem, batch: int, rows: list[Timing], ceil) -> str:
     fl = floor_ms(shape, batch, ceil)
     mem = floor_ms(shape, batch, ceil, tensor=True)
     head = f"{'kernel':<46} {'prec':<5} {'ms':>8} {'p10-p90':>15} {'TFLOP/s':>8} {'GB/s':>7} {'x floor':>8} {'vs cuDNN':>9}"
@@ -208,13 +242,17 @@ def format_timings(shape: ConvShape, batch: int, rows: list[Timing], ceil) -> st
     return "\n".join(lines)
 
 
-def attach_cudnn_ratio(rows: list[Timing]) -> None:
+def attach_cudnn_ratio(rows: list[Timing], dtype: DType = DType.FP32) -> None:
     """Speed-up over cuDNN of the same precision class (fp32 with fp32; tf32 with tf32;
-    fp16 with fp16), stored as our time / cuDNN's."""
+    fp16 with fp16), stored as our time / cuDNN's.  With 16-bit tensors every kernel
+    is held to cuDNN in that dtype, whatever its math."""
     ref = {r.precision: r.ms for r in rows if r.label.startswith("cudnn")}
     for r in rows:
-        if not r.label.startswith("cudnn") and r.precision in ref:
-            r.x_cudnn = r.ms / ref[r.precision]
+        if r.label.startswith("cudnn"):
+            continue
+        key = r.precision if dtype is DType.FP32 else dtype.value
+        if key in ref:
+            r.x_cudnn = r.ms / ref[key]
 
 
 def to_json(rows: list[Timing]) -> list[dict]:
@@ -246,17 +284,17 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
         else:
             chosen = (variants or {}).get(shape.slug) or default_set(shape)
         xs = input_sets(shape, b, rng)
-        _, w = random_inputs(shape, 1, rng)
-        rows = cudnn_timings(shape, xs, w, b, ceil)
+        _, w, bias = random_inputs(shape, 1, rng)
+        rows = cudnn_timings(shape, xs, w, bias, b, ceil)
         for v in chosen:
             check = verify_variant(shape, v, arch=arch, batch=min(b, 8), numbers=True, rng=rng)
             if not check.ok:
                 echo(f"{check.name}: not timed, verification failed: {'; '.join(check.problems)}")
                 continue
-            t = bench_variant(shape, v, b, xs, w, ceil, Conv(shape, v))
+            t = bench_variant(shape, v, b, xs, w, bias, ceil, Conv(shape, v))
             t.verified = t.verified or f"verified, err/bound {check.bound_ratio:.2f}"
             rows.append(t)
-        attach_cudnn_ratio(rows)
+        attach_cudnn_ratio(rows, shape.dtype)
         echo(format_timings(shape, b, rows, ceil))
         echo("")
         report["shapes"][shape.slug] = dict(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .plan import make_plan
 from .render import render
-from .shapes import ConvShape
+from .shapes import ConvProblem
 from .variants import Variant
 
 # Relative: an installed specgen writes into the folder it is run from.
@@ -16,7 +16,7 @@ GENERATED = Path("generated")
 
 
 def source_file(
-    shape: ConvShape, variant: Variant, out: Path = GENERATED, note: str | None = None
+    shape: ConvProblem, variant: Variant, out: Path = GENERATED, note: str | None = None
 ) -> tuple[Path, str]:
     """Where the variant's source goes and what it holds."""
     plan = make_plan(shape, variant)

@@ -8,77 +8,105 @@ from __future__ import annotations
 
 import numpy as np
 
+from .shapes import Act, DType
 from .variants import TENSOR_CORE, Precision, Variant
 
 U_FP32 = 2.0**-24  # unit roundoff of fp32
 U_HALF = 2.0**-11  # of fp16 and of tf32 (10 stored mantissa bits each)
 ETA_HALF = 2.0**-25  # fp16's largest absolute rounding error among subnormals
+U_BF16 = 2.0**-8  # unit roundoff of bfloat16 (7 stored mantissa bits)
 
 
-def conv2d(x, w, pad: int, xp=np):
-    """y[n][m][i][j] = sum_{c,p,q} x[n][c][i+p-pad][j+q-pad] w[m][c][p][q], in float64."""
+def conv2d(x, w, problem, xp=np, bias=None, epilogue=True):
+    """y[n][m][i][j] = act(bias[m] + sum_{c,p,q} x[n][g*Cg+c][i*sh+p*dh-pt][j*sw+q*dw-pl]
+    * w[m][c][p][q]) with g = m // (M/groups), in float64, NCHW in and out.  Without
+    ``epilogue`` only the sum: the magnitude reference for the error bound."""
     x = xp.asarray(x, dtype=xp.float64)
     w = xp.asarray(w, dtype=xp.float64)
-    if pad:
-        x = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    pt, pb, pl, pr = problem.pads
+    (sh, sw), (dh, dw), G = problem.stride, problem.dil, problem.groups
+    x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     B, C, Hp, Wp = x.shape
-    M, _, K, _ = w.shape
-    Ho, Wo = Hp - K + 1, Wp - K + 1
-    y = xp.zeros((B, M, Ho, Wo), dtype=xp.float64)
-    for p in range(K):
-        for q in range(K):
-            y += xp.einsum("mc,bchw->bmhw", w[:, :, p, q], x[:, :, p : p + Ho, q : q + Wo])
+    M, Cg, R, S = w.shape
+    Ho, Wo = problem.Ho, problem.Wo
+    xg = x.reshape(B, G, Cg, Hp, Wp)
+    wg = w.reshape(G, M // G, Cg, R, S)
+    y = xp.zeros((B, G, M // G, Ho, Wo), dtype=xp.float64)
+    for p in range(R):
+        for q in range(S):
+            i0, j0 = p * dh, q * dw
+            patch = xg[:, :, :, i0 : i0 + sh * (Ho - 1) + 1 : sh, j0 : j0 + sw * (Wo - 1) + 1 : sw]
+            y += xp.einsum("gmc,bgchw->bgmhw", wg[:, :, :, p, q], patch)
+    y = y.reshape(B, M, Ho, Wo)
+    if epilogue and bias is not None:
+        y += xp.asarray(bias, dtype=xp.float64)[None, :, None, None]
+    if epilogue and problem.act is Act.RELU:
+        y = xp.maximum(y, 0.0)
     return y
 
 
-def conv2d_loop(x, w, pad: int):
-    """The definition, one multiply-add at a time: for tiny shapes in tests only."""
+def conv2d_loop(x, w, problem, bias=None):
+    """The definition, one multiply-add at a time: for tiny problems in tests only."""
     B, C, H, W = x.shape
-    M, _, K, _ = w.shape
-    Ho, Wo = H + 2 * pad - K + 1, W + 2 * pad - K + 1
-    y = np.zeros((B, M, Ho, Wo))
+    M, Cg, R, S = w.shape
+    pt, _, pl, _ = problem.pads
+    (sh, sw), (dh, dw) = problem.stride, problem.dil
+    Mg = M // problem.groups
+    y = np.zeros((B, M, problem.Ho, problem.Wo))
     for b in range(B):
         for m in range(M):
-            for i in range(Ho):
-                for j in range(Wo):
-                    s = 0.0
-                    for c in range(C):
-                        for p in range(K):
-                            for q in range(K):
-                                ih, iw = i + p - pad, j + q - pad
+            for i in range(problem.Ho):
+                for j in range(problem.Wo):
+                    s = 0.0 if bias is None else float(bias[m])
+                    for c in range(Cg):
+                        for p in range(R):
+                            for q in range(S):
+                                ih, iw = i * sh + p * dh - pt, j * sw + q * dw - pl
                                 if 0 <= ih < H and 0 <= iw < W:
-                                    s += float(x[b, c, ih, iw]) * float(w[m, c, p, q])
-                    y[b, m, i, j] = s
+                                    xc = (m // Mg) * Cg + c
+                                    s += float(x[b, xc, ih, iw]) * float(w[m, c, p, q])
+                    y[b, m, i, j] = max(s, 0.0) if problem.act is Act.RELU else s
     return y
 
 
-def error_coefficient(variant: Variant, C: int, K: int) -> float:
-    """gamma such that |y - ref| <= gamma * sum |x||w| for every output.
+def error_coefficient(variant: Variant, problem) -> float:
+    """gamma such that |s - ref| <= gamma * (sum |x||w| + |bias|) for every output's
+    fp32 sum s, before it is rounded to the output dtype.
 
     Worst-case first-order bounds, whatever the order of summation:
-    fp32: n roundings of the running sum, n = C*K*K (an FMA rounds once).
+    fp32: n roundings of the running sum, n = C/groups*R*S (+1 for the bias; an FMA
+    rounds once).
     tf32, fp16 inputs: each input rounded once (2 u_half per product), then fp32 sums.
-    fp16 arithmetic (direct family): inputs and each product rounded to half, K-term
+    fp16 arithmetic (direct family): inputs and each product rounded to half, S-term
     half sums along a window row, then fp32 sums across rows and channels.
     """
-    n = C * K * K
+    n = problem.reduction + (1 if problem.bias else 0)
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
     elif variant.strategy in TENSOR_CORE:
         gamma = 2 * U_HALF + n * U_FP32
     else:
-        gamma = (3 + K - 1) * U_HALF + n * U_FP32
+        gamma = (3 + problem.S - 1) * U_HALF + n * U_FP32
     return gamma * 1.01  # second-order terms
 
 
-def underflow_term(variant: Variant, C: int, K: int, max_x: float, max_w: float) -> float:
+def output_rounding(problem) -> float:
+    """Unit roundoff of the output dtype: a 16-bit output is rounded once more, to
+    nearest, on its way out (half an ulp: 2^-11 relative for fp16, 2^-8 for bf16)."""
+    return {DType.FP32: 0.0, DType.FP16: U_HALF, DType.BF16: U_BF16}[problem.dtype]
+
+
+def underflow_term(variant: Variant, problem, max_x: float, max_w: float) -> float:
     """Absolute part of the bound, for fp16 only: its exponent range is narrow, so an
     operand, product or half sum near zero is rounded to a subnormal with an absolute
-    error of up to 2^-25 that no relative bound covers (tf32 keeps fp32's range).
-    Per term: x, w, the product and K half sums; n = C*K*K terms."""
+    error of up to 2^-25 that no relative bound covers (tf32 and bf16 keep fp32's
+    range).  Per term of fp16 arithmetic: x, w, the product and S half sums; an fp16
+    output adds one such rounding of its own."""
+    out = ETA_HALF * 1.01 if problem.dtype is DType.FP16 else 0.0
     if variant.precision is not Precision.FP16:
-        return 0.0
-    return C * K * K * ETA_HALF * (max_x + max_w + K + 2) * 1.01
+        return out
+    S = problem.S
+    return problem.reduction * ETA_HALF * (max_x + max_w + S + 2) * 1.01 + out
 
 
 def compare(y, ref, ref_abs, gamma, xp=np, absolute: float = 0.0) -> dict:

@@ -90,6 +90,7 @@ def render(plan: Plan, note: str | None = None) -> str:
         plan.context,
         name=plan.name,
         shape=plan.shape,
+        problem=plan.shape.banner(),
         shape_name=plan.shape.name or "inline spec",
         version=__version__,
         command=emit_command(plan),

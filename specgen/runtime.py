@@ -9,7 +9,8 @@ from .compile import Binary, compile_source
 from .errors import SpecError
 from .plan import Plan, make_plan
 from .render import render
-from .shapes import ConvShape
+from .shapes import ConvProblem
+from .tensors import STORAGE, w_shape, x_shape, y_shape
 from .variants import Variant
 
 DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller says otherwise
@@ -49,7 +50,7 @@ class Conv:
 
     def __init__(
         self,
-        shape: ConvShape,
+        shape: ConvProblem,
         variant: Variant,
         *,
         plan: Plan | None = None,
@@ -83,6 +84,7 @@ class Conv:
         }
         self.workspace = workspace
         self.w = None
+        self.bias = None
 
     def _resident(self, launch) -> int:
         """Blocks of a persistent kernel the whole device holds at once."""
@@ -98,12 +100,21 @@ class Conv:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         return per_sm * sms
 
-    def set_weights(self, w) -> None:
+    def set_weights(self, w, bias=None) -> None:
+        """Weights (and the bias, when the problem has one) as float values of any
+        float dtype; they are packed to the plan's format, fp32 at heart (exact for
+        16-bit values)."""
         import cupy
 
         s = self.shape
-        if tuple(w.shape) != (s.M, s.C, s.K, s.K):
-            raise SpecError(f"weights of shape {tuple(w.shape)}, expected {(s.M, s.C, s.K, s.K)}")
+        if tuple(w.shape) != w_shape(s):
+            raise SpecError(f"weights of shape {tuple(w.shape)}, expected {w_shape(s)}")
+        if (bias is not None) != s.bias:
+            raise SpecError(f"the problem {'has' if s.bias else 'has no'} bias; pass it or not")
+        if bias is not None:
+            if tuple(bias.shape) != (s.M,):
+                raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({s.M},)")
+            self.bias = cupy.asarray(cupy.asnumpy(bias).astype(np.float32))
         host = pack_weights(cupy.asnumpy(w), self.plan.weight_format)
         if self.plan.const_bytes:
             ptr = self.module.get_global_var("wc")
@@ -120,17 +131,19 @@ class Conv:
 
         s = self.shape
         batch = x.shape[0]
-        if tuple(x.shape[1:]) != (s.C, s.H, s.W) or x.dtype != np.float32:
+        dtype = np.dtype(STORAGE[s.dtype])
+        if tuple(x.shape) != x_shape(s, batch) or x.dtype != dtype:
             raise SpecError(
-                f"input of shape {tuple(x.shape)} {x.dtype}, expected (B, {s.C}, {s.H}, {s.W}) float32"
+                f"input of shape {tuple(x.shape)} {x.dtype}, expected {x_shape(s, batch)} {dtype} "
+                f"({s.dtype.value}, {s.layout.value})"
             )
         if y is None:
-            y = cupy.empty((batch, s.M, s.Ho, s.Wo), dtype=np.float32)
+            y = cupy.empty(y_shape(s, batch), dtype=dtype)
         if self.plan.workspace_per_image:
             self._segments(x, y, batch)
         else:
             for launch in self.plan.launches:
-                self._launch(launch, dict(x=x, w=self.w, y=y), batch)
+                self._launch(launch, dict(x=x, w=self.w, bias=self.bias, y=y), batch)
         return y
 
     def _segments(self, x, y, batch):

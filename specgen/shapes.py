@@ -1,12 +1,16 @@
-"""Convolution shapes: the frozen ``ConvShape`` and the presets that specgen ships.
+"""Convolution problems: the frozen ``ConvProblem`` and the presets that specgen ships.
 
-Layout is fixed: NCHW input ``x[B][C][H][W]``, weights ``w[M][C][K][K]``, output
-``y[B][M][Ho][Wo]``, stride 1, zero padding ``pad`` on every side.  The batch B is a
-launch-time parameter; every other number is baked into the generated source.
+A problem says what is computed: the operation (the forward pass), the sizes C, M, H,
+W, an R x S window, stride, dilation, zero padding on each side, groups, an optional
+bias and activation, the tensors' dtype (x, w, bias and y share it; sums are fp32)
+and their layout (NCHW or NHWC).  How it is computed (strategy, tiles, math precision)
+is the variant's business.  The batch B is a launch-time parameter; every other number
+is baked into the generated source.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -17,34 +21,82 @@ from .errors import SpecError
 INDEX_LIMIT = 2**31 - 1
 
 
+class Op(enum.Enum):
+    FPROP = "fprop"  # y = conv(x, w) (+ bias, activation)
+
+
+class Act(enum.Enum):
+    NONE = "none"
+    RELU = "relu"
+
+
+class DType(enum.Enum):
+    """Storage type of x, w, bias and y; ``bits`` per element."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+
+class TensorLayout(enum.Enum):
+    NCHW = "nchw"
+    NHWC = "nhwc"
+
+
 @dataclass(frozen=True)
-class ConvShape:
+class ConvProblem:
     C: int
     M: int
     H: int
     W: int
-    K: int
-    pad: int = 0
+    R: int  # window rows
+    S: int  # window columns
+    stride: tuple[int, int] = (1, 1)  # (rows, columns)
+    dil: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    groups: int = 1
+    bias: bool = False
+    act: Act = Act.NONE
+    dtype: DType = DType.FP32
+    layout: TensorLayout = TensorLayout.NCHW
+    op: Op = Op.FPROP
     batch: int = 1  # default batch for verify and bench; not part of the source
     name: str = ""  # preset name, or "" for an inline spec
 
     def __post_init__(self):
-        for field in ("C", "M", "H", "W", "K"):
+        for field in ("C", "M", "H", "W", "R", "S", "groups"):
             if getattr(self, field) < 1:
-                raise SpecError(f"{field} must be at least 1, got {getattr(self, field)}")
-        if self.pad < 0:
-            raise SpecError(f"pad must be at least 0, got {self.pad}")
-        if self.pad >= self.K:
-            raise SpecError(f"pad={self.pad} must be smaller than K={self.K}")
-        if self.K > self.H + 2 * self.pad or self.K > self.W + 2 * self.pad:
+                key = {"R": "K", "S": "K"}.get(field, field)
+                raise SpecError(f"{key} must be at least 1, got {getattr(self, field)}")
+        for what, pair in (("stride", self.stride), ("dil", self.dil)):
+            if min(pair) < 1:
+                raise SpecError(f"{what} must be at least 1 on both axes, got {_pair(pair)}")
+        if min(self.pads) < 0:
+            raise SpecError(f"pad must be at least 0 on every side, got {self.pads}")
+        if self.C % self.groups or self.M % self.groups:
             raise SpecError(
-                f"K={self.K} is larger than the padded image "
-                f"{self.H + 2 * self.pad}x{self.W + 2 * self.pad}"
+                f"groups={self.groups} must divide C={self.C} and M={self.M}; choose a "
+                "common divisor of both"
+            )
+        pt, pb, pl, pr = self.pads
+        span = (self.dil[0] * (self.R - 1) + 1, self.dil[1] * (self.S - 1) + 1)
+        if span[0] > self.H + pt + pb or span[1] > self.W + pl + pr:
+            window = (
+                f"K={self.K}"
+                if self.is_square and self.dil == (1, 1)
+                else (f"the {'dilated ' if self.dil != (1, 1) else ''}window {span[0]}x{span[1]}")
+            )
+            raise SpecError(
+                f"{window} is larger than the padded image {self.H + pt + pb}x{self.W + pl + pr}"
             )
         for what, formula, n, fix in (
             ("one image of x", "C*H*W", self.C * self.H * self.W, "C, H or W"),
             ("one image of y", "M*Ho*Wo", self.M * self.Ho * self.Wo, "M, H or W"),
-            ("the weights", "M*C*K*K", self.weight_count, "M, C or K"),
+            ("the weights", "M*C/groups*R*S", self.weight_count, "M, C or K"),
         ):
             if n > INDEX_LIMIT:
                 raise SpecError(
@@ -52,18 +104,72 @@ class ConvShape:
                     f"specgen's 32-bit indices address; choose a smaller {fix}"
                 )
 
+    # The square-window, equal-padding view that the stride-1 strategies use.
+    @property
+    def is_square(self) -> bool:
+        return self.R == self.S
+
+    @property
+    def K(self) -> int:
+        """The window edge of a square window (R for a rectangular one)."""
+        return self.R
+
+    @property
+    def pad(self) -> int:
+        """The padding of a problem padded equally on every side (top otherwise)."""
+        return self.pads[0]
+
+    def unusual(self) -> list[str]:
+        """What makes this problem more than a dense, stride-1, square-window fp32 NCHW
+        forward convolution without bias, equally padded by less than the window:
+        the features that only the general strategies serve."""
+        out = []
+        if not self.is_square:
+            out.append(f"a {self.R}x{self.S} window")
+        if self.stride != (1, 1):
+            out.append(f"stride {_pair(self.stride)}")
+        if self.dil != (1, 1):
+            out.append(f"dilation {_pair(self.dil)}")
+        if len(set(self.pads)) > 1:
+            out.append(f"unequal padding {self.pads}")
+        elif self.pad >= self.K:
+            out.append(f"padding {self.pad} not under the window {self.K}")
+        if self.groups > 1:
+            out.append(f"{self.groups} groups")
+        if self.bias:
+            out.append("a bias")
+        if self.act is not Act.NONE:
+            out.append(f"{self.act.value} after it")
+        if self.dtype is not DType.FP32:
+            out.append(f"{self.dtype.value} tensors")
+        if self.layout is not TensorLayout.NCHW:
+            out.append(f"{self.layout.value} layout")
+        return out
+
     @property
     def Ho(self) -> int:
-        return self.H + 2 * self.pad - self.K + 1
+        pt, pb, _, _ = self.pads
+        return (self.H + pt + pb - self.dil[0] * (self.R - 1) - 1) // self.stride[0] + 1
 
     @property
     def Wo(self) -> int:
-        return self.W + 2 * self.pad - self.K + 1
+        _, _, pl, pr = self.pads
+        return (self.W + pl + pr - self.dil[1] * (self.S - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def Cg(self) -> int:
+        """Input channels of one group."""
+        return self.C // self.groups
+
+    @property
+    def Mg(self) -> int:
+        """Output maps of one group."""
+        return self.M // self.groups
 
     @property
     def reduction(self) -> int:
-        """Length of each output's dot product: C*K*K."""
-        return self.C * self.K * self.K
+        """Length of each output's dot product: C/groups*R*S."""
+        return self.Cg * self.R * self.S
 
     @property
     def weight_count(self) -> int:
@@ -74,31 +180,106 @@ class ConvShape:
         """Folder name under generated/: the preset name, or the spec spelled out."""
         if self.name:
             return self.name
-        pad = f"_p{self.pad}" if self.pad else ""
-        return f"c{self.C}_m{self.M}_h{self.H}_w{self.W}_k{self.K}{pad}"
+        window = f"k{self.R}" if self.is_square else f"k{self.R}x{self.S}"
+        parts = [f"c{self.C}", f"m{self.M}", f"h{self.H}", f"w{self.W}", window]
+        pads = _pads_text(self.pads)
+        if pads != "0":
+            parts.append("p" + pads)
+        if self.stride != (1, 1):
+            parts.append("s" + _pair(self.stride))
+        if self.dil != (1, 1):
+            parts.append("d" + _pair(self.dil))
+        if self.groups > 1:
+            parts.append(f"g{self.groups}")
+        if self.bias:
+            parts.append("bias")
+        if self.act is not Act.NONE:
+            parts.append(self.act.value)
+        if self.dtype is not DType.FP32:
+            parts.append(self.dtype.value)
+        if self.layout is not TensorLayout.NCHW:
+            parts.append(self.layout.value)
+        return "_".join(parts)
 
     @property
     def spec(self) -> str:
-        return f"C={self.C},M={self.M},H={self.H},W={self.W},K={self.K},pad={self.pad}"
+        """The inline spec that parses back to this problem (without name and batch)."""
+        window = str(self.R) if self.is_square else f"{self.R}x{self.S}"
+        text = f"C={self.C},M={self.M},H={self.H},W={self.W},K={window},pad={_pads_text(self.pads)}"
+        if self.stride != (1, 1):
+            text += f",stride={_pair(self.stride)}"
+        if self.dil != (1, 1):
+            text += f",dil={_pair(self.dil)}"
+        if self.groups > 1:
+            text += f",groups={self.groups}"
+        if self.bias:
+            text += ",bias=1"
+        if self.act is not Act.NONE:
+            text += f",act={self.act.value}"
+        if self.dtype is not DType.FP32:
+            text += f",dtype={self.dtype.value}"
+        if self.layout is not TensorLayout.NCHW:
+            text += f",layout={self.layout.value}"
+        return text
+
+    def banner(self) -> tuple[str, str]:
+        """Two lines for a generated file's header: the sizes, and the tensors."""
+        if not self.unusual():
+            return (
+                f"C={self.C} M={self.M} H={self.H} W={self.W} K={self.K} pad={self.pad}",
+                f"x[B][{self.C}][{self.H}][{self.W}] * w[{self.M}][{self.C}][{self.K}][{self.K}]"
+                f" -> y[B][{self.M}][{self.Ho}][{self.Wo}], stride 1, B at launch",
+            )
+        x, y = (
+            (f"[B][{self.C}][{self.H}][{self.W}]", f"[B][{self.M}][{self.Ho}][{self.Wo}]")
+            if self.layout is TensorLayout.NCHW
+            else (f"[B][{self.H}][{self.W}][{self.C}]", f"[B][{self.Ho}][{self.Wo}][{self.M}]")
+        )
+        epilogue = (" + bias" if self.bias else "") + (
+            f", then {self.act.value}" if self.act is not Act.NONE else ""
+        )
+        return (
+            self.spec.replace(",", " "),
+            f"{self.dtype.value} x{x} * w[{self.M}][{self.Cg}][{self.R}][{self.S}]{epilogue}"
+            f" -> y{y} ({self.layout.value}), fp32 sums, B at launch",
+        )
 
     def flops(self, batch: int) -> int:
         return 2 * batch * self.M * self.reduction * self.Ho * self.Wo
 
     def bytes_moved(self, batch: int) -> int:
         """Fewest bytes through device memory: x and w read once, y written once."""
-        return 4 * (
+        return self.dtype.bytes * (
             batch * self.C * self.H * self.W
             + self.weight_count
             + batch * self.M * self.Ho * self.Wo
         )
 
 
+def _pair(p: tuple[int, int]) -> str:
+    return str(p[0]) if p[0] == p[1] else f"{p[0]}x{p[1]}"
+
+
+def _pads_text(pads) -> str:
+    pt, pb, pl, pr = pads
+    if pt == pb == pl == pr:
+        return str(pt)
+    if pt == pb and pl == pr:
+        return f"{pt}x{pl}"
+    return f"{pt}x{pb}x{pl}x{pr}"
+
+
+def square(C, M, H, W, K, pad=0, **kw) -> ConvProblem:
+    """A problem with a K x K window and ``pad`` on every side (the presets' kind)."""
+    return ConvProblem(C=C, M=M, H=H, W=W, R=K, S=K, pads=(pad,) * 4, **kw)
+
+
 def _preset(name, C, M, HW, K, pad, batch):
-    return ConvShape(C=C, M=M, H=HW, W=HW, K=K, pad=pad, batch=batch, name=name)
+    return square(C, M, HW, HW, K, pad, batch=batch, name=name)
 
 
 # ../shared/reference/shapes.md
-PRESETS: dict[str, ConvShape] = {
+PRESETS: dict[str, ConvProblem] = {
     s.name: s
     for s in (
         _preset("layer1", 1, 4, 86, 7, 0, 10000),
@@ -113,12 +294,50 @@ PRESETS: dict[str, ConvShape] = {
     )
 }
 
-_SPEC_KEYS = ("C", "M", "H", "W", "K", "pad")
-_SPEC_ITEM = re.compile(r"^\s*([A-Za-z]+)\s*=\s*(-?[0-9]+)\s*$")
+_INT = "[0-9]+"
+_SPEC_ITEM = re.compile(r"^\s*([A-Za-z]+)\s*=\s*([^=]*?)\s*$")
+_KEYS = {
+    "C": "an integer",
+    "M": "an integer",
+    "H": "an integer",
+    "W": "an integer",
+    "K": "R or RxS, for example 3 or 3x5",
+    "pad": "P, PxQ (rows x columns), TxBxLxR, same or valid",
+    "stride": "S or SHxSW, for example 2 or 2x1",
+    "dil": "D or DHxDW, for example 2 or 2x1",
+    "groups": "an integer dividing C and M",
+    "bias": "0 or 1",
+    "act": "none or relu",
+    "dtype": "fp32, fp16 or bf16",
+    "layout": "nchw or nhwc",
+}
 
 
-def parse_shape(text: str) -> ConvShape:
-    """A preset name, or an inline spec ``C=4,M=16,H=40,W=40,K=7[,pad=1]``."""
+def _number(key: str, text: str, spec: str) -> int:
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise SpecError(f"malformed shape spec '{spec}': {key}={text} is not {_KEYS[key]}")
+    if len(text.lstrip("-")) > 10 or int(text) > INDEX_LIMIT:
+        raise SpecError(f"malformed shape spec '{spec}': {key}={text} is over {INDEX_LIMIT}")
+    return int(text)
+
+
+def _numbers(key: str, text: str, spec: str, counts: tuple[int, ...]) -> list[int]:
+    parts = text.split("x")
+    if len(parts) not in counts:
+        raise SpecError(f"malformed shape spec '{spec}': {key}={text} is not {_KEYS[key]}")
+    return [_number(key, p, spec) for p in parts]
+
+
+def _choice(key: str, text: str, spec: str, cls):
+    for member in cls:
+        if text.lower() == member.value:
+            return member
+    raise SpecError(f"malformed shape spec '{spec}': {key}={text} is not {_KEYS[key]}")
+
+
+def parse_shape(text: str) -> ConvProblem:
+    """A preset name, or an inline spec: ``C=4,M=16,H=40,W=40,K=7[,pad=1]`` and the keys
+    K=RxS, stride=, dil=, pad=PxQ|same|valid, groups=, bias=, act=, dtype=, layout=."""
     text = text.strip()
     if text in PRESETS:
         return PRESETS[text]
@@ -127,24 +346,62 @@ def parse_shape(text: str) -> ConvShape:
             f"unknown shape '{text}'; known presets: {', '.join(PRESETS)} "
             "(or an inline spec such as C=4,M=16,H=40,W=40,K=7,pad=0)"
         )
-    values: dict[str, int] = {}
+    raw: dict[str, str] = {}
     for item in text.split(","):
         m = _SPEC_ITEM.match(item)
         key = m.group(1) if m else None
-        if key is not None and key.lower() == "pad":
-            key = "pad"
-        if m is None or key not in _SPEC_KEYS:
+        if key is not None and key not in ("C", "M", "H", "W", "K"):
+            key = key.lower()  # the sizes are upper case, the other keys any case
+        if m is None or key not in _KEYS:
             raise SpecError(
                 f"malformed shape spec '{text}': '{item.strip()}' is not one of "
-                "C=,M=,H=,W=,K=,pad= with an integer"
+                f"{', '.join(k + '=' for k in _KEYS)} with a value"
             )
-        if key in values:
+        if key in raw:
             raise SpecError(f"malformed shape spec '{text}': {key} given twice")
-        digits = m.group(2)
-        if len(digits.lstrip("-")) > 10 or int(digits) > INDEX_LIMIT:
-            raise SpecError(f"shape spec '{text}': {key}={digits} is over {INDEX_LIMIT}")
-        values[key] = int(digits)
-    missing = [k for k in _SPEC_KEYS[:5] if k not in values]
+        raw[key] = m.group(2)
+    missing = [k for k in ("C", "M", "H", "W", "K") if k not in raw]
     if missing:
         raise SpecError(f"malformed shape spec '{text}': missing {', '.join(missing)}")
-    return ConvShape(**values)
+    C, M, H, W = (_number(k, raw[k], text) for k in ("C", "M", "H", "W"))
+    window = _numbers("K", raw["K"], text, (1, 2))
+    R, S = window * 2 if len(window) == 1 else window
+    fields = dict(C=C, M=M, H=H, W=W, R=R, S=S)
+    for key in ("stride", "dil"):
+        if key in raw:
+            pair = _numbers(key, raw[key], text, (1, 2))
+            fields[key] = tuple(pair * 2 if len(pair) == 1 else pair)
+    if "groups" in raw:
+        fields["groups"] = _number("groups", raw["groups"], text)
+    if "bias" in raw:
+        if raw["bias"] not in ("0", "1"):
+            raise SpecError(
+                f"malformed shape spec '{text}': bias={raw['bias']} is not {_KEYS['bias']}"
+            )
+        fields["bias"] = raw["bias"] == "1"
+    for key, cls in (("act", Act), ("dtype", DType), ("layout", TensorLayout)):
+        if key in raw:
+            fields[key] = _choice(key, raw[key], text, cls)
+    fields["pads"] = _pads(raw.get("pad", "0"), fields, text)
+    return ConvProblem(**fields)
+
+
+def _pads(value: str, fields: dict, spec: str) -> tuple[int, int, int, int]:
+    """pad=P, PxQ (rows x columns), TxBxLxR, valid (none) or same (PyTorch's: the
+    output as large as the input, the odd pixel of an even window at the end)."""
+    if value.lower() == "valid":
+        return (0, 0, 0, 0)
+    if value.lower() == "same":
+        if fields.get("stride", (1, 1)) != (1, 1):
+            raise SpecError(
+                f"malformed shape spec '{spec}': pad=same needs stride 1 (as in PyTorch)"
+            )
+        dh, dw = fields.get("dil", (1, 1))
+        th, tw = dh * (fields["R"] - 1), dw * (fields["S"] - 1)
+        return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+    p = _numbers("pad", value, spec, (1, 2, 4))
+    if len(p) == 1:
+        return (p[0],) * 4
+    if len(p) == 2:
+        return (p[0], p[0], p[1], p[1])
+    return tuple(p)

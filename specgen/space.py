@@ -9,7 +9,7 @@ from .errors import SpecError
 from .plan import make_plan
 from .plan.common import divisors
 from .plan.direct import UNROLL_CHANNELS_MAX
-from .shapes import ConvShape
+from .shapes import ConvProblem
 from .variants import Layout, Precision, Strategy, Variant, Weights
 
 # Default unrolled body: big enough for ILP, small enough to compile in seconds.
@@ -29,7 +29,7 @@ DIRECT_FMAS_PER_CHANNEL = 800
 STREAM_CHUNK_FMAS = 4608
 
 
-def default_weights(shape: ConvShape, asked: Weights | None = None) -> Weights:
+def default_weights(shape: ConvProblem, asked: Weights | None = None) -> Weights:
     """Constant memory when the weights fit its 64 KiB bank, unless the caller chose."""
     if asked is not None:
         return asked
@@ -37,7 +37,7 @@ def default_weights(shape: ConvShape, asked: Weights | None = None) -> Weights:
 
 
 def default_coarsening(
-    shape: ConvShape,
+    shape: ConvProblem,
     tile: int,
     precision: Precision,
     weights: Weights | None = None,
@@ -48,7 +48,7 @@ def default_coarsening(
     shared-memory strategies take more along the row, ``direct`` more maps: there a
     map costs a weight (a constant operand) and a pixel along the row a global load
     (mx-layer2, constant weights: x4 m4 spilled at 255 registers, x2 m8 took 127)."""
-    kk = shape.K * shape.K
+    kk = shape.R * shape.S
     xs = [c for c in (4, 2, 1) if tile % c == 0]
     if precision is Precision.FP16:
         xs = [c for c in xs if c % 2 == 0] or [2]
@@ -64,14 +64,14 @@ def default_coarsening(
 
     best = None
     for cx in xs:
-        cm = max(d for d in divisors(shape.M) if d == 1 or fits(cx, d))
+        cm = max(d for d in divisors(shape.Mg) if d == 1 or fits(cx, d))
         if best is None or cx * cm > best[0] * best[1] or (direct and cx * cm == best[0] * best[1]):
             best = (cx, cm)
     return (best[0], 1, best[1])
 
 
 def complete(
-    shape: ConvShape, v: Variant, *, unroll: bool | None = None, weights: Weights | None = None
+    shape: ConvProblem, v: Variant, *, unroll: bool | None = None, weights: Weights | None = None
 ) -> Variant:
     """Fill in what depends on the shape: weight placement (constant memory when the
     weights fit, unless the caller chose), unrolling of the channel loop."""
@@ -79,14 +79,14 @@ def complete(
         v = replace(v, weights=default_weights(shape, weights))
         if unroll is None:
             cx, cy, cm = v.coarsening
-            channels = shape.C // v.splits
-            body = channels * shape.K * shape.K * cx * cy * cm
+            channels = shape.Cg // v.splits
+            body = channels * shape.R * shape.S * cx * cy * cm
             unroll = channels <= UNROLL_CHANNELS_MAX and body <= DEFAULT_FMAS
         v = replace(v, unroll_channels=unroll)
     return v.canonical()
 
 
-def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
+def fitting_tile(shape: ConvProblem, v: Variant, choices=(16, 8, 4)) -> Variant:
     """The first tile from ``choices`` whose plan fits; the last error if none does."""
     error = None
     for tile in choices:
@@ -103,7 +103,7 @@ def fitting_tile(shape: ConvShape, v: Variant, choices=(16, 8, 4)) -> Variant:
     raise error
 
 
-def direct_tiles(shape: ConvShape) -> tuple[int, ...]:
+def direct_tiles(shape: ConvProblem) -> tuple[int, ...]:
     """Tiles of 16, 8, 4 no larger than the output needs: a 16x16 tile over a 3x3
     output idles 28 of 32 threads (and on a random 7x7, K=5 shape, ptxas spilled it)."""
     edge = max(shape.Ho, shape.Wo)
@@ -111,7 +111,7 @@ def direct_tiles(shape: ConvShape) -> tuple[int, ...]:
     return fits or (4,)
 
 
-def _tallest_band(shape: ConvShape, v: Variant, most: int) -> Variant:
+def _tallest_band(shape: ConvProblem, v: Variant, most: int) -> Variant:
     """v with the tallest band of at most `most` output rows that the planner accepts;
     the planner's error for one row if none is."""
     error = None
@@ -125,7 +125,7 @@ def _tallest_band(shape: ConvShape, v: Variant, most: int) -> Variant:
     raise error
 
 
-def default_persist(shape: ConvShape) -> Variant:
+def default_persist(shape: ConvProblem) -> Variant:
     """A persist variant without tuning: 4 maps (or fewer) by a row segment of at most
     12 pixels, and the tallest band whose buffers fit in a block of at most 512
     threads (so that ptxas may use 128 registers without spilling)."""
@@ -136,7 +136,7 @@ def default_persist(shape: ConvShape) -> Variant:
     return _tallest_band(shape, Variant(strategy=Strategy.PERSIST, regtile=(tm, tx)), most)
 
 
-def default_mmapersist(shape: ConvShape) -> Variant:
+def default_mmapersist(shape: ConvProblem) -> Variant:
     """An mmapersist variant without tuning: up to 3 map tiles (24 maps) per warp, pixel
     tiles up to 32 accumulators per thread, and the tallest band that fits."""
     nt = min(-(-shape.M // 8), 3)
@@ -145,7 +145,7 @@ def default_mmapersist(shape: ConvShape) -> Variant:
     return _tallest_band(shape, v, shape.Ho)
 
 
-def default_stream(shape: ConvShape) -> Variant:
+def default_stream(shape: ConvProblem) -> Variant:
     """A stream variant without tuning: 8 maps (or fewer) by a row segment of at most 8
     pixels per thread, up to 128 maps per block, the tallest band that keeps the block
     within 256 threads (two blocks per SM), and chunks of about STREAM_CHUNK_FMAS."""
@@ -168,7 +168,7 @@ SHAPE_DEFAULTS = {
 }
 
 
-def default_set(shape: ConvShape) -> list[Variant]:
+def default_set(shape: ConvProblem) -> list[Variant]:
     """One of each strategy and precision that can serve the shape, and for a preset
     the winners that ``tune`` found on the GPUs of ``SHIPPED_WINNERS``, so that the
     kernels worth reading are in generated/ and covered by ``verify --all``."""

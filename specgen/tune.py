@@ -22,7 +22,7 @@ from .errors import SpecError
 from .plan import make_plan
 from .plan.common import divisors
 from .render import render
-from .shapes import ConvShape
+from .shapes import ConvProblem
 from .variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
 
 RETIME_TOP = 3
@@ -36,7 +36,7 @@ def even_segments(width: int, most: int) -> set[int]:
     return {tx for tx in range(1, min(most, width) + 1) if -(-width // -(-width // tx)) == tx}
 
 
-def persist_candidates(shape: ConvShape) -> list[Variant]:
+def persist_candidates(shape: ConvProblem) -> list[Variant]:
     """persist's space: register tiles of up to 16 maps by row segments that waste at
     most a sixth of a row, and bands of Ho/k rows."""
     from .plan.persist import MAX_ACCUMULATORS
@@ -61,7 +61,7 @@ def persist_candidates(shape: ConvShape) -> list[Variant]:
     return out
 
 
-def mmapersist_candidates(shape: ConvShape) -> list[Variant]:
+def mmapersist_candidates(shape: ConvProblem) -> list[Variant]:
     """mmapersist's space: 1-4 map tiles by 1-4 pixel tiles per warp (at most 64
     accumulators per thread), and bands of Ho/k rows."""
     from .plan.mmapersist import MAX_ACCUMULATORS
@@ -81,7 +81,7 @@ def mmapersist_candidates(shape: ConvShape) -> list[Variant]:
     return out
 
 
-def stream_candidates(shape: ConvShape) -> list[Variant]:
+def stream_candidates(shape: ConvProblem) -> list[Variant]:
     """stream's space: register tiles of 32 to 128 accumulators (or all M maps by at
     least 8 pixels), up to 16 maps by row segments of up to 16 pixels that waste at most
     a sixth of a row; 4 to 32 map groups per block (or all of M); bands of Ho/k rows;
@@ -119,7 +119,7 @@ def stream_candidates(shape: ConvShape) -> list[Variant]:
 
 
 def candidates(
-    shape: ConvShape, precision: Precision, strategy: Strategy | None = None
+    shape: ConvProblem, precision: Precision, strategy: Strategy | None = None
 ) -> list[Variant]:
     """Every variant of the space that the planner accepts, in a stable order; only
     ``strategy``'s when one is named."""
@@ -195,7 +195,7 @@ def _source_hash(shape, v) -> str:
 
 
 def run_tune(
-    shape: ConvShape,
+    shape: ConvProblem,
     precision: Precision,
     budget: int | None,
     echo,
@@ -231,7 +231,7 @@ def run_tune(
     ceil = ceilings()
     rng = np.random.default_rng()
     xs = input_sets(shape, batch, rng)
-    _, w = random_inputs(shape, 1, rng)
+    _, w, bias = random_inputs(shape, 1, rng)
     results, counts = [], dict(verified=0, timed=0, resumed=0, dropped=0)
     with click.progressbar(
         space, label="verified/timed", file=sys.stderr, item_show_func=lambda v: v.name if v else ""
@@ -250,7 +250,7 @@ def run_tune(
                 counts["dropped"] += 1  # spills, wrong numbers: never timed
                 continue
             counts["verified"] += 1
-            t = bench_variant(shape, v, batch, xs, w, ceil)
+            t = bench_variant(shape, v, batch, xs, w, bias, ceil)
             counts["timed"] += 1
             tunedb.append(
                 dict(
@@ -275,7 +275,7 @@ def run_tune(
     # Interleave the finalists so drift in clocks or temperature hits all alike.
     convs = {v: Conv(shape, v) for v in top}
     for c in convs.values():
-        c.set_weights(w)
+        c.set_weights(w, bias)
     samples = {v: [] for v in top}
     for _ in range(RETIME_ROUNDS):
         for v, c in convs.items():
@@ -326,7 +326,7 @@ SHIPPED_WINNERS = {
 }
 
 
-def best_picks(shape: ConvShape, gpu: str) -> list[tuple[Variant, str | None]]:
+def best_picks(shape: ConvProblem, gpu: str) -> list[tuple[Variant, str | None]]:
     """(variant, banner note) for each precision's winner on ``gpu``: this machine's
     database first, else the winners shipped for that GPU, else nothing.  All or
     nothing: a recorded winner that the planner now refuses is an error that names its

@@ -41,6 +41,10 @@ GEMM_FAMILY = (
     Strategy.MMAPERSIST,
 )
 OUTER_FAMILY = (Strategy.PERSIST, Strategy.STREAM)
+# Strategies that serve every problem (stride, dilation, rectangular windows, unequal
+# padding, groups, bias and activation, 16-bit tensors, NHWC); the others serve the
+# dense stride-1 fp32 NCHW kind and say so.
+GENERAL = (Strategy.DIRECT,)
 TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
 # Strategies whose name carries no register tile: their fragments are fixed.
 FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)

@@ -9,9 +9,10 @@ import numpy as np
 
 from .compile import compile_source, symbol_sizes
 from .plan import Plan, make_plan
-from .reference import compare, conv2d, error_coefficient, underflow_term
+from .reference import compare, conv2d, error_coefficient, output_rounding, underflow_term
 from .render import render
-from .shapes import ConvShape
+from .shapes import ConvProblem
+from .tensors import from_storage, to_nchw, to_storage, w_shape, x_shape, y_shape
 from .variants import Variant
 
 # Above this many multiply-adds the reference runs on the GPU in float64.
@@ -55,15 +56,22 @@ def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
     return dict(registers=main.registers, smem=main.smem, spills=main.spills), problems
 
 
-def random_inputs(shape: ConvShape, batch: int, rng: np.random.Generator):
-    """Fresh normal x, and w scaled so outputs are O(1) (fp16 must not overflow)."""
-    x = rng.standard_normal((batch, shape.C, shape.H, shape.W), dtype=np.float32)
-    w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K), dtype=np.float32)
+def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
+    """Fresh normal x in the problem's storage dtype and layout, w scaled so outputs
+    are O(1) (fp16 must not overflow), and a bias when the problem has one; w and the
+    bias as fp32 values that the dtype holds exactly."""
+    x = rng.standard_normal(x_shape(shape, batch), dtype=np.float32)
+    w = rng.standard_normal(w_shape(shape), dtype=np.float32)
     w *= np.float32(1.0 / np.sqrt(shape.reduction))
-    return x, w
+
+    def exact(v):
+        return from_storage(to_storage(v, shape.dtype), shape.dtype)
+
+    b = exact(rng.standard_normal(shape.M, dtype=np.float32) * 0.5) if shape.bias else None
+    return to_storage(x, shape.dtype), exact(w), b
 
 
-def check_numbers(shape: ConvShape, plan: Plan, binary, batch: int, rng) -> dict:
+def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> dict:
     import cupy
 
     from .runtime import Conv
@@ -72,26 +80,35 @@ def check_numbers(shape: ConvShape, plan: Plan, binary, batch: int, rng) -> dict
     # blocks as items, each block computes about three, through both band buffers.
     items = max((l.per_image * batch for l in plan.launches if l.persistent), default=0)
     conv = Conv(shape, plan.variant, plan=plan, binary=binary, max_blocks=-(-items // 3) or None)
-    x, w = random_inputs(shape, batch, rng)
-    conv.set_weights(w)
+    x, w, b = random_inputs(shape, batch, rng)
+    conv.set_weights(w, b)
     xd = cupy.asarray(x)
-    y = cupy.full((batch, shape.M, shape.Ho, shape.Wo), np.nan, dtype=np.float32)
+    y = cupy.asarray(to_storage(np.full(y_shape(shape, batch), np.nan, np.float32), shape.dtype))
     conv(xd, y)
     cupy.cuda.Device().synchronize()
     macs = batch * shape.M * shape.Ho * shape.Wo * shape.reduction
     xp = cupy if macs > CPU_REFERENCE_MACS else np
-    xr, wr = (xd, cupy.asarray(w)) if xp is cupy else (x, w)
-    ref = conv2d(xr, wr, shape.pad, xp)
-    ref_abs = conv2d(xp.abs(xr), xp.abs(wr), shape.pad, xp)
-    gamma = error_coefficient(plan.variant, shape.C, shape.K)
+    xv = to_nchw(from_storage(xd if xp is cupy else x, shape.dtype, xp), shape)
+    wr = xp.asarray(w)
+    br = None if b is None else xp.asarray(b)
+    ref = conv2d(xv, wr, shape, xp, bias=br)
+    magnitude = conv2d(xp.abs(xv), xp.abs(wr), shape, xp, epilogue=False)
+    if br is not None:
+        magnitude += xp.abs(br)[None, :, None, None]
+    gamma = error_coefficient(plan.variant, shape)
+    u_out = output_rounding(shape)
     absolute = underflow_term(
-        plan.variant, shape.C, shape.K, float(np.abs(x).max()), float(np.abs(w).max())
+        plan.variant,
+        shape,
+        float(np.abs(from_storage(x, shape.dtype)).max()),
+        float(np.abs(w).max()),
     )
-    return compare(y if xp is cupy else cupy.asnumpy(y), ref, ref_abs, gamma, xp, absolute)
+    got = to_nchw(from_storage(y if xp is cupy else cupy.asnumpy(y), shape.dtype, xp), shape)
+    return compare(got, ref, magnitude, gamma + u_out * (1 + gamma), xp, absolute)
 
 
 def verify_variant(
-    shape: ConvShape, variant: Variant, *, arch: str, batch: int, numbers: bool, rng=None
+    shape: ConvProblem, variant: Variant, *, arch: str, batch: int, numbers: bool, rng=None
 ) -> Row:
     plan = make_plan(shape, variant)
     row = Row(shape.slug, plan.name, plan.variant.precision.value)
@@ -124,12 +141,13 @@ def verify_variant(
 
 
 def format_table(rows: list[Row]) -> str:
-    head = f"{'shape':<10} {'variant':<44} {'prec':<5} {'regs':>4} {'smem B':>7} {'spill':>5} {'rel L2':>9} {'max err':>9} {'err/bound':>9}  result"
+    sw = max([10] + [len(r.shape) for r in rows])
+    head = f"{'shape':<{sw}} {'variant':<44} {'prec':<5} {'regs':>4} {'smem B':>7} {'spill':>5} {'rel L2':>9} {'max err':>9} {'err/bound':>9}  result"
     lines = [head, "-" * len(head)]
     for r in rows:
         num = lambda v, f: ("-" if v is None else format(v, f))  # noqa: E731
         lines.append(
-            f"{r.shape:<10} {r.name:<44} {r.precision:<5} {r.registers:>4} {r.smem:>7} {r.spills:>5} "
+            f"{r.shape:<{sw}} {r.name:<44} {r.precision:<5} {r.registers:>4} {r.smem:>7} {r.spills:>5} "
             f"{num(r.rel_l2, '.2e'):>9} {num(r.max_err, '.2e'):>9} {num(r.bound_ratio, '.3f'):>9}  {r.status}"
             + (f"  ({'; '.join(r.problems)})" if r.problems else "")
         )

@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from problems import problem_specs
 
 from specgen.compile import cache_key, compile_source, options_for
 from specgen.parallel import precompile
@@ -12,6 +14,7 @@ from specgen.plan import make_plan
 from specgen.render import render
 from specgen.shapes import PRESETS
 from specgen.space import default_set
+from specgen.variants import Strategy
 from specgen.verify import check_resources
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -127,3 +130,18 @@ def test_every_compile_reports_resources_even_a_repeated_one(tmp_path, monkeypat
     for comment in ("// one\n", "// two\n", "// one\n"):
         b = compile_source(comment + body, "k", cache=False)
         assert "k" in b.resources, b.log
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=problem_specs(largest=20))
+def test_drawn_problems_compile_for_sm90_without_spills(p):
+    """Every member of a drawn problem's default set compiles with the planned
+    resources (for the plain stride-1 problems that the presets cover, direct only)."""
+    variants = default_set(p)
+    if not p.unusual():
+        variants = [v for v in variants if v.strategy is Strategy.DIRECT]
+    for v in variants:
+        plan = make_plan(p, v)
+        binary = compile_source(render(plan), plan.name, "sm_90")
+        stats, problems = check_resources(plan, binary)
+        assert not problems, (p.spec, v.name, problems)

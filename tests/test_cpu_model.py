@@ -1,16 +1,28 @@
 """CPU tier: shapes, variant names, planning arithmetic and limits."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.reference import compare, conv2d, conv2d_loop, error_coefficient, underflow_term
-from specgen.shapes import PRESETS, ConvShape, parse_shape
+from specgen.render import render
+from specgen.reference import (
+    compare,
+    conv2d,
+    conv2d_loop,
+    error_coefficient,
+    output_rounding,
+    underflow_term,
+)
+from specgen.shapes import PRESETS, parse_shape, square
 from specgen.space import default_set
 from specgen.variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
+
+from problems import problem_specs
 
 ALL = [(s, v) for s in PRESETS.values() for v in default_set(s)]
 
@@ -134,7 +146,7 @@ def test_mma_padding_is_exact_and_reported():
     "shape,variant,needle",
     [
         (
-            ConvShape(64, 64, 16, 16, 7),
+            square(64, 64, 16, 16, 7),
             Variant(weights=Weights.CONST, unroll_channels=False),
             "65536-byte constant bank; use --weights global",
         ),
@@ -229,23 +241,48 @@ def test_limits_are_checked_before_rendering(shape, variant, needle):
     assert "\n" not in str(e.value)
 
 
-def test_numpy_reference_matches_the_definition():
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=3,M=4,H=7,W=6,K=3",
+        "C=3,M=4,H=7,W=6,K=3,pad=1",
+        "C=3,M=4,H=7,W=6,K=5,pad=2",
+        "C=3,M=4,H=7,W=6,K=1",
+        "C=4,M=6,H=9,W=8,K=3x2,stride=2x1,pad=1x0",
+        "C=4,M=6,H=9,W=8,K=3,dil=2x1,pad=2,stride=3",
+        "C=4,M=6,H=9,W=8,K=2,pad=same,dil=2",
+        "C=4,M=6,H=9,W=8,K=3,pad=0x1x2x0,groups=2,bias=1",
+        "C=6,M=6,H=5,W=7,K=3,pad=1,groups=6,act=relu,bias=1",
+        "C=2,M=3,H=4,W=4,K=3,pad=4,stride=2,act=relu",
+    ],
+)
+def test_numpy_reference_matches_the_definition(spec):
+    p = parse_shape(spec)
     rng = np.random.default_rng()
-    for pad, K in ((0, 3), (1, 3), (2, 5), (0, 1)):
-        x = rng.standard_normal((2, 3, 7, 6))
-        w = rng.standard_normal((4, 3, K, K))
-        np.testing.assert_allclose(
-            conv2d(x, w, pad), conv2d_loop(x, w, pad), rtol=1e-12, atol=1e-12
-        )
+    x = rng.standard_normal((2, p.C, p.H, p.W))
+    w = rng.standard_normal((p.M, p.Cg, p.R, p.S))
+    b = rng.standard_normal(p.M) if p.bias else None
+    np.testing.assert_allclose(
+        conv2d(x, w, p, bias=b), conv2d_loop(x, w, p, bias=b), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_tolerance_follows_precision_and_length():
-    fp32 = error_coefficient(Variant(), 4, 7)
-    assert fp32 < error_coefficient(Variant(), 12, 7)  # longer sums, looser bound
+    layer2 = PRESETS["layer2"]
+    fp32 = error_coefficient(Variant(), layer2)
+    assert fp32 < error_coefficient(Variant(), PRESETS["mx-layer2"])  # longer sums
     assert 1e-6 < fp32 < 1e-4
-    tf32 = error_coefficient(Variant(strategy=Strategy.MMA, precision=Precision.TF32), 4, 7)
-    half = error_coefficient(Variant(precision=Precision.FP16), 4, 7)
+    tf32 = error_coefficient(Variant(strategy=Strategy.MMA, precision=Precision.TF32), layer2)
+    half = error_coefficient(Variant(precision=Precision.FP16), layer2)
     assert fp32 < tf32 < half < 1e-2
+    grouped = parse_shape("C=16,M=16,H=40,W=40,K=7,groups=4")
+    assert error_coefficient(Variant(), grouped) == fp32  # 4 channels per group, as layer2
+    assert output_rounding(layer2) == 0.0
+    assert (
+        0
+        < output_rounding(parse_shape("C=4,M=16,H=40,W=40,K=7,dtype=fp16"))
+        < (output_rounding(parse_shape("C=4,M=16,H=40,W=40,K=7,dtype=bf16")))
+    )
 
 
 def test_fp16_bound_covers_subnormal_inputs():
@@ -258,12 +295,13 @@ def test_fp16_bound_covers_subnormal_inputs():
     w = np.float32(rng.uniform(0.5, 1.0))
     y = x.astype(np.float16).astype(np.float64) * float(np.float16(w))
     ref = x.astype(np.float64) * float(w)
-    gamma = error_coefficient(v, 1, 1)
+    one_term = square(1, 1, 1, 1, 1)
+    gamma = error_coefficient(v, one_term)
     assert not compare(y, ref, np.abs(ref), gamma)["ok"]
-    absolute = underflow_term(v, 1, 1, float(np.abs(x).max()), float(w))
+    absolute = underflow_term(v, one_term, float(np.abs(x).max()), float(w))
     result = compare(y, ref, np.abs(ref), gamma, absolute=absolute)
     assert result["ok"], result
-    assert underflow_term(Variant(), 4, 7, 5.0, 1.0) == 0.0  # fp32 has no such term
+    assert underflow_term(Variant(), PRESETS["layer2"], 5.0, 1.0) == 0.0  # fp32: none
 
 
 def _emulate_mmapersist(shape, plan, x, w):
@@ -344,7 +382,7 @@ def test_mmapersist_fragment_indexing_computes_the_convolution(shape, variant):
     w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K))
     y = _emulate_mmapersist(shape, plan, x, w)
     assert not np.isnan(y).any()
-    np.testing.assert_allclose(y, conv2d(x, w, shape.pad), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
 
 
 def _emulate_stream(shape, plan, x, w):
@@ -430,5 +468,22 @@ def test_stream_copies_and_register_tile_compute_the_convolution(shape, variant)
     w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K)).astype(np.float32)
     y = _emulate_stream(shape, plan, x, w)
     assert not np.isnan(y).any()
-    ref = conv2d(x, w.astype(np.float64), shape.pad)
+    ref = conv2d(x, w.astype(np.float64), shape)
     np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=problem_specs())
+def test_every_problem_parses_back_and_plans_a_default_set(p):
+    """The spec round-trips, the slug is a folder name, the default set is not empty and
+    every member renders; a strategy that cannot serve the problem said so and was left
+    out."""
+    assert parse_shape(p.spec) == replace(p, batch=1, name="")
+    assert re.fullmatch(r"[a-z0-9_]+", p.slug)
+    variants = default_set(p)
+    assert any(v.strategy is Strategy.DIRECT for v in variants), "direct serves every problem"
+    for v in variants:
+        src = render(make_plan(p, v))
+        assert f"{v.name}(" in src
+    if p.unusual():
+        assert {v.strategy for v in variants} == {Strategy.DIRECT}

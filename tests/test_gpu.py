@@ -9,9 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
-from specgen.shapes import PRESETS, ConvShape
+from specgen.shapes import PRESETS, square
 from specgen.space import default_set
 from specgen.verify import verify_variant
+
+from problems import problem_specs
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +50,7 @@ def test_preset_variant(shape, variant, arch, compiled):
 )
 def test_random_shapes(K, C, M, H, W, padfrac, batch, arch):
     pad = int(padfrac * (K // 2) + 0.5) if K > 1 else 0
-    shape = ConvShape(C=C, M=M, H=H, W=W, K=K, pad=min(pad, K // 2))
+    shape = square(C, M, H, W, K, min(pad, K // 2))
     variants = default_set(shape)
     assert variants, "every shape gets at least one variant"
     precompile([(shape, v) for v in variants], arch, jobs=os.cpu_count() or 1)
@@ -56,3 +58,18 @@ def test_random_shapes(K, C, M, H, W, padfrac, batch, arch):
     for v in variants:
         row = verify_variant(shape, v, arch=arch, batch=batch, numbers=True, rng=rng)
         assert row.status == "PASS", (shape, v.name, row.problems)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=problem_specs(largest=29), batch=st.integers(1, 3))
+def test_random_problems(p, batch, arch):
+    """Stride, dilation, groups (depthwise too), rectangular windows, every padding
+    form, bias and relu, fp32/fp16/bf16 tensors, NCHW and NHWC: every strategy that
+    serves the drawn problem computes it within its bound."""
+    variants = default_set(p)
+    assert variants, "every problem gets at least one variant"
+    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (p.spec, v.name, row.problems)

@@ -1,12 +1,13 @@
 """shape + variant -> plan: every derived number, every limit checked, before rendering."""
 
-from ..shapes import ConvShape
-from ..variants import Strategy, Variant
+from ..shapes import ConvProblem
+from ..errors import SpecError
+from ..variants import GENERAL, Strategy, Variant
 from .common import Launch, Plan, Size, check_grid
 from .direct import plan_direct
 
 
-def make_plan(shape: ConvShape, variant: Variant) -> Plan:
+def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
     plan = _plan(shape, variant.canonical())
     hint = (
         "choose more output maps per thread (--coarsening) or a larger --tile"
@@ -18,7 +19,14 @@ def make_plan(shape: ConvShape, variant: Variant) -> Plan:
     return plan
 
 
-def _plan(shape: ConvShape, variant: Variant) -> Plan:
+def _plan(shape: ConvProblem, variant: Variant) -> Plan:
+    unusual = shape.unusual()
+    if unusual and variant.strategy not in GENERAL:
+        raise SpecError(
+            f"{variant.strategy.value} serves dense stride-1 fp32 NCHW problems with a "
+            f"square window, equal padding and no epilogue; this one has "
+            f"{', '.join(unusual)}: use --strategy {', '.join(s.value for s in GENERAL)}"
+        )
     if variant.strategy.family == "direct":
         return plan_direct(shape, variant)
     if variant.strategy is Strategy.PERSIST:

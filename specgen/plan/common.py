@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Variant
 
 # Limits of compute capability 9.0 (H100, H200); see the CUDA programming guide's
@@ -72,7 +72,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class Plan:
-    shape: ConvShape
+    shape: ConvProblem
     variant: Variant
     template: str  # path under templates/
     launches: tuple[Launch, ...]
@@ -93,18 +93,24 @@ class Plan:
         return tuple(launch.kernel for launch in self.launches)
 
 
-def shape_context(shape: ConvShape) -> dict:
+def shape_context(shape: ConvProblem) -> dict:
     """The shape's numbers every template uses, as literals: sizes, derived sizes,
     strides of x (NCHW) and y."""
     H, W, K = shape.H, shape.W, shape.K
+    (pt, _, pl, _), (sh, sw) = shape.pads, shape.stride
     return dict(
         C=shape.C,
         M=shape.M,
         H=H,
         W=W,
         K=K,
-        KK=K * K,
+        KK=shape.R * shape.S,
         pad=shape.pad,
+        pt=pt,
+        pl=pl,
+        sh=sh,
+        sw=sw,
+        groups=shape.groups,
         Ho=shape.Ho,
         Wo=shape.Wo,
         HoWo=shape.Ho * shape.Wo,

@@ -9,7 +9,7 @@ over the KxK window survives into the source.
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import Act, ConvProblem, DType, TensorLayout
 from ..variants import Layout, Precision, Strategy, Variant, Weights
 from .common import (
     CONST_BYTES,
@@ -32,20 +32,20 @@ UNROLL_CHANNELS_MAX = 32  # past this, an unrolled channel loop is a wall of cod
 MAX_UNROLLED_FMAS = 4096
 
 
-def unrolled_fmas(shape: ConvShape, v: Variant) -> int:
+def unrolled_fmas(shape: ConvProblem, v: Variant) -> int:
     cx, cy, cm = v.coarsening
-    channels = shape.C // v.splits if v.unroll_channels else 1
-    return channels * shape.K * shape.K * cx * cy * cm
+    channels = shape.Cg // v.splits if v.unroll_channels else 1
+    return channels * shape.R * shape.S * cx * cy * cm
 
 
-def largest_tile(shape: ConvShape) -> int:
+def largest_tile(shape: ConvProblem) -> int:
     """The largest output tile worth a block: the output's longer edge rounded up to
     a power of two (at least 4, the smallest default)."""
     edge = max(shape.Ho, shape.Wo, 4)
     return 1 << (edge - 1).bit_length()
 
 
-def _check_variant(shape: ConvShape, v: Variant) -> None:
+def _check_variant(shape: ConvProblem, v: Variant) -> None:
     cx, cy, cm = v.coarsening
     if v.tile < 1:
         raise SpecError(f"tile must be at least 1, got {v.tile}")
@@ -61,9 +61,10 @@ def _check_variant(shape: ConvShape, v: Variant) -> None:
                 f"coarsening {what}{c} must divide the tile {v.tile}; "
                 f"choose one of {choices(divisors(v.tile))}"
             )
-    if cm < 1 or shape.M % cm:
+    if cm < 1 or shape.Mg % cm:
+        maps = f"M={shape.M}" if shape.groups == 1 else f"the {shape.Mg} maps of a group"
         raise SpecError(
-            f"coarsening m{cm} must divide M={shape.M}; choose one of {choices(divisors(shape.M))}"
+            f"coarsening m{cm} must divide {maps}; choose one of {choices(divisors(shape.Mg))}"
         )
     if v.precision is Precision.TF32:
         raise SpecError(
@@ -74,6 +75,13 @@ def _check_variant(shape: ConvShape, v: Variant) -> None:
         raise SpecError(
             f"fp16 packs two neighbouring outputs in one half2, so coarsening x must be "
             f"even, got x{cx}"
+        )
+    if v.precision is Precision.FP16 and (
+        (shape.stride[1], shape.dil[1]) != (1, 1) or shape.dtype is DType.BF16
+    ):
+        raise SpecError(
+            "fp16 half2 arithmetic pairs the neighbouring pixels of neighbouring outputs: "
+            "it needs stride 1 and dilation 1 along W and no bf16 tensors; use --precision fp32"
         )
     if v.strategy is Strategy.SPLIT:
         if shape.C < 2:
@@ -132,37 +140,94 @@ def _fits_tile(shape, v, limit_bytes):
 def _body(shape, v, channels, offsets):
     """The unrolled compute: per (channel, input row), the loads and the FMAs.
 
-    ``offsets(c, ir, j)`` gives the literal element offset of input pixel j of row ir
-    of channel c from the thread's base pointer.
+    A thread's outputs (cy rows x cx columns) read input rows oy*sh + p*dh and columns
+    ox*sw + q*dw from its corner; each distinct one is loaded once.  ``offsets(c, r,
+    col)`` gives the literal element offset of that pixel from the thread's base
+    pointer.  At stride and dilation 1 these are rows 0..cy+R-2 and columns 0..cx+S-2.
+    Returns the blocks and the loaded columns.
     """
-    K, KK = shape.K, shape.K * shape.K
-    C = shape.C
+    R, S, RS, Cg = shape.R, shape.S, shape.R * shape.S, shape.Cg
+    (sh, sw), (dh, dw) = shape.stride, shape.dil
     cx, cy, cm = v.coarsening
     fp16 = v.precision is Precision.FP16
+    cols = sorted({ox * sw + q * dw for ox in range(cx) for q in range(S)})
+    j_of = {col: j for j, col in enumerate(cols)}
+    rows_in = sorted({oy * sh + p * dh for oy in range(cy) for p in range(R)})
     blocks = []
     for c in channels:
-        for ir in range(cy + K - 1):
-            loads = [(j, offsets(c, ir, j)) for j in range(cx + K - 1)]
+        for ir in rows_in:
+            loads = [(j, offsets(c, ir, col)) for j, col in enumerate(cols)]
+            taps = [(oy, (ir - oy * sh) // dh) for oy in range(cy)]
+            taps = [(oy, p) for oy, p in taps if 0 <= p < R and oy * sh + p * dh == ir]
             uses = []
-            for oy in range(max(0, ir - K + 1), min(cy - 1, ir) + 1):
-                p = ir - oy
+            for oy, p in taps:
                 for m in range(cm):
-                    wrow = (m * C + c) * KK + p * K
+                    wrow = (m * Cg + c) * RS + p * S
                     if fp16:
                         for ox in range(0, cx, 2):
                             uses.append(
-                                dict(m=m, oy=oy, ox=ox, taps=[(ox + q, wrow + q) for q in range(K)])
+                                dict(m=m, oy=oy, ox=ox, taps=[(ox + q, wrow + q) for q in range(S)])
                             )
                     else:
-                        for q in range(K):
+                        for q in range(S):
                             for ox in range(cx):
-                                uses.append(dict(m=m, oy=oy, ox=ox, j=ox + q, w=wrow + q))
-            rows = [oy for oy in range(cy) if 0 <= ir - oy < K]
-            blocks.append(dict(c=c, ir=ir, loads=loads, uses=uses, rows=rows))
-    return blocks
+                                j = j_of[ox * sw + q * dw]
+                                uses.append(dict(m=m, oy=oy, ox=ox, j=j, w=wrow + q))
+            blocks.append(dict(c=c, ir=ir, loads=loads, uses=uses, taps=taps))
+    return blocks, cols
 
 
-def plan_direct(shape: ConvShape, v: Variant) -> Plan:
+def _problem_sizes(shape: ConvProblem) -> list[Size]:
+    """The banner's output and reduction rows, in the simplest terms the problem allows."""
+    M, Ho, Wo = shape.M, shape.Ho, shape.Wo
+    if not shape.unusual():
+        H, K, pad, C, KK = shape.H, shape.K, shape.pad, shape.C, shape.K * shape.K
+        return [
+            Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2*pad}-{K}+1"),
+            Size("reduction", f"{C * KK}", f"C*K*K = {C}*{KK} multiply-adds per output"),
+        ]
+    (pt, pb, _, _), sh, dh = shape.pads, shape.stride[0], shape.dil[0]
+    return [
+        Size(
+            "output",
+            f"{M} x {Ho} x {Wo}",
+            f"Ho = (H + pt + pb - dh*(R-1) - 1)/sh + 1 = ({shape.H}+{pt}+{pb}-{dh}*{shape.R - 1}-1)/{sh}+1",
+        ),
+        Size(
+            "reduction",
+            f"{shape.reduction}",
+            f"C/groups*R*S = {shape.Cg}*{shape.R}*{shape.S} multiply-adds per output",
+        ),
+    ]
+
+
+def _epilogue_context(shape: ConvProblem, v: Variant, cm: int) -> dict:
+    """Tensor types, the output's addressing and what happens to each sum on its way
+    out: bias, activation, rounding to the output dtype."""
+    Ho, Wo, M = shape.Ho, shape.Wo, shape.M
+    nhwc = shape.layout is TensorLayout.NHWC
+    cx, cy, _ = v.coarsening
+
+    def out_offset(m, oy, ox):
+        return (oy * Wo + ox) * M + m if nhwc else m * Ho * Wo + oy * Wo + ox
+
+    return dict(
+        dtype=shape.dtype.value,
+        xtype="float" if shape.dtype is DType.FP32 else "unsigned short",
+        nhwc=nhwc,
+        bias=shape.bias,
+        relu=shape.act is Act.RELU,
+        stores=[
+            dict(m=m, oy=oy, ox=ox, off=out_offset(m, oy, ox))
+            for m in range(cm)
+            for oy in range(cy)
+            for ox in range(cx)
+        ],
+    )
+
+
+def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
+    # 1. limits
     _check_variant(shape, v)
     fmas = unrolled_fmas(shape, v)
     if fmas > MAX_UNROLLED_FMAS:
@@ -171,8 +236,9 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
             f"{MAX_UNROLLED_FMAS} (NVRTC's time grows with the square of that); "
             "use --loop-channels or less coarsening"
         )
-    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
-    Ho, Wo, KK = shape.Ho, shape.Wo, K * K
+    C, M, H, W, K = shape.C, shape.M, shape.H, shape.W, shape.K
+    Ho, Wo, RS = shape.Ho, shape.Wo, shape.R * shape.S
+    nhwc = shape.layout is TensorLayout.NHWC
     cx, cy, cm = v.coarsening
     tile = v.tile
     bw, bh = tile // cx, tile // cy
@@ -181,25 +247,67 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
     tiles_x, tiles_y = ceil_div(Wo, tile), ceil_div(Ho, tile)
     map_groups = M // cm
     splits = v.splits if v.strategy is Strategy.SPLIT else 1
-    cg = C // splits
+    cg = shape.Cg // splits
     ih, iw = tile + K - 1, tile + K - 1
     fp16 = v.precision is Precision.FP16
-
     const = v.weights is Weights.CONST
-    const_bytes = 4 * M * C * KK if const else 0
+    const_bytes = 4 * shape.weight_count if const else 0
     if const_bytes > CONST_BYTES:
         raise SpecError(
-            f"constant weights need {const_bytes} bytes (M*C*K*K = {M}*{C}*{KK} floats), "
+            f"constant weights need {const_bytes} bytes ({shape.weight_count} floats), "
             f"over the {CONST_BYTES}-byte constant bank; use --weights global"
         )
 
+    # 2. memory: where a thread's pixels come from (global memory, or a shared halo tile)
     # Outputs past the image edge exist only when the tiles overhang it; halo reads
     # leave the image only then or with padding.  Neither check is emitted otherwise.
     overhang = Wo % tile != 0 or Ho % tile != 0
-    guard_loads = pad > 0 or overhang
+    guard_loads = max(shape.pads) > 0 or overhang
+    static_smem = dynamic_smem = 0
+    smem, smem_size = None, None
+    if v.strategy is Strategy.DIRECT:
+        plane, pix = (1, C) if nhwc else (H * W, 1)
+
+        def offsets(c, r, col):
+            return c * plane + (r * W + col) * pix
+
+    else:
+        lay = _smem_layout(shape, v, cg, ih, iw, bw)
+        nbytes = 4 * lay["floats"]
+        fit = _fits_tile(shape, v, 232448)
+        hint = f"choose --tile {fit}" if fit else "use --strategy direct or implicit"
+        static_smem, dynamic_smem = smem_placement(
+            nbytes, f"the {v.layout.value} halo tile of {cg} channels", hint
+        )
+        planar = v.layout is Layout.PLANAR
+        smem = dict(
+            lay,
+            planar=planar,
+            total=cg * ih * iw,
+            dynamic=dynamic_smem > 0,
+            row_step=cy * lay["row"],
+            col_step=cx * lay["pix"],
+        )
+        shape_txt = (
+            f"[{cg}][{ih}][{iw}+{lay['pad']}]" if planar else f"[{ih}][{iw}][{cg}+{lay['pad']}]"
+        )
+        smem_size = Size(
+            "__shared__",
+            f"{nbytes} B = {lay['floats']} floats {shape_txt}",
+            f"halo tile (tile+K-1)^2 = {ih}^2 pixels x {cg} channels, "
+            f"pad {lay['pad']} -> {lay['degree']}-way bank conflicts at worst",
+        )
+
+        def offsets(c, r, col):
+            return c * lay["plane"] + r * lay["row"] + col * lay["pix"]
+
+    channels = range(cg) if v.unroll_channels else [0]
+    body, cols = _body(shape, v, channels, offsets)
+
+    # 3. the banner's sizes and the template's context
+    plain_columns = cols == list(range(cx + K - 1))
     sizes = [
-        Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2*pad}-{K}+1"),
-        Size("reduction", f"{C * KK}", f"C*K*K = {C}*{KK} multiply-adds per output"),
+        *_problem_sizes(shape),
         Size(
             "block",
             f"{bw} x {bh} = {bw * bh} threads",
@@ -213,15 +321,26 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         ),
         Size(
             "registers",
-            f"{cm * cy * cx} accumulators + {cx + K - 1} pixels",
-            f"cm*cy*cx = {cm}*{cy}*{cx}; cx+K-1 = {cx}+{K}-1",
+            f"{cm * cy * cx} accumulators + {len(cols)} pixels",
+            f"cm*cy*cx = {cm}*{cy}*{cx}; "
+            + (
+                f"cx+K-1 = {cx}+{K}-1"
+                if plain_columns
+                else f"columns ox*{shape.stride[1]} + q*{shape.dil[1]} for ox < {cx}, q < {shape.S}"
+            ),
         ),
     ]
     if const:
-        sizes.append(Size("__constant__", f"{const_bytes} B", f"M*C*K*K = {M * C * KK} floats"))
+        count = "M*C*K*K" if not shape.unusual() else "M*C/groups*R*S"
+        sizes.append(
+            Size("__constant__", f"{const_bytes} B", f"{count} = {shape.weight_count} floats")
+        )
+    if smem_size:
+        sizes.append(smem_size)
 
     ctx = dict(
         shape_context(shape),
+        **_epilogue_context(shape, v, cm),
         tile=tile,
         cx=cx,
         cy=cy,
@@ -243,71 +362,32 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         ih=ih,
         iw=iw,
         const=const,
-        weight_count=M * C * KK,
+        weight_count=shape.weight_count,
         fp16=fp16,
         guard_loads=guard_loads,
         guard_stores=overhang,
         unroll=v.unroll_channels,
-        smem=None,
+        smem=smem,
         atomic=v.strategy is Strategy.SPLIT,
-        wstride_group=cm * C * KK,
-        npix=cx + K - 1,
-        nh2=cx + K - 2,
+        wstride_group=cm * shape.reduction,
+        npix=len(cols),
+        cols=cols,
+        plain_columns=plain_columns,
+        nh2=len(cols) - 1,
         half_math=True,
         out_plane=Ho * Wo,
         halo_plane=ih * iw,
         group_in=cg * H * W,
-        group_w=cg * KK,
+        group_w=cg * RS,
         group_out=cm * Ho * Wo,
-        stores=[
-            dict(m=m, oy=oy, ox=ox, off=m * Ho * Wo + oy * Wo + ox)
-            for m in range(cm)
-            for oy in range(cy)
-            for ox in range(cx)
-        ],
+        # groups: the input channels of the thread's maps start at channel
+        # (mg / map_groups_per_group) * C/groups
+        map_groups_per_group=shape.Mg // cm,
+        group_x=shape.Cg * (1 if nhwc else H * W),
+        body=body,
     )
 
-    static_smem = dynamic_smem = 0
-    if v.strategy is Strategy.DIRECT:
-
-        def offsets(c, ir, j):
-            return c * H * W + ir * W + j
-
-    else:
-        lay = _smem_layout(shape, v, cg, ih, iw, bw)
-        nbytes = 4 * lay["floats"]
-        fit = _fits_tile(shape, v, 232448)
-        hint = f"choose --tile {fit}" if fit else "use --strategy direct or implicit"
-        static_smem, dynamic_smem = smem_placement(
-            nbytes, f"the {v.layout.value} halo tile of {cg} channels", hint
-        )
-        planar = v.layout is Layout.PLANAR
-        ctx["smem"] = dict(
-            lay,
-            planar=planar,
-            total=cg * ih * iw,
-            dynamic=dynamic_smem > 0,
-            row_step=cy * lay["row"],
-            col_step=cx * lay["pix"],
-        )
-        shape_txt = (
-            f"[{cg}][{ih}][{iw}+{lay['pad']}]" if planar else f"[{ih}][{iw}][{cg}+{lay['pad']}]"
-        )
-        sizes.append(
-            Size(
-                "__shared__",
-                f"{nbytes} B = {lay['floats']} floats {shape_txt}",
-                f"halo tile (tile+K-1)^2 = {ih}^2 pixels x {cg} channels, "
-                f"pad {lay['pad']} -> {lay['degree']}-way bank conflicts at worst",
-            )
-        )
-
-        def offsets(c, ir, j):
-            return c * lay["plane"] + ir * lay["row"] + j * lay["pix"]
-
-    channels = range(cg) if v.unroll_channels else [0]
-    ctx["body"] = _body(shape, v, channels, offsets)
-
+    # 4. launches
     launches = []
     symbol = v.name
     if ctx["atomic"]:
@@ -325,7 +405,7 @@ def plan_direct(shape: ConvShape, v: Variant) -> Plan:
         )
         ctx["zero_per_thread"] = 4
         ctx["zero_block"] = zero_block
-    args = ("x", "y") if const else ("x", "w", "y")
+    args = ("x",) + (() if const else ("w",)) + (("bias",) if shape.bias else ()) + ("y",)
     launches.append(
         Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1, dynamic_smem)
     )

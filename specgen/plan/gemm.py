@@ -8,7 +8,7 @@ workspace first; ``implicit`` and ``mma`` gather each X tile straight from x.
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Precision, Strategy, Variant
 from .common import (
     Launch,
@@ -45,7 +45,7 @@ def _pad_for(addr_of) -> tuple[int, int]:
     return best
 
 
-def _common_sizes(shape: ConvShape) -> list[Size]:
+def _common_sizes(shape: ConvProblem) -> list[Size]:
     K, C = shape.K, shape.C
     return [
         Size(
@@ -61,7 +61,7 @@ def _common_sizes(shape: ConvShape) -> list[Size]:
     ]
 
 
-def _k_tables(shape: ConvShape, kpad: int) -> dict:
+def _k_tables(shape: ConvProblem, kpad: int) -> dict:
     """Row k of the unrolled matrix is input pixel (c, p, q) of the window: its offset
     from the window's top-left pixel, and for padded shapes its (p-pad, q-pad) packed
     as two 16-bit halves for the bounds check.  Rows past C*K*K are padding (-1)."""
@@ -84,11 +84,11 @@ def _k_tables(shape: ConvShape, kpad: int) -> dict:
     return dict(koff=offsets, kdyx=dyx if shape.pad else None, ktab_bytes=nbytes)
 
 
-def _index_ctx(shape: ConvShape) -> dict:
+def _index_ctx(shape: ConvProblem) -> dict:
     return dict(shape_context(shape), guard_pad=shape.pad > 0)
 
 
-def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
+def _plan_cuda_core(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision is not Precision.FP32:
         raise SpecError(
             f"{v.strategy.value} multiplies on CUDA cores in fp32; for {v.precision.value} "
@@ -193,7 +193,7 @@ def _plan_cuda_core(shape: ConvShape, v: Variant) -> Plan:
     )
 
 
-def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
+def _plan_mma(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision not in FRAGMENTS:
         raise SpecError(
             "mma runs on tensor cores, which take tf32 or fp16 inputs: choose "
@@ -329,7 +329,7 @@ def _plan_mma(shape: ConvShape, v: Variant) -> Plan:
     )
 
 
-def plan_gemm(shape: ConvShape, v: Variant) -> Plan:
+def plan_gemm(shape: ConvProblem, v: Variant) -> Plan:
     if v.tile < 1:
         raise SpecError(f"tile must be at least 1, got {v.tile}")
     if v.strategy is Strategy.MMA:

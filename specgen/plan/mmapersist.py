@@ -28,7 +28,7 @@ strips waste 18% of 34- and 27-wide rows, and it issued more instructions per mm
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
     Launch,
@@ -89,7 +89,7 @@ def _warp_grid(tiles: int, p: int, map_groups: int, registers: int) -> tuple[int
     return best[1], best[2]
 
 
-def plan_mmapersist(shape: ConvShape, v: Variant) -> Plan:
+def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision is not Precision.TF32:
         raise SpecError(
             "mmapersist runs tf32 tensor cores; choose --precision tf32, or "

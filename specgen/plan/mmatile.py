@@ -12,7 +12,7 @@ thread's four A registers for one fragment are one 16-byte load.
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
     Launch,
@@ -32,14 +32,14 @@ FULL_UNROLL_STEPS = 32
 MAX_ACCUMULATORS = 32  # fp32 accumulators per thread: fm m16 fragments x fn n8 groups x 4
 
 
-def _band_bytes(shape: ConvShape, rows: int, row_stride: int, steps: int, fm: int) -> int:
+def _band_bytes(shape: ConvProblem, rows: int, row_stride: int, steps: int, fm: int) -> int:
     tile = (shape.C + 1) * (rows + shape.K - 1) * row_stride  # + one plane of zeros
     a = steps * fm * 32 * 4
     table = steps * 4 * 2
     return 4 * (tile + a + table)
 
 
-def plan_mmatile(shape: ConvShape, v: Variant) -> Plan:
+def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision is not Precision.TF32:
         raise SpecError(
             "mmatile reads tf32 B fragments straight from the staged input; choose "

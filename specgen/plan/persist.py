@@ -16,7 +16,7 @@ is 23 + 7 shared loads for 476 FMAs, so the FMA pipe, not shared memory, is the 
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
     Launch,
@@ -114,7 +114,7 @@ def outer_context(
     )
 
 
-def plan_persist(shape: ConvShape, v: Variant) -> Plan:
+def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision is not Precision.FP32:
         raise SpecError(
             "persist computes exact fp32 on CUDA cores; for tf32 use --strategy mmatile, "

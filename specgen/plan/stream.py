@@ -18,7 +18,7 @@ The accumulators stay in registers for the whole reduction and are stored once.
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvShape
+from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
     MAX_THREADS,
@@ -48,7 +48,7 @@ FIXED_SLOTS = 4
 UNROLLED_COPIES = 16  # weight copies per thread and chunk emitted as straight-line code
 
 
-def plan_stream(shape: ConvShape, v: Variant) -> Plan:
+def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision is not Precision.FP32:
         raise SpecError(
             "stream computes exact fp32 on CUDA cores; for tf32 or fp16 use --strategy mma"

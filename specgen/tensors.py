@@ -1,0 +1,57 @@
+"""Host-side tensors of a problem: their shapes in its layout, their storage dtype, and
+the conversions between fp32 values and storage.
+
+CuPy and NumPy have no bfloat16: a bf16 tensor is held as uint16 words (the upper half
+of the fp32 bit pattern), fp16 as float16.  Every function takes NumPy or CuPy arrays
+alike (``xp`` is the array's module).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .shapes import ConvProblem, DType, TensorLayout
+
+STORAGE = {DType.FP32: np.float32, DType.FP16: np.float16, DType.BF16: np.uint16}
+
+
+def x_shape(p: ConvProblem, batch: int) -> tuple[int, ...]:
+    if p.layout is TensorLayout.NHWC:
+        return (batch, p.H, p.W, p.C)
+    return (batch, p.C, p.H, p.W)
+
+
+def y_shape(p: ConvProblem, batch: int) -> tuple[int, ...]:
+    if p.layout is TensorLayout.NHWC:
+        return (batch, p.Ho, p.Wo, p.M)
+    return (batch, p.M, p.Ho, p.Wo)
+
+
+def w_shape(p: ConvProblem) -> tuple[int, ...]:
+    return (p.M, p.Cg, p.R, p.S)
+
+
+def to_storage(values, dtype: DType, xp=np):
+    """fp32 values -> the dtype's storage, rounding to nearest even."""
+    values = xp.asarray(values, dtype=xp.float32)
+    if dtype is not DType.BF16:
+        return values.astype(STORAGE[dtype])
+    bits = values.view(xp.uint32)
+    rounded = bits + xp.uint32(0x7FFF) + ((bits >> xp.uint32(16)) & xp.uint32(1))
+    return (rounded >> xp.uint32(16)).astype(xp.uint16)
+
+
+def from_storage(stored, dtype: DType, xp=np):
+    """Storage -> fp32 values (exact)."""
+    if dtype is not DType.BF16:
+        return xp.asarray(stored).astype(xp.float32)
+    return (xp.asarray(stored).astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+
+
+def to_nchw(t, p: ConvProblem, xp=np):
+    """A problem-layout activation tensor as NCHW (a view)."""
+    return t.transpose(0, 3, 1, 2) if p.layout is TensorLayout.NHWC else t
+
+
+def from_nchw(t, p: ConvProblem, xp=np):
+    return t.transpose(0, 2, 3, 1) if p.layout is TensorLayout.NHWC else t

@@ -1,0 +1,54 @@
+"""Hypothesis strategies for whole problems: what the CPU tier plans and compiles and
+the GPU tier verifies numerically."""
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from specgen.errors import SpecError
+from specgen.shapes import parse_shape
+
+
+@st.composite
+def problem_specs(draw, largest: int = 24):
+    """An inline spec drawn over every key: stride 1-3, dilation 1-3, groups from dense
+    to depthwise, windows 1x1 to 7x7 and rectangular, every padding form, bias and
+    relu, the three dtypes and both layouts.  Only what PyTorch accepts is drawn."""
+    groups = draw(st.sampled_from([1, 1, 2, 3, 4, "depthwise"]))
+    per_group_c = draw(st.integers(1, 6))
+    per_group_m = draw(st.integers(1, 6))
+    if groups == "depthwise":
+        groups = draw(st.integers(1, 12))
+        per_group_c = 1
+    C, M = groups * per_group_c, groups * per_group_m
+    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    if draw(st.booleans()):
+        S = R
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    H, W = draw(st.integers(1, largest)), draw(st.integers(1, largest))
+    form = draw(st.sampled_from(["P", "PxQ", "TxBxLxR", "same", "valid"]))
+    if form == "same" and stride != (1, 1):
+        form = "valid"
+    if form == "P":
+        pad = str(draw(st.integers(0, 3)))
+    elif form == "PxQ":
+        pad = f"{draw(st.integers(0, 3))}x{draw(st.integers(0, 3))}"
+    elif form == "TxBxLxR":
+        pad = "x".join(str(draw(st.integers(0, 3))) for _ in range(4))
+    else:
+        pad = form
+    window = str(R) if R == S else f"{R}x{S}"
+    spec = (
+        f"C={C},M={M},H={H},W={W},K={window},pad={pad},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups}"
+    )
+    if draw(st.booleans()):
+        spec += ",bias=1"
+    if draw(st.booleans()):
+        spec += ",act=relu"
+    spec += f",dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))}"
+    spec += f",layout={draw(st.sampled_from(['nchw', 'nhwc']))}"
+    try:
+        return parse_shape(spec)
+    except SpecError:
+        assume(False)  # a window larger than the padded image: PyTorch refuses it too
