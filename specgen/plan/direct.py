@@ -265,8 +265,8 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     guard_loads = max(shape.pads) > 0 or overhang
     static_smem = dynamic_smem = 0
     smem, smem_size = None, None
+    plane, pix = (1, C) if nhwc else (H * W, 1)  # x's steps between channels and pixels
     if v.strategy is Strategy.DIRECT:
-        plane, pix = (1, C) if nhwc else (H * W, 1)
 
         def offsets(c, r, col):
             return c * plane + (r * W + col) * pix
@@ -383,7 +383,8 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         # groups: the input channels of the thread's maps start at channel
         # (mg / map_groups_per_group) * C/groups
         map_groups_per_group=shape.Mg // cm,
-        group_x=shape.Cg * (1 if nhwc else H * W),
+        group_x=shape.Cg * plane,
+        x_plane=plane,
         body=body,
     )
 
