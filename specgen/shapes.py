@@ -47,6 +47,23 @@ class TensorLayout(enum.Enum):
     NHWC = "nhwc"
 
 
+class Feature(enum.Enum):
+    """What a problem may have beyond a dense, stride-1, square-window fp32 NCHW
+    convolution without an epilogue, equally padded by less than the window.  Each
+    strategy says which it serves (``variants.SERVES``)."""
+
+    RECT = "rect"
+    STRIDE = "stride"
+    DILATION = "dilation"
+    UNEQUAL_PAD = "unequal padding"
+    WIDE_PAD = "wide padding"
+    GROUPS = "groups"
+    BIAS = "bias"
+    ACT = "activation"
+    DTYPE16 = "16-bit tensors"
+    NHWC = "nhwc"
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     C: int
@@ -119,32 +136,34 @@ class ConvProblem:
         """The padding of a problem padded equally on every side (top otherwise)."""
         return self.pads[0]
 
-    def unusual(self) -> list[str]:
-        """What makes this problem more than a dense, stride-1, square-window fp32 NCHW
-        forward convolution without bias, equally padded by less than the window:
-        the features that only the general strategies serve."""
-        out = []
+    def features(self) -> dict[Feature, str]:
+        """Each feature the problem has, spelled out for messages."""
+        out = {}
         if not self.is_square:
-            out.append(f"a {self.R}x{self.S} window")
+            out[Feature.RECT] = f"a {self.R}x{self.S} window"
         if self.stride != (1, 1):
-            out.append(f"stride {_pair(self.stride)}")
+            out[Feature.STRIDE] = f"stride {_pair(self.stride)}"
         if self.dil != (1, 1):
-            out.append(f"dilation {_pair(self.dil)}")
+            out[Feature.DILATION] = f"dilation {_pair(self.dil)}"
         if len(set(self.pads)) > 1:
-            out.append(f"unequal padding {self.pads}")
+            out[Feature.UNEQUAL_PAD] = f"unequal padding {_pads_text(self.pads)}"
         elif self.pad >= self.K:
-            out.append(f"padding {self.pad} not under the window {self.K}")
+            out[Feature.WIDE_PAD] = f"padding {self.pad} not under the window {self.K}"
         if self.groups > 1:
-            out.append(f"{self.groups} groups")
+            out[Feature.GROUPS] = f"{self.groups} groups"
         if self.bias:
-            out.append("a bias")
+            out[Feature.BIAS] = "a bias"
         if self.act is not Act.NONE:
-            out.append(f"{self.act.value} after it")
+            out[Feature.ACT] = f"{self.act.value} after it"
         if self.dtype is not DType.FP32:
-            out.append(f"{self.dtype.value} tensors")
+            out[Feature.DTYPE16] = f"{self.dtype.value} tensors"
         if self.layout is not TensorLayout.NCHW:
-            out.append(f"{self.layout.value} layout")
+            out[Feature.NHWC] = f"{self.layout.value} layout"
         return out
+
+    def unusual(self) -> list[str]:
+        """The features, spelled out; empty for the presets' kind of problem."""
+        return list(self.features().values())
 
     @property
     def Ho(self) -> int:

@@ -8,12 +8,19 @@ from dataclasses import replace
 from .errors import SpecError
 from .plan import make_plan
 from .plan.common import divisors
-from .plan.direct import UNROLL_CHANNELS_MAX
+from .plan.direct import UNROLL_CHANNELS_MAX, footprint
 from .shapes import ConvProblem
 from .variants import Layout, Precision, Strategy, Variant, Weights
 
 # Default unrolled body: big enough for ILP, small enough to compile in seconds.
 DEFAULT_FMAS = 1600
+# ...and, from shared memory, few enough loads: ptxas hoists an unrolled body's loads
+# ahead of its FMAs, so registers grow with them (tiled, a dilated 5x5 window over 4
+# channels, 240 pixels for 400 FMAs, took 254 registers and spilled; NVRTC 12.9).  The
+# presets' unrolled defaults load at most 70.  direct keeps the unrolled body: its
+# channel loop reads constant weights at a run-time index, a register each (C=3 M=4
+# K=6 dil 1x2 at x2 m4: 230 registers unrolled, 255 and spills with the loop).
+UNROLL_LOADS = 128
 # `direct` reads its pixels from global memory, and ptxas hoists a channel's loads
 # ahead of its FMAs for latency, so the registers grow with the FMAs per channel
 # (cm*K*K*cx) and, with global weights, with the weights a thread reads (cm*K*K).
@@ -60,7 +67,18 @@ def default_coarsening(
             return False
         if global_weights and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
             return False
-        return not direct or cm * kk * cx <= DIRECT_FMAS_PER_CHANNEL
+        if not direct:
+            return True
+        # A stride or dilation along W spreads a thread's pixels: each column beyond the
+        # dense cx+S-1 costs like the FMAs it feeds (C=3 M=5 K=6x5 stride 1x2 at x4 m5:
+        # 11 columns, 255 registers and spills; 140 registers at stride 1).  Spread
+        # pixels and a kept channel loop (constant weights at a run-time index, a
+        # register each) spilled past 196 weights too (C=4 M=6 K=6 dil 1x2 at x2 m6).
+        spread = len(footprint(shape, (cx, 1, cm))[1]) / (cx + shape.S - 1)
+        looped = shape.Cg * cm * kk * cx > DEFAULT_FMAS
+        if spread > 1 and looped and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
+            return False
+        return cm * kk * cx * spread <= DIRECT_FMAS_PER_CHANNEL
 
     best = None
     for cx in xs:
@@ -82,6 +100,9 @@ def complete(
             channels = shape.Cg // v.splits
             body = channels * shape.R * shape.S * cx * cy * cm
             unroll = channels <= UNROLL_CHANNELS_MAX and body <= DEFAULT_FMAS
+            if unroll and v.strategy is not Strategy.DIRECT:  # the body is small: cx too
+                rows, cols = footprint(shape, v.coarsening)
+                unroll = channels * len(rows) * len(cols) <= UNROLL_LOADS
         v = replace(v, unroll_channels=unroll)
     return v.canonical()
 
@@ -194,7 +215,7 @@ def default_set(shape: ConvProblem) -> list[Variant]:
         try:
             if v.strategy.family == "direct":
                 if v.strategy is Strategy.SPLIT:
-                    s = next((d for d in divisors(shape.C) if d >= 2 and shape.C // d <= 64), 0)
+                    s = next((d for d in divisors(shape.Cg) if d >= 2 and shape.Cg // d <= 64), 0)
                     if not s:
                         continue  # C=1: nothing to split
                     v = replace(v, splits=s)

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .errors import SpecError
+from .shapes import Feature
 
 
 class Strategy(enum.Enum):
@@ -41,10 +42,39 @@ GEMM_FAMILY = (
     Strategy.MMAPERSIST,
 )
 OUTER_FAMILY = (Strategy.PERSIST, Strategy.STREAM)
-# Strategies that serve every problem (stride, dilation, rectangular windows, unequal
-# padding, groups, bias and activation, 16-bit tensors, NHWC); the others serve the
-# dense stride-1 fp32 NCHW kind and say so.
-GENERAL = (Strategy.DIRECT,)
+# The problem features each strategy serves; make_plan refuses the rest in one line,
+# so default_set and tune skip a strategy that cannot serve a problem.
+GEOMETRY = frozenset(
+    {
+        Feature.RECT,
+        Feature.STRIDE,
+        Feature.DILATION,
+        Feature.UNEQUAL_PAD,
+        Feature.WIDE_PAD,
+        Feature.GROUPS,
+    }
+)
+EVERY_FEATURE = frozenset(Feature)
+EPILOGUE = frozenset({Feature.BIAS, Feature.ACT})
+SERVES = {
+    Strategy.DIRECT: EVERY_FEATURE,
+    Strategy.TILED: EVERY_FEATURE,
+    # atomicAdd sums fp32 partial sums into y: no epilogue, no 16-bit y
+    Strategy.SPLIT: GEOMETRY | {Feature.NHWC},
+    # the others apply the epilogue to their fp32 NCHW stride-1 sums before the store
+    **{
+        s: EPILOGUE
+        for s in (
+            Strategy.IM2COL,
+            Strategy.IMPLICIT,
+            Strategy.MMA,
+            Strategy.MMATILE,
+            Strategy.PERSIST,
+            Strategy.MMAPERSIST,
+            Strategy.STREAM,
+        )
+    },
+}
 TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
 # Strategies whose name carries no register tile: their fragments are fixed.
 FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)

@@ -2,7 +2,7 @@
 
 from ..shapes import ConvProblem
 from ..errors import SpecError
-from ..variants import GENERAL, Strategy, Variant
+from ..variants import SERVES, Strategy, Variant
 from .common import Launch, Plan, Size, check_grid
 from .direct import plan_direct
 
@@ -20,12 +20,13 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
 
 
 def _plan(shape: ConvProblem, variant: Variant) -> Plan:
-    unusual = shape.unusual()
-    if unusual and variant.strategy not in GENERAL:
+    served = SERVES[variant.strategy]
+    missing = {f: text for f, text in shape.features().items() if f not in served}
+    if missing:
+        able = [s.value for s in Strategy if set(missing) <= SERVES[s]]
         raise SpecError(
-            f"{variant.strategy.value} serves dense stride-1 fp32 NCHW problems with a "
-            f"square window, equal padding and no epilogue; this one has "
-            f"{', '.join(unusual)}: use --strategy {', '.join(s.value for s in GENERAL)}"
+            f"{variant.strategy.value} cannot serve {', '.join(missing.values())}; "
+            f"use --strategy {' or '.join(able)}"
         )
     if variant.strategy.family == "direct":
         return plan_direct(shape, variant)

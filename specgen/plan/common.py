@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import Act, ConvProblem
 from ..variants import Variant
 
 # Limits of compute capability 9.0 (H100, H200); see the CUDA programming guide's
@@ -118,7 +118,14 @@ def shape_context(shape: ConvProblem) -> dict:
         CHW=shape.C * H * W,
         CKK=shape.reduction,
         out_image=shape.M * shape.Ho * shape.Wo,
+        bias=shape.bias,
+        relu=shape.act is Act.RELU,
     )
+
+
+def y_args(shape: ConvProblem) -> tuple[str, ...]:
+    """The kernel arguments that the output's epilogue reads and writes, in order."""
+    return ("bias", "y") if shape.bias else ("y",)
 
 
 def launch_bounds(threads: int, one_per_sm_first: bool = True) -> dict:

@@ -9,7 +9,7 @@ over the KxK window survives into the source.
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import Act, ConvProblem, DType, TensorLayout
+from ..shapes import ConvProblem, DType, TensorLayout
 from ..variants import Layout, Precision, Strategy, Variant, Weights
 from .common import (
     CONST_BYTES,
@@ -24,6 +24,7 @@ from .common import (
     launch_bounds,
     shape_context,
     smem_placement,
+    y_args,
 )
 
 UNROLL_CHANNELS_MAX = 32  # past this, an unrolled channel loop is a wall of code
@@ -84,16 +85,17 @@ def _check_variant(shape: ConvProblem, v: Variant) -> None:
             "it needs stride 1 and dilation 1 along W and no bf16 tensors; use --precision fp32"
         )
     if v.strategy is Strategy.SPLIT:
-        if shape.C < 2:
-            raise SpecError(f"split needs at least 2 input channels to split, C={shape.C}")
-        if v.splits < 2 or shape.C % v.splits:
+        channels = f"C={shape.C}" if shape.groups == 1 else f"the {shape.Cg} channels of a group"
+        if shape.Cg < 2:
+            raise SpecError(f"split needs at least 2 input channels to split, {channels}")
+        if v.splits < 2 or shape.Cg % v.splits:
             raise SpecError(
-                f"split s{v.splits} must divide C={shape.C} into 2 or more groups; "
-                f"choose one of {choices(divisors(shape.C)[1:])}"
+                f"split s{v.splits} must divide {channels} into 2 or more groups; "
+                f"choose one of {choices(divisors(shape.Cg)[1:])}"
             )
-    if v.unroll_channels and shape.C // v.splits > UNROLL_CHANNELS_MAX:
+    if v.unroll_channels and shape.Cg // v.splits > UNROLL_CHANNELS_MAX:
         raise SpecError(
-            f"unrolling {shape.C // v.splits} channels would repeat the window that "
+            f"unrolling {shape.Cg // v.splits} channels would repeat the window that "
             f"many times; the limit is {UNROLL_CHANNELS_MAX}: use --loop-channels"
         )
 
@@ -105,15 +107,16 @@ def _smem_layout(shape, v, cg, ih, iw, bw):
     first load of the compute phase, found by trying each pad from 0 to 31.
     """
     cx, cy, _ = v.coarsening
+    sh, sw = shape.stride
     lanes = [(t % bw, t // bw) for t in range(32)]
     best = None
     for pad in range(32):
         if v.layout is Layout.PLANAR:
             stride = iw + pad
-            addrs = [ty * cy * stride + tx * cx for tx, ty in lanes]
+            addrs = [ty * cy * sh * stride + tx * cx * sw for tx, ty in lanes]
         else:
             stride = cg + pad
-            addrs = [(ty * cy * iw + tx * cx) * stride for tx, ty in lanes]
+            addrs = [(ty * cy * sh * iw + tx * cx * sw) * stride for tx, ty in lanes]
         degree = bank_conflict_degree(addrs)
         if best is None or degree < best[1]:
             best = (pad, degree)
@@ -127,14 +130,32 @@ def _smem_layout(shape, v, cg, ih, iw, bw):
     return dict(pad=pad, degree=degree, row=row, pix=pix, plane=plane, floats=total)
 
 
+def halo(shape: ConvProblem, tile: int) -> tuple[int, int]:
+    """Input rows and columns that a tile x tile block of outputs reads: (tile-1)*s +
+    (R-1)*d + 1, which is tile+K-1 at stride and dilation 1."""
+    (sh, sw), (dh, dw) = shape.stride, shape.dil
+    return (tile - 1) * sh + (shape.R - 1) * dh + 1, (tile - 1) * sw + (shape.S - 1) * dw + 1
+
+
 def _fits_tile(shape, v, limit_bytes):
     """The largest tile from the usual choices whose halo tile fits in limit_bytes."""
-    cg = shape.C // v.splits
+    cg = shape.Cg // v.splits
     for t in (32, 16, 8, 4, 2, 1):
         if t % v.coarsening[0] == 0 and t % v.coarsening[1] == 0:
-            if 4 * cg * (t + shape.K - 1) ** 2 <= limit_bytes:
+            ih, iw = halo(shape, t)
+            if 4 * cg * ih * iw <= limit_bytes:
                 return t
     return None
+
+
+def footprint(shape: ConvProblem, coarsening) -> tuple[list[int], list[int]]:
+    """The input rows and columns, from a thread's corner, that its cy x cx outputs
+    read: oy*sh + p*dh and ox*sw + q*dw."""
+    cx, cy, _ = coarsening
+    (sh, sw), (dh, dw) = shape.stride, shape.dil
+    rows = sorted({oy * sh + p * dh for oy in range(cy) for p in range(shape.R)})
+    cols = sorted({ox * sw + q * dw for ox in range(cx) for q in range(shape.S)})
+    return rows, cols
 
 
 def _body(shape, v, channels, offsets):
@@ -150,9 +171,8 @@ def _body(shape, v, channels, offsets):
     (sh, sw), (dh, dw) = shape.stride, shape.dil
     cx, cy, cm = v.coarsening
     fp16 = v.precision is Precision.FP16
-    cols = sorted({ox * sw + q * dw for ox in range(cx) for q in range(S)})
+    rows_in, cols = footprint(shape, v.coarsening)
     j_of = {col: j for j, col in enumerate(cols)}
-    rows_in = sorted({oy * sh + p * dh for oy in range(cy) for p in range(R)})
     blocks = []
     for c in channels:
         for ir in rows_in:
@@ -215,8 +235,6 @@ def _epilogue_context(shape: ConvProblem, v: Variant, cm: int) -> dict:
         dtype=shape.dtype.value,
         xtype="float" if shape.dtype is DType.FP32 else "unsigned short",
         nhwc=nhwc,
-        bias=shape.bias,
-        relu=shape.act is Act.RELU,
         stores=[
             dict(m=m, oy=oy, ox=ox, off=out_offset(m, oy, ox))
             for m in range(cm)
@@ -248,7 +266,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     map_groups = M // cm
     splits = v.splits if v.strategy is Strategy.SPLIT else 1
     cg = shape.Cg // splits
-    ih, iw = tile + K - 1, tile + K - 1
+    ih, iw = halo(shape, tile)
     fp16 = v.precision is Precision.FP16
     const = v.weights is Weights.CONST
     const_bytes = 4 * shape.weight_count if const else 0
@@ -285,8 +303,8 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
             planar=planar,
             total=cg * ih * iw,
             dynamic=dynamic_smem > 0,
-            row_step=cy * lay["row"],
-            col_step=cx * lay["pix"],
+            row_step=cy * shape.stride[0] * lay["row"],
+            col_step=cx * shape.stride[1] * lay["pix"],
         )
         shape_txt = (
             f"[{cg}][{ih}][{iw}+{lay['pad']}]" if planar else f"[{ih}][{iw}][{cg}+{lay['pad']}]"
@@ -294,8 +312,12 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         smem_size = Size(
             "__shared__",
             f"{nbytes} B = {lay['floats']} floats {shape_txt}",
-            f"halo tile (tile+K-1)^2 = {ih}^2 pixels x {cg} channels, "
-            f"pad {lay['pad']} -> {lay['degree']}-way bank conflicts at worst",
+            (
+                f"halo tile (tile+K-1)^2 = {ih}^2 pixels"
+                if ih == iw == tile + K - 1
+                else f"halo tile (tile-1)*s + (K-1)*d + 1 = {ih} x {iw} pixels"
+            )
+            + f" x {cg} channels, pad {lay['pad']} -> {lay['degree']}-way bank conflicts at worst",
         )
 
         def offsets(c, r, col):
@@ -377,7 +399,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         half_math=True,
         out_plane=Ho * Wo,
         halo_plane=ih * iw,
-        group_in=cg * H * W,
+        group_in=cg * plane,
         group_w=cg * RS,
         group_out=cm * Ho * Wo,
         # groups: the input channels of the thread's maps start at channel
@@ -406,7 +428,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         )
         ctx["zero_per_thread"] = 4
         ctx["zero_block"] = zero_block
-    args = ("x",) + (() if const else ("w",)) + (("bias",) if shape.bias else ()) + ("y",)
+    args = ("x",) + (() if const else ("w",)) + y_args(shape)
     launches.append(
         Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1, dynamic_smem)
     )

@@ -11,6 +11,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..variants import Precision, Strategy, Variant
 from .common import (
+    y_args,
     Launch,
     Plan,
     Size,
@@ -172,9 +173,9 @@ def _plan_cuda_core(shape: ConvProblem, v: Variant) -> Plan:
                 UNROLL_THREADS,
             )
         )
-        args = ("w", "xu", "y", "batch")
+        args = ("w", "xu", *y_args(shape), "batch")
     else:
-        args = ("x", "w", "y", "batch")
+        args = ("x", "w", *y_args(shape), "batch")
     launches.append(
         Launch(symbol, args, block, (0, ctx["m_blocks"], 1), 0, shape.Ho * shape.Wo, bn, dynamic)
     )
@@ -307,7 +308,7 @@ def _plan_mma(shape: ConvProblem, v: Variant) -> Plan:
         )
     launch = Launch(
         v.name,
-        ("x", "w", "y", "batch"),
+        ("x", "w", *y_args(shape), "batch"),
         (threads, 1, 1),
         (0, ctx["m_blocks"], 1),
         0,

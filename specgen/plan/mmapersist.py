@@ -31,6 +31,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
+    y_args,
     Launch,
     OPTIN_SMEM_BYTES,
     Plan,
@@ -252,7 +253,7 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     ]
     launch = Launch(
         v.name,
-        ("x", "w", "y", "batch"),
+        ("x", "w", *y_args(shape), "batch"),
         (threads, 1, 1),
         (0, 1, 1),
         0,

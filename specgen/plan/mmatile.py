@@ -15,6 +15,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
+    y_args,
     Launch,
     OPTIN_SMEM_BYTES,
     Plan,
@@ -157,7 +158,9 @@ def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
             f"{warps} warps, each {fn} n8 groups x {fm} m16 fragments per pass",
         ),
     ]
-    launch = Launch(v.name, ("x", "w", "y"), (threads, 1, 1), (bands, 1, 0), 2, 1, 1, dynamic)
+    launch = Launch(
+        v.name, ("x", "w", *y_args(shape)), (threads, 1, 1), (bands, 1, 0), 2, 1, 1, dynamic
+    )
     return Plan(
         shape=shape,
         variant=v,

@@ -19,6 +19,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
+    y_args,
     Launch,
     MAX_THREADS,
     OPTIN_SMEM_BYTES,
@@ -256,7 +257,7 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
     )
     launch = Launch(
         v.name,
-        ("x", "w", "y", "batch"),
+        ("x", "w", *y_args(shape), "batch"),
         (threads, 1, 1),
         (0, 1, 1),
         0,

@@ -21,6 +21,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..variants import Precision, Variant
 from .common import (
+    y_args,
     MAX_THREADS,
     OPTIN_SMEM_BYTES,
     Launch,
@@ -210,7 +211,7 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     )
     launch = Launch(
         v.name,
-        ("x", "w", "y", "batch"),
+        ("x", "w", *y_args(shape), "batch"),
         (threads, 1, 1),
         (0, 1, 1),
         0,
