@@ -20,7 +20,15 @@ from specgen.reference import (
 )
 from specgen.shapes import PRESETS, parse_shape, square
 from specgen.space import default_set
-from specgen.variants import Layout, Precision, Strategy, Variant, Weights, parse_variant_name
+from specgen.variants import (
+    SERVES,
+    Layout,
+    Precision,
+    Strategy,
+    Variant,
+    Weights,
+    parse_variant_name,
+)
 
 from problems import problem_specs
 
@@ -485,5 +493,5 @@ def test_every_problem_parses_back_and_plans_a_default_set(p):
     for v in variants:
         src = render(make_plan(p, v))
         assert f"{v.name}(" in src
-    if p.unusual():
-        assert {v.strategy for v in variants} == {Strategy.DIRECT}
+    for v in variants:
+        assert set(p.features()) <= SERVES[v.strategy], (v.name, p.features())

@@ -33,10 +33,13 @@ WORDS = list(PRESETS) + ["direct", "tiled", "split", "im2col", "implicit", "mma"
 WORDS += ["persist", "mmapersist", "stream", "layer7", "persist_t12_r4x17_fp32"]
 WORDS += ["tiled_t16_x4y1m8_planar_wconst_lc_fp32", "mma_t64_fp16", "stream_t8_m128_c8_r8x8"]
 
+number = st.sampled_from(NUMBERS)
 value = st.one_of(
     st.sampled_from(NUMBERS + ODD + WORDS),
     st.text(max_size=8),
     st.integers(-(2**40), 2**40).map(str),
+    st.builds(lambda a, b, c: f"x{a}y{b}m{c}", number, number, number),  # coarsening
+    st.builds(lambda a, b: f"{a}x{b}", number, number),  # register tile, K=RxS
 )
 spec_item = st.one_of(
     st.builds(

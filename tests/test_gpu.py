@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
-from specgen.shapes import PRESETS, square
+from specgen.shapes import PRESETS, Act, square
 from specgen.space import default_set
 from specgen.verify import verify_variant
 
@@ -38,7 +38,12 @@ def test_preset_variant(shape, variant, arch, compiled):
     assert row.status == "PASS", row.problems
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=16,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 @given(
     K=st.sampled_from([1, 3, 5, 7]),
     C=st.integers(1, 32),
@@ -47,10 +52,15 @@ def test_preset_variant(shape, variant, arch, compiled):
     W=st.integers(7, 29),
     padfrac=st.floats(0, 1),
     batch=st.integers(1, 3),
+    bias=st.booleans(),
+    relu=st.booleans(),
 )
-def test_random_shapes(K, C, M, H, W, padfrac, batch, arch):
+def test_random_shapes(K, C, M, H, W, padfrac, batch, bias, relu, arch):
+    """Every strategy on the presets' kind of problem, with and without the epilogue
+    (bias, relu) that each applies before its store."""
     pad = int(padfrac * (K // 2) + 0.5) if K > 1 else 0
-    shape = square(C, M, H, W, K, min(pad, K // 2))
+    act = Act.RELU if relu else Act.NONE
+    shape = square(C, M, H, W, K, min(pad, K // 2), bias=bias, act=act)
     variants = default_set(shape)
     assert variants, "every shape gets at least one variant"
     precompile([(shape, v) for v in variants], arch, jobs=os.cpu_count() or 1)
