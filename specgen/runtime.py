@@ -157,7 +157,7 @@ class Conv:
         xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
         for b0 in range(0, batch, seg):
             b1 = min(batch, b0 + seg)
-            bufs = dict(x=x[b0:b1], w=self.w, y=y[b0:b1], xu=xu)
+            bufs = dict(x=x[b0:b1], w=self.w, bias=self.bias, y=y[b0:b1], xu=xu)
             for launch in self.plan.launches:
                 self._launch(launch, bufs, b1 - b0)
 

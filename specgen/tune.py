@@ -30,6 +30,20 @@ TUNE_MAX_FMAS = 3200  # keeps each candidate's compile under ~20 s
 RETIME_ROUNDS = 5
 
 
+def environment() -> dict:
+    """What a timing depends on besides the kernel: a result is reused only where all
+    of these match."""
+    import cupy
+
+    from .bench import device_name
+
+    return dict(
+        gpu=device_name(),
+        driver=cupy.cuda.runtime.driverGetVersion(),
+        nvrtc="%d.%d" % nvrtc_version(),
+    )
+
+
 def even_segments(width: int, most: int) -> set[int]:
     """Segment lengths of at most ``most`` pixels that split a row of ``width`` into
     ceil(width / segments) pieces: tx is one when ceil(width / ceil(width / tx)) == tx."""
