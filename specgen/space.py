@@ -78,6 +78,11 @@ def default_coarsening(
         looped = shape.Cg * cm * kk * cx > DEFAULT_FMAS
         if spread > 1 and looped and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
             return False
+        # Four columns of a 7x7 window under a kept channel loop spilled at 255
+        # registers whatever the channels or bias (x4 m4: C=4 and C=12 M=4, mx-layer2);
+        # x2 m4 took 111, x4 m2 40 (NVRTC 12.9).
+        if looped and cx >= 4 and kk >= 49:
+            return False
         return cm * kk * cx * spread <= DIRECT_FMAS_PER_CHANNEL
 
     best = None
