@@ -32,6 +32,17 @@ def compiled(arch):
     return precompile(CASES, arch, jobs=os.cpu_count() or 1)
 
 
+def verify_default_set(problem, batch, arch):
+    """Every variant of the problem's default set passes its numerical check."""
+    variants = default_set(problem)
+    assert variants, "every problem gets at least one variant"
+    precompile([(problem, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(problem, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (problem.spec, v.name, row.problems)
+
+
 @pytest.mark.parametrize("shape,variant", CASES, ids=[f"{s.name}-{v.name}" for s, v in CASES])
 def test_preset_variant(shape, variant, arch, compiled):
     row = verify_variant(shape, variant, arch=arch, batch=3, numbers=True)
@@ -61,13 +72,7 @@ def test_random_shapes(K, C, M, H, W, padfrac, batch, bias, relu, arch):
     pad = int(padfrac * (K // 2) + 0.5) if K > 1 else 0
     act = Act.RELU if relu else Act.NONE
     shape = square(C, M, H, W, K, min(pad, K // 2), bias=bias, act=act)
-    variants = default_set(shape)
-    assert variants, "every shape gets at least one variant"
-    precompile([(shape, v) for v in variants], arch, jobs=os.cpu_count() or 1)
-    rng = np.random.default_rng()
-    for v in variants:
-        row = verify_variant(shape, v, arch=arch, batch=batch, numbers=True, rng=rng)
-        assert row.status == "PASS", (shape, v.name, row.problems)
+    verify_default_set(shape, batch, arch)
 
 
 # No shrinking: on the GPU machine it can take longer than the whole tier, and the
@@ -83,10 +88,4 @@ def test_random_problems(p, batch, arch):
     """Stride, dilation, groups (depthwise too), rectangular windows, every padding
     form, bias and relu, fp32/fp16/bf16 tensors, NCHW and NHWC: every strategy that
     serves the drawn problem computes it within its bound."""
-    variants = default_set(p)
-    assert variants, "every problem gets at least one variant"
-    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
-    rng = np.random.default_rng()
-    for v in variants:
-        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
-        assert row.status == "PASS", (p.spec, v.name, row.problems)
+    verify_default_set(p, batch, arch)

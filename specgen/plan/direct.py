@@ -305,6 +305,10 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
             dynamic=dynamic_smem > 0,
             row_step=cy * shape.stride[0] * lay["row"],
             col_step=cx * shape.stride[1] * lay["pix"],
+            # a block's first input row and column: its output tile times the stride
+            tile_step_y=tile * shape.stride[0],
+            tile_step_x=tile * shape.stride[1],
+            halo_row=cg * iw,  # NHWC staging: the channels of one halo row
         )
         shape_txt = (
             f"[{cg}][{ih}][{iw}+{lay['pad']}]" if planar else f"[{ih}][{iw}][{cg}+{lay['pad']}]"
