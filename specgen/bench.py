@@ -264,7 +264,7 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
     import cupy
 
     from .runtime import Conv, device_arch
-    from .space import default_set
+    from .strategies import default_set
     from .verify import random_inputs, verify_variant
 
     ceil = ceilings()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -18,26 +17,20 @@ import click
 from . import __version__
 from .errors import SpecError
 from .shapes import INDEX_LIMIT, PRESETS, parse_shape
-from .variants import (
-    OPTIONS,
-    Strategy,
-    Variant,
-    parse_coarsening,
-    parse_layout,
-    parse_precision,
-    parse_regtile,
-    parse_strategy,
-    parse_variant_name,
-    parse_weights,
-)
+from .strategies import BY_KEY, options, parse_variant_name, readers, strategy_class
+from .variants import Count, Variant, parse_precision
 
 SIZE = click.IntRange(1, INDEX_LIMIT)
-# How each variant option is spelled on the command line, for messages.
-FLAGS = {"variant_name": "--variant", "unroll": "--unroll-channels/--loop-channels"}
 
 
 def flag(key: str) -> str:
-    return FLAGS.get(key, "--" + key.replace("_", "-"))
+    """How a variant option is spelled on the command line, for messages."""
+    if key == "variant_name":
+        return "--variant"
+    codec = options().get(key, {}).get("codec")
+    if codec is not None and codec.flag:
+        return "--%s/--%s" % codec.flag
+    return "--" + key.replace("_", "-")
 
 
 def one_line(message: str) -> str:
@@ -107,6 +100,8 @@ def shape_options(f):
 
 
 def variant_options(f):
+    """--variant, --strategy, --precision, and one option per strategy parameter (from
+    the parameter fields of ``specgen/strategies``), each saying who reads it."""
     opts = [
         click.option(
             "--variant", "variant_name", help="a canonical variant name (as in generated/)"
@@ -114,44 +109,20 @@ def variant_options(f):
         click.option(
             "--strategy",
             default=None,
-            help="direct, tiled, split, im2col, implicit, mma, mmatile, persist, mmapersist, "
-            "stream; with --all, keeps that strategy's variants of the default set",
-        ),
-        click.option(
-            "--tile",
-            type=SIZE,
-            default=None,
-            help="output tile edge (direct family), pixels per block (GEMM), "
-            "output rows per band (mmatile, persist, mmapersist, stream)",
-        ),
-        click.option(
-            "--coarsening",
-            default=None,
-            help="direct family: outputs per thread xAyBmC (row, rows, output maps)",
-        ),
-        click.option(
-            "--layout", default=None, help="tiled, split: shared tile layout, planar or inter"
-        ),
-        click.option(
-            "--weights", default=None, help="direct family: const or global memory for weights"
+            help=f"{', '.join(BY_KEY)}; with --all, keeps that strategy's variants of the "
+            "default set",
         ),
         click.option("--precision", default=None, help="fp32, tf32 or fp16"),
-        click.option(
-            "--unroll-channels/--loop-channels",
-            "unroll",
-            default=None,
-            help="direct family: unroll the loop over input channels or keep it",
-        ),
-        click.option(
-            "--regtile",
-            default=None,
-            help="register tile RxC: maps x pixels per thread (im2col, implicit, persist, "
-            "stream), per warp (mmapersist)",
-        ),
-        click.option("--splits", type=SIZE, default=None, help="split: channel groups"),
-        click.option("--maps", type=SIZE, default=None, help="stream: output maps per block"),
-        click.option("--chunk", type=SIZE, default=None, help="stream: channels per stage"),
     ]
+    for key, opt in options().items():
+        text = "; ".join(opt["helps"])
+        codec = opt["codec"]
+        if codec.flag:
+            on, off = codec.flag
+            opts.append(click.option(f"--{on}/--{off}", key, default=None, help=text))
+        else:
+            kind = SIZE if isinstance(codec, Count) else str
+            opts.append(click.option(f"--{key}", type=kind, default=None, help=text))
     for opt in reversed(opts):
         f = opt(f)
     return f
@@ -164,53 +135,25 @@ def _given(opts: dict) -> list[str]:
 def build_variant(shape, **opts) -> Variant:
     """One variant from the variant options: what is given, the strategy's defaults
     for the rest.  An option the strategy does not read is an error."""
-    from .space import SHAPE_DEFAULTS, complete, default_coarsening, direct_tiles, fitting_tile
-
     given = _given(opts)
     if "variant_name" in given:
         extra = [flag(k) for k in given if k != "variant_name"]
         if extra:
             raise SpecError(f"--variant names a whole variant; drop {', '.join(extra)}")
-        return parse_variant_name(opts["variant_name"])
-    strategy = parse_strategy(opts["strategy"]) if "strategy" in given else Strategy.TILED
+        return parse_variant_name(opts["variant_name"], shape)
+    cls = strategy_class(opts["strategy"]) if "strategy" in given else BY_KEY["tiled"]
+    own = {f.name: f.metadata["codec"] for f in cls.params()}
+    values = {}
     for key in given:
-        if key != "strategy" and key not in OPTIONS[strategy]:
-            users = [s.value for s in Strategy if key in OPTIONS[s]]
+        if key in ("strategy", "precision"):
+            continue
+        if key not in own:
             raise SpecError(
-                f"{flag(key)} does not apply to {strategy.value}; it is read by {', '.join(users)}"
+                f"{flag(key)} does not apply to {cls.key}; it is read by {', '.join(readers(key))}"
             )
-    tile, precision = opts.get("tile"), opts.get("precision")
-    regtile = parse_regtile(opts["regtile"]) if opts.get("regtile") else None
-    v = Variant(strategy=strategy)
-    if precision:
-        v = replace(v, precision=parse_precision(precision))
-    if strategy in SHAPE_DEFAULTS:
-        base = SHAPE_DEFAULTS[strategy](shape)
-        return replace(
-            base,
-            tile=tile or base.tile,
-            regtile=regtile or base.regtile,
-            precision=v.precision if precision else base.precision,
-            maps=opts.get("maps") or base.maps,
-            chunk=opts.get("chunk") or base.chunk,
-        ).canonical()
-    if strategy is Strategy.MMATILE:
-        if tile:
-            return replace(v, tile=tile).canonical()
-        return fitting_tile(shape, v, choices=range(shape.Ho, 0, -1))
-    if strategy.family != "direct":
-        return replace(v, tile=tile or 64, regtile=regtile or (4, 4)).canonical()
-    v = replace(v, tile=tile or direct_tiles(shape)[0], splits=opts.get("splits") or 2)
-    if opts.get("layout"):
-        v = replace(v, layout=parse_layout(opts["layout"]))
-    asked = parse_weights(opts["weights"]) if opts.get("weights") else None
-    coarsening = opts.get("coarsening")
-    cz = (
-        parse_coarsening(coarsening)
-        if coarsening
-        else default_coarsening(shape, v.tile, v.precision, asked, v.strategy)
-    )
-    return complete(shape, replace(v, coarsening=cz), unroll=opts.get("unroll"), weights=asked)
+        values[key] = own[key].from_option(opts[key])
+    precision = parse_precision(opts["precision"]) if "precision" in given else None
+    return cls.build(shape, precision, values)
 
 
 def _shapes(shape_text, all_shapes):
@@ -222,15 +165,13 @@ def _shapes(shape_text, all_shapes):
 def _default_set(shape, strategy_text=None):
     """The shape's default set, only ``strategy_text``'s variants if one is named; when
     the set has none of that strategy, its default variant, or the planner's reason."""
-    from .space import default_set
+    from .strategies import default_set
 
     variants = default_set(shape)
     if strategy_text is None:
         return variants
-    strategy = parse_strategy(strategy_text)
-    return [v for v in variants if v.strategy is strategy] or [
-        build_variant(shape, strategy=strategy_text)
-    ]
+    cls = strategy_class(strategy_text)
+    return [v for v in variants if type(v) is cls] or [build_variant(shape, strategy=strategy_text)]
 
 
 def select(shapes, opts, all_, *, default_is_set: bool):
@@ -316,11 +257,11 @@ def emit(shape_text, all_shapes, all_, best, gpu, out, **opts):
 def _best(shape, gpu):
     from . import tunedb
     from .runtime import gpu_available
-    from .tune import SHIPPED_WINNERS, best_picks
+    from .tune import best_picks
 
     if gpu is None:
         if not gpu_available():
-            known = sorted(set(tunedb.recorded_gpus()) | set(SHIPPED_WINNERS))
+            known = sorted(set(tunedb.recorded_gpus()) | set(tunedb.shipped()))
             raise SpecError(
                 "--best picks the winners of one GPU and none is visible here; name it with "
                 f"--gpu (winners are known for: {', '.join(known) or 'none'})"
@@ -454,7 +395,9 @@ def bench(shape_text, all_shapes, batch, names, all_, best, json_path, plot_path
         from .plot import require_matplotlib
 
         require_matplotlib()
-    variants = {s.slug: [parse_variant_name(n) for n in names] for s in shapes} if names else None
+    variants = (
+        {s.slug: [parse_variant_name(n, s) for n in names] for s in shapes} if names else None
+    )
     _need_gpu("bench")
     report = run_bench(shapes, batch, variants, best, echo=click.echo)
     if json_path:
@@ -484,7 +427,7 @@ def tune(shape_text, precision, budget, batch, strategy):
     """Search the variant space of every strategy for the fastest verified kernel."""
     shape = parse_shape(shape_text)
     prec = parse_precision(precision)
-    strat = parse_strategy(strategy) if strategy else None
+    strat = strategy_class(strategy) if strategy else None
     _need_gpu("tune")
     from .tune import run_tune
 

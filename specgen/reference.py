@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .shapes import Act, DType
-from .variants import TENSOR_CORE, Precision, Variant
+from .variants import Precision, Variant
 
 U_FP32 = 2.0**-24  # unit roundoff of fp32
 U_HALF = 2.0**-11  # of fp16 and of tf32 (10 stored mantissa bits each)
@@ -83,7 +83,7 @@ def error_coefficient(variant: Variant, problem) -> float:
     n = problem.reduction + (1 if problem.bias else 0)
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
-    elif variant.strategy in TENSOR_CORE:
+    elif variant.tensor_core:
         gamma = 2 * U_HALF + n * U_FP32
     else:
         gamma = (3 + problem.S - 1) * U_HALF + n * U_FP32

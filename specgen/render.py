@@ -9,7 +9,6 @@ import jinja2
 
 from . import __version__
 from .plan import Plan
-from .variants import Strategy
 
 
 def _templates() -> Path:
@@ -21,19 +20,6 @@ def _templates() -> Path:
 
 
 TEMPLATES = _templates()
-
-DESCRIPTIONS = {
-    Strategy.DIRECT: "direct convolution, input pixels read from global memory",
-    Strategy.TILED: "direct convolution on a shared-memory halo tile of all input channels",
-    Strategy.SPLIT: "tiled direct convolution, input channels split over blocks, atomicAdd of partial sums",
-    Strategy.IM2COL: "explicit im2col: an unroll kernel writes the (C*K*K) x (Ho*Wo) matrix, a tiled GEMM multiplies",
-    Strategy.IMPLICIT: "fused implicit GEMM: input tiles gathered straight from x, no unrolled matrix",
-    Strategy.MMA: "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation",
-    Strategy.MMATILE: "tensor cores (mma.sync) reading B fragments straight from a shared-memory band of the input",
-    Strategy.MMAPERSIST: "persistent blocks on tensor cores: tf32 B fragments resident in shared memory, input bands double-buffered with cp.async, each warp pixel tiles x map tiles of mma.sync",
-    Strategy.STREAM: "weights and input bands streamed through shared memory a chunk of channels at a time (cp.async, double-buffered), each thread an outer product of maps x a row segment",
-    Strategy.PERSIST: "persistent blocks: weights resident in shared memory, input bands double-buffered with cp.async, each thread an outer product of maps x a row segment",
-}
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -68,7 +54,7 @@ def _grid_text(launch) -> str:
 
 def _description(plan: Plan) -> list[str]:
     v = plan.variant
-    lines = [DESCRIPTIONS[v.strategy]]
+    lines = [v.description]
     lines.append(
         f"precision {v.precision.value}: "
         + plan.context.get(

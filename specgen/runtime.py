@@ -10,7 +10,7 @@ from .errors import SpecError
 from .plan import Plan, make_plan
 from .render import render
 from .shapes import ConvProblem
-from .tensors import STORAGE, w_shape, x_shape, y_shape
+from .tensors import STORAGE, Role, w_shape, x_shape, y_shape
 from .variants import Variant
 
 DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller says otherwise
@@ -143,7 +143,8 @@ class Conv:
             self._segments(x, y, batch)
         else:
             for launch in self.plan.launches:
-                self._launch(launch, dict(x=x, w=self.w, bias=self.bias, y=y), batch)
+                bufs = {Role.X: x, Role.W: self.w, Role.BIAS: self.bias, Role.Y: y}
+                self._launch(launch, bufs, batch)
         return y
 
     def _segments(self, x, y, batch):
@@ -157,7 +158,8 @@ class Conv:
         xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
         for b0 in range(0, batch, seg):
             b1 = min(batch, b0 + seg)
-            bufs = dict(x=x[b0:b1], w=self.w, bias=self.bias, y=y[b0:b1], xu=xu)
+            bufs = {Role.X: x[b0:b1], Role.W: self.w, Role.BIAS: self.bias, Role.Y: y[b0:b1]}
+            bufs[Role.WORKSPACE] = xu
             for launch in self.plan.launches:
                 self._launch(launch, bufs, b1 - b0)
 
@@ -167,12 +169,12 @@ class Conv:
         for b0 in range(0, batch, step):
             n = min(step, batch - b0)
             args = []
-            for name in launch.args:
-                if name == "batch":
+            for role in launch.args:
+                if role is Role.BATCH:
                     args.append(np.int32(n))
-                elif name in ("x", "y"):
-                    args.append(bufs[name][b0 : b0 + n])
+                elif role in (Role.X, Role.Y):  # batched: this launch's images
+                    args.append(bufs[role][b0 : b0 + n])
                 else:
-                    args.append(bufs[name])
+                    args.append(bufs[role])
             grid = launch.grid_for(n, self.resident.get(launch.kernel))
             f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem)

@@ -8,9 +8,24 @@ alike (``xp`` is the array's module).
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 from .shapes import ConvProblem, DType, TensorLayout
+
+
+class Role(enum.Enum):
+    """What a kernel argument is.  The planner lists a launch's arguments as roles, the
+    runtime binds a buffer to each, and the reference computes the same roles."""
+
+    X = "x"  # the input activations
+    W = "w"  # the weights, packed to the plan's weight_format
+    BIAS = "bias"
+    Y = "y"  # the output activations
+    WORKSPACE = "workspace"  # scratch the plan sizes per image (im2col's unrolled matrix)
+    BATCH = "batch"  # not a tensor: the images in this launch, an int32
+
 
 STORAGE = {DType.FP32: np.float32, DType.FP16: np.float16, DType.BF16: np.uint16}
 

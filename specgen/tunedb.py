@@ -18,6 +18,8 @@ from .compile import cache_dir
 from .errors import warn_once
 from .variants import Precision
 
+SHIPPED = Path(__file__).with_name("winners.json")
+
 # What each kind of record must hold, and the type of each field.
 _POSITIVE = "positive number"
 _COUNT = "count"
@@ -148,3 +150,15 @@ def winners(shape_spec: str, gpu: str) -> dict[str, dict]:
 
 def recorded_gpus() -> list[str]:
     return sorted({r["gpu"] for r in records() if r["kind"] == "winner"})
+
+
+def shipped() -> dict[str, dict[str, list[str]]]:
+    """GPU -> preset -> variant names: the winners shipped with specgen (data, so that
+    the default set, bench and tune need not import each other)."""
+    return json.loads(SHIPPED.read_text())["winners"]
+
+
+def shipped_names(slug: str, gpu: str | None = None) -> list[str]:
+    """The names shipped for a preset on ``gpu``, or on every GPU when none is named."""
+    tables = [shipped().get(gpu, {})] if gpu else shipped().values()
+    return [name for table in tables for name in table.get(slug, [])]

@@ -1,49 +1,51 @@
-"""The variant model: which strategy, tile, coarsening, layout, weight placement and
-precision a kernel uses.  One frozen dataclass; its canonical name is derived from its
-fields and is at once the file name, the kernel symbol and part of the cache key.
+"""The variant model: how a problem is computed.
+
+Each strategy is one frozen dataclass, a subclass of ``Variant`` that holds only its
+own parameters (``specgen/strategies/<key>.py``).  A parameter is declared with its
+codec: the short tag that spells it in the canonical name (``t16``, ``x4y1m8``,
+``r4x4``) and how the CLI option of the same name reads it.  The canonical name,
+``<key>_<param tags>_<precision>``, is derived from the fields and is at once the file
+name, the kernel symbol and part of the cache key; a problem whose op, dtype or layout
+differs from the default adds them at the end (``kernel_name``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from .errors import SpecError
-from .shapes import Feature
+from .shapes import ConvProblem, DType, Feature, Op, TensorLayout
+
+if TYPE_CHECKING:  # the planner's types; plan/ imports this module
+    from .plan.common import Plan
 
 
-class Strategy(enum.Enum):
-    DIRECT = "direct"  # one thread per output block, loads through the read-only cache
-    TILED = "tiled"  # shared-memory halo tile of all C channels
-    SPLIT = "split"  # tiled, input channels split over blocks, atomicAdd partial sums
-    IM2COL = "im2col"  # explicit unroll kernel + tiled shared-memory GEMM
-    IMPLICIT = "implicit"  # fused implicit GEMM, the unrolled matrix never exists
-    MMA = "mma"  # fused implicit GEMM on tensor-core fragments (mma.sync)
-    MMATILE = "mmatile"  # tensor cores reading a shared-memory band of the input
-    PERSIST = "persist"  # persistent blocks, weights resident, maps x row-segment outer products
-    MMAPERSIST = "mmapersist"  # persist's pipeline with tensor cores: warps of mma fragments
-    STREAM = "stream"  # weights and input streamed by channel chunks, persist's outer products
+class Precision(enum.Enum):
+    """The math, apart from the storage dtype: what the products are computed in."""
 
-    @property
-    def family(self) -> str:
-        """direct: coarsened outputs per thread; gemm: a matrix product; outer: the
-        register-tiled outer product of ``persist``, named like the GEMMs by its tile."""
-        if self in GEMM_FAMILY:
-            return "gemm"
-        return "outer" if self in OUTER_FAMILY else "direct"
+    FP32 = "fp32"  # fp32 inputs, products and sums: exact fp32 arithmetic
+    TF32 = "tf32"  # tensor cores: tf32 inputs, fp32 accumulation
+    FP16 = "fp16"  # fp16 inputs (tensor cores) or half2 products (direct family)
 
 
-GEMM_FAMILY = (
-    Strategy.IM2COL,
-    Strategy.IMPLICIT,
-    Strategy.MMA,
-    Strategy.MMATILE,
-    Strategy.MMAPERSIST,
-)
-OUTER_FAMILY = (Strategy.PERSIST, Strategy.STREAM)
-# The problem features each strategy serves; make_plan refuses the rest in one line,
-# so default_set and tune skip a strategy that cannot serve a problem.
+class Layout(enum.Enum):
+    """How a shared-memory halo tile is laid out (tiled and split)."""
+
+    PLANAR = "planar"  # xs[c][row][col]: one plane per channel
+    INTERLEAVED = "inter"  # xs[row][col][c]: a pixel's channels side by side
+
+
+class Weights(enum.Enum):
+    CONST = "wconst"  # __constant__ array sized M*C*K*K, warp-uniform broadcast
+    GLOBAL = "wglobal"  # global memory through the read-only cache
+
+
+# The problem features a strategy may serve (its ``serves``); make_plan refuses the
+# rest in one line, so default_set and tune skip a strategy that cannot serve a problem.
 GEOMETRY = frozenset(
     {
         Feature.RECT,
@@ -54,210 +56,264 @@ GEOMETRY = frozenset(
         Feature.GROUPS,
     }
 )
-EVERY_FEATURE = frozenset(Feature)
 EPILOGUE = frozenset({Feature.BIAS, Feature.ACT})
-SERVES = {
-    Strategy.DIRECT: EVERY_FEATURE,
-    Strategy.TILED: EVERY_FEATURE,
-    # atomicAdd sums fp32 partial sums into y: no epilogue, no 16-bit y
-    Strategy.SPLIT: GEOMETRY | {Feature.NHWC},
-    # mmatile's template applies the epilogue, but with it ptxas spilled the kernel
-    # (C=20 M=20 K=3 bias relu: 255 registers and 24 B spilled, 95 without), so it
-    # does not serve it until its stores load the bias once per fragment row
-    Strategy.MMATILE: frozenset(),
-    # the others apply the epilogue to their fp32 NCHW stride-1 sums before the store
-    **{
-        s: EPILOGUE
-        for s in (
-            Strategy.IM2COL,
-            Strategy.IMPLICIT,
-            Strategy.MMA,
-            Strategy.PERSIST,
-            Strategy.MMAPERSIST,
-            Strategy.STREAM,
-        )
-    },
-}
-TENSOR_CORE = (Strategy.MMA, Strategy.MMATILE, Strategy.MMAPERSIST)
-# Strategies whose name carries no register tile: their fragments are fixed.
-FIXED_FRAGMENT = (Strategy.MMA, Strategy.MMATILE)
+EVERY_FEATURE = frozenset(Feature)
 
 
-# The variant options (as the CLI names them) that each strategy's code reads; an
-# option a strategy does not read is refused, not ignored.
-_SHARED = ("tile", "precision")
-_DIRECT = _SHARED + ("coarsening", "weights", "unroll")
-OPTIONS = {
-    Strategy.DIRECT: _DIRECT,
-    Strategy.TILED: _DIRECT + ("layout",),
-    Strategy.SPLIT: _DIRECT + ("layout", "splits"),
-    Strategy.IM2COL: _SHARED + ("regtile",),
-    Strategy.IMPLICIT: _SHARED + ("regtile",),
-    Strategy.MMA: _SHARED,
-    Strategy.MMATILE: _SHARED,
-    Strategy.PERSIST: _SHARED + ("regtile",),
-    Strategy.MMAPERSIST: _SHARED + ("regtile",),
-    Strategy.STREAM: _SHARED + ("regtile", "maps", "chunk"),
-}
-
-
-class Layout(enum.Enum):
-    """How the shared-memory halo tile is laid out (tiled and split only)."""
-
-    NONE = "none"
-    PLANAR = "planar"  # xs[c][row][col]: one plane per channel
-    INTERLEAVED = "inter"  # xs[row][col][c]: a pixel's channels side by side
-
-
-class Weights(enum.Enum):
-    CONST = "wconst"  # __constant__ array sized M*C*K*K, warp-uniform broadcast
-    GLOBAL = "wglobal"  # global memory through the read-only cache
-
-
-class Precision(enum.Enum):
-    FP32 = "fp32"  # fp32 inputs, products and sums: exact fp32 arithmetic
-    TF32 = "tf32"  # tensor cores: tf32 inputs, fp32 accumulation
-    FP16 = "fp16"  # fp16 inputs (tensor cores) or half2 products (direct family)
-
-
-def _enum(cls, text: str, what: str):
+def _enum(cls, text: str, what: str, aliases: dict | None = None):
+    text = (aliases or {}).get(text, text)
     for member in cls:
         if text in (member.value, member.name.lower()):
             return member
-    choices = ", ".join(m.value for m in cls if m.value != "none")
+    choices = ", ".join([*(aliases or {})] or [m.value for m in cls])
     raise SpecError(f"unknown {what} '{text}'; choose one of {choices}")
-
-
-def parse_strategy(text: str) -> Strategy:
-    return _enum(Strategy, text, "strategy")
-
-
-def parse_layout(text: str) -> Layout:
-    return _enum(Layout, text, "layout")
-
-
-def parse_weights(text: str) -> Weights:
-    spelled = {"const": "wconst", "global": "wglobal"}
-    if spelled.get(text, text) not in {w.value for w in Weights}:
-        raise SpecError(f"unknown weights '{text}'; choose const or global")
-    return Weights(spelled.get(text, text))
 
 
 def parse_precision(text: str) -> Precision:
     return _enum(Precision, text, "precision")
 
 
-_COARSENING = re.compile(r"^x([0-9]{1,9})y([0-9]{1,9})m([0-9]{1,9})$")
-_REGTILE = re.compile(r"^([0-9]{1,9})x([0-9]{1,9})$")
+# ---- codecs: how one parameter is spelled in a name and read from an option ----
 
 
-def parse_coarsening(text: str) -> tuple[int, int, int]:
-    """``x4y2m4``: 4 outputs along the row, 2 rows, 4 output maps per thread."""
-    m = _COARSENING.match(text.strip())
-    if not m or any(int(g) < 1 for g in m.groups()):
-        raise SpecError(
-            f"malformed coarsening '{text}'; write xAyBmC with counts of at least 1, for "
-            "example x4y1m4 (4 outputs along the row, 1 row, 4 output maps per thread)"
-        )
-    return tuple(int(g) for g in m.groups())
+class Codec:
+    """Spells a parameter's value in the canonical name and reads it back; reads the
+    CLI option's text.  ``name``/``from_name`` must round-trip."""
 
+    flag: tuple[str, str] | None = None  # an on/off option pair instead of a value
 
-def parse_regtile(text: str) -> tuple[int, int]:
-    """``4x4``: each thread accumulates 4 output maps x 4 pixels in registers."""
-    m = _REGTILE.match(text.strip())
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise SpecError(
-            f"malformed register tile '{text}'; write RxC with both at least 1, for example 4x4"
-        )
-    return int(m.group(1)), int(m.group(2))
+    def name(self, value) -> str:
+        raise NotImplementedError
+
+    def from_name(self, text: str):
+        """The value, or ValueError."""
+        raise NotImplementedError
+
+    def from_option(self, text: str):
+        """The value, or SpecError saying what the option accepts."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
+class Count(Codec):
+    """A positive count after a one-letter tag: ``t16``, ``s2``, ``m128``."""
+
+    tag: str
+
+    def name(self, value: int) -> str:
+        return f"{self.tag}{value}"
+
+    def from_name(self, text: str) -> int:
+        if not re.fullmatch(rf"{self.tag}[1-9][0-9]{{0,8}}", text):
+            raise ValueError(text)
+        return int(text[len(self.tag) :])
+
+    def from_option(self, value: int) -> int:
+        return value  # click's IntRange has checked it
+
+
+@dataclass(frozen=True)
+class Pair(Codec):
+    """``r4x4``: each thread (or warp) holds 4 output maps x 4 pixels."""
+
+    tag: str
+
+    def name(self, value: tuple[int, int]) -> str:
+        return f"{self.tag}{value[0]}x{value[1]}"
+
+    def from_name(self, text: str) -> tuple[int, int]:
+        m = re.fullmatch(rf"{self.tag}([1-9][0-9]{{0,8}})x([1-9][0-9]{{0,8}})", text)
+        if not m:
+            raise ValueError(text)
+        return int(m.group(1)), int(m.group(2))
+
+    def from_option(self, text: str) -> tuple[int, int]:
+        m = re.fullmatch(r"([0-9]{1,9})x([0-9]{1,9})", text.strip())
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise SpecError(
+                f"malformed register tile '{text}'; write RxC with both at least 1, "
+                "for example 4x4"
+            )
+        return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class Coarsening(Codec):
+    """``x4y2m4``: 4 outputs along the row, 2 rows, 4 output maps per thread."""
+
+    def name(self, value: tuple[int, int, int]) -> str:
+        return "x%dy%dm%d" % value
+
+    def from_name(self, text: str) -> tuple[int, int, int]:
+        m = re.fullmatch(r"x([1-9][0-9]{0,8})y([1-9][0-9]{0,8})m([1-9][0-9]{0,8})", text)
+        if not m:
+            raise ValueError(text)
+        return tuple(int(g) for g in m.groups())
+
+    def from_option(self, text: str) -> tuple[int, int, int]:
+        m = re.fullmatch(r"x([0-9]{1,9})y([0-9]{1,9})m([0-9]{1,9})", text.strip())
+        if not m or any(int(g) < 1 for g in m.groups()):
+            raise SpecError(
+                f"malformed coarsening '{text}'; write xAyBmC with counts of at least 1, for "
+                "example x4y1m4 (4 outputs along the row, 1 row, 4 output maps per thread)"
+            )
+        return tuple(int(g) for g in m.groups())
+
+
+@dataclass(frozen=True)
+class Choice(Codec):
+    """An enum whose values are their own tags (``planar``, ``wconst``); the option
+    takes the words in ``words`` (word -> value)."""
+
+    enum: type
+    what: str
+    words: tuple[tuple[str, str], ...] = ()
+
+    def name(self, value) -> str:
+        return value.value
+
+    def from_name(self, text: str):
+        return self.enum(text)
+
+    def from_option(self, text: str):
+        return _enum(self.enum, text, self.what, dict(self.words) or None)
+
+
+@dataclass(frozen=True)
+class Switch(Codec):
+    """A yes/no parameter: one tag for each (``uc``/``lc``); the option is a flag pair."""
+
+    on: str
+    off: str
+    flag: tuple[str, str] = ("", "")
+
+    def name(self, value: bool) -> str:
+        return self.on if value else self.off
+
+    def from_name(self, text: str) -> bool:
+        return {self.on: True, self.off: False}[text]
+
+    def from_option(self, value: bool) -> bool:
+        return value
+
+
+def param(default, codec: Codec, help: str):
+    """A strategy parameter: its default, its codec and the option's help text."""
+    return dataclasses.field(default=default, metadata=dict(codec=codec, help=help))
+
+
+# ---- the variant ----
+
+
+@dataclass(frozen=True, kw_only=True)
 class Variant:
-    strategy: Strategy = Strategy.TILED
-    tile: int = 16
-    coarsening: tuple[int, int, int] = (1, 1, 1)  # (x, y, maps) outputs per thread
-    layout: Layout = Layout.PLANAR
-    weights: Weights = Weights.CONST
+    """Base of every strategy's parameter dataclass.  Subclasses set the class
+    attributes below and implement ``plan``, ``default`` and ``space``."""
+
+    key: ClassVar[str] = ""  # the strategy's name: CLI, file names, templates/<family>/
+    family: ClassVar[str] = ""  # direct | gemm | outer (persist's register-tiled outer product)
+    description: ClassVar[str] = ""  # the banner's first line
+    serves: ClassVar[frozenset] = frozenset()  # problem features it computes
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32,)
+    tensor_core: ClassVar[bool] = False
+
     precision: Precision = Precision.FP32
-    unroll_channels: bool = True
-    regtile: tuple[int, int] = (1, 1)  # GEMM family: maps x pixels per thread
-    splits: int = 1  # split: how many channel groups
-    maps: int = 0  # stream: output maps per block (0 where the strategy has no such field)
-    chunk: int = 0  # stream: input channels per pipeline stage (0 likewise)
+
+    @classmethod
+    def params(cls) -> list[dataclasses.Field]:
+        """The strategy's own parameters in name order (precision is last, apart)."""
+        return [f for f in dataclasses.fields(cls) if f.name != "precision"]
+
+    @property
+    def strategy(self) -> str:
+        return self.key
 
     @property
     def name(self) -> str:
-        """Canonical name: only the fields that shape this strategy's code appear."""
-        s = self.strategy
-        parts = [s.value, f"t{self.tile}"]
-        if s.family == "direct":
-            cx, cy, cm = self.coarsening
-            parts.append(f"x{cx}y{cy}m{cm}")
-            if s is not Strategy.DIRECT:
-                parts.append(self.layout.value)
-            parts.append(self.weights.value)
-            if s is Strategy.SPLIT:
-                parts.append(f"s{self.splits}")
-            parts.append("uc" if self.unroll_channels else "lc")
-        elif s not in FIXED_FRAGMENT:
-            if s is Strategy.STREAM:
-                parts += [f"m{self.maps}", f"c{self.chunk}"]
-            parts.append(f"r{self.regtile[0]}x{self.regtile[1]}")
-        parts.append(self.precision.value)
-        return "_".join(parts)
+        parts = [self.key]
+        parts += [f.metadata["codec"].name(getattr(self, f.name)) for f in self.params()]
+        return "_".join(parts + [self.precision.value])
 
-    def canonical(self) -> "Variant":
-        """The same kernel with the fields its strategy ignores set to their defaults,
-        so that two spellings of one kernel compare equal."""
-        d = Variant()
-        if self.strategy.family != "direct":
-            return replace(
-                self,
-                coarsening=d.coarsening,
-                layout=Layout.NONE,
-                weights=Weights.GLOBAL,
-                unroll_channels=d.unroll_channels,
-                splits=1,
-                regtile=d.regtile if self.strategy in FIXED_FRAGMENT else self.regtile,
-                maps=self.maps if self.strategy is Strategy.STREAM else d.maps,
-                chunk=self.chunk if self.strategy is Strategy.STREAM else d.chunk,
-            )
-        layout = Layout.NONE if self.strategy is Strategy.DIRECT else self.layout
-        if self.strategy is not Strategy.DIRECT and layout is Layout.NONE:
-            layout = Layout.PLANAR
-        splits = self.splits if self.strategy is Strategy.SPLIT else 1
-        return replace(
-            self, layout=layout, regtile=d.regtile, splits=splits, maps=d.maps, chunk=d.chunk
-        )
+    def kernel_name(self, problem: ConvProblem) -> str:
+        """The name with the problem's op, dtype and layout where they are not the
+        default: the file name, the kernel symbol and part of the cache key."""
+        return "_".join([self.name, *problem_tags(problem)])
+
+    @classmethod
+    def from_parts(cls, parts: list[str]) -> "Variant":
+        """The variant whose name is ``key_<parts>``; ValueError if they do not parse."""
+        params = cls.params()
+        if len(parts) != len(params) + 1:
+            raise ValueError(parts)
+        values = {f.name: f.metadata["codec"].from_name(t) for f, t in zip(params, parts)}
+        return cls(**values, precision=Precision(parts[-1]))
+
+    # -- what each strategy module implements --
+
+    def plan(self, problem: ConvProblem) -> "Plan":
+        """Check the limits, lay out memory, build the template's context."""
+        raise NotImplementedError
+
+    @classmethod
+    def seeds(cls) -> list["Variant"]:
+        """What this strategy puts in every problem's default set, before ``fit``."""
+        return [cls(precision=p) for p in cls.precisions]
+
+    @classmethod
+    def fit(cls, problem: ConvProblem, seed: "Variant") -> "Variant":
+        """``seed`` with the fields that depend on the problem filled in (a band or
+        tile that fits, a register tile for its width), or SpecError."""
+        return seed
+
+    @classmethod
+    def default(cls, problem: ConvProblem, precision: Precision) -> "Variant":
+        """A variant without tuning, or SpecError when the strategy cannot serve."""
+        return cls.fit(problem, cls(precision=precision))
+
+    @classmethod
+    def build(cls, problem: ConvProblem, precision: Precision | None, given: dict) -> "Variant":
+        """What the CLI asked for (``given``: field -> value), defaults for the rest."""
+        base = cls.default(problem, precision or cls.precisions[0])
+        return dataclasses.replace(base, **given)
+
+    @classmethod
+    def space(cls, problem: ConvProblem, precision: Precision) -> list["Variant"]:
+        """``tune``'s candidates in ``precision`` (the planner filters them after)."""
+        return []
 
 
-def parse_variant_name(name: str) -> Variant:
-    """Inverse of ``Variant.name``: every generated file name parses back."""
+# ---- the problem's part of a kernel name ----
+
+IO_TAG = "io"  # io<dtype>: the tensors' storage dtype, where it is not fp32
+
+
+def problem_tags(problem: ConvProblem) -> list[str]:
+    tags = []
+    if problem.op is not Op.FPROP:
+        tags.append(problem.op.value)
+    if problem.dtype is not DType.FP32:
+        tags.append(IO_TAG + problem.dtype.value)
+    if problem.layout is not TensorLayout.NCHW:
+        tags.append(problem.layout.value)
+    return tags
+
+
+def split_problem_tags(name: str) -> tuple[str, dict]:
+    """(variant name, {op, dtype, layout} the trailing tags name)."""
     parts = name.split("_")
-    try:
-        strategy = parse_strategy(parts[0])
-        tile = int(parts[1][1:]) if parts[1].startswith("t") else None
-        precision = parse_precision(parts[-1])
-        fields = dict(strategy=strategy, tile=tile, precision=precision)
-        rest = parts[2:-1]
-        if strategy.family == "direct":
-            fields["coarsening"] = parse_coarsening(rest.pop(0))
-            fields["unroll_channels"] = {"uc": True, "lc": False}[rest.pop()]
-            if strategy is Strategy.SPLIT:
-                fields["splits"] = int(rest.pop()[1:])
-            fields["weights"] = parse_weights(rest.pop())
-            fields["layout"] = parse_layout(rest.pop()) if rest else Layout.NONE
-        elif strategy not in FIXED_FRAGMENT:
-            if strategy is Strategy.STREAM:
-                fields["maps"] = int(rest.pop(0)[1:])
-                fields["chunk"] = int(rest.pop(0)[1:])
-            fields["regtile"] = parse_regtile(rest.pop(0)[1:])
-        if tile is None or rest:
-            raise ValueError
-    except (IndexError, KeyError, ValueError, SpecError):
-        raise SpecError(f"malformed variant name '{name}'") from None
-    variant = Variant(**fields).canonical()
-    if variant.name != name:
-        raise SpecError(f"malformed variant name '{name}' (canonical: {variant.name})")
-    return variant
+    found: dict = {}
+    while len(parts) > 1:
+        tail = parts[-1]
+        if tail.startswith(IO_TAG) and tail[len(IO_TAG) :] in {d.value for d in DType}:
+            key, value = "dtype", DType(tail[len(IO_TAG) :])
+        elif tail in {l.value for l in TensorLayout}:
+            key, value = "layout", TensorLayout(tail)
+        elif tail in {o.value for o in Op}:
+            key, value = "op", Op(tail)
+        else:
+            break
+        if key in found:
+            break
+        found[key] = value
+        parts.pop()
+    return "_".join(parts), found

@@ -79,7 +79,10 @@ def test_emit_inline_spec(tmp_path):
             "16 output maps",
         ),
         (["emit", "--shape", "layer1", "--strategy", "split"], "C=1"),
-        (["emit", "--shape", "layer2", "--strategy", "mma"], "tf32 or fp16"),
+        (
+            ["emit", "--shape", "layer2", "--strategy", "mma", "--precision", "fp32"],
+            "mma computes in tf32 or fp16, not fp32; for fp32 use --strategy direct",
+        ),
         (["verify"], "give --shape S or --all-shapes"),
         (
             ["emit", "--shape", "ae-enc2", "--strategy", "stream", "--maps", "96"],

@@ -19,16 +19,14 @@ from specgen.reference import (
     underflow_term,
 )
 from specgen.shapes import PRESETS, parse_shape, square
-from specgen.space import default_set
-from specgen.variants import (
-    SERVES,
-    Layout,
-    Precision,
-    Strategy,
-    Variant,
-    Weights,
-    parse_variant_name,
-)
+from specgen.strategies import TABLE, default_set, parse_variant_name
+from specgen.strategies.direct import Direct
+from specgen.strategies.mma import Mma
+from specgen.strategies.persist import Persist
+from specgen.strategies.split import Split
+from specgen.strategies.stream import Stream
+from specgen.strategies.tiled import Tiled
+from specgen.variants import Layout, Precision, Weights
 
 from problems import problem_specs
 
@@ -74,15 +72,59 @@ def test_names_round_trip_and_are_symbols(shape, variant):
 
 
 def test_default_sets_cover_every_strategy_somewhere():
-    seen = {(v.strategy, v.precision) for _, v in ALL}
-    for s in Strategy:
+    seen = {(type(v), v.precision) for _, v in ALL}
+    for s in TABLE:
         assert any(st is s for st, _ in seen), s
-    assert (Strategy.MMA, Precision.TF32) in seen and (Strategy.MMA, Precision.FP16) in seen
-    assert (Strategy.TILED, Precision.FP16) in seen
+    assert (Mma, Precision.TF32) in seen and (Mma, Precision.FP16) in seen
+    assert (Tiled, Precision.FP16) in seen
+
+
+@pytest.mark.parametrize("preset", ["layer2", "ae-enc1", "ae-dec3"])
+def test_every_name_of_the_search_space_round_trips(preset):
+    """tune's whole space as the strategies list it, before the planner filters it:
+    every candidate's name parses back to an equal variant, so ``v in space`` holds
+    for a variant read back from the results database."""
+    shape = PRESETS[preset]
+    count = 0
+    for cls in TABLE:
+        for precision in cls.precisions:
+            for v in cls.space(shape, precision):
+                assert type(v) is cls and v.precision is precision
+                assert parse_variant_name(v.name) == v, v.name
+                count += 1
+    assert count > 300  # the space, not a handful
+
+
+def test_a_strategy_holds_only_its_own_fields():
+    with pytest.raises(TypeError):
+        Persist(maps=64)
+    with pytest.raises(TypeError):
+        Direct(layout=Layout.PLANAR)
+    assert [f.name for f in Split.params()] == [
+        "tile",
+        "coarsening",
+        "layout",
+        "weights",
+        "splits",
+        "unroll",
+    ]
+
+
+def test_kernel_names_carry_the_problems_dtype_and_layout():
+    fp32 = parse_shape("C=4,M=8,H=9,W=9,K=3")
+    bf16 = parse_shape("C=4,M=8,H=9,W=9,K=3,dtype=bf16,layout=nhwc")
+    v = Tiled(tile=8, coarsening=(4, 1, 8))
+    assert v.kernel_name(fp32) == v.name  # the default problem adds nothing
+    assert v.kernel_name(bf16) == v.name + "_iobf16_nhwc"
+    assert make_plan(bf16, v).name == v.name + "_iobf16_nhwc"
+    assert parse_variant_name(v.kernel_name(bf16), bf16) == v
+    assert parse_variant_name(v.kernel_name(bf16)) == v
+    with pytest.raises(SpecError, match="for another problem"):
+        parse_variant_name(v.kernel_name(bf16), fp32)
 
 
 def test_layer2_tile16_plan_arithmetic():
-    p = make_plan(PRESETS["layer2"], Variant(tile=16, coarsening=(4, 1, 8), unroll_channels=False))
+    p = make_plan(PRESETS["layer2"], Tiled(tile=16, coarsening=(4, 1, 8), unroll=False))
     assert p.const_bytes == 4 * 3136
     ctx = p.context
     # planar halo tile: 4 channels of (16+6) rows of (16+6+pad) floats
@@ -95,7 +137,7 @@ def test_layer2_tile16_plan_arithmetic():
 def test_interleaved_layout_sizes_pixels_by_channels():
     p = make_plan(
         PRESETS["mx-layer2"],
-        Variant(layout=Layout.INTERLEAVED, coarsening=(4, 1, 8), unroll_channels=False),
+        Tiled(layout=Layout.INTERLEAVED, coarsening=(4, 1, 8), unroll=False),
     )
     assert p.static_smem == 4 * 22 * 22 * (12 + p.context["smem"]["pad"])
 
@@ -103,7 +145,7 @@ def test_interleaved_layout_sizes_pixels_by_channels():
 def test_persist_plan_arithmetic():
     """layer2, 4 maps x 12 pixels: 4 map groups x 34 rows x 3 segments of a 36-wide
     row; weights, two bands and two output rounds in one dynamic allocation."""
-    p = make_plan(PRESETS["layer2"], Variant(strategy=Strategy.PERSIST, tile=34, regtile=(4, 12)))
+    p = make_plan(PRESETS["layer2"], Persist(tile=34, regtile=(4, 12)))
     ctx = p.context
     assert p.launches[0].block == (4 * 34 * 3, 1, 1)
     assert ctx["iw"] == 3 * 12 + 6 and ctx["ih"] == 34 + 6
@@ -123,29 +165,24 @@ def test_persist_plan_arithmetic():
 
 
 def test_persist_names_round_trip():
-    v = Variant(strategy=Strategy.PERSIST, tile=12, regtile=(4, 17)).canonical()
+    v = Persist(tile=12, regtile=(4, 17))
     assert v.name == "persist_t12_r4x17_fp32"
     assert parse_variant_name(v.name) == v
 
 
 def test_stream_names_carry_the_block_maps():
-    v = Variant(strategy=Strategy.STREAM, tile=8, maps=128, chunk=4, regtile=(8, 8)).canonical()
+    v = Stream(tile=8, maps=128, chunk=4, regtile=(8, 8))
     assert v.name == "stream_t8_m128_c4_r8x8_fp32"
     assert parse_variant_name(v.name) == v
-    assert Variant(strategy=Strategy.PERSIST, maps=64).canonical().maps == 0
     with pytest.raises(SpecError, match="malformed variant name"):
         parse_variant_name("stream_t8_m128_r8x8_fp32")
 
 
 def test_mma_padding_is_exact_and_reported():
-    p = make_plan(
-        PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.TF32)
-    )
+    p = make_plan(PRESETS["layer2"], Mma(tile=64, precision=Precision.TF32))
     assert p.context["kpad"] == 200  # 196 rounded up to a multiple of 8
     assert p.context["koff"][196:] == [-1] * 4
-    p = make_plan(
-        PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16)
-    )
+    p = make_plan(PRESETS["layer2"], Mma(tile=64, precision=Precision.FP16))
     assert p.context["kpad"] == 208
     assert any("196 -> 208" in s.value for s in p.sizes)
 
@@ -155,90 +192,88 @@ def test_mma_padding_is_exact_and_reported():
     [
         (
             square(64, 64, 16, 16, 7),
-            Variant(weights=Weights.CONST, unroll_channels=False),
+            Tiled(weights=Weights.CONST, unroll=False),
             "65536-byte constant bank; use --weights global",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(tile=16, weights=Weights.GLOBAL, unroll_channels=False),
+            Tiled(tile=16, weights=Weights.GLOBAL, unroll=False),
             "choose --tile",
         ),
         (
             PRESETS["layer2"],
-            Variant(tile=64, coarsening=(1, 1, 1), unroll_channels=False),
+            Tiled(tile=64, coarsening=(1, 1, 1), unroll=False),
             "1024 threads",
         ),
-        (PRESETS["layer2"], Variant(tile=0), "at least 1"),
-        (PRESETS["layer2"], Variant(coarsening=(3, 1, 1)), "must divide the tile"),
+        (PRESETS["layer2"], Tiled(tile=0), "at least 1"),
+        (PRESETS["layer2"], Tiled(coarsening=(3, 1, 1)), "must divide the tile"),
         (
             PRESETS["layer1"],
-            Variant(strategy=Strategy.MMA, precision=Precision.TF32, tile=64),
+            Mma(precision=Precision.TF32, tile=64),
             "16 output maps",
         ),
-        (PRESETS["layer1"], Variant(strategy=Strategy.SPLIT, splits=2), "C=1"),
-        (PRESETS["layer2"], Variant(strategy=Strategy.MMA, tile=64), "tf32 or fp16"),
-        (PRESETS["layer2"], Variant(precision=Precision.TF32), "tensor-core format"),
-        (PRESETS["layer2"], Variant(coarsening=(4, 1, 16)), "FMAs"),
+        (PRESETS["layer1"], Split(splits=2), "C=1"),
+        (PRESETS["layer2"], Mma(tile=64), "mma computes in tf32 or fp16, not fp32"),
+        (PRESETS["layer2"], Tiled(precision=Precision.TF32), "for tf32 use --strategy mma"),
+        (PRESETS["layer2"], Tiled(coarsening=(4, 1, 16)), "FMAs"),
         (
             PRESETS["layer2"],
-            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(1, 4)),
+            Persist(tile=34, regtile=(1, 4)),
             "choose --tile 7 or fewer",
         ),
         (
             PRESETS["layer2"],
-            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(16, 17)),
+            Persist(tile=34, regtile=(16, 17)),
             "272 accumulators",
         ),
         (
             PRESETS["layer2"],
-            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(3, 17)),
+            Persist(tile=34, regtile=(3, 17)),
             "must divide M=16",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.PERSIST, tile=16, regtile=(4, 8)),
+            Persist(tile=16, regtile=(4, 8)),
             "use --strategy tiled or implicit",
         ),
         (
             PRESETS["mx-layer2"],
-            Variant(strategy=Strategy.PERSIST, tile=27, regtile=(1, 27)),
+            Persist(tile=27, regtile=(1, 27)),
             "choose --tile",
         ),
         (
             PRESETS["layer2"],
-            Variant(strategy=Strategy.PERSIST, tile=34, regtile=(4, 12), precision=Precision.TF32),
-            "exact fp32",
+            Persist(tile=34, regtile=(4, 12), precision=Precision.TF32),
+            "persist computes in fp32, not tf32",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(
-                strategy=Strategy.STREAM, tile=8, maps=128, regtile=(8, 8), precision=Precision.TF32
-            ),
-            "exact fp32",
+            Stream(tile=8, maps=128, regtile=(8, 8), precision=Precision.TF32),
+            "stream computes in fp32, not tf32",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=8, maps=96, chunk=4, regtile=(8, 8)),
+            Stream(tile=8, maps=96, chunk=4, regtile=(8, 8)),
             "must divide M=128",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=8, maps=64, chunk=4, regtile=(12, 8)),
+            Stream(tile=8, maps=64, chunk=4, regtile=(12, 8)),
             "must divide the block's 64 maps",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=16, maps=128, chunk=4, regtile=(2, 8)),
+            Stream(tile=16, maps=128, chunk=4, regtile=(2, 8)),
             "choose --tile 8 or fewer",
         ),
         (
             PRESETS["ae-enc2"],
-            Variant(strategy=Strategy.STREAM, tile=8, maps=128, chunk=3, regtile=(8, 8)),
+            Stream(tile=8, maps=128, chunk=3, regtile=(8, 8)),
             "chunk of 3 channels must divide C=256",
         ),
         (
             PRESETS["ae-dec3"],
-            Variant(strategy=Strategy.STREAM, tile=32, maps=3, chunk=32, regtile=(3, 8)),
+            Stream(tile=32, maps=3, chunk=32, regtile=(3, 8)),
             "choose a smaller --chunk",
         ),
     ],
@@ -277,14 +312,14 @@ def test_numpy_reference_matches_the_definition(spec):
 
 def test_tolerance_follows_precision_and_length():
     layer2 = PRESETS["layer2"]
-    fp32 = error_coefficient(Variant(), layer2)
-    assert fp32 < error_coefficient(Variant(), PRESETS["mx-layer2"])  # longer sums
+    fp32 = error_coefficient(Tiled(), layer2)
+    assert fp32 < error_coefficient(Tiled(), PRESETS["mx-layer2"])  # longer sums
     assert 1e-6 < fp32 < 1e-4
-    tf32 = error_coefficient(Variant(strategy=Strategy.MMA, precision=Precision.TF32), layer2)
-    half = error_coefficient(Variant(precision=Precision.FP16), layer2)
+    tf32 = error_coefficient(Mma(precision=Precision.TF32), layer2)
+    half = error_coefficient(Tiled(precision=Precision.FP16), layer2)
     assert fp32 < tf32 < half < 1e-2
     grouped = parse_shape("C=16,M=16,H=40,W=40,K=7,groups=4")
-    assert error_coefficient(Variant(), grouped) == fp32  # 4 channels per group, as layer2
+    assert error_coefficient(Tiled(), grouped) == fp32  # 4 channels per group, as layer2
     assert output_rounding(layer2) == 0.0
     assert (
         0
@@ -297,7 +332,7 @@ def test_fp16_bound_covers_subnormal_inputs():
     """fp16 inputs near zero become subnormals: a relative bound alone fails there
     (seen with one-term outputs, C=1 K=1), the underflow term covers it."""
     rng = np.random.default_rng()
-    v = Variant(strategy=Strategy.MMA, tile=64, precision=Precision.FP16)
+    v = Mma(tile=64, precision=Precision.FP16)
     x = rng.standard_normal(200000).astype(np.float32)
     x[:1000] *= np.float32(1e-4)  # make sure the subnormal range is drawn
     w = np.float32(rng.uniform(0.5, 1.0))
@@ -309,7 +344,7 @@ def test_fp16_bound_covers_subnormal_inputs():
     absolute = underflow_term(v, one_term, float(np.abs(x).max()), float(w))
     result = compare(y, ref, np.abs(ref), gamma, absolute=absolute)
     assert result["ok"], result
-    assert underflow_term(Variant(), PRESETS["layer2"], 5.0, 1.0) == 0.0  # fp32: none
+    assert underflow_term(Tiled(), PRESETS["layer2"], 5.0, 1.0) == 0.0  # fp32: none
 
 
 def _emulate_mmapersist(shape, plan, x, w):
@@ -489,9 +524,9 @@ def test_every_problem_parses_back_and_plans_a_default_set(p):
     assert parse_shape(p.spec) == replace(p, batch=1, name="")
     assert re.fullmatch(r"[a-z0-9_]+", p.slug)
     variants = default_set(p)
-    assert any(v.strategy is Strategy.DIRECT for v in variants), "direct serves every problem"
+    assert any(type(v) is Direct for v in variants), "direct serves every problem"
     for v in variants:
         src = render(make_plan(p, v))
-        assert f"{v.name}(" in src
+        assert f"{v.kernel_name(p)}(" in src
     for v in variants:
-        assert set(p.features()) <= SERVES[v.strategy], (v.name, p.features())
+        assert set(p.features()) <= v.serves, (v.name, p.features())

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from specgen.parallel import precompile
 from specgen.shapes import PRESETS, Act, square
-from specgen.space import default_set
+from specgen.strategies import default_set
 from specgen.verify import verify_variant
 
 from problems import problem_specs

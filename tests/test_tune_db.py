@@ -6,7 +6,7 @@ from specgen import tunedb
 from specgen.plan import make_plan
 from specgen.shapes import PRESETS
 from specgen.tune import candidates
-from specgen.variants import Precision, Strategy
+from specgen.variants import Precision
 
 
 def test_space_holds_only_plannable_variants_of_the_asked_precision():
@@ -17,11 +17,7 @@ def test_space_holds_only_plannable_variants_of_the_asked_precision():
         for v in space:
             make_plan(shape, v)  # raises if the planner would refuse it
             assert v.precision is precision  # fp32 never becomes tf32 or fp16
-    assert {v.strategy for v in candidates(shape, Precision.TF32)} == {
-        Strategy.MMA,
-        Strategy.MMATILE,
-        Strategy.MMAPERSIST,
-    }
+    assert {v.key for v in candidates(shape, Precision.TF32)} == {"mma", "mmatile", "mmapersist"}
 
 
 def test_winners_from_another_gpu_are_not_used(tmp_path, monkeypatch):

@@ -1,17 +1,41 @@
-"""shape + variant -> plan: every derived number, every limit checked, before rendering."""
+"""problem + variant -> plan: every derived number, every limit checked, before rendering.
 
-from ..shapes import ConvProblem
+Each strategy plans itself (``Variant.plan`` in ``specgen/strategies/<key>.py``); the
+checks every strategy shares are here: the problem features it serves, the math
+precisions it computes in, and the grid of every launch.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
 from ..errors import SpecError
-from ..variants import SERVES, Strategy, Variant
+from ..shapes import ConvProblem
+from ..variants import Variant
 from .common import Launch, Plan, Size, check_grid
-from .direct import plan_direct
 
 
 def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
-    plan = _plan(shape, variant.canonical())
+    from ..strategies import TABLE
+
+    missing = {f: text for f, text in shape.features().items() if f not in variant.serves}
+    if missing:
+        able = [s.key for s in TABLE if set(missing) <= s.serves]
+        raise SpecError(
+            f"{variant.key} cannot serve {', '.join(missing.values())}; "
+            f"use --strategy {' or '.join(able)}"
+        )
+    if variant.precision not in variant.precisions:
+        able = [s.key for s in TABLE if variant.precision in s.precisions]
+        raise SpecError(
+            f"{variant.key} computes in {' or '.join(p.value for p in variant.precisions)}, "
+            f"not {variant.precision.value}; for {variant.precision.value} use --strategy "
+            f"{', '.join(able)}"
+        )
+    plan = variant.plan(shape)
     hint = (
         "choose more output maps per thread (--coarsening) or a larger --tile"
-        if plan.variant.strategy.family == "direct"
+        if variant.family == "direct"
         else "choose a larger --tile"
     )
     for launch in plan.launches:
@@ -19,36 +43,16 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
     return plan
 
 
-def _plan(shape: ConvProblem, variant: Variant) -> Plan:
-    served = SERVES[variant.strategy]
-    missing = {f: text for f, text in shape.features().items() if f not in served}
-    if missing:
-        able = [s.value for s in Strategy if set(missing) <= SERVES[s]]
-        raise SpecError(
-            f"{variant.strategy.value} cannot serve {', '.join(missing.values())}; "
-            f"use --strategy {' or '.join(able)}"
-        )
-    if variant.strategy.family == "direct":
-        return plan_direct(shape, variant)
-    if variant.strategy is Strategy.PERSIST:
-        from .persist import plan_persist
-
-        return plan_persist(shape, variant)
-    if variant.strategy is Strategy.STREAM:
-        from .stream import plan_stream
-
-        return plan_stream(shape, variant)
-    if variant.strategy is Strategy.MMAPERSIST:
-        from .mmapersist import plan_mmapersist
-
-        return plan_mmapersist(shape, variant)
-    if variant.strategy is Strategy.MMATILE:
-        from .mmatile import plan_mmatile
-
-        return plan_mmatile(shape, variant)
-    from .gemm import plan_gemm
-
-    return plan_gemm(shape, variant)
+def first_planned(shape: ConvProblem, candidates: Iterable[Variant]) -> Variant:
+    """The first candidate the planner accepts; the last one's error if none is."""
+    error = SpecError("no candidate to plan")
+    for v in candidates:
+        try:
+            make_plan(shape, v)
+            return v
+        except SpecError as e:
+            error = e
+    raise error
 
 
-__all__ = ["Launch", "Plan", "Size", "make_plan", "Strategy"]
+__all__ = ["Launch", "Plan", "Size", "make_plan", "first_planned"]

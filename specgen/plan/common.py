@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from ..shapes import Act, ConvProblem
+from ..tensors import Role
 from ..variants import Variant
 
 # Limits of compute capability 9.0 (H100, H200); see the CUDA programming guide's
@@ -40,7 +41,7 @@ class Launch:
     over the work items."""
 
     kernel: str
-    args: tuple[str, ...]  # buffer names the runtime passes, in order
+    args: tuple[Role, ...]  # what the runtime passes, in order
     block: tuple[int, int, int]
     grid: tuple[int, int, int]  # the entry on ``axis`` is replaced per launch
     axis: int
@@ -86,7 +87,8 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return self.variant.name
+        """The file name, the kernel symbol and part of the cache key."""
+        return self.variant.kernel_name(self.shape)
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -123,9 +125,9 @@ def shape_context(shape: ConvProblem) -> dict:
     )
 
 
-def y_args(shape: ConvProblem) -> tuple[str, ...]:
+def y_args(shape: ConvProblem) -> tuple[Role, ...]:
     """The kernel arguments that the output's epilogue reads and writes, in order."""
-    return ("bias", "y") if shape.bias else ("y",)
+    return (Role.BIAS, Role.Y) if shape.bias else (Role.Y,)
 
 
 def launch_bounds(threads: int, one_per_sm_first: bool = True) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, TensorLayout
-from ..variants import Layout, Precision, Strategy, Variant, Weights
+from ..variants import Layout, Precision, Variant, Weights
 from .common import (
     CONST_BYTES,
     Launch,
@@ -35,7 +35,7 @@ MAX_UNROLLED_FMAS = 4096
 
 def unrolled_fmas(shape: ConvProblem, v: Variant) -> int:
     cx, cy, cm = v.coarsening
-    channels = shape.Cg // v.splits if v.unroll_channels else 1
+    channels = shape.Cg // v.channel_splits if v.unroll else 1
     return channels * shape.R * shape.S * cx * cy * cm
 
 
@@ -67,11 +67,6 @@ def _check_variant(shape: ConvProblem, v: Variant) -> None:
         raise SpecError(
             f"coarsening m{cm} must divide {maps}; choose one of {choices(divisors(shape.Mg))}"
         )
-    if v.precision is Precision.TF32:
-        raise SpecError(
-            f"{v.strategy.value} computes with CUDA cores: precision fp32 or fp16, not "
-            "tf32 (tf32 is a tensor-core format; use --strategy mma)"
-        )
     if v.precision is Precision.FP16 and cx % 2:
         raise SpecError(
             f"fp16 packs two neighbouring outputs in one half2, so coarsening x must be "
@@ -84,18 +79,9 @@ def _check_variant(shape: ConvProblem, v: Variant) -> None:
             "fp16 half2 arithmetic pairs the neighbouring pixels of neighbouring outputs: "
             "it needs stride 1 and dilation 1 along W and no bf16 tensors; use --precision fp32"
         )
-    if v.strategy is Strategy.SPLIT:
-        channels = f"C={shape.C}" if shape.groups == 1 else f"the {shape.Cg} channels of a group"
-        if shape.Cg < 2:
-            raise SpecError(f"split needs at least 2 input channels to split, {channels}")
-        if v.splits < 2 or shape.Cg % v.splits:
-            raise SpecError(
-                f"split s{v.splits} must divide {channels} into 2 or more groups; "
-                f"choose one of {choices(divisors(shape.Cg)[1:])}"
-            )
-    if v.unroll_channels and shape.Cg // v.splits > UNROLL_CHANNELS_MAX:
+    if v.unroll and shape.Cg // v.channel_splits > UNROLL_CHANNELS_MAX:
         raise SpecError(
-            f"unrolling {shape.Cg // v.splits} channels would repeat the window that "
+            f"unrolling {shape.Cg // v.channel_splits} channels would repeat the window that "
             f"many times; the limit is {UNROLL_CHANNELS_MAX}: use --loop-channels"
         )
 
@@ -111,7 +97,7 @@ def _smem_layout(shape, v, cg, ih, iw, bw):
     lanes = [(t % bw, t // bw) for t in range(32)]
     best = None
     for pad in range(32):
-        if v.layout is Layout.PLANAR:
+        if v.staging is Layout.PLANAR:
             stride = iw + pad
             addrs = [ty * cy * sh * stride + tx * cx * sw for tx, ty in lanes]
         else:
@@ -121,7 +107,7 @@ def _smem_layout(shape, v, cg, ih, iw, bw):
         if best is None or degree < best[1]:
             best = (pad, degree)
     pad, degree = best
-    if v.layout is Layout.PLANAR:
+    if v.staging is Layout.PLANAR:
         row, pix, plane = iw + pad, 1, ih * (iw + pad)
         total = cg * plane
     else:
@@ -139,7 +125,7 @@ def halo(shape: ConvProblem, tile: int) -> tuple[int, int]:
 
 def _fits_tile(shape, v, limit_bytes):
     """The largest tile from the usual choices whose halo tile fits in limit_bytes."""
-    cg = shape.Cg // v.splits
+    cg = shape.Cg // v.channel_splits
     for t in (32, 16, 8, 4, 2, 1):
         if t % v.coarsening[0] == 0 and t % v.coarsening[1] == 0:
             ih, iw = halo(shape, t)
@@ -250,7 +236,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     fmas = unrolled_fmas(shape, v)
     if fmas > MAX_UNROLLED_FMAS:
         raise SpecError(
-            f"{v.name} unrolls {fmas} FMAs into one kernel, over specgen's limit of "
+            f"{v.kernel_name(shape)} unrolls {fmas} FMAs into one kernel, over specgen's limit of "
             f"{MAX_UNROLLED_FMAS} (NVRTC's time grows with the square of that); "
             "use --loop-channels or less coarsening"
         )
@@ -264,7 +250,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     check_threads(block, f"choose a smaller tile or more coarsening than x{cx}y{cy}")
     tiles_x, tiles_y = ceil_div(Wo, tile), ceil_div(Ho, tile)
     map_groups = M // cm
-    splits = v.splits if v.strategy is Strategy.SPLIT else 1
+    splits = v.channel_splits
     cg = shape.Cg // splits
     ih, iw = halo(shape, tile)
     fp16 = v.precision is Precision.FP16
@@ -284,7 +270,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     static_smem = dynamic_smem = 0
     smem, smem_size = None, None
     plane, pix = (1, C) if nhwc else (H * W, 1)  # x's steps between channels and pixels
-    if v.strategy is Strategy.DIRECT:
+    if v.staging is None:
 
         def offsets(c, r, col):
             return c * plane + (r * W + col) * pix
@@ -295,9 +281,9 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         fit = _fits_tile(shape, v, 232448)
         hint = f"choose --tile {fit}" if fit else "use --strategy direct or implicit"
         static_smem, dynamic_smem = smem_placement(
-            nbytes, f"the {v.layout.value} halo tile of {cg} channels", hint
+            nbytes, f"the {v.staging.value} halo tile of {cg} channels", hint
         )
-        planar = v.layout is Layout.PLANAR
+        planar = v.staging is Layout.PLANAR
         smem = dict(
             lay,
             planar=planar,
@@ -327,7 +313,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         def offsets(c, r, col):
             return c * lay["plane"] + r * lay["row"] + col * lay["pix"]
 
-    channels = range(cg) if v.unroll_channels else [0]
+    channels = range(cg) if v.unroll else [0]
     body, cols = _body(shape, v, channels, offsets)
 
     # 3. the banner's sizes and the template's context
@@ -392,9 +378,9 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         fp16=fp16,
         guard_loads=guard_loads,
         guard_stores=overhang,
-        unroll=v.unroll_channels,
+        unroll=v.unroll,
         smem=smem,
-        atomic=v.strategy is Strategy.SPLIT,
+        atomic=splits > 1,
         wstride_group=cm * shape.reduction,
         npix=len(cols),
         cols=cols,
@@ -416,7 +402,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
 
     # 4. launches
     launches = []
-    symbol = v.name
+    symbol = v.kernel_name(shape)
     if ctx["atomic"]:
         zero_block = 256
         launches.append(

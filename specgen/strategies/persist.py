@@ -1,4 +1,4 @@
-"""Planning for ``persist``: persistent blocks, each thread an outer product.
+"""``persist``: persistent blocks, each thread an outer product.
 
 The direct family reloads its weights for every tile and, when they live in constant
 memory, serializes a warp on every distinct address.  Here a block is resident for the
@@ -15,10 +15,15 @@ is 23 + 7 shared loads for 476 FMAs, so the FMA pipe, not shared memory, is the 
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass, replace
+
 from ..errors import SpecError
 from ..shapes import ConvProblem
-from ..variants import Precision, Variant
-from .common import (
+from ..tensors import Role
+from ..plan import first_planned
+from ..variants import EPILOGUE, Count, Pair, Variant, param
+from ..plan.common import (
     y_args,
     Launch,
     MAX_THREADS,
@@ -116,11 +121,6 @@ def outer_context(
 
 
 def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
-    if v.precision is not Precision.FP32:
-        raise SpecError(
-            "persist computes exact fp32 on CUDA cores; for tf32 use --strategy mmatile, "
-            "for fp16 a direct-family strategy"
-        )
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo, KK = shape.Ho, shape.Wo, K * K
     rows = v.tile
@@ -256,8 +256,8 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
         out_tail=(scratch // out_vec) % threads != 0,
     )
     launch = Launch(
-        v.name,
-        ("x", "w", *y_args(shape), "batch"),
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
         (threads, 1, 1),
         (0, 1, 1),
         0,
@@ -278,3 +278,69 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
         sizes=tuple(sizes),
         context=ctx,
     )
+
+
+BAND = param(8, Count("t"), "persist, mmapersist, stream, mmatile: output rows per band")
+REGTILE = param(
+    (4, 4), Pair("r"), "register tile RxC: output maps x pixels per thread (mmapersist: per warp)"
+)
+
+
+def even_segments(width: int, most: int) -> set[int]:
+    """Segment lengths of at most ``most`` pixels that split a row of ``width`` into
+    ceil(width / segments) pieces: tx is one when ceil(width / ceil(width / tx)) == tx."""
+    return {tx for tx in range(1, min(most, width) + 1) if -(-width // -(-width // tx)) == tx}
+
+
+def tallest_band(problem: ConvProblem, v: Variant, most: int) -> Variant:
+    """v with the tallest band of at most ``most`` output rows that the planner accepts."""
+    rows = range(min(problem.Ho, most), 0, -1)
+    return first_planned(problem, (replace(v, tile=r) for r in rows))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Persist(Variant):
+    key = "persist"
+    family = "outer"
+    description = (
+        "persistent blocks: weights resident in shared memory, input bands double-buffered "
+        "with cp.async, each thread an outer product of maps x a row segment"
+    )
+    serves = EPILOGUE
+
+    tile: int = BAND
+    regtile: tuple[int, int] = REGTILE
+
+    def plan(self, problem):
+        return plan_persist(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """4 maps (or fewer) by a row segment of at most 12 pixels, and the tallest band
+        whose buffers fit in a block of at most 512 threads (so that ptxas may use 128
+        registers without spilling)."""
+        tm = max(d for d in divisors(problem.M) if d <= 4)
+        segs = -(-problem.Wo // 12)  # the fewest row segments of at most 12 pixels
+        tx = -(-problem.Wo // segs)
+        most = max(1, 512 // (problem.M // tm * segs))
+        return tallest_band(problem, cls(regtile=(tm, tx), precision=seed.precision), most)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Register tiles of up to 16 maps by row segments that waste at most a sixth
+        of a row, and bands of Ho/k rows."""
+        maps = [d for d in divisors(problem.M) if d <= 16]
+        even = even_segments(problem.Wo, 34)
+        even |= {-(-tx // 4) * 4 for tx in even}  # whole float4 loads of a row
+        Wo = problem.Wo
+        pixels = sorted(
+            (tx for tx in even if 3 <= tx <= min(34, Wo) and -(-Wo // tx) * tx - Wo <= Wo / 6),
+            reverse=True,
+        )
+        rows = sorted({-(-problem.Ho // k) for k in (1, 2, 3, 4, 6, 8, 12)}, reverse=True)
+        out = []
+        for tm, tx, r in itertools.product(maps, pixels, rows):
+            threads = problem.M // tm * r * -(-Wo // tx)
+            if tm * tx <= MAX_ACCUMULATORS and 64 <= threads <= 1024 and tm * tx >= 16:
+                out.append(cls(tile=r, regtile=(tm, tx), precision=precision))
+        return out

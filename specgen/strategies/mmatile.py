@@ -1,4 +1,4 @@
-"""Planning for ``mmatile``: tensor cores on a shared-memory band of the input.
+"""``mmatile``: tensor cores on a shared-memory band of the input.
 
 The implicit GEMM of ``mma`` gathers every input pixel K*K times from global memory.
 Here a block stages a band of output rows' whole input window once, as tf32 with the
@@ -11,10 +11,15 @@ thread's four A registers for one fragment are one 16-byte load.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from ..errors import SpecError
 from ..shapes import ConvProblem
+from ..tensors import Role
+from ..plan import first_planned
 from ..variants import Precision, Variant
-from .common import (
+from .persist import BAND
+from ..plan.common import (
     y_args,
     Launch,
     OPTIN_SMEM_BYTES,
@@ -41,11 +46,6 @@ def _band_bytes(shape: ConvProblem, rows: int, row_stride: int, steps: int, fm: 
 
 
 def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
-    if v.precision is not Precision.TF32:
-        raise SpecError(
-            "mmatile reads tf32 B fragments straight from the staged input; choose "
-            "--precision tf32 (fp16 pairs along k would need two taps per word)"
-        )
     if shape.M < 16:
         raise SpecError(
             f"mmatile fragments are 16 output maps tall; M={shape.M} would leave "
@@ -159,7 +159,14 @@ def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
         ),
     ]
     launch = Launch(
-        v.name, ("x", "w", *y_args(shape)), (threads, 1, 1), (bands, 1, 0), 2, 1, 1, dynamic
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape)),
+        (threads, 1, 1),
+        (bands, 1, 0),
+        2,
+        1,
+        1,
+        dynamic,
     )
     return Plan(
         shape=shape,
@@ -173,3 +180,41 @@ def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
         sizes=tuple(sizes),
         context=ctx,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mmatile(Variant):
+    key = "mmatile"
+    family = "gemm"
+    description = (
+        "tensor cores (mma.sync) reading B fragments straight from a shared-memory band "
+        "of the input"
+    )
+    # Its template applies the epilogue, but with it ptxas spilled the kernel (C=20
+    # M=20 K=3 bias relu: 255 registers and 24 B spilled, 95 without), so it serves no
+    # feature until its stores load the bias once per fragment row.
+    serves = frozenset()
+    precisions = (Precision.TF32,)
+    tensor_core = True
+
+    tile: int = BAND
+
+    def plan(self, problem):
+        return plan_mmatile(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tallest band that fits."""
+        return first_planned(problem, (replace(seed, tile=r) for r in range(problem.Ho, 0, -1)))
+
+    @classmethod
+    def build(cls, problem, precision, given):
+        if "tile" in given:  # the search for a band that fits is only for a default
+            return cls(precision=precision or cls.precisions[0], **given)
+        return super().build(problem, precision, given)
+
+    @classmethod
+    def space(cls, problem, precision):
+        Ho = problem.Ho
+        rows = sorted({Ho, -(-Ho // 2), -(-Ho // 3), -(-Ho // 4), 8, 4})
+        return [cls(tile=r, precision=precision) for r in rows]

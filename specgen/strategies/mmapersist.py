@@ -1,4 +1,4 @@
-"""Planning for ``mmapersist``: persist's pipeline feeding tensor cores.
+"""``mmapersist``: persist's pipeline feeding tensor cores.
 
 ``mmatile`` stages one band per block and exits; each block re-swizzles the weights
 and waits for its band with nothing to overlap.  Here, as in ``persist``, a block is
@@ -27,10 +27,15 @@ strips waste 18% of 34- and 27-wide rows, and it issued more instructions per mm
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 from ..errors import SpecError
 from ..shapes import ConvProblem
-from ..variants import Precision, Variant
-from .common import (
+from ..tensors import Role
+from ..variants import EPILOGUE, Precision, Variant
+from .persist import BAND, REGTILE, tallest_band
+from ..plan.common import (
     y_args,
     Launch,
     OPTIN_SMEM_BYTES,
@@ -91,11 +96,6 @@ def _warp_grid(tiles: int, p: int, map_groups: int, registers: int) -> tuple[int
 
 
 def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
-    if v.precision is not Precision.TF32:
-        raise SpecError(
-            "mmapersist runs tf32 tensor cores; choose --precision tf32, or "
-            "--strategy persist for exact fp32"
-        )
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
     rows = v.tile
@@ -252,8 +252,8 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
         ),
     ]
     launch = Launch(
-        v.name,
-        ("x", "w", *y_args(shape), "batch"),
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
         (threads, 1, 1),
         (0, 1, 1),
         0,
@@ -274,3 +274,43 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
         sizes=tuple(sizes),
         context=ctx,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mmapersist(Variant):
+    key = "mmapersist"
+    family = "gemm"
+    description = (
+        "persistent blocks on tensor cores: tf32 B fragments resident in shared memory, "
+        "input bands double-buffered with cp.async, each warp pixel tiles x map tiles of mma.sync"
+    )
+    serves = EPILOGUE
+    precisions = (Precision.TF32,)
+    tensor_core = True
+
+    tile: int = BAND
+    regtile: tuple[int, int] = REGTILE
+
+    def plan(self, problem):
+        return plan_mmapersist(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """Up to 3 map tiles (24 maps) per warp, pixel tiles up to 32 accumulators per
+        thread, and the tallest band that fits."""
+        nt = min(-(-problem.M // 8), 3)
+        p = max(1, min(4, 8 // nt))
+        v = cls(regtile=(8 * nt, 16 * p), precision=seed.precision)
+        return tallest_band(problem, v, problem.Ho)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """1-4 map tiles by 1-4 pixel tiles per warp (at most 64 accumulators per
+        thread), and bands of Ho/k rows."""
+        map_tiles = min(4, -(-problem.M // 8))
+        rows = sorted({-(-problem.Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
+        return [
+            cls(tile=r, regtile=(8 * nt, 16 * p), precision=precision)
+            for nt, p, r in itertools.product(range(1, map_tiles + 1), range(1, 5), rows)
+            if 4 * nt * p <= MAX_ACCUMULATORS
+        ]

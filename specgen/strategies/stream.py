@@ -1,4 +1,4 @@
-"""Planning for ``stream``: persist's outer products for layers too wide to keep resident.
+"""``stream``: persist's outer products for layers too wide to keep resident.
 
 ``persist`` holds all M*C*K*K weights in shared memory, which the autoencoder's middle
 layers (128-256 channels, 0.6-1.2 MB of weights) cannot.  Here a block owns BM output
@@ -17,10 +17,14 @@ The accumulators stay in registers for the whole reduction and are stored once.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 from ..errors import SpecError
 from ..shapes import ConvProblem
-from ..variants import Precision, Variant
-from .common import (
+from ..tensors import Role
+from ..variants import EPILOGUE, Count, Variant, param
+from ..plan.common import (
     y_args,
     MAX_THREADS,
     OPTIN_SMEM_BYTES,
@@ -33,7 +37,17 @@ from .common import (
     divisors,
     shape_context,
 )
-from .persist import MAX_ACCUMULATORS, MAX_WINDOW_FMAS, VECTOR_TYPES, _row_stride, outer_context
+from .persist import (
+    BAND,
+    MAX_ACCUMULATORS,
+    MAX_WINDOW_FMAS,
+    REGTILE,
+    VECTOR_TYPES,
+    _row_stride,
+    even_segments,
+    outer_context,
+    tallest_band,
+)
 
 # The channel loop of a chunk is straight-line code up to this many FMAs per thread.
 # Longer bodies overflow the instruction cache: ae-enc2's 8x8 tile with whole chunks
@@ -47,13 +61,13 @@ UNROLL_FMAS = 2048
 # 31 x 82 pixels spilled) it recomputes them for every chunk.
 FIXED_SLOTS = 4
 UNROLLED_COPIES = 16  # weight copies per thread and chunk emitted as straight-line code
+# The default chunk: the most channels whose FMAs per thread stay within this
+# (ae-enc2 8x8: 0.426 / 0.415 / 0.407 / 0.417 ms with 2 / 4 / 8 / 16 channels of 576
+# FMAs; ae-dec1 and ae-dec2 alike, H200, 2026-11-21).
+CHUNK_FMAS = 4608
 
 
 def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
-    if v.precision is not Precision.FP32:
-        raise SpecError(
-            "stream computes exact fp32 on CUDA cores; for tf32 or fp16 use --strategy mma"
-        )
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo, KK = shape.Ho, shape.Wo, K * K
     rows, bm, cb = v.tile, v.maps, v.chunk
@@ -210,8 +224,8 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
         out_type=VECTOR_TYPES[out_vec],
     )
     launch = Launch(
-        v.name,
-        ("x", "w", *y_args(shape), "batch"),
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
         (threads, 1, 1),
         (0, 1, 1),
         0,
@@ -231,3 +245,74 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
         sizes=tuple(sizes),
         context=ctx,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stream(Variant):
+    key = "stream"
+    family = "outer"
+    description = (
+        "weights and input bands streamed through shared memory a chunk of channels at a "
+        "time (cp.async, double-buffered), each thread an outer product of maps x a row segment"
+    )
+    serves = EPILOGUE
+
+    tile: int = BAND
+    maps: int = param(128, Count("m"), "stream: output maps per block")
+    chunk: int = param(8, Count("c"), "stream: input channels per pipeline stage")
+    regtile: tuple[int, int] = REGTILE
+
+    def plan(self, problem):
+        return plan_stream(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """8 maps (or fewer) by a row segment of at most 8 pixels per thread, up to 128
+        maps per block, the tallest band that keeps the block within 256 threads (two
+        blocks per SM), and chunks of about CHUNK_FMAS."""
+        M = problem.M
+        tm = max(d for d in divisors(M) if d <= 8)
+        bm = max(d for d in divisors(M) if d <= 128 and d % tm == 0)
+        segs = -(-problem.Wo // 8)  # the fewest row segments of at most 8 pixels
+        tx = -(-problem.Wo // segs)
+        per_channel = problem.R * problem.S * tm * tx
+        cb = max(d for d in divisors(problem.C) if d == 1 or d * per_channel <= CHUNK_FMAS)
+        most = max(1, 256 // (bm // tm * segs))
+        v = cls(maps=bm, chunk=cb, regtile=(tm, tx), precision=seed.precision)
+        return tallest_band(problem, v, most)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Register tiles of 32 to 128 accumulators (or all M maps by at least 8
+        pixels), up to 16 maps by row segments of up to 16 pixels that waste at most a
+        sixth of a row; 4 to 32 map groups per block (or all of M); bands of Ho/k rows;
+        64 to 512 threads; chunks of 1152 to 9216 FMAs per thread."""
+        M, Wo, Ho, KK = problem.M, problem.Wo, problem.Ho, problem.R * problem.S
+        even = even_segments(Wo, 16)
+        even |= {-(-tx // 4) * 4 for tx in even}
+        pixels = [
+            tx for tx in sorted(even) if 4 <= tx <= min(16, Wo) and -(-Wo // tx) * tx - Wo <= Wo / 6
+        ]
+        rows = sorted({-(-Ho // k) for k in (1, 2, 3, 4, 6, 8)}, reverse=True)
+        channel_divisors = divisors(problem.C)
+        out = []
+        for tm in (d for d in divisors(M) if d <= 16):
+            blocks = {
+                bm
+                for bm in range(tm, M + 1, tm)
+                if M % bm == 0 and (bm // tm in (4, 8, 16, 32) or bm == M)
+            }
+            for bm, tx, r in itertools.product(sorted(blocks), pixels, rows):
+                threads = bm // tm * r * -(-Wo // tx)
+                big = 32 <= tm * tx <= MAX_ACCUMULATORS or (tm == M and tx >= 8)
+                if not (big and 64 <= threads <= 512):
+                    continue
+                per_channel = KK * tm * tx
+                chunks = [
+                    d for d in channel_divisors if 1152 <= d * per_channel <= 9216
+                ] or channel_divisors[:1]
+                for cb in chunks:
+                    out.append(
+                        cls(tile=r, maps=bm, chunk=cb, regtile=(tm, tx), precision=precision)
+                    )
+        return out

@@ -1,0 +1,107 @@
+"""The strategy table: one module per strategy, each a ``Variant`` subclass holding its
+own parameters, planner, defaults and search space.  A new strategy is a module, a
+line in ``TABLE``, a template and its tests; everything else (the CLI's options, name
+parsing, the default set, tune's space) reads this table."""
+
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..shapes import ConvProblem
+from ..variants import Precision, Variant, split_problem_tags
+from .direct import Direct
+from .im2col import Im2col
+from .implicit import Implicit
+from .mma import Mma
+from .mmapersist import Mmapersist
+from .mmatile import Mmatile
+from .persist import Persist
+from .split import Split
+from .stream import Stream
+from .tiled import Tiled
+
+# The order of the default set and of the CLI's help.
+TABLE: tuple[type[Variant], ...] = (
+    Direct,
+    Tiled,
+    Split,
+    Im2col,
+    Implicit,
+    Mma,
+    Mmatile,
+    Persist,
+    Stream,
+    Mmapersist,
+)
+BY_KEY = {s.key: s for s in TABLE}
+
+
+def strategy_class(text: str) -> type[Variant]:
+    if text in BY_KEY:
+        return BY_KEY[text]
+    raise SpecError(f"unknown strategy '{text}'; choose one of {', '.join(BY_KEY)}")
+
+
+def parse_variant_name(name: str, problem: ConvProblem | None = None) -> Variant:
+    """Inverse of ``Variant.name`` (and of ``kernel_name`` when the problem's tags are
+    there: they must then be the problem's own)."""
+    base, tags = split_problem_tags(name)
+    parts = base.split("_")
+    cls = BY_KEY.get(parts[0])
+    try:
+        if cls is None:
+            raise ValueError
+        variant = cls.from_parts(parts[1:])
+    except (ValueError, KeyError):
+        raise SpecError(f"malformed variant name '{name}'") from None
+    if variant.name != base:
+        raise SpecError(f"malformed variant name '{name}' (canonical: {variant.name})")
+    if tags and problem is not None:
+        want = variant.kernel_name(problem)
+        if want != name:
+            raise SpecError(f"variant '{name}' is for another problem: this one's is '{want}'")
+    return variant
+
+
+def options() -> dict[str, dict]:
+    """The CLI's variant options, from the parameter fields: for each, its codec, its
+    help (each distinct text once) and the strategies that read it."""
+    out: dict[str, dict] = {}
+    for cls in TABLE:
+        for f in cls.params():
+            opt = out.setdefault(f.name, dict(codec=f.metadata["codec"], helps=[], readers=[]))
+            if f.metadata["help"] not in opt["helps"]:
+                opt["helps"].append(f.metadata["help"])
+            opt["readers"].append(cls.key)
+    return out
+
+
+def readers(option: str) -> list[str]:
+    return [cls.key for cls in TABLE if option in {f.name for f in cls.params()}]
+
+
+def default_set(problem: ConvProblem) -> list[Variant]:
+    """One of each strategy and precision that can serve the problem, and for a preset
+    the winners shipped for it (``tunedb.shipped_winners``), so that the kernels worth
+    reading are in generated/ and covered by ``verify --all``."""
+    from .. import tunedb
+    from ..plan import make_plan
+
+    out: list[Variant] = []
+    for cls in TABLE:
+        for seed in cls.seeds():
+            try:
+                v = cls.fit(problem, seed)
+                make_plan(problem, v)
+            except SpecError:
+                continue  # this strategy cannot serve this problem; the planner said why
+            if v not in out:
+                out.append(v)
+    if problem.name:
+        for name in tunedb.shipped_names(problem.slug):
+            v = parse_variant_name(name)
+            if v not in out:
+                out.append(v)
+    return out
+
+
+__all__ = ["TABLE", "BY_KEY", "Precision", "default_set", "options", "parse_variant_name"]
