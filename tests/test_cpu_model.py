@@ -1,5 +1,6 @@
 """CPU tier: shapes, variant names, planning arithmetic and limits."""
 
+import itertools
 import re
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from specgen.reference import (
 from specgen.shapes import PRESETS, parse_shape, square
 from specgen.strategies import TABLE, default_set, parse_variant_name
 from specgen.strategies.direct import Direct
+from specgen.strategies.inputtile import Inputtile
 from specgen.strategies.mma import Mma
 from specgen.strategies.persist import Persist
 from specgen.strategies.split import Split
@@ -530,3 +532,70 @@ def test_every_problem_parses_back_and_plans_a_default_set(p):
         assert f"{v.kernel_name(p)}(" in src
     for v in variants:
         assert set(p.features()) <= v.serves, (v.name, p.features())
+
+
+def simulate_inputtile(shape, plan, x, w):
+    """inputtile's addressing as the template spells it, block by block in NumPy: each
+    thread stages its own pixel of each channel of the chunk into xs[c][ty][tx], the
+    inner threads read their window at ty*sh*row + tx*sw + a tap's literal offset and
+    multiply by the weight at wb + m*wstride_map + the tap's weight offset.  Unwritten
+    outputs stay NaN.  x and y in NCHW; weights in [M][C/g][R][S]."""
+    ctx, v = plan.context, plan.variant
+    ih, iw, row, plane, tile = (ctx[k] for k in ("ih", "iw", "row", "plane", "tile"))
+    maps, chunk, steps, tiles_x = v.maps, v.chunk, ctx["steps"], ctx["tiles_x"]
+    (sh, sw), pt, pl = shape.stride, ctx["pt"], ctx["pl"]
+    H, W, Ho, Wo, Cg = shape.H, shape.W, shape.Ho, shape.Wo, shape.Cg
+    wflat = w.astype(np.float64).reshape(-1)
+    ty, tx = np.divmod(np.arange(ih * iw), iw)
+    y = np.full((x.shape[0], shape.M, Ho, Wo), np.nan)
+    tiles = ctx["tiles_x"] * -(-Ho // tile)
+    for n, bx, mg in itertools.product(range(x.shape[0]), range(tiles), range(ctx["map_groups"])):
+        tile_y, tile_x = divmod(bx, tiles_x)
+        c_base = mg // ctx["map_groups_per_group"] * Cg
+        iy, ix = tile_y * tile * sh - pt + ty, tile_x * tile * sw - pl + tx
+        inside = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+        oy, ox = tile_y * tile + ty, tile_x * tile + tx
+        computes = (tx < tile) & (ty < tile) & (oy < Ho) & (ox < Wo)
+        acc = np.zeros((ih * iw, maps))
+        for step in range(steps):
+            xs = np.full(chunk * plane, np.nan)
+            for c in range(chunk):
+                pix = x[n, c_base + step * chunk + c][iy.clip(0, H - 1), ix.clip(0, W - 1)]
+                xs[c * plane + ty * row + tx] = np.where(inside, pix, 0.0)
+            wb = mg * maps * ctx["wstride_map"] + step * chunk * ctx["KK"]
+            corner = ty * sh * row + tx * sw
+            for t in ctx["taps"]:
+                vals = xs[(corner + t["x"]).clip(0, xs.size - 1)]
+                for m in range(maps):
+                    acc[:, m] += vals * wflat[wb + m * ctx["wstride_map"] + t["w"]]
+        for t in np.flatnonzero(computes):
+            for m in range(maps):
+                y[n, mg * maps + m, oy[t], ox[t]] = acc[t, m]
+    return y
+
+
+@pytest.mark.parametrize(
+    "spec,variant",
+    [
+        ("C=4,M=8,H=13,W=11,K=3,pad=1", "inputtile_t4_m4_c2_wconst_fp32"),  # 2 steps, tails
+        ("C=6,M=6,H=15,W=14,K=3x5,stride=2x1,dil=1x2,pad=1x3,groups=3", None),  # groups
+        ("C=2,M=3,H=9,W=9,K=5,pad=valid", "inputtile_t2_m1_c1_wglobal_fp32"),  # 3 map groups
+        ("C=3,M=4,H=10,W=12,K=1,stride=3", None),  # 1x1 window, stride 3
+    ],
+)
+def test_inputtile_block_is_the_input_tile_and_computes_the_convolution(spec, variant):
+    shape = parse_shape(spec)
+    v = parse_variant_name(variant) if variant else Inputtile.default(shape, Precision.FP32)
+    plan = make_plan(shape, v)
+    ih, iw = plan.context["ih"], plan.context["iw"]
+    (sh, sw), (dh, dw) = shape.stride, shape.dil
+    assert plan.launches[0].block == (iw, ih, 1)  # one thread per input-tile pixel
+    assert iw == (v.tile - 1) * sw + (shape.S - 1) * dw + 1
+    assert ih == (v.tile - 1) * sh + (shape.R - 1) * dh + 1
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, shape.C, shape.H, shape.W))
+    w = rng.standard_normal((shape.M, shape.Cg, shape.R, shape.S))
+    y = simulate_inputtile(shape, plan, x, w)
+    ref = conv2d(x, w, shape)
+    assert not np.isnan(y).any()  # every output written
+    np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)

@@ -183,7 +183,7 @@ def _body(shape, v, channels, offsets):
     return blocks, cols
 
 
-def _problem_sizes(shape: ConvProblem) -> list[Size]:
+def problem_sizes(shape: ConvProblem) -> list[Size]:
     """The banner's output and reduction rows, in the simplest terms the problem allows."""
     M, Ho, Wo = shape.M, shape.Ho, shape.Wo
     if not shape.unusual():
@@ -319,7 +319,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
     # 3. the banner's sizes and the template's context
     plain_columns = cols == list(range(cx + K - 1))
     sizes = [
-        *_problem_sizes(shape),
+        *problem_sizes(shape),
         Size(
             "block",
             f"{bw} x {bh} = {bw * bh} threads",

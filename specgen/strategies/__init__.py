@@ -11,6 +11,7 @@ from ..variants import Precision, Variant, split_problem_tags
 from .direct import Direct
 from .im2col import Im2col
 from .implicit import Implicit
+from .inputtile import Inputtile
 from .mma import Mma
 from .mmapersist import Mmapersist
 from .mmatile import Mmatile
@@ -24,6 +25,7 @@ TABLE: tuple[type[Variant], ...] = (
     Direct,
     Tiled,
     Split,
+    Inputtile,
     Im2col,
     Implicit,
     Mma,
