@@ -50,6 +50,11 @@ class Launch:
     dynamic_smem: int = 0
     persistent: bool = False
 
+    def __post_init__(self):
+        odd = [a for a in self.args if not isinstance(a, Role)]
+        if odd:  # a planner's bug: the runtime binds buffers by role
+            raise TypeError(f"{self.kernel}: kernel arguments must be Roles, got {odd}")
+
     def grid_for(self, batch: int, resident: int | None = None) -> tuple[int, int, int]:
         """``resident``: blocks the device holds at once, which caps a persistent grid."""
         grid = list(self.grid)

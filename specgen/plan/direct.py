@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, TensorLayout
+from ..tensors import Role
 from ..variants import Layout, Precision, Variant, Weights
 from .common import (
     CONST_BYTES,
@@ -408,7 +409,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         launches.append(
             Launch(
                 f"{symbol}_zero",
-                ("y", "batch"),
+                (Role.Y, Role.BATCH),
                 (zero_block, 1, 1),
                 (0, 1, 1),
                 0,
@@ -418,7 +419,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         )
         ctx["zero_per_thread"] = 4
         ctx["zero_block"] = zero_block
-    args = ("x",) + (() if const else ("w",)) + y_args(shape)
+    args = (Role.X,) + (() if const else (Role.W,)) + y_args(shape)
     launches.append(
         Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1, dynamic_smem)
     )
