@@ -236,7 +236,8 @@ class Inputtile(Variant):
     def fit(cls, problem: ConvProblem, seed: "Inputtile") -> "Inputtile":
         """The largest of TILES whose input tile fits a block; up to 8 maps per thread
         and the most channels per step whose straight-line body stays within
-        DEFAULT_FMAS; constant weights when they fit the bank."""
+        DEFAULT_FMAS; constant weights when they fit the bank and are read at literal
+        offsets."""
         RS = problem.R * problem.S
         tiles = [t for t in TILES if _threads(problem, t) <= MAX_THREADS]
         tiles = [t for t in tiles if t <= largest_tile(problem)] or tiles[-1:]
@@ -244,9 +245,14 @@ class Inputtile(Variant):
             raise SpecError(
                 f"inputtile: even a 4x4 tile's input tile is over {MAX_THREADS} threads"
             )
-        weights = default_weights(problem)
         maps = max(d for d in divisors(problem.Mg) if d == 1 or (d <= 8 and d * RS <= 400))
         chunk = max(d for d in divisors(problem.Cg) if d == 1 or d * maps * RS <= DEFAULT_FMAS)
+        # Constant weights only at literal offsets: read at a run-time index (several
+        # map groups or channel steps) they were 3-4x slower than global weights on the
+        # H200 (2026-11-22, layer2 m8 c4: 28.4 ms; mx-layer2: 37.6 ms against 8.6 ms for
+        # tiled with global weights), as in the direct family.
+        literal = maps == problem.M and chunk == problem.Cg
+        weights = default_weights(problem) if literal else Weights.GLOBAL
         return cls(tile=tiles[0], maps=maps, chunk=chunk, weights=weights, precision=seed.precision)
 
     @classmethod
