@@ -123,8 +123,8 @@ def ceilings(refresh: bool = False) -> dict:
 def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
     """cuDNN through torch.nn.functional.conv2d with cudnn.benchmark, on the same inputs,
     as a user would run the problem: conv2d with its bias, then the activation.  An fp32
-    problem is also timed in tf32 and, converted to fp16 channels-last, in fp16; a 16-bit
-    problem in its own dtype and layout."""
+    problem is also timed in tf32 and, converted to 16 bits channels-last, in fp16 and
+    bf16; a 16-bit problem in its own dtype and layout."""
     try:
         import torch
     except ImportError:
@@ -156,18 +156,19 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
             f = lambda i: conv(tx[i], tw, tb)  # noqa: E731
             out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
         torch.backends.cudnn.allow_tf32 = True
-        half = torch.float16
+        halves = (torch.float16, torch.bfloat16)
     else:
-        half = torch.float16 if shape.dtype is DType.FP16 else torch.bfloat16
-    # fp32 problems are timed in fp16 the way cuDNN runs fastest, channels-last.
+        halves = (torch.float16 if shape.dtype is DType.FP16 else torch.bfloat16,)
+    # fp32 problems are timed in fp16 and bf16 the way cuDNN runs fastest, channels-last.
     last = shape.dtype is DType.FP32 or shape.layout is TensorLayout.NHWC
     fmt = torch.channels_last if last else torch.contiguous_format
-    hx = [t.to(half).contiguous(memory_format=fmt) for t in tx]
-    hw = tw.to(half).contiguous(memory_format=fmt)
-    hb = None if tb is None else tb.to(half)
-    name = "fp16" if half is torch.float16 else "bf16"
-    f = lambda i: conv(hx[i], hw, hb)  # noqa: E731
-    out.append(summarize(f"cudnn-{name}", name, _torch_times(f, len(hx)), shape, batch, ceil))
+    for half in halves:
+        hx = [t.to(half).contiguous(memory_format=fmt) for t in tx]
+        hw = tw.to(half).contiguous(memory_format=fmt)
+        hb = None if tb is None else tb.to(half)
+        name = "fp16" if half is torch.float16 else "bf16"
+        f = lambda i: conv(hx[i], hw, hb)  # noqa: E731
+        out.append(summarize(f"cudnn-{name}", name, _torch_times(f, len(hx)), shape, batch, ceil))
     return out
 
 
@@ -244,7 +245,7 @@ def format_timings(shape: ConvProblem, batch: int, rows: list[Timing], ceil) -> 
 
 def attach_cudnn_ratio(rows: list[Timing], dtype: DType = DType.FP32) -> None:
     """Speed-up over cuDNN of the same precision class (fp32 with fp32; tf32 with tf32;
-    fp16 with fp16), stored as our time / cuDNN's.  With 16-bit tensors every kernel
+    fp16 with fp16; bf16 with bf16), stored as our time / cuDNN's.  With 16-bit tensors every kernel
     is held to cuDNN in that dtype, whatever its math."""
     ref = {r.precision: r.ms for r in rows if r.label.startswith("cudnn")}
     for r in rows:

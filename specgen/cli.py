@@ -112,7 +112,11 @@ def variant_options(f):
             help=f"{', '.join(BY_KEY)}; with --all, keeps that strategy's variants of the "
             "default set",
         ),
-        click.option("--precision", default=None, help="fp32, tf32 or fp16"),
+        click.option(
+            "--precision",
+            default=None,
+            help="fp32, tf32, fp16 or bf16 (the math; the tensors' dtype is the shape's)",
+        ),
     ]
     for key, opt in options().items():
         text = "; ".join(opt["helps"])
@@ -414,7 +418,11 @@ def bench(shape_text, all_shapes, batch, names, all_, best, json_path, plot_path
 
 @main.command()
 @click.option("--shape", "shape_text", required=True, help="a preset name or an inline spec")
-@click.option("--precision", default="fp32", help="fp32, tf32 or fp16")
+@click.option(
+    "--precision",
+    default="fp32",
+    help="fp32, tf32, fp16 or bf16 (the math; the tensors' dtype is the shape's)",
+)
 @click.option(
     "--budget",
     type=SIZE,

@@ -31,7 +31,7 @@ def roofline(report: dict, path: Path) -> None:
     ax.plot(
         xs, [min(peak, bw * x) / 1e12 for x in xs], "k-", lw=1, label="copy bandwidth / fp32 SGEMM"
     )
-    markers = {"cudnn": "x", "fp32": "o", "tf32": "s", "fp16": "^"}
+    markers = {"cudnn": "x", "fp32": "o", "tf32": "s", "fp16": "^", "bf16": "v"}
     for i, (slug, data) in enumerate(report["shapes"].items()):
         shape = PRESETS.get(slug) or parse_shape(slug)
         intensity = shape.flops(data["batch"]) / shape.bytes_moved(data["batch"])

@@ -76,7 +76,8 @@ def error_coefficient(variant: Variant, problem) -> float:
     Worst-case first-order bounds, whatever the order of summation:
     fp32: n roundings of the running sum, n = C/groups*R*S (+1 for the bias; an FMA
     rounds once).
-    tf32, fp16 inputs: each input rounded once (2 u_half per product), then fp32 sums.
+    tf32, fp16, bf16 inputs: each input rounded once (2 u per product, u of the input
+    format), then fp32 sums.
     fp16 arithmetic (direct family): inputs and each product rounded to half, S-term
     half sums along a window row, then fp32 sums across rows and channels.
     """
@@ -84,7 +85,8 @@ def error_coefficient(variant: Variant, problem) -> float:
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
     elif variant.tensor_core:
-        gamma = 2 * U_HALF + n * U_FP32
+        u = U_BF16 if variant.precision is Precision.BF16 else U_HALF
+        gamma = 2 * u + n * U_FP32
     else:
         gamma = (3 + problem.S - 1) * U_HALF + n * U_FP32
     return gamma * 1.01  # second-order terms

@@ -63,6 +63,7 @@ def _description(plan: Plan) -> list[str]:
                 "fp32": "fp32 inputs, products and sums",
                 "fp16": "fp32 in and out, half2 products summed along each window row, fp32 sums",
                 "tf32": "tf32 inputs, fp32 accumulation",
+                "bf16": "bf16 inputs, fp32 accumulation",
             }[v.precision.value],
         )
     )

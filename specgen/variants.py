@@ -30,6 +30,7 @@ class Precision(enum.Enum):
     FP32 = "fp32"  # fp32 inputs, products and sums: exact fp32 arithmetic
     TF32 = "tf32"  # tensor cores: tf32 inputs, fp32 accumulation
     FP16 = "fp16"  # fp16 inputs (tensor cores) or half2 products (direct family)
+    BF16 = "bf16"  # tensor cores: bf16 inputs, fp32 accumulation
 
 
 class Layout(enum.Enum):

@@ -81,7 +81,7 @@ def test_emit_inline_spec(tmp_path):
         (["emit", "--shape", "layer1", "--strategy", "split"], "C=1"),
         (
             ["emit", "--shape", "layer2", "--strategy", "mma", "--precision", "fp32"],
-            "mma computes in tf32 or fp16, not fp32; for fp32 use --strategy direct",
+            "mma computes in tf32, fp16 or bf16, not fp32; for fp32 use --strategy direct",
         ),
         (["verify"], "give --shape S or --all-shapes"),
         (

@@ -19,7 +19,7 @@ from specgen.reference import (
     output_rounding,
     underflow_term,
 )
-from specgen.shapes import PRESETS, parse_shape, square
+from specgen.shapes import PRESETS, TensorLayout, parse_shape, square
 from specgen.strategies import TABLE, default_set, parse_variant_name
 from specgen.strategies.direct import Direct
 from specgen.strategies.inputtile import Inputtile
@@ -215,7 +215,7 @@ def test_mma_padding_is_exact_and_reported():
             "16 output maps",
         ),
         (PRESETS["layer1"], Split(splits=2), "C=1"),
-        (PRESETS["layer2"], Mma(tile=64), "mma computes in tf32 or fp16, not fp32"),
+        (PRESETS["layer2"], Mma(tile=64), "mma computes in tf32, fp16 or bf16, not fp32"),
         (PRESETS["layer2"], Tiled(precision=Precision.TF32), "for tf32 use --strategy mma"),
         (PRESETS["layer2"], Tiled(coarsening=(4, 1, 16)), "FMAs"),
         (
@@ -599,3 +599,63 @@ def test_inputtile_block_is_the_input_tile_and_computes_the_convolution(spec, va
     ref = conv2d(x, w, shape)
     assert not np.isnan(y).any()  # every output written
     np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+
+
+def simulate_gather(shape, plan, x):
+    """The X matrix of the implicit GEMM as implicit's and mma's templates gather it,
+    per group: column (n, oh, ow) starts at its window's corner (``x_corner``, a C
+    expression that is also Python), row k adds ``koff[k]``, and with padding
+    ``kdyx[k]`` decides whether the pixel is inside the image.  x in the problem's
+    layout, flattened per image; returns [groups][k][col]."""
+    ctx = plan.context
+    nhwc = shape.layout is TensorLayout.NHWC
+    flat = x.transpose(0, 2, 3, 1) if nhwc else x
+    flat = flat.reshape(x.shape[0], -1)
+    red, HoWo = shape.reduction, shape.Ho * shape.Wo
+    cols = x.shape[0] * HoWo
+    out = np.zeros((shape.groups, red, cols))
+    for col in range(cols):
+        n, oh, ow = col // HoWo, col % HoWo // shape.Wo, col % shape.Wo
+        env = dict(oh=oh, ow=ow)
+        corner = eval(ctx["x_corner"], {}, env)
+        for k in range(red):
+            off = ctx["koff"][k]
+            if ctx["kdyx"]:
+                d = ctx["kdyx"][k]
+                dy, dx = d >> 16, (d & 0xFFFF) - (0x10000 if d & 0x8000 else 0)
+                ih, iw = eval(ctx["oh_in"], {}, env) + dy, eval(ctx["ow_in"], {}, env) + dx
+                if not (0 <= ih < shape.H and 0 <= iw < shape.W):
+                    continue
+            for g in range(shape.groups):
+                out[g, k, col] = flat[n, g * ctx["group_x"] + corner + off]
+    return out
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=32,M=64,H=13,W=11,K=3x5,stride=2x1,dil=2,pad=1x2,groups=4,layout=nhwc",
+        "C=6,M=32,H=9,W=10,K=3,stride=2,pad=0x0x1x2,groups=2",
+        "C=3,M=16,H=8,W=7,K=1x3,dil=1x2,pad=valid",
+        "C=4,M=16,H=9,W=9,K=3,pad=1",  # the presets' kind: square, equal padding
+    ],
+)
+@pytest.mark.parametrize("variant", ["implicit_t64_r4x4_fp32", "mma_t64_tf32"])
+def test_gemm_gather_computes_the_convolution(spec, variant):
+    """Through the gather tables and corner expressions the planner gives implicit and
+    mma, W . X per group is the convolution, in either layout, with stride, dilation,
+    unequal padding and groups."""
+    shape = parse_shape(spec)
+    plan = make_plan(shape, parse_variant_name(variant))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, shape.C, shape.H, shape.W))
+    w = rng.standard_normal((shape.M, shape.Cg, shape.R, shape.S))
+    X = simulate_gather(shape, plan, x)
+    Mg, HoWo = shape.Mg, shape.Ho * shape.Wo
+    y = np.concatenate(
+        [w[g * Mg : (g + 1) * Mg].reshape(Mg, -1) @ X[g] for g in range(shape.groups)]
+    )
+    y = y.reshape(shape.M, 2, shape.Ho, shape.Wo).transpose(1, 0, 2, 3)
+    np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
+    blocks = plan.context["m_blocks"]
+    assert blocks == shape.groups * -(-Mg // plan.context["bm"])  # none straddles a group

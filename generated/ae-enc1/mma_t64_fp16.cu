@@ -50,8 +50,8 @@ mma_t64_fp16(const float* __restrict__ x, const float* __restrict__ w, float* __
     // Y[m][col] = sum_k W[m][k] X[k][col] over the 32 padded rows, on mma.m16n8k16:
     // A = W tile (64 maps x 32 k), B = X tile (32 k x 64 columns),
     // 4 warps side by side, each 64 maps x 16 columns.
-    __shared__ unsigned as[64][20];  // W as half pairs along k: [m][k/2]
-    __shared__ unsigned bs[64][20];  // X as half pairs along k: [col][k/2]
+    __shared__ unsigned as[64][20];  // W as f16 pairs along k: [m][k/2]
+    __shared__ unsigned bs[64][20];  // X as f16 pairs along k: [col][k/2]
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int g = tid % 32 / 4;  // fragment row group

@@ -61,7 +61,7 @@ mma_t64_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __
     const int n = col / 1156;
     const int oh = col % 1156 / 34;
     const int ow = col % 34;
-    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 6400 + (oh - 0) * 40 + (ow - 0);
+    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 6400 + oh * 40 + ow;
 
     float acc[1][2][4] = {};
 

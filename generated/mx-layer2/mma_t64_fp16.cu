@@ -47,8 +47,8 @@ mma_t64_fp16(const float* __restrict__ x, const float* __restrict__ w, float* __
     // Y[m][col] = sum_k W[m][k] X[k][col] over the 592 padded rows, on mma.m16n8k16:
     // A = W tile (32 maps x 16 k), B = X tile (16 k x 64 columns),
     // 4 warps side by side, each 32 maps x 16 columns.
-    __shared__ unsigned as[32][12];  // W as half pairs along k: [m][k/2]
-    __shared__ unsigned bs[64][12];  // X as half pairs along k: [col][k/2]
+    __shared__ unsigned as[32][12];  // W as f16 pairs along k: [m][k/2]
+    __shared__ unsigned bs[64][12];  // X as f16 pairs along k: [col][k/2]
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int g = tid % 32 / 4;  // fragment row group
@@ -64,7 +64,7 @@ mma_t64_fp16(const float* __restrict__ x, const float* __restrict__ w, float* __
     const int n = col / 729;
     const int oh = col % 729 / 27;
     const int ow = col % 27;
-    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 13068 + (oh - 0) * 33 + (ow - 0);
+    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 13068 + oh * 33 + ow;
 
     float acc[2][2][4] = {};
 

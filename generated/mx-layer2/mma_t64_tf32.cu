@@ -62,7 +62,7 @@ mma_t64_tf32(const float* __restrict__ x, const float* __restrict__ w, float* __
     const int n = col / 729;
     const int oh = col % 729 / 27;
     const int ow = col % 27;
-    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 13068 + (oh - 0) * 33 + (ow - 0);
+    const float* __restrict__ xw = x + (size_t)(col_ok ? n : 0) * 13068 + oh * 33 + ow;
 
     float acc[2][2][4] = {};
 

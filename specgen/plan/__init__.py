@@ -27,8 +27,10 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
         )
     if variant.precision not in variant.precisions:
         able = [s.key for s in TABLE if variant.precision in s.precisions]
+        names = [p.value for p in variant.precisions]
+        spelled = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         raise SpecError(
-            f"{variant.key} computes in {' or '.join(p.value for p in variant.precisions)}, "
+            f"{variant.key} computes in {spelled}, "
             f"not {variant.precision.value}; for {variant.precision.value} use --strategy "
             f"{', '.join(able)}"
         )

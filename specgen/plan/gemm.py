@@ -2,14 +2,16 @@
 GEMM planner of ``im2col`` and ``implicit``.
 
 Convolution as a matrix product: Y[m][col] = sum_k W[m][k] * X[k][col] with
-k = (c, p, q) over C*K*K and col = (n, oh, ow) over B*Ho*Wo.  ``im2col`` writes X to a
-workspace first; ``implicit`` and ``mma`` gather each X tile straight from x.
+k = (c, p, q) over C/groups*R*S and col = (n, oh, ow) over B*Ho*Wo, one GEMM per group
+of maps.  ``im2col`` writes X to a workspace first; ``implicit`` and ``mma`` gather
+each X tile straight from x: column (n, oh, ow) reads its window's corner, row k adds
+the literal offset of tap (c, p, q) from a table, in either layout of x.
 """
 
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import ConvProblem, DType, TensorLayout
 from ..tensors import Role
 from ..variants import Variant
 from .common import (
@@ -43,46 +45,113 @@ def pad_for(addr_of) -> tuple[int, int]:
 
 
 def common_sizes(shape: ConvProblem) -> list[Size]:
-    K, C = shape.K, shape.C
+    from .direct import problem_sizes
+
+    output = problem_sizes(shape)[0]
+    red, cols = shape.reduction, shape.Ho * shape.Wo
+    if not shape.unusual():
+        K, C = shape.K, shape.C
+        return [
+            output,
+            Size(
+                "GEMM",
+                f"{shape.M} x {C * K * K} . {C * K * K} x (B*{cols})",
+                "M x C*K*K weights times C*K*K x B*Ho*Wo gathered input",
+            ),
+        ]
+    per = f"{shape.groups} x ({shape.Mg} x {red} . {red} x (B*{cols}))"
     return [
-        Size(
-            "output",
-            f"{shape.M} x {shape.Ho} x {shape.Wo}",
-            f"Ho = H + 2*pad - K + 1 = {shape.H}+{2 * shape.pad}-{K}+1",
-        ),
+        output,
         Size(
             "GEMM",
-            f"{shape.M} x {C * K * K} . {C * K * K} x (B*{shape.Ho * shape.Wo})",
-            "M x C*K*K weights times C*K*K x B*Ho*Wo gathered input",
+            per if shape.groups > 1 else f"{shape.M} x {red} . {red} x (B*{cols})",
+            "per group: M/groups x C/groups*R*S weights times the gathered input",
         ),
     ]
 
 
 def k_tables(shape: ConvProblem, kpad: int) -> dict:
     """Row k of the unrolled matrix is input pixel (c, p, q) of the window: its offset
-    from the window's top-left pixel, and for padded shapes its (p-pad, q-pad) packed
-    as two 16-bit halves for the bounds check.  Rows past C*K*K are padding (-1)."""
-    K, KK = shape.K, shape.K * shape.K
+    from the window's corner in x's layout and, where x is padded, its (p*dh - pt,
+    q*dw - pl) packed as two 16-bit halves for the bounds check.  Rows past
+    C/groups*R*S are padding (-1)."""
+    R, S, RS = shape.R, shape.S, shape.R * shape.S
+    (dh, dw), (pt, _, pl, _) = shape.dil, shape.pads
+    H, W, C = shape.H, shape.W, shape.C
+    nhwc = shape.layout is TensorLayout.NHWC
+    guard = max(shape.pads) > 0
     offsets, dyx = [], []
     for k in range(kpad):
         if k >= shape.reduction:
             offsets.append(-1)
             dyx.append(0)
             continue
-        c, p, q = k // KK, k % KK // K, k % K
-        offsets.append(c * shape.H * shape.W + p * shape.W + q)
-        dyx.append(((p - shape.pad) << 16) | ((q - shape.pad) & 0xFFFF))
-    nbytes = 4 * kpad * (2 if shape.pad else 1)
+        c, p, q = k // RS, k % RS // S, k % S
+        tap = p * dh * W + q * dw
+        offsets.append(tap * C + c if nhwc else c * H * W + tap)
+        dy, dx = p * dh - pt, q * dw - pl
+        if guard and not (-(2**15) <= min(dy, dx) and max(dy, dx) < 2**15):
+            raise SpecError(
+                f"a tap {dy}, {dx} pixels from the window's corner does not fit the gather "
+                "table's 16-bit halves; use a direct-family strategy"
+            )
+        dyx.append((dy << 16) | (dx & 0xFFFF))
+    nbytes = 4 * kpad * (2 if guard else 1)
     if nbytes > 64 * 1024:
         raise SpecError(
-            f"the gather tables need {nbytes} bytes of __constant__ memory (C*K*K = "
+            f"the gather tables need {nbytes} bytes of __constant__ memory (C/groups*R*S = "
             f"{shape.reduction} rows), over the 65536-byte bank; use a direct-family strategy"
         )
-    return dict(koff=offsets, kdyx=dyx if shape.pad else None, ktab_bytes=nbytes)
+    if not shape.unusual():
+        K = shape.K
+        notes = [
+            f"Row k of the unrolled matrix is window pixel (c, p, q), k = (c*{K} + p)*{K} + q:",
+            f"its offset c*{H * W} + p*{W} + q from the window's top-left pixel, -1 past C*K*K.",
+            "(p - pad, q - pad) of row k as two 16-bit halves, for the zero-padding bounds check.",
+        ]
+    else:
+        tap = f"p*{dh * W} + q*{dw}" if dh * W != W or dw != 1 else f"p*{W} + q"
+        off = f"({tap})*{C} + c" if nhwc else f"c*{H * W} + {tap}"
+        notes = [
+            f"Row k of the unrolled matrix is window pixel (c, p, q), k = (c*{R} + p)*{S} + q:",
+            f"its offset {off} from the window's corner, -1 past C/groups*R*S.",
+            f"(p*{dh} - {pt}, q*{dw} - {pl}) of row k as two 16-bit halves, for the bounds check.",
+        ]
+    return dict(koff=offsets, kdyx=dyx if guard else None, ktab_bytes=nbytes, knotes=notes)
 
 
 def index_ctx(shape: ConvProblem) -> dict:
-    return dict(shape_context(shape), guard_pad=shape.pad > 0)
+    """How column (n, oh, ow) addresses x, y and its group: C expressions of literals.
+    ``x_corner``: the offset of its window's corner (padding included) in the image."""
+    (sh, sw), (pt, _, pl, _) = shape.stride, shape.pads
+    nhwc = shape.layout is TensorLayout.NHWC
+    oh = "oh" if sh == 1 else f"oh * {sh}"
+    ow = "ow" if sw == 1 else f"ow * {sw}"
+    if not shape.unusual():
+        p = shape.pad
+        corner = f"(oh - {p}) * {shape.W} + (ow - {p})" if p else f"oh * {shape.W} + ow"
+    else:
+        pix = f"({oh} - {pt}) * {shape.W} + ({ow} - {pl})"
+        corner = f"({pix}) * {shape.C}" if nhwc else pix
+    return dict(
+        shape_context(shape),
+        guard_pad=max(shape.pads) > 0,
+        oh_in=oh,
+        ow_in=ow,
+        x_corner=corner,
+        nhwc=nhwc,
+        dtype=shape.dtype.value,
+        xtype="float" if shape.dtype is DType.FP32 else "unsigned short",
+        Mg=shape.Mg,
+        m_end="m_end" if shape.groups > 1 else shape.M,  # the first map past this block's group
+        group_x=shape.Cg * (1 if nhwc else shape.H * shape.W),
+    )
+
+
+def map_blocks(shape: ConvProblem, bm: int) -> dict:
+    """Blocks of bm maps, never straddling two groups: ceil(M/groups / bm) per group."""
+    per_group = ceil_div(shape.Mg, bm)
+    return dict(blocks_per_group=per_group, m_blocks=shape.groups * per_group)
 
 
 def check_tile(v: Variant) -> None:
@@ -100,7 +169,7 @@ def plan_cuda_core(shape: ConvProblem, v: Variant, explicit: bool) -> Plan:
             f"register tile {r}x{c}: its {c} pixels per thread must divide the tile of {bn} "
             f"pixels per block; choose a tile that is a multiple of {c}"
         )
-    bm = min(64, ceil_div(shape.M, r) * r)
+    bm = min(64, ceil_div(shape.Mg, r) * r)
     tx, ty = bn // c, bm // r
     block = (tx, ty, 1)
     check_threads(block, f"choose a larger register tile than {r}x{c} or a smaller tile")
@@ -121,7 +190,7 @@ def plan_cuda_core(shape: ConvProblem, v: Variant, explicit: bool) -> Plan:
         ws_stride=ws_stride,
         xs_stride=xs_stride,
         chunks=ceil_div(shape.reduction, bk),
-        m_blocks=ceil_div(shape.M, bm),
+        **map_blocks(shape, bm),
         explicit=explicit,
         unroll_threads=UNROLL_THREADS,
     )
@@ -130,7 +199,11 @@ def plan_cuda_core(shape: ConvProblem, v: Variant, explicit: bool) -> Plan:
     )
     ctx.update(k_tables(shape, ctx["chunks"] * bk))
     sizes = common_sizes(shape) + [
-        Size("block tile", f"{bm} maps x {bn} pixels", f"min(64, M rounded to r={r}) x tile"),
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} pixels",
+            f"min(64, {'M' if shape.groups == 1 else 'M/groups'} rounded to r={r}) x tile",
+        ),
         Size(
             "block",
             f"{tx} x {ty} = {tx * ty} threads",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..variants import EPILOGUE
 from .implicit import Implicit
 
 
@@ -16,6 +17,8 @@ class Im2col(Implicit):
         "a tiled GEMM multiplies"
     )
     explicit = True
+    # its unroll kernel reads fp32 NCHW x at stride 1 with a square window
+    serves = EPILOGUE
 
     @classmethod
     def seeds(cls):

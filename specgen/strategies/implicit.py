@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..plan.gemm import plan_cuda_core
-from ..variants import EPILOGUE, Count, Variant, param
+from ..variants import EVERY_FEATURE, Count, Variant, param
 from .persist import REGTILE
 
 GEMM_TILE = param(64, Count("t"), "im2col, implicit, mma: output pixels per block")
@@ -18,7 +18,7 @@ class Implicit(Variant):
     key = "implicit"
     family = "gemm"
     description = "fused implicit GEMM: input tiles gathered straight from x, no unrolled matrix"
-    serves = EPILOGUE
+    serves = EVERY_FEATURE
     explicit = False  # im2col: an unroll kernel writes the matrix first
 
     tile: int = GEMM_TILE

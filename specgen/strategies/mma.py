@@ -15,29 +15,43 @@ from ..plan.common import (
     smem_placement,
     y_args,
 )
-from ..plan.gemm import check_tile, common_sizes, index_ctx, k_tables, pad_for
-from ..shapes import ConvProblem
+from ..plan.gemm import check_tile, common_sizes, index_ctx, k_tables, map_blocks, pad_for
+from ..shapes import ConvProblem, DType
 from ..tensors import Role
-from ..variants import EPILOGUE, Precision, Variant
+from ..variants import EVERY_FEATURE, Precision, Variant
 from .implicit import GEMM_TILE
 
 MMA_WARPS = 4
 # Tensor-core fragments: (k per mma instruction, bytes per element, the PTX shape)
 FRAGMENTS = {
-    Precision.TF32: dict(kstep=8, elem=4, ptx="m16n8k8", wmma="16x16x8"),
-    Precision.FP16: dict(kstep=16, elem=2, ptx="m16n8k16", wmma="16x16x16"),
+    Precision.TF32: dict(kstep=8, elem="tf32", ptx="m16n8k8", wmma="16x16x8", pack=None),
+    Precision.FP16: dict(kstep=16, elem="f16", ptx="m16n8k16", wmma="16x16x16", pack="pack_half2"),
+    Precision.BF16: dict(
+        kstep=16, elem="bf16", ptx="m16n8k16", wmma="16x16x16", pack="pack_bf16x2"
+    ),
+}
+ROUNDING = {
+    Precision.TF32: "x and w rounded to tf32 (cvt.rna), products accumulated in fp32",
+    Precision.FP16: "x and w rounded to fp16 (round to nearest), products accumulated in fp32",
+    Precision.BF16: "x and w rounded to bf16 (round to nearest even), products accumulated in fp32",
 }
 
 
 def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
     check_tile(v)
-    if shape.M < 16:
+    if shape.Mg < 16:
+        maps = f"M={shape.M}" if shape.groups == 1 else f"{shape.Mg} maps per group"
         raise SpecError(
-            f"mma fragments are 16 output maps tall; M={shape.M} would leave "
-            f"{100 - 100 * shape.M // 16}% of each fragment idle: use a direct-family strategy"
+            f"mma fragments are 16 output maps tall; {maps} would leave "
+            f"{100 - 100 * shape.Mg // 16}% of each fragment idle: use a direct-family strategy"
+        )
+    if v.precision is Precision.FP16 and shape.dtype is DType.BF16:
+        raise SpecError(
+            "fp16 tensor cores would lose bf16's range (bf16 tensors reach 3e38, fp16 "
+            "65504): use --precision bf16 or tf32"
         )
     frag = FRAGMENTS[v.precision]
-    kstep, fp16 = frag["kstep"], v.precision is Precision.FP16
+    kstep, pairs = frag["kstep"], frag["pack"] is not None
     ckk = shape.reduction
     kpad = ceil_div(ckk, kstep) * kstep
     steps = kpad // kstep
@@ -50,14 +64,14 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
             f"mma's tile is 32, 64 or 128 pixels ({MMA_WARPS} warps x n8 fragments, one "
             f"gathered column per thread), got {bn}"
         )
-    bm = min(64, ceil_div(shape.M, 16) * 16)
+    bm = min(64, ceil_div(shape.Mg, 16) * 16)
     fm, fn = bm // 16, warp_n // 8
-    words = 1 if not fp16 else 2  # elements per 32-bit shared word along k
+    words = 2 if pairs else 1  # elements per 32-bit shared word along k
     kw = bk // words  # 32-bit words per row along k
     # A is [m][k]; B is [k][n] for tf32 (columns contiguous for the gather) and
-    # [n][k] for fp16 (k pairs packed in one word, as the fragment wants them).
+    # [n][k] for 16-bit math (k pairs packed in one word, as the fragment wants them).
     a_pad, a_deg = pad_for(lambda g, t, p: g * (kw + p) + t)
-    if fp16:
+    if pairs:
         b_pad, b_deg = pad_for(lambda g, t, p: g * (kw + p) + t)
         b_stride, b_rows = kw + b_pad, bn
     else:
@@ -69,7 +83,11 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
     threads = 32 * MMA_WARPS
     ctx = index_ctx(shape)
     ctx.update(
-        fp16=fp16,
+        fp16=v.precision is Precision.FP16,
+        bf16=v.precision is Precision.BF16,
+        pairs=pairs,
+        elem=frag["elem"],
+        pack=frag["pack"],
         half_math=False,
         bm=bm,
         bn=bn,
@@ -87,17 +105,13 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
         b_stride=b_stride,
         a_words=bm * a_stride,
         ptx=frag["ptx"],
-        m_blocks=ceil_div(shape.M, bm),
+        **map_blocks(shape, bm),
         words=words,
         rows_per_pass=threads // bn,
     )
     ctx.update(a_tile_words=bm * kw, step_words=kstep // words, warps=MMA_WARPS)
     ctx.update(k_tables(shape, kpad))
-    ctx["precision_note"] = (
-        "x and w rounded to fp16 (round to nearest), products accumulated in fp32"
-        if fp16
-        else "x and w rounded to tf32 (cvt.rna), products accumulated in fp32"
-    )
+    ctx["precision_note"] = ROUNDING[v.precision]
     waste = 100.0 * (kpad - ckk) / kpad
     sizes = common_sizes(shape) + [
         Size(
@@ -129,12 +143,13 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
             "registers", f"{fm * fn * 4} accumulators", f"{fm}*{fn} fragments x 4 floats per thread"
         ),
     ]
-    if shape.M % 16:
+    if shape.Mg % 16:
+        what = "M" if shape.groups == 1 else "M/groups"
         sizes.append(
             Size(
-                "M padding",
-                f"{shape.M} -> {ceil_div(shape.M, 16) * 16}",
-                "rows past M are zero and never stored",
+                f"{what} padding",
+                f"{shape.Mg} -> {ceil_div(shape.Mg, 16) * 16}",
+                f"rows past {what} are zero and never stored",
             )
         )
     launch = Launch(
@@ -166,8 +181,8 @@ class Mma(Variant):
     key = "mma"
     family = "gemm"
     description = "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation"
-    serves = EPILOGUE
-    precisions = (Precision.TF32, Precision.FP16)
+    serves = EVERY_FEATURE
+    precisions = (Precision.TF32, Precision.FP16, Precision.BF16)
     tensor_core = True
 
     tile: int = GEMM_TILE
