@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SpecError
-from ..shapes import Act, ConvProblem
+from ..shapes import Act, ConvProblem, DType, TensorLayout
 from ..tensors import Role
 from ..variants import Variant
 
@@ -105,6 +105,7 @@ def shape_context(shape: ConvProblem) -> dict:
     strides of x (NCHW) and y."""
     H, W, K = shape.H, shape.W, shape.K
     (pt, _, pl, _), (sh, sw) = shape.pads, shape.stride
+    nhwc = shape.layout is TensorLayout.NHWC
     return dict(
         C=shape.C,
         M=shape.M,
@@ -127,6 +128,12 @@ def shape_context(shape: ConvProblem) -> dict:
         out_image=shape.M * shape.Ho * shape.Wo,
         bias=shape.bias,
         relu=shape.act is Act.RELU,
+        # the tensors: storage type, and x's steps between pixels and between channels
+        dtype=shape.dtype.value,
+        xtype="float" if shape.dtype is DType.FP32 else "unsigned short",
+        nhwc=nhwc,
+        x_pixel=shape.C if nhwc else 1,
+        x_chan=1 if nhwc else H * W,
     )
 
 

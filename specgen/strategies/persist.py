@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
 from ..plan import first_planned
 from ..variants import EPILOGUE, Count, Pair, Variant, param
@@ -155,6 +155,8 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
     # neighbour's).  Two round buffers: one barrier per round.  (All maps in one round
     # measured no faster on layer2, 2026-11-21, and needs far more shared memory.)
     out_vec = next(n for n in (4, 2, 1) if (Ho * Wo) % n == 0 and (rows * Wo) % n == 0)
+    # 16-bit or NHWC outputs: each thread stores its own, converted, without the rounds.
+    direct_store = shape.dtype is not DType.FP32 or shape.layout is TensorLayout.NHWC
 
     def layout(r: int) -> dict:
         """Shared memory for bands of r rows: weights, two bands, two output rounds,
@@ -163,7 +165,7 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
         band = C * (r + K - 1) * stride
         bands_at = ceil_div(wn, 4) * 4
         out_at = ceil_div(bands_at + 2 * band, 4) * 4
-        scratch = groups * r * Wo
+        scratch = 0 if direct_store else groups * r * Wo
         return dict(
             stride=stride,
             degree=degree,
@@ -222,13 +224,16 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
             f"C x (rows+K-1) x (segments*TX+K-1 = {iw}, padded to {stride}: "
             f"{degree}-way bank conflicts at worst), double-buffered",
         ),
-        Size(
-            "smem out",
-            f"2 x {4 * scratch} B [{groups}][{rows}][{Wo}]",
-            f"map m of each of the {groups} groups per round, {tm} rounds, "
-            f"stored {out_vec} float(s) at a time",
-        ),
     ]
+    if not direct_store:
+        sizes.append(
+            Size(
+                "smem out",
+                f"2 x {4 * scratch} B [{groups}][{rows}][{Wo}]",
+                f"map m of each of the {groups} groups per round, {tm} rounds, "
+                f"stored {out_vec} float(s) at a time",
+            )
+        )
     ctx = dict(
         shape_context(shape),
         **lay,
@@ -247,6 +252,7 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
         unroll_window=unroll_window,
         guard_rows=Ho % rows != 0,
         guard_cols=segs * tx != Wo,
+        direct_store=direct_store,
         out_vec=out_vec,
         out_type=VECTOR_TYPES[out_vec],
         out_vecs=scratch // out_vec,
@@ -306,7 +312,7 @@ class Persist(Variant):
         "persistent blocks: weights resident in shared memory, input bands double-buffered "
         "with cp.async, each thread an outer product of maps x a row segment"
     )
-    serves = EPILOGUE
+    serves = EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
 
     tile: int = BAND
     regtile: tuple[int, int] = REGTILE

@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, Count, Variant, param
 from ..plan.common import (
@@ -135,8 +135,8 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     band_slots = ceil_div(ih * iw, threads)
     out_vec = next(n for n in (4, 2, 1) if tx % n == 0 and Wo % n == 0)
     guard_cols = segs * tx != Wo
-    if guard_cols:
-        out_vec = 1
+    if guard_cols or shape.dtype is not DType.FP32 or shape.layout is TensorLayout.NHWC:
+        out_vec = 1  # vector stores of whole fp32 rows only
     per_channel = KK * tm * tx
     # Channels of the chunk unrolled together: the most (a divisor of the chunk) within
     # UNROLL_FMAS.  Blocks under a warp keep the loop: with the chunk unrolled they
@@ -211,7 +211,7 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
         w_unroll=w_slots <= UNROLLED_COPIES,
         band_tail=band_slots * threads != ih * iw,
         w_chunk_stride=cb * KK * M,
-        x_chunk_stride=cb * H * W,
+        x_chunk_stride=cb * (1 if shape.layout is TensorLayout.NHWC else H * W),
         chunk_taps=cb * KK,
         w_channel=KK * bm,
         bands_per_image=bands_per_image,
@@ -255,7 +255,7 @@ class Stream(Variant):
         "weights and input bands streamed through shared memory a chunk of channels at a "
         "time (cp.async, double-buffered), each thread an outer product of maps x a row segment"
     )
-    serves = EPILOGUE
+    serves = EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
 
     tile: int = BAND
     maps: int = param(128, Count("m"), "stream: output maps per block")
