@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
-from specgen.shapes import PRESETS, Act, square
+from specgen.shapes import PRESETS, Act, parse_shape, square
 from specgen.strategies import default_set
 from specgen.verify import verify_variant
 
@@ -89,3 +89,22 @@ def test_random_problems(p, batch, arch):
     form, bias and relu, fp32/fp16/bf16 tensors, NCHW and NHWC: every strategy that
     serves the drawn problem computes it within its bound."""
     verify_default_set(p, batch, arch)
+
+
+# Issue 11's example, and layers of the kind well-known networks have, small enough
+# for the tier: a ResNet stem (7x7, stride 2, pad 3), a MobileNet depthwise 3x3 at
+# stride 2 and a pointwise 1x1 in bf16 channels-last, an Inception 1x7 with
+# padding='same', a dilated 3x3 (DeepLab).
+NETWORK_LAYERS = [
+    "C=32,M=64,H=57,W=43,K=3x5,stride=2x1,dil=2,pad=1x2,groups=4,bias=1,act=relu,dtype=bf16,layout=nhwc",
+    "C=3,M=64,H=64,W=64,K=7,stride=2,pad=3,bias=1,act=relu",
+    "C=32,M=32,H=28,W=28,K=3,stride=2,pad=1,groups=32,bias=1,act=relu,dtype=fp16,layout=nhwc",
+    "C=64,M=128,H=14,W=14,K=1,bias=1,act=relu,dtype=bf16,layout=nhwc",
+    "C=32,M=48,H=17,W=17,K=1x7,pad=same,bias=1,act=relu,dtype=fp16",
+    "C=16,M=32,H=33,W=33,K=3,dil=2,pad=2,layout=nhwc",
+]
+
+
+@pytest.mark.parametrize("spec", NETWORK_LAYERS)
+def test_network_layers(spec, arch):
+    verify_default_set(parse_shape(spec), 2, arch)
