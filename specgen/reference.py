@@ -118,7 +118,8 @@ def compare(y, ref, ref_abs, gamma, xp=np, absolute: float = 0.0) -> dict:
     err = xp.abs(y - ref)
     bound = gamma * ref_abs + absolute + 1e-30
     ratio = float(xp.max(err / bound)) if finite else float("inf")
-    rel_l2 = float(xp.linalg.norm(err) / xp.linalg.norm(ref)) if finite else float("inf")
+    scale = float(xp.linalg.norm(ref)) or 1.0  # an all-zero reference (relu of negatives)
+    rel_l2 = float(xp.linalg.norm(err)) / scale if finite else float("inf")
     return dict(
         finite=finite,
         rel_l2=rel_l2,
