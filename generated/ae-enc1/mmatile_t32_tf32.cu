@@ -135,7 +135,7 @@ mmatile_t32_tf32(const float* __restrict__ x, const float* __restrict__ w, float
         // Accumulator e of fragment (i, j): map 16i + g + 8*(e/2), pixel 8*(g0+j) + 2t + e%2.
         float* __restrict__ yb = y + (size_t)n * 262144 + y0 * 32;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+        for (int i = 0; i < 16; ++i) {
 #pragma unroll
             for (int j = 0; j < 1; ++j)
 #pragma unroll
@@ -145,5 +145,6 @@ mmatile_t32_tf32(const float* __restrict__ x, const float* __restrict__ w, float
                     if (m < 256 && p < pixels)
                         yb[m * 1024 + p] = acc[i][j][e];
                 }
+        }
     }
 }

@@ -219,7 +219,7 @@ mmatile_t34_tf32(const float* __restrict__ x, const float* __restrict__ w, float
         // Accumulator e of fragment (i, j): map 16i + g + 8*(e/2), pixel 8*(g0+j) + 2t + e%2.
         float* __restrict__ yb = y + (size_t)n * 18496 + y0 * 34;
 #pragma unroll
-        for (int i = 0; i < 1; ++i)
+        for (int i = 0; i < 1; ++i) {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -229,5 +229,6 @@ mmatile_t34_tf32(const float* __restrict__ x, const float* __restrict__ w, float
                     if (m < 16 && p < pixels)
                         yb[m * 1156 + p] = acc[i][j][e];
                 }
+        }
     }
 }

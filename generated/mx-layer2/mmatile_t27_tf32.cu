@@ -415,7 +415,7 @@ mmatile_t27_tf32(const float* __restrict__ x, const float* __restrict__ w, float
         // Accumulator e of fragment (i, j): map 16i + g + 8*(e/2), pixel 8*(g0+j) + 2t + e%2.
         float* __restrict__ yb = y + (size_t)n * 17496 + y0 * 27;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i) {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -425,5 +425,6 @@ mmatile_t27_tf32(const float* __restrict__ x, const float* __restrict__ w, float
                     if (m < 24 && p < pixels)
                         yb[m * 729 + p] = acc[i][j][e];
                 }
+        }
     }
 }

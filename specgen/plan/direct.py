@@ -409,7 +409,7 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         launches.append(
             Launch(
                 f"{symbol}_zero",
-                (Role.Y, Role.BATCH),
+                (*y_args(shape), Role.BATCH),
                 (zero_block, 1, 1),
                 (0, 1, 1),
                 0,
@@ -419,7 +419,8 @@ def plan_direct(shape: ConvProblem, v: Variant) -> Plan:
         )
         ctx["zero_per_thread"] = 4
         ctx["zero_block"] = zero_block
-    args = (Role.X,) + (() if const else (Role.W,)) + y_args(shape)
+    # With channel groups the first kernel writes the bias, so the sums go in as they are.
+    args = (Role.X,) + (() if const else (Role.W,)) + ((Role.Y,) if splits > 1 else y_args(shape))
     launches.append(
         Launch(symbol, args, block, (tiles_x * tiles_y, map_groups, 0), 2, splits, 1, dynamic_smem)
     )

@@ -23,8 +23,10 @@ class Split(DirectFamily):
     description = (
         "tiled direct convolution, input channels split over blocks, atomicAdd of partial sums"
     )
-    # atomicAdd sums fp32 partial sums into y: no epilogue, no 16-bit y
-    serves = GEOMETRY | {Feature.NHWC}
+    # atomicAdd sums fp32 partial sums into y, which its first kernel sets to the bias.
+    # No block sees a finished sum, so none can apply an activation; 16-bit y has no
+    # atomicAdd as fast as fp32's.
+    serves = GEOMETRY | {Feature.NHWC, Feature.BIAS}
 
     tile: int = TILE
     coarsening: tuple[int, int, int] = COARSENING
