@@ -105,6 +105,15 @@ NETWORK_LAYERS = [
 ]
 
 
-@pytest.mark.parametrize("spec", NETWORK_LAYERS)
+# mmatile's bias and relu, and split's bias written by its first kernel, on problems
+# where the default set holds both.
+EPILOGUES = [
+    "C=24,M=40,H=19,W=23,K=3,pad=1,bias=1,act=relu",
+    "C=24,M=40,H=19,W=23,K=3,pad=1,bias=1",
+    "C=16,M=24,H=12,W=12,K=3,bias=1,layout=nhwc",
+]
+
+
+@pytest.mark.parametrize("spec", NETWORK_LAYERS + EPILOGUES)
 def test_network_layers(spec, arch):
     verify_default_set(parse_shape(spec), 2, arch)
