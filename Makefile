@@ -23,9 +23,9 @@ test: $(STAMP)
 	$(BIN)/black --check specgen tests
 	$(BIN)/pytest -q
 
-# Regenerate generated/ (the default variant set of every preset).
+# Regenerate generated/ (the default variant set of every preset, every op).
 generated: $(STAMP)
-	$(BIN)/specgen emit --all-shapes --all
+	$(BIN)/specgen emit --all-shapes --op all --all
 
 format: $(STAMP)
 	$(BIN)/black specgen tests
@@ -37,7 +37,7 @@ gpu-check:
 	mkdir -p $(OUT)
 	set -o pipefail; status=0; \
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
-	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes 2>&1 | tee $(OUT)/verify.log || status=1; \
+	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes --op all 2>&1 | tee $(OUT)/verify.log || status=1; \
 	exit $$status
 
 bench:

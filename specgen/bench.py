@@ -11,8 +11,8 @@ import numpy as np
 
 from .compile import cache_dir
 from .errors import SpecError
-from .shapes import Act, ConvProblem, DType, TensorLayout
-from .tensors import from_storage, to_storage, x_shape, y_shape
+from .shapes import Act, ConvProblem, DType, Op, TensorLayout
+from .tensors import INPUTS, Role, from_storage, outputs, role_shape, to_storage, w_shape
 from .variants import Precision, Variant
 
 WARMUP = 3
@@ -121,10 +121,12 @@ def ceilings(refresh: bool = False) -> dict:
 
 
 def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
-    """cuDNN through torch.nn.functional.conv2d with cudnn.benchmark, on the same inputs,
-    as a user would run the problem: conv2d with its bias, then the activation.  An fp32
-    problem is also timed in tf32 and, converted to 16 bits channels-last, in fp16 and
-    bf16; a 16-bit problem in its own dtype and layout."""
+    """cuDNN through PyTorch with cudnn.benchmark, on the same inputs, as a user would
+    run the problem: conv2d with its bias, then the activation; for the backward ops
+    ``torch.nn.grad.conv2d_input`` and ``conv2d_weight`` (and dy summed for db).  An
+    fp32 problem is also timed in tf32 and, converted to 16 bits channels-last, in fp16
+    and bf16; a 16-bit problem in its own dtype and layout.  The backward ops of an
+    unequally padded problem have no cuDNN call of their own: not timed."""
     try:
         import torch
     except ImportError:
@@ -135,25 +137,37 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
     F = torch.nn.functional
     pt, pb, pl, pr = shape.pads
     equal = pt == pb and pl == pr
-    tw = torch.as_tensor(cupy.asarray(w), device="cuda")
+    if shape.op is not Op.FPROP and not equal:
+        return []
+    conv_args = (shape.stride, (pt, pl) if equal else 0, shape.dil, shape.groups)
+    tw = None if w is None else torch.as_tensor(cupy.asarray(w), device="cuda")
     tb = None if b is None else torch.as_tensor(cupy.asarray(b), device="cuda")
+    x_size = (batch, shape.C, shape.H, shape.W)
 
-    def conv(x, w, bias):
-        if not equal:  # conv2d pads equally; an unequal padding is a pad first
-            x = F.pad(x, (pl, pr, pt, pb))
-        y = F.conv2d(x, w, bias, shape.stride, (pt, pl) if equal else 0, shape.dil, shape.groups)
-        return F.relu(y) if shape.act is Act.RELU else y
+    def run(t, w, bias):
+        if shape.op is Op.FPROP:
+            x = t[Role.X]
+            if not equal:  # conv2d pads equally; an unequal padding is a pad first
+                x = F.pad(x, (pl, pr, pt, pb))
+            y = F.conv2d(x, w, bias, *conv_args)
+            return F.relu(y) if shape.act is Act.RELU else y
+        if shape.op is Op.DGRAD:
+            return torch.nn.grad.conv2d_input(x_size, w, t[Role.DY], *conv_args)
+        db = t[Role.DY].sum((0, 2, 3)) if shape.bias or shape.op is Op.BGRAD else None
+        if shape.op is Op.BGRAD:
+            return db
+        return torch.nn.grad.conv2d_weight(t[Role.X], w_shape(shape), t[Role.DY], *conv_args), db
 
     def nchw(x):
         t = torch.as_tensor(cupy.asarray(from_storage(x, shape.dtype, cupy)), device="cuda")
         return t.permute(0, 3, 1, 2) if shape.layout is TensorLayout.NHWC else t
 
-    tx = [nchw(x) for x in xs]
+    tx = [{r: nchw(t) for r, t in s.items()} for s in xs]
     out = []
     if shape.dtype is DType.FP32:
         for label, precision, tf32 in (("cudnn-fp32", "fp32", False), ("cudnn-tf32", "tf32", True)):
             torch.backends.cudnn.allow_tf32 = tf32
-            f = lambda i: conv(tx[i], tw, tb)  # noqa: E731
+            f = lambda i: run(tx[i], tw, tb)  # noqa: E731
             out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
         torch.backends.cudnn.allow_tf32 = True
         halves = (torch.float16, torch.bfloat16)
@@ -163,11 +177,11 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
     last = shape.dtype is DType.FP32 or shape.layout is TensorLayout.NHWC
     fmt = torch.channels_last if last else torch.contiguous_format
     for half in halves:
-        hx = [t.to(half).contiguous(memory_format=fmt) for t in tx]
-        hw = tw.to(half).contiguous(memory_format=fmt)
+        hx = [{r: t.to(half).contiguous(memory_format=fmt) for r, t in s.items()} for s in tx]
+        hw = None if tw is None else tw.to(half).contiguous(memory_format=fmt)
         hb = None if tb is None else tb.to(half)
         name = "fp16" if half is torch.float16 else "bf16"
-        f = lambda i: conv(hx[i], hw, hb)  # noqa: E731
+        f = lambda i: run(hx[i], hw, hb)  # noqa: E731
         out.append(summarize(f"cudnn-{name}", name, _torch_times(f, len(hx)), shape, batch, ceil))
     return out
 
@@ -190,17 +204,17 @@ def _torch_times(f, rotate):
     return [start.elapsed_time(stop) for start, stop in events]
 
 
-def input_sets(shape: ConvProblem, batch: int, rng) -> list:
-    """Enough fresh random input buffers that rotating them defeats the L2, in the
-    problem's storage dtype and layout."""
+def input_sets(shape: ConvProblem, batch: int, rng) -> list[dict]:
+    """Enough fresh random inputs of the op (Role -> array, as ``random_inputs`` makes
+    them) that rotating them defeats the L2, in the problem's storage dtype and layout."""
     import cupy
 
-    nbytes = shape.dtype.bytes * batch * shape.C * shape.H * shape.W
-    count = max(1, min(8, -(-L2_ROTATE_BYTES // nbytes)))
+    from .verify import random_inputs
+
+    per_image = sum(np.prod(role_shape(r, shape, 1)) * shape.dtype.bytes for r in INPUTS[shape.op])
+    count = max(1, min(8, -(-L2_ROTATE_BYTES // int(batch * per_image))))
     return [
-        cupy.asarray(
-            to_storage(rng.standard_normal(x_shape(shape, batch), dtype=np.float32), shape.dtype)
-        )
+        {r: cupy.asarray(t) for r, t in random_inputs(shape, batch, rng)[0].items()}
         for _ in range(count)
     ]
 
@@ -214,12 +228,16 @@ def bench_variant(
 
     conv = conv or Conv(shape, variant)
     conv.set_weights(w, b)
-    nan = cupy.full(y_shape(shape, batch), np.nan, dtype=np.float32)
-    y = to_storage(nan, shape.dtype, cupy)
-    times = time_launches(lambda i: conv(xs[i], y), rotate=len(xs))
+    outs = {
+        r: to_storage(cupy.full(role_shape(r, shape, batch), np.nan, np.float32), shape.dtype, cupy)
+        for r in outputs(shape)
+    }
+    times = time_launches(lambda i: conv.run(xs[i], outs), rotate=len(xs))
     t = summarize(conv.plan.name, variant.precision.value, times, shape, batch, ceil)
     t.x_floor = t.ms / floor_ms(shape, batch, ceil, tensor=variant.precision is not Precision.FP32)
-    if not bool(cupy.isfinite(from_storage(y, shape.dtype, cupy)).all()):
+    if not all(
+        bool(cupy.isfinite(from_storage(o, shape.dtype, cupy)).all()) for o in outs.values()
+    ):
         t.verified = "NaN in timed output"
     return t
 

@@ -17,7 +17,14 @@ import click
 from . import __version__
 from .errors import SpecError
 from .shapes import INDEX_LIMIT, PRESETS, parse_shape
-from .strategies import BY_KEY, options, parse_variant_name, readers, strategy_class
+from .strategies import (
+    BY_KEY,
+    default_strategy,
+    options,
+    parse_variant_name,
+    readers,
+    strategy_class,
+)
 from .variants import Count, Variant, parse_precision
 
 SIZE = click.IntRange(1, INDEX_LIMIT)
@@ -89,7 +96,14 @@ def shapes():
         )
 
 
+OP_HELP = (
+    "fprop (default), dgrad, wgrad, bgrad, or all of them: the pass of the shape's layer "
+    "(its act is the forward pass's; wgrad with a bias adds db)"
+)
+
+
 def shape_options(f):
+    f = click.option("--op", "op_text", default=None, help=OP_HELP)(f)
     f = click.option("--all-shapes", is_flag=True, help="every preset (see specgen shapes)")(f)
     return click.option(
         "--shape",
@@ -145,7 +159,7 @@ def build_variant(shape, **opts) -> Variant:
         if extra:
             raise SpecError(f"--variant names a whole variant; drop {', '.join(extra)}")
         return parse_variant_name(opts["variant_name"], shape)
-    cls = strategy_class(opts["strategy"]) if "strategy" in given else BY_KEY["tiled"]
+    cls = strategy_class(opts["strategy"]) if "strategy" in given else default_strategy(shape)
     own = {f.name: f.metadata["codec"] for f in cls.params()}
     values = {}
     for key in given:
@@ -157,13 +171,33 @@ def build_variant(shape, **opts) -> Variant:
             )
         values[key] = own[key].from_option(opts[key])
     precision = parse_precision(opts["precision"]) if "precision" in given else None
-    return cls.build(shape, precision, values)
+    return cls.build(cls.problem_for(shape), precision, values)
 
 
-def _shapes(shape_text, all_shapes):
+def _shapes(shape_text, all_shapes, op_text=None):
     if (shape_text is not None) == all_shapes:
         raise SpecError("give --shape S or --all-shapes (every preset)")
-    return list(PRESETS.values()) if all_shapes else [parse_shape(shape_text)]
+    shapes = list(PRESETS.values()) if all_shapes else [parse_shape(shape_text)]
+    if op_text is not None and op_text.lower() == "all":
+        from .shapes import Op
+
+        return [s.with_op(op) for s in shapes for op in Op if s.op in (Op.FPROP, op)]
+    return [_with_op(s, op_text) for s in shapes]
+
+
+def _with_op(shape, op_text):
+    from .shapes import Op
+
+    if op_text is None:
+        return shape
+    op = next((o for o in Op if o.value == op_text.lower()), None)
+    if op is None:
+        raise SpecError(
+            f"unknown op '{op_text}'; choose one of {', '.join(o.value for o in Op)} or all"
+        )
+    if shape.op is not Op.FPROP and shape.op is not op:
+        raise SpecError(f"--op {op.value} and the spec's op={shape.op.value} disagree; drop one")
+    return shape.with_op(op)
 
 
 def _default_set(shape, strategy_text=None):
@@ -233,12 +267,12 @@ def select(shapes, opts, all_, *, default_is_set: bool):
     default=None,
     help="output folder (default: generated/ in the current folder)",
 )
-def emit(shape_text, all_shapes, all_, best, gpu, out, **opts):
+def emit(shape_text, all_shapes, op_text, all_, best, gpu, out, **opts):
     """Write <out>/<shape>/<variant>.cu."""
     from .emit import GENERATED, source_file
     from .files import write_if_different
 
-    shapes = _shapes(shape_text, all_shapes)
+    shapes = _shapes(shape_text, all_shapes, op_text)
     if gpu is not None and not best:
         raise SpecError("--gpu names whose tuned winners --best emits; add --best or drop --gpu")
     if best:
@@ -303,7 +337,7 @@ def _check_arch(arch):
     default=os.cpu_count() or 1,
     help="parallel compilations (default: the CPU count)",
 )
-def verify(shape_text, all_shapes, all_, batch, arch, jobs, **opts):
+def verify(shape_text, all_shapes, op_text, all_, batch, arch, jobs, **opts):
     """Compile every variant, check its resources and, on a GPU, its numbers."""
     import numpy as np
 
@@ -313,7 +347,7 @@ def verify(shape_text, all_shapes, all_, batch, arch, jobs, **opts):
     from .verify import format_table, verify_variant
 
     _check_arch(arch)
-    selected = select(_shapes(shape_text, all_shapes), opts, all_, default_is_set=True)
+    selected = select(_shapes(shape_text, all_shapes, op_text), opts, all_, default_is_set=True)
     gpu = gpu_available()
     if gpu:
         if arch is not None and arch != device_arch():
@@ -384,13 +418,13 @@ def _writable_file(path: Path | None, option: str) -> None:
     default=None,
     help="also draw a roofline chart here (PNG; needs matplotlib)",
 )
-def bench(shape_text, all_shapes, batch, names, all_, best, json_path, plot_path):
+def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, plot_path):
     """Time variants beside cuDNN and the hardware floor."""
     import json
 
     from .bench import run_bench
 
-    shapes = _shapes(shape_text, all_shapes)
+    shapes = _shapes(shape_text, all_shapes, op_text)
     if sum((bool(names), all_, best)) > 1:
         raise SpecError("choose one of --variant, --all and --best")
     _writable_file(json_path, "--json")
@@ -431,9 +465,10 @@ def bench(shape_text, all_shapes, batch, names, all_, best, json_path, plot_path
 )
 @click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option("--strategy", default=None, help="search only this strategy's variants")
-def tune(shape_text, precision, budget, batch, strategy):
+@click.option("--op", "op_text", default=None, help=OP_HELP)
+def tune(shape_text, precision, budget, batch, strategy, op_text):
     """Search the variant space of every strategy for the fastest verified kernel."""
-    shape = parse_shape(shape_text)
+    shape = _with_op(parse_shape(shape_text), op_text)
     prec = parse_precision(precision)
     strat = strategy_class(strategy) if strategy else None
     _need_gpu("tune")

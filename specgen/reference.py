@@ -45,6 +45,84 @@ def conv2d(x, w, problem, xp=np, bias=None, epilogue=True):
     return y
 
 
+def _padded_patches(problem, Ho, Wo):
+    """For each tap (p, q), the slice of the padded input that meets output (i, j) at
+    (i*sh + p*dh, j*sw + q*dw)."""
+    (sh, sw), (dh, dw) = problem.stride, problem.dil
+    for p in range(problem.R):
+        for q in range(problem.S):
+            rows = slice(p * dh, p * dh + sh * (Ho - 1) + 1, sh)
+            cols = slice(q * dw, q * dw + sw * (Wo - 1) + 1, sw)
+            yield p, q, rows, cols
+
+
+def conv2d_dgrad(dy, w, problem, xp=np):
+    """dx = the adjoint of the forward convolution: each dy[n][m][i][j] * w[m][c][p][q]
+    scattered back to the input pixel that the forward tap read, in float64, NCHW.
+    Written from the forward definition directly, not from dgrad's forward view."""
+    dy = xp.asarray(dy, dtype=xp.float64)
+    w = xp.asarray(w, dtype=xp.float64)
+    pt, pb, pl, pr = problem.pads
+    G, H, W = problem.groups, problem.H, problem.W
+    B, M, Ho, Wo = dy.shape
+    _, Cg, R, S = w.shape
+    dyg = dy.reshape(B, G, M // G, Ho, Wo)
+    wg = w.reshape(G, M // G, Cg, R, S)
+    dx = xp.zeros((B, G, Cg, H + pt + pb, W + pl + pr), dtype=xp.float64)
+    for p, q, rows, cols in _padded_patches(problem, Ho, Wo):
+        dx[:, :, :, rows, cols] += xp.einsum("gmc,bgmhw->bgchw", wg[:, :, :, p, q], dyg)
+    return dx[:, :, :, pt : pt + H, pl : pl + W].reshape(B, G * Cg, H, W)
+
+
+def conv2d_wgrad(x, dy, problem, xp=np):
+    """dw[m][c][p][q] = sum over n, i, j of dy[n][m][i][j] * x[n][g*Cg+c][i*sh+p*dh-pt]
+    [j*sw+q*dw-pl], in float64 (x and dy NCHW)."""
+    x = xp.asarray(x, dtype=xp.float64)
+    dy = xp.asarray(dy, dtype=xp.float64)
+    pt, pb, pl, pr = problem.pads
+    G, R, S = problem.groups, problem.R, problem.S
+    x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    B, C, Hp, Wp = x.shape
+    _, M, Ho, Wo = dy.shape
+    xg = x.reshape(B, G, C // G, Hp, Wp)
+    dyg = dy.reshape(B, G, M // G, Ho, Wo)
+    dw = xp.zeros((G, M // G, C // G, R, S), dtype=xp.float64)
+    for p, q, rows, cols in _padded_patches(problem, Ho, Wo):
+        dw[:, :, :, p, q] = xp.einsum("bgmhw,bgchw->gmc", dyg, xg[:, :, :, rows, cols])
+    return dw.reshape(M, C // G, R, S)
+
+
+def bias_grad(dy, xp=np):
+    """db[m] = sum over n, i, j of dy[n][m][i][j] (NCHW), in float64."""
+    return xp.asarray(dy, dtype=xp.float64).sum(axis=(0, 2, 3))
+
+
+def gradients_loop(x, w, dy, problem):
+    """dx, dw and db one multiply-add at a time, by walking the forward loop and sending
+    each product's partners back: for tiny problems in tests only."""
+    B, C, H, W = x.shape
+    M, Cg, R, S = w.shape
+    pt, _, pl, _ = problem.pads
+    (sh, sw), (dh, dw_) = problem.stride, problem.dil
+    Mg = M // problem.groups
+    dx, dw, db = np.zeros(x.shape), np.zeros(w.shape), np.zeros(M)
+    for b in range(B):
+        for m in range(M):
+            for i in range(problem.Ho):
+                for j in range(problem.Wo):
+                    g = float(dy[b, m, i, j])
+                    db[m] += g
+                    for c in range(Cg):
+                        for p in range(R):
+                            for q in range(S):
+                                ih, iw = i * sh + p * dh - pt, j * sw + q * dw_ - pl
+                                if 0 <= ih < H and 0 <= iw < W:
+                                    xc = (m // Mg) * Cg + c
+                                    dx[b, xc, ih, iw] += g * float(w[m, c, p, q])
+                                    dw[m, c, p, q] += g * float(x[b, xc, ih, iw])
+    return dx, dw, db
+
+
 def conv2d_loop(x, w, problem, bias=None):
     """The definition, one multiply-add at a time: for tiny problems in tests only."""
     B, C, H, W = x.shape
@@ -69,9 +147,12 @@ def conv2d_loop(x, w, problem, bias=None):
     return y
 
 
-def error_coefficient(variant: Variant, problem) -> float:
+def error_coefficient(variant: Variant, problem, terms: int | None = None) -> float:
     """gamma such that |s - ref| <= gamma * (sum |x||w| + |bias|) for every output's
-    fp32 sum s, before it is rounded to the output dtype.
+    fp32 sum s, before it is rounded to the output dtype (for the backward ops the sum
+    of the magnitudes of their products).  ``terms``: the additions on the longest path
+    of the summation, where the plan's order fixes it (a reduction over the batch, by
+    its blocks and trees); else the dot product's length.
 
     Worst-case first-order bounds, whatever the order of summation:
     fp32: n roundings of the running sum, n = C/groups*R*S (+1 for the bias; an FMA
@@ -81,7 +162,7 @@ def error_coefficient(variant: Variant, problem) -> float:
     fp16 arithmetic (direct family): inputs and each product rounded to half, S-term
     half sums along a window row, then fp32 sums across rows and channels.
     """
-    n = problem.reduction + (1 if problem.bias else 0)
+    n = terms if terms is not None else problem.reduction + (1 if problem.bias else 0)
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
     elif variant.tensor_core:

@@ -9,8 +9,8 @@ from .compile import Binary, compile_source
 from .errors import SpecError
 from .plan import Plan, make_plan
 from .render import render
-from .shapes import ConvProblem
-from .tensors import STORAGE, Role, w_shape, x_shape, y_shape
+from .shapes import ConvProblem, Op
+from .tensors import BATCHED, INPUTS, STORAGE, Role, outputs, role_shape, w_shape
 from .variants import Variant
 
 DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller says otherwise
@@ -83,6 +83,7 @@ class Conv:
             if l.persistent
         }
         self.workspace = workspace
+        self.scratch = None  # the plan's fixed workspace, allocated on the first run
         self.w = None
         self.bias = None
 
@@ -100,22 +101,30 @@ class Conv:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         return per_sm * sms
 
-    def set_weights(self, w, bias=None) -> None:
-        """Weights (and the bias, when the problem has one) as float values of any
-        float dtype; they are packed to the plan's format, fp32 at heart (exact for
-        16-bit values)."""
+    def set_weights(self, w=None, bias=None) -> None:
+        """Weights (and the bias, when the problem's op reads one) as float values of
+        any float dtype; they are packed to the plan's format, fp32 at heart (exact for
+        16-bit values).  wgrad and bgrad read neither."""
         import cupy
 
         s = self.shape
-        if tuple(w.shape) != w_shape(s):
-            raise SpecError(f"weights of shape {tuple(w.shape)}, expected {w_shape(s)}")
+        if s.op in (Op.WGRAD, Op.BGRAD):
+            if w is not None or bias is not None:
+                raise SpecError(f"op={s.op.value} reads no weights or bias; pass none")
+            return
+        if w is None or tuple(w.shape) != w_shape(s):
+            got = None if w is None else tuple(w.shape)
+            raise SpecError(f"weights of shape {got}, expected {w_shape(s)}")
         if (bias is not None) != s.bias:
             raise SpecError(f"the problem {'has' if s.bias else 'has no'} bias; pass it or not")
         if bias is not None:
             if tuple(bias.shape) != (s.M,):
                 raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({s.M},)")
             self.bias = cupy.asarray(cupy.asnumpy(bias).astype(np.float32))
-        host = pack_weights(cupy.asnumpy(w), self.plan.weight_format)
+        host = cupy.asnumpy(w)
+        if self.plan.weight_transform == "dgrad":
+            host = dgrad_weights(host, s.groups)
+        host = pack_weights(host, self.plan.weight_format)
         if self.plan.const_bytes:
             ptr = self.module.get_global_var("wc")
             if not isinstance(ptr, cupy.cuda.MemoryPointer):  # a bare address in some CuPys
@@ -126,28 +135,54 @@ class Conv:
         else:
             self.w = cupy.asarray(host)
 
-    def __call__(self, x, y=None):
+    def __call__(self, *inputs, out=None):
+        """The op's inputs in the order of ``tensors.INPUTS`` (x for fprop, dy for
+        dgrad and bgrad, x and dy for wgrad); its output, or the tuple of them (wgrad
+        with a bias: dw and db), written into ``out`` when given."""
+        roles = INPUTS[self.shape.op]
+        if len(inputs) != len(roles):
+            raise SpecError(
+                f"op={self.shape.op.value} takes {', '.join(r.value for r in roles)}; "
+                f"got {len(inputs)} tensor(s)"
+            )
+        outs = outputs(self.shape)
+        given = None
+        if out is not None:
+            given = dict(zip(outs, out if isinstance(out, (tuple, list)) else (out,)))
+        result = self.run(dict(zip(roles, inputs)), given)
+        return result[outs[0]] if len(outs) == 1 else tuple(result[r] for r in outs)
+
+    def run(self, inputs: dict, out: dict | None = None) -> dict:
+        """Role -> array in, Role -> array out (allocated unless given)."""
         import cupy
 
         s = self.shape
-        batch = x.shape[0]
         dtype = np.dtype(STORAGE[s.dtype])
-        if tuple(x.shape) != x_shape(s, batch) or x.dtype != dtype:
-            raise SpecError(
-                f"input of shape {tuple(x.shape)} {x.dtype}, expected {x_shape(s, batch)} {dtype} "
-                f"({s.dtype.value}, {s.layout.value})"
-            )
-        if y is None:
-            y = cupy.empty(y_shape(s, batch), dtype=dtype)
+        batch = next(iter(inputs.values())).shape[0]
+        for role, t in inputs.items():
+            want = role_shape(role, s, batch)
+            if tuple(t.shape) != want or t.dtype != dtype:
+                raise SpecError(
+                    f"{role.value} of shape {tuple(t.shape)} {t.dtype}, expected {want} {dtype} "
+                    f"({s.dtype.value}, {s.layout.value})"
+                )
+        out = dict(out or {})
+        for role in outputs(s):
+            if role not in out:
+                out[role] = cupy.empty(role_shape(role, s, batch), dtype=dtype)
+        bufs = {**inputs, **out, Role.W: self.w, Role.BIAS: self.bias}
+        if self.plan.workspace_bytes:
+            if self.scratch is None:
+                self.scratch = cupy.empty(self.plan.workspace_bytes // 4, dtype=np.float32)
+            bufs[Role.WORKSPACE] = self.scratch
         if self.plan.workspace_per_image:
-            self._segments(x, y, batch)
+            self._segments(bufs, batch)
         else:
             for launch in self.plan.launches:
-                bufs = {Role.X: x, Role.W: self.w, Role.BIAS: self.bias, Role.Y: y}
                 self._launch(launch, bufs, batch)
-        return y
+        return out
 
-    def _segments(self, x, y, batch):
+    def _segments(self, bufs, batch):
         """im2col: unroll then multiply, one segment of images at a time."""
         import cupy
 
@@ -158,10 +193,10 @@ class Conv:
         xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
         for b0 in range(0, batch, seg):
             b1 = min(batch, b0 + seg)
-            bufs = {Role.X: x[b0:b1], Role.W: self.w, Role.BIAS: self.bias, Role.Y: y[b0:b1]}
-            bufs[Role.WORKSPACE] = xu
+            part = {r: (t[b0:b1] if r in BATCHED else t) for r, t in bufs.items()}
+            part[Role.WORKSPACE] = xu
             for launch in self.plan.launches:
-                self._launch(launch, bufs, b1 - b0)
+                self._launch(launch, part, b1 - b0)
 
     def _launch(self, launch, bufs, batch):
         f = self.functions[launch.kernel]
@@ -172,9 +207,17 @@ class Conv:
             for role in launch.args:
                 if role is Role.BATCH:
                     args.append(np.int32(n))
-                elif role in (Role.X, Role.Y):  # batched: this launch's images
+                elif role in BATCHED:  # this launch's images
                     args.append(bufs[role][b0 : b0 + n])
                 else:
                     args.append(bufs[role])
             grid = launch.grid_for(n, self.resident.get(launch.kernel))
             f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem)
+
+
+def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:
+    """w[M][C/g][R][S] -> the weights of dgrad's forward view, [C][M/g][R][S]: flipped in
+    R and S, the two channel axes swapped within each group."""
+    M, Cg, R, S = w.shape
+    g = w.reshape(groups, M // groups, Cg, R, S)[:, :, :, ::-1, ::-1]
+    return np.ascontiguousarray(g.transpose(0, 2, 1, 3, 4)).reshape(groups * Cg, M // groups, R, S)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import SpecError
 
@@ -22,7 +22,13 @@ INDEX_LIMIT = 2**31 - 1
 
 
 class Op(enum.Enum):
+    """What a kernel computes.  The backward ops are those of the forward problem that
+    the rest of the spec describes: its stride, padding and groups, dy shaped as its y."""
+
     FPROP = "fprop"  # y = conv(x, w) (+ bias, activation)
+    DGRAD = "dgrad"  # dx = the adjoint of the convolution applied to dy
+    WGRAD = "wgrad"  # dw = sum over images and output pixels of dy x x (+ db with bias=1)
+    BGRAD = "bgrad"  # db = dy summed over images and output pixels
 
 
 class Act(enum.Enum):
@@ -92,6 +98,16 @@ class ConvProblem:
         for what, pair in (("stride", self.stride), ("dil", self.dil)):
             if min(pair) < 1:
                 raise SpecError(f"{what} must be at least 1 on both axes, got {_pair(pair)}")
+        if self.op is not Op.FPROP and self.act is not Act.NONE:
+            raise SpecError(
+                f"act={self.act.value} is part of the forward pass; op={self.op.value} takes "
+                "dy of the convolution's output (apply the activation's gradient first): drop act"
+            )
+        if self.op is Op.DGRAD and self.bias:
+            raise SpecError(
+                "op=dgrad does not read the bias: drop bias=1 (db comes from op=wgrad with "
+                "bias=1, or op=bgrad)"
+            )
         if min(self.pads) < 0:
             raise SpecError(f"pad must be at least 0 on every side, got {self.pads}")
         if self.C % self.groups or self.M % self.groups:
@@ -239,11 +255,13 @@ class ConvProblem:
             text += f",dtype={self.dtype.value}"
         if self.layout is not TensorLayout.NCHW:
             text += f",layout={self.layout.value}"
+        if self.op is not Op.FPROP:
+            text += f",op={self.op.value}"
         return text
 
     def banner(self) -> tuple[str, str]:
         """Two lines for a generated file's header: the sizes, and the tensors."""
-        if not self.unusual():
+        if not self.unusual() and self.op is Op.FPROP:
             return (
                 f"C={self.C} M={self.M} H={self.H} W={self.W} K={self.K} pad={self.pad}",
                 f"x[B][{self.C}][{self.H}][{self.W}] * w[{self.M}][{self.C}][{self.K}][{self.K}]"
@@ -254,24 +272,75 @@ class ConvProblem:
             if self.layout is TensorLayout.NCHW
             else (f"[B][{self.H}][{self.W}][{self.C}]", f"[B][{self.Ho}][{self.Wo}][{self.M}]")
         )
+        w = f"w[{self.M}][{self.Cg}][{self.R}][{self.S}]"
         epilogue = (" + bias" if self.bias else "") + (
             f", then {self.act.value}" if self.act is not Act.NONE else ""
         )
+        tensors = {
+            Op.FPROP: f"x{x} * {w}{epilogue} -> y{y}",
+            Op.DGRAD: f"dy{y} * {w} -> dx{x}, the forward problem's adjoint",
+            Op.WGRAD: f"x{x} * dy{y} -> d{w}"
+            + (f", db[{self.M}]" if self.bias else "")
+            + ", summed over the batch",
+            Op.BGRAD: f"dy{y} -> db[{self.M}], summed over the batch",
+        }[self.op]
         return (
             self.spec.replace(",", " "),
-            f"{self.dtype.value} x{x} * w[{self.M}][{self.Cg}][{self.R}][{self.S}]{epilogue}"
-            f" -> y{y} ({self.layout.value}), fp32 sums, B at launch",
+            f"{self.dtype.value} {tensors} ({self.layout.value}), fp32 sums, B at launch",
         )
 
     def flops(self, batch: int) -> int:
+        """Each op but bgrad makes the forward pass's multiply-adds; bgrad one add per
+        element of dy."""
+        if self.op is Op.BGRAD:
+            return batch * self.M * self.Ho * self.Wo
         return 2 * batch * self.M * self.reduction * self.Ho * self.Wo
 
     def bytes_moved(self, batch: int) -> int:
-        """Fewest bytes through device memory: x and w read once, y written once."""
-        return self.dtype.bytes * (
-            batch * self.C * self.H * self.W
-            + self.weight_count
-            + batch * self.M * self.Ho * self.Wo
+        """Fewest bytes through device memory: each operand read once, the result
+        written once (x, w, y for fprop; dy, w, dx for dgrad; x, dy, dw for wgrad)."""
+        x = batch * self.C * self.H * self.W
+        y = batch * self.M * self.Ho * self.Wo
+        w = self.weight_count
+        b = self.M if self.bias or self.op is Op.BGRAD else 0
+        count = {Op.FPROP: x + w + y, Op.DGRAD: x + w + y, Op.WGRAD: x + y + w + b}
+        return self.dtype.bytes * count.get(self.op, y + b)
+
+    def with_op(self, op: "Op") -> "ConvProblem":
+        """The same layer, another op: act goes (it is the forward pass's), and the bias
+        goes from dgrad (which does not read it)."""
+        act = self.act if op is Op.FPROP else Act.NONE
+        bias = self.bias and op is not Op.DGRAD
+        return replace(self, op=op, act=act, bias=bias)
+
+    def dgrad_view(self) -> "ConvProblem":
+        """At stride 1, dgrad is a forward convolution of dy with the weights flipped in
+        R and S and transposed to [C][M/groups] per group, padded by the dilated window
+        minus the forward padding: the problem every forward strategy computes for it."""
+        if self.stride != (1, 1):
+            raise SpecError(
+                f"dgrad at stride {_pair(self.stride)} is no forward convolution of dy "
+                "(its taps fall in stride phases): use --strategy phased"
+            )
+        (dh, dw), (pt, pb, pl, pr) = self.dil, self.pads
+        th, tw = dh * (self.R - 1), dw * (self.S - 1)
+        pads = (th - pt, th - pb, tw - pl, tw - pr)
+        if min(pads) < 0:
+            raise SpecError(
+                f"dgrad with padding {_pads_text(self.pads)} past the window's reach "
+                f"{_pair((th, tw))} is no forward convolution of dy: use --strategy phased"
+            )
+        return replace(
+            self,
+            C=self.M,
+            M=self.C,
+            H=self.Ho,
+            W=self.Wo,
+            pads=pads,
+            op=Op.FPROP,
+            bias=False,
+            act=Act.NONE,
+            name="",
         )
 
 
@@ -329,6 +398,7 @@ _KEYS = {
     "act": "none or relu",
     "dtype": "fp32, fp16 or bf16",
     "layout": "nchw or nhwc",
+    "op": "fprop, dgrad, wgrad or bgrad",
 }
 
 
@@ -356,7 +426,7 @@ def _choice(key: str, text: str, spec: str, cls):
 
 def parse_shape(text: str) -> ConvProblem:
     """A preset name, or an inline spec: ``C=4,M=16,H=40,W=40,K=7[,pad=1]`` and the keys
-    K=RxS, stride=, dil=, pad=PxQ|same|valid, groups=, bias=, act=, dtype=, layout=."""
+    K=RxS, stride=, dil=, pad=PxQ|same|valid, groups=, bias=, act=, dtype=, layout=, op=."""
     text = text.strip()
     if text in PRESETS:
         return PRESETS[text]
@@ -398,7 +468,7 @@ def parse_shape(text: str) -> ConvProblem:
                 f"malformed shape spec '{text}': bias={raw['bias']} is not {_KEYS['bias']}"
             )
         fields["bias"] = raw["bias"] == "1"
-    for key, cls in (("act", Act), ("dtype", DType), ("layout", TensorLayout)):
+    for key, cls in (("act", Act), ("dtype", DType), ("layout", TensorLayout), ("op", Op)):
         if key in raw:
             fields[key] = _choice(key, raw[key], text, cls)
     fields["pads"] = _pads(raw.get("pad", "0"), fields, text)

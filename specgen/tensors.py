@@ -12,7 +12,7 @@ import enum
 
 import numpy as np
 
-from .shapes import ConvProblem, DType, TensorLayout
+from .shapes import ConvProblem, DType, Op, TensorLayout
 
 
 class Role(enum.Enum):
@@ -23,8 +23,46 @@ class Role(enum.Enum):
     W = "w"  # the weights, packed to the plan's weight_format
     BIAS = "bias"
     Y = "y"  # the output activations
-    WORKSPACE = "workspace"  # scratch the plan sizes per image (im2col's unrolled matrix)
+    DY = "dy"  # the gradient of the loss with respect to y (the backward ops' input)
+    DX = "dx"  # ... with respect to x (dgrad's output)
+    DW = "dw"  # ... with respect to w (wgrad's output, [M][C/groups][R][S])
+    DB = "db"  # ... with respect to the bias ([M], from wgrad with bias=1 or bgrad)
+    WORKSPACE = "workspace"  # scratch the plan sizes (im2col's unrolled matrix, partial sums)
     BATCH = "batch"  # not a tensor: the images in this launch, an int32
+
+
+# The tensors each op reads (besides the weights and bias that set_weights uploads) and
+# writes; the batched ones are cut into the launches' chunks of images.
+INPUTS = {
+    Op.FPROP: (Role.X,),
+    Op.DGRAD: (Role.DY,),
+    Op.WGRAD: (Role.X, Role.DY),
+    Op.BGRAD: (Role.DY,),
+}
+BATCHED = frozenset({Role.X, Role.Y, Role.DY, Role.DX})
+
+
+def outputs(p: ConvProblem) -> tuple[Role, ...]:
+    if p.op is Op.FPROP:
+        return (Role.Y,)
+    if p.op is Op.DGRAD:
+        return (Role.DX,)
+    if p.op is Op.WGRAD:
+        return (Role.DW, Role.DB) if p.bias else (Role.DW,)
+    return (Role.DB,)
+
+
+def role_shape(role: Role, p: ConvProblem, batch: int) -> tuple[int, ...]:
+    """The shape of one of a problem's tensors in its layout."""
+    if role in (Role.X, Role.DX):
+        return x_shape(p, batch)
+    if role in (Role.Y, Role.DY):
+        return y_shape(p, batch)
+    if role in (Role.W, Role.DW):
+        return w_shape(p)
+    if role in (Role.BIAS, Role.DB):
+        return (p.M,)
+    raise ValueError(role)
 
 
 STORAGE = {DType.FP32: np.float32, DType.FP16: np.float16, DType.BF16: np.uint16}

@@ -20,9 +20,9 @@ from .compile import nvrtc_version
 from .errors import SpecError
 from .plan import make_plan
 from .render import render
-from .shapes import ConvProblem
+from .shapes import ConvProblem, Op
 from .strategies import TABLE, default_set, parse_variant_name
-from .variants import Precision, Variant
+from .variants import Precision, Variant, split_problem_tags
 
 RETIME_TOP = 3
 RETIME_ROUNDS = 5
@@ -50,7 +50,10 @@ def candidates(
     out = []
     for cls in [strategy] if strategy else TABLE:
         if precision in cls.precisions:
-            out += cls.space(shape, precision)
+            try:
+                out += cls.space(cls.problem_for(shape), precision)
+            except SpecError:
+                continue  # it does not compute this op
     valid, seen = [], set()
     for v in out:
         if v in seen:
@@ -151,7 +154,9 @@ def run_tune(
     samples = {v: [] for v in top}
     for _ in range(RETIME_ROUNDS):
         for v, c in convs.items():
-            samples[v] += time_launches(lambda i, c=c: c(xs[i % len(xs)]), reps=10, rotate=len(xs))
+            samples[v] += time_launches(
+                lambda i, c=c: c.run(xs[i % len(xs)]), reps=10, rotate=len(xs)
+            )
     med = {v: statistics.median(s) for v, s in samples.items()}
     order = sorted(top, key=med.get)
     win = order[0]
@@ -187,7 +192,12 @@ def best_picks(shape: ConvProblem, gpu: str) -> list[tuple[Variant, str | None]]
     found = tunedb.winners(shape.spec, gpu)
     if not found:
         shipped = tunedb.shipped_names(shape.slug, gpu) if shape.name else []
-        return [(parse_variant_name(name), None) for name in shipped]
+        ours = [split_problem_tags(n) for n in shipped]  # winners are per op
+        return [
+            (parse_variant_name(base), None)
+            for base, tags in ours
+            if tags.get("op", Op.FPROP) is shape.op
+        ]
     picks = []
     for r in found.values():
         try:

@@ -217,6 +217,9 @@ class Variant:
     serves: ClassVar[frozenset] = frozenset()  # problem features it computes
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32,)
     tensor_core: ClassVar[bool] = False
+    # The ops it computes; one that computes fprop serves dgrad at stride 1 too, as the
+    # forward convolution of ``ConvProblem.dgrad_view``.
+    ops: ClassVar[frozenset] = frozenset({Op.FPROP})
 
     precision: Precision = Precision.FP32
 
@@ -259,6 +262,23 @@ class Variant:
     def seeds(cls) -> list["Variant"]:
         """What this strategy puts in every problem's default set, before ``fit``."""
         return [cls(precision=p) for p in cls.precisions]
+
+    @classmethod
+    def problem_for(cls, problem: ConvProblem) -> ConvProblem:
+        """The problem this strategy's planner, defaults and space work on: the problem
+        itself, or for dgrad through a forward strategy its forward view; SpecError
+        when the strategy does not compute the op."""
+        if problem.op in cls.ops:
+            return problem
+        if problem.op is Op.DGRAD and Op.FPROP in cls.ops:
+            return problem.dgrad_view()
+        from .strategies import TABLE
+
+        able = [s.key for s in TABLE if problem.op in s.ops]
+        raise SpecError(
+            f"{cls.key} computes {' and '.join(o.value for o in cls.ops)}, not "
+            f"op={problem.op.value}; use --strategy {' or '.join(able)}"
+        )
 
     @classmethod
     def fit(cls, problem: ConvProblem, seed: "Variant") -> "Variant":

@@ -9,10 +9,29 @@ import numpy as np
 
 from .compile import compile_source, symbol_sizes
 from .plan import Plan, make_plan
-from .reference import compare, conv2d, error_coefficient, output_rounding, underflow_term
+from .reference import (
+    bias_grad,
+    compare,
+    conv2d,
+    conv2d_dgrad,
+    conv2d_wgrad,
+    error_coefficient,
+    output_rounding,
+    underflow_term,
+)
 from .render import render
-from .shapes import ConvProblem
-from .tensors import from_storage, to_nchw, to_storage, w_shape, x_shape, y_shape
+from .shapes import ConvProblem, Op
+from .tensors import (
+    BATCHED,
+    INPUTS,
+    Role,
+    from_storage,
+    outputs,
+    role_shape,
+    to_nchw,
+    to_storage,
+    w_shape,
+)
 from .variants import Variant
 
 # Above this many multiply-adds the reference runs on the GPU in float64.
@@ -57,10 +76,11 @@ def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
 
 
 def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
-    """Fresh normal x in the problem's storage dtype and layout, w scaled so outputs
-    are O(1) (fp16 must not overflow), and a bias when the problem has one; w and the
-    bias as fp32 values that the dtype holds exactly."""
-    x = rng.standard_normal(x_shape(shape, batch), dtype=np.float32)
+    """Fresh normal inputs of the problem's op in its storage dtype and layout (x for
+    fprop, dy for dgrad and bgrad, both for wgrad: ``{Role: array}``), w scaled so
+    outputs are O(1) (fp16 must not overflow), and a bias when the forward problem has
+    one; w and the bias as fp32 values that the dtype holds exactly.  dy of wgrad and
+    bgrad is scaled by 1/sqrt(images x pixels), so that their sums are O(1) too."""
     w = rng.standard_normal(w_shape(shape), dtype=np.float32)
     w *= np.float32(1.0 / np.sqrt(shape.reduction))
 
@@ -68,7 +88,55 @@ def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
         return from_storage(to_storage(v, shape.dtype), shape.dtype)
 
     b = exact(rng.standard_normal(shape.M, dtype=np.float32) * 0.5) if shape.bias else None
-    return to_storage(x, shape.dtype), exact(w), b
+    inputs = {}
+    for role in INPUTS[shape.op]:
+        t = rng.standard_normal(role_shape(role, shape, batch), dtype=np.float32)
+        if role is Role.DY and shape.op in (Op.WGRAD, Op.BGRAD):
+            t *= np.float32(1.0 / np.sqrt(batch * shape.Ho * shape.Wo))
+        inputs[role] = to_storage(t, shape.dtype)
+    if shape.op in (Op.WGRAD, Op.BGRAD):
+        return inputs, None, None
+    return inputs, exact(w), (b if shape.op is Op.FPROP else None)
+
+
+def references(shape: ConvProblem, values: dict, w, b, xp) -> dict:
+    """Role -> (float64 reference, the sum of its terms' magnitudes), NCHW, for each
+    output of the problem's op; ``values``: the inputs as float values, NCHW."""
+    op = shape.op
+    if op is Op.FPROP:
+        x = values[Role.X]
+        ref = conv2d(x, w, shape, xp, bias=b)
+        mag = conv2d(xp.abs(x), xp.abs(w), shape, xp, epilogue=False)
+        if b is not None:
+            mag += xp.abs(b)[None, :, None, None]
+        return {Role.Y: (ref, mag)}
+    dy = values[Role.DY]
+    if op is Op.DGRAD:
+        return {
+            Role.DX: (
+                conv2d_dgrad(dy, w, shape, xp),
+                conv2d_dgrad(xp.abs(dy), xp.abs(w), shape, xp),
+            )
+        }
+    out = {Role.DB: (bias_grad(dy, xp), bias_grad(xp.abs(dy), xp))}
+    if op is Op.WGRAD:
+        x = values[Role.X]
+        out[Role.DW] = (
+            conv2d_wgrad(x, dy, shape, xp),
+            conv2d_wgrad(xp.abs(x), xp.abs(dy), shape, xp),
+        )
+    return {r: out[r] for r in outputs(shape)}
+
+
+def summation_terms(plan: Plan, batch: int) -> int:
+    """The additions on the longest path of each output's sum."""
+    s = plan.shape
+    if plan.sum_depth is not None:
+        per_image, slices, fixed = plan.sum_depth
+        return per_image * -(-batch // slices) + fixed
+    if s.op is Op.DGRAD:
+        return s.Mg * s.R * s.S
+    return s.reduction + (1 if s.bias else 0)
 
 
 def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> dict:
@@ -80,31 +148,43 @@ def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> di
     # blocks as items, each block computes about three, through both band buffers.
     items = max((l.per_image * batch for l in plan.launches if l.persistent), default=0)
     conv = Conv(shape, plan.variant, plan=plan, binary=binary, max_blocks=-(-items // 3) or None)
-    x, w, b = random_inputs(shape, batch, rng)
+    inputs, w, b = random_inputs(shape, batch, rng)
     conv.set_weights(w, b)
-    xd = cupy.asarray(x)
-    y = cupy.asarray(to_storage(np.full(y_shape(shape, batch), np.nan, np.float32), shape.dtype))
-    conv(xd, y)
+    dev = {r: cupy.asarray(t) for r, t in inputs.items()}
+    outs = {
+        r: cupy.asarray(
+            to_storage(np.full(role_shape(r, shape, batch), np.nan, np.float32), shape.dtype)
+        )
+        for r in outputs(shape)
+    }
+    conv.run(dev, outs)
     cupy.cuda.Device().synchronize()
-    macs = batch * shape.M * shape.Ho * shape.Wo * shape.reduction
-    xp = cupy if macs > CPU_REFERENCE_MACS else np
-    xv = to_nchw(from_storage(xd if xp is cupy else x, shape.dtype, xp), shape)
-    wr = xp.asarray(w)
-    br = None if b is None else xp.asarray(b)
-    ref = conv2d(xv, wr, shape, xp, bias=br)
-    magnitude = conv2d(xp.abs(xv), xp.abs(wr), shape, xp, epilogue=False)
-    if br is not None:
-        magnitude += xp.abs(br)[None, :, None, None]
-    gamma = error_coefficient(plan.variant, shape)
-    u_out = output_rounding(shape)
-    absolute = underflow_term(
-        plan.variant,
+    xp = cupy if shape.flops(batch) > 2 * CPU_REFERENCE_MACS else np
+
+    def values(role, t):
+        v = from_storage(t if xp is cupy else cupy.asnumpy(t), shape.dtype, xp)
+        return to_nchw(v, shape) if role in BATCHED else v
+
+    refs = references(
         shape,
-        float(np.abs(from_storage(x, shape.dtype)).max()),
-        float(np.abs(w).max()),
+        {r: values(r, t) for r, t in dev.items()},
+        None if w is None else xp.asarray(w),
+        None if b is None else xp.asarray(b),
+        xp,
     )
-    got = to_nchw(from_storage(y if xp is cupy else cupy.asnumpy(y), shape.dtype, xp), shape)
-    return compare(got, ref, magnitude, gamma + u_out * (1 + gamma), xp, absolute)
+    # The error terms follow the sum each output is: dgrad's is that of its forward view.
+    bound_problem = plan.view or shape
+    gamma = error_coefficient(plan.variant, bound_problem, summation_terms(plan, batch))
+    u_out = output_rounding(shape)
+    largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
+    absolute = underflow_term(
+        plan.variant, bound_problem, largest, 0.0 if w is None else float(np.abs(w).max())
+    )
+    results = [
+        compare(values(role, outs[role]), ref, mag, gamma + u_out * (1 + gamma), xp, absolute)
+        for role, (ref, mag) in refs.items()
+    ]
+    return max(results, key=lambda r: (not r["ok"], r["bound_ratio"]))  # the worst output
 
 
 def verify_variant(

@@ -12,13 +12,15 @@ from specgen.compile import cache_key, compile_source, options_for
 from specgen.parallel import precompile
 from specgen.plan import make_plan
 from specgen.render import render
-from specgen.shapes import PRESETS
+from specgen.shapes import PRESETS, Op
 from specgen.strategies import default_set
 from specgen.strategies.direct import Direct
 from specgen.verify import check_resources
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
-ALL = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+# Every op's default set of every preset: what generated/ holds.
+PROBLEMS = [s.with_op(op) for s in PRESETS.values() for op in Op]
+ALL = [(s, v) for s in PROBLEMS for v in default_set(s)]
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +30,7 @@ def compiled():
     return errors
 
 
-@pytest.mark.parametrize("shape,variant", ALL, ids=[f"{s.name}-{v.name}" for s, v in ALL])
+@pytest.mark.parametrize("shape,variant", ALL, ids=[f"{s.name}-{v.kernel_name(s)}" for s, v in ALL])
 def test_compiles_for_sm90_without_spills_and_as_planned(shape, variant, compiled):
     plan = make_plan(shape, variant)
     assert compiled[plan.name] is None, compiled[plan.name]
@@ -70,7 +72,7 @@ def test_render_is_deterministic_and_strict():
 
 def test_generated_is_in_sync():
     """generated/ holds exactly the default set of every preset, as render writes it today."""
-    expected = {Path(s.slug) / f"{v.name}.cu": (s, v) for s, v in ALL}
+    expected = {Path(s.slug) / f"{v.kernel_name(s)}.cu": (s, v) for s, v in ALL}
     found = {p.relative_to(GENERATED) for p in GENERATED.glob("*/*.cu")}
     assert found == set(expected), "generated/ is stale: run `make generated`"
     for rel, (s, v) in expected.items():

@@ -19,7 +19,7 @@ from specgen.reference import (
     output_rounding,
     underflow_term,
 )
-from specgen.shapes import PRESETS, TensorLayout, parse_shape, square
+from specgen.shapes import PRESETS, Op, TensorLayout, parse_shape, square
 from specgen.strategies import TABLE, default_set, parse_variant_name
 from specgen.strategies.direct import Direct
 from specgen.strategies.inputtile import Inputtile
@@ -32,7 +32,7 @@ from specgen.variants import Layout, Precision, Weights
 
 from problems import problem_specs
 
-ALL = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+ALL = [(s, v) for s in PRESETS.values() for op in Op for v in default_set(s.with_op(op))]
 
 
 def test_presets_match_the_reference_table():

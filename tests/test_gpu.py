@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
-from specgen.shapes import PRESETS, Act, parse_shape, square
+from specgen.shapes import PRESETS, Act, Op, parse_shape, square
 from specgen.strategies import default_set
 from specgen.verify import verify_variant
 
@@ -17,7 +17,10 @@ from problems import problem_specs
 
 pytestmark = pytest.mark.gpu
 
-CASES = [(s, v) for s in PRESETS.values() for v in default_set(s)]
+# Every op's default set of every preset (the backward ops' strategies included).
+CASES = [
+    (s.with_op(op), v) for s in PRESETS.values() for op in Op for v in default_set(s.with_op(op))
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,9 @@ def verify_default_set(problem, batch, arch):
         assert row.status == "PASS", (problem.spec, v.name, row.problems)
 
 
-@pytest.mark.parametrize("shape,variant", CASES, ids=[f"{s.name}-{v.name}" for s, v in CASES])
+@pytest.mark.parametrize(
+    "shape,variant", CASES, ids=[f"{s.name}-{v.kernel_name(s)}" for s, v in CASES]
+)
 def test_preset_variant(shape, variant, arch, compiled):
     row = verify_variant(shape, variant, arch=arch, batch=3, numbers=True)
     assert row.status == "PASS", row.problems
@@ -117,3 +122,30 @@ EPILOGUES = [
 @pytest.mark.parametrize("spec", NETWORK_LAYERS + EPILOGUES)
 def test_network_layers(spec, arch):
     verify_default_set(parse_shape(spec), 2, arch)
+
+
+# No shrinking, as above.
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(
+    p=problem_specs(largest=23),
+    batch=st.integers(1, 3),
+    op=st.sampled_from([Op.DGRAD, Op.WGRAD, Op.BGRAD]),
+)
+def test_random_backward_problems(p, batch, op, arch):
+    """dgrad, wgrad (with db when the layer has a bias) and bgrad of drawn problems:
+    stride, dilation, groups, every padding form, 16-bit tensors, NHWC; every strategy
+    that serves the op (each forward strategy too, for stride-1 dgrad) within its bound."""
+    verify_default_set(p.with_op(op), batch, arch)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_wgrad_at_the_default_batch(preset, arch):
+    """The long reductions: each weight a sum over the preset's whole default batch
+    (64 million terms per weight for layer1), within the bound of the plan's tree."""
+    shape = PRESETS[preset].with_op(Op.WGRAD)
+    verify_default_set(shape, shape.batch, arch)

@@ -7,16 +7,22 @@ precisions it computes in, and the grid of every launch.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable
 
 from ..errors import SpecError
 from ..shapes import ConvProblem
+from ..tensors import Role
 from ..variants import Variant
 from .common import Launch, Plan, Size, check_grid
 
 
 def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
     from ..strategies import TABLE
+
+    problem = type(variant).problem_for(shape)
+    if problem is not shape:
+        return _through_view(make_plan(problem, variant), shape)
 
     missing = {f: text for f, text in shape.features().items() if f not in variant.serves}
     if missing:
@@ -43,6 +49,35 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
     for launch in plan.launches:
         check_grid(launch, hint)
     return plan
+
+
+def _through_view(plan: Plan, problem: ConvProblem) -> Plan:
+    """A forward plan of ``problem.dgrad_view()`` as the dgrad plan of ``problem``: the
+    kernels read dy where they read x and write dx where they wrote y, the host flips
+    and transposes w, and every symbol carries the op."""
+    view, old, new = plan.shape, plan.name, plan.variant.kernel_name(problem)
+    swap = {Role.X: Role.DY, Role.Y: Role.DX}
+    launches = tuple(
+        replace(l, kernel=new + l.kernel[len(old) :], args=tuple(swap.get(a, a) for a in l.args))
+        for l in plan.launches
+    )
+    how = Size(
+        "dgrad",
+        f"forward C={view.C} M={view.M} H={view.H} W={view.W} pad={_pads(view.pads)}",
+        "dx = conv(dy, w flipped in R,S and transposed per group), stride 1; x is dy, y is dx",
+    )
+    return replace(
+        plan,
+        shape=problem,
+        view=view,
+        launches=launches,
+        weight_transform="dgrad",
+        sizes=(how, *plan.sizes),
+    )
+
+
+def _pads(pads) -> str:
+    return str(pads[0]) if len(set(pads)) == 1 else "x".join(map(str, pads))
 
 
 def first_planned(shape: ConvProblem, candidates: Iterable[Variant]) -> Variant:

@@ -56,8 +56,11 @@ class Launch:
             raise TypeError(f"{self.kernel}: kernel arguments must be Roles, got {odd}")
 
     def grid_for(self, batch: int, resident: int | None = None) -> tuple[int, int, int]:
-        """``resident``: blocks the device holds at once, which caps a persistent grid."""
+        """``resident``: blocks the device holds at once, which caps a persistent grid.
+        ``per_image`` 0: the grid is fixed and the kernel walks the batch itself."""
         grid = list(self.grid)
+        if not self.per_image:
+            return tuple(grid)
         grid[self.axis] = -(-batch * self.per_image // self.per_block)
         if self.persistent and resident:
             grid[self.axis] = min(grid[self.axis], resident)
@@ -66,6 +69,8 @@ class Launch:
     @property
     def max_batch(self) -> int:
         """The largest batch one launch covers; the runtime splits larger ones."""
+        if not self.per_image:
+            return 2**31 - 1
         if self.persistent:
             return (2**31 - 1) // self.per_image  # int32 work-item indices
         by_grid = GRID_LIMITS[self.axis] * self.per_block // self.per_image
@@ -89,6 +94,14 @@ class Plan:
     sizes: tuple[Size, ...]
     context: dict = field(compare=False, hash=False, repr=False)
     workspace_per_image: int = 0  # bytes of scratch per image (im2col)
+    workspace_bytes: int = 0  # bytes of scratch whatever the batch (partial sums)
+    # "dgrad": the host flips w in R and S and transposes it per group before packing
+    weight_transform: str = ""
+    view: ConvProblem | None = None  # the forward problem the kernels compute, if not shape
+    # A reduction over the batch, for the error bound: (additions per image, slices
+    # the batch is cut into, additions besides) on the longest path of its summation
+    # tree: per_image * ceil(batch / slices) + besides.
+    sum_depth: tuple[int, int, int] | None = None
 
     @property
     def name(self) -> str:

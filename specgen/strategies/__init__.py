@@ -6,7 +6,7 @@ parsing, the default set, tune's space) reads this table."""
 from __future__ import annotations
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, split_problem_tags
 from .direct import Direct
 from .im2col import Im2col
@@ -16,9 +16,11 @@ from .mma import Mma
 from .mmapersist import Mmapersist
 from .mmatile import Mmatile
 from .persist import Persist
+from .phased import Phased
 from .split import Split
 from .stream import Stream
 from .tiled import Tiled
+from .wsplit import Wsplit
 
 # The order of the default set and of the CLI's help.
 TABLE: tuple[type[Variant], ...] = (
@@ -33,6 +35,8 @@ TABLE: tuple[type[Variant], ...] = (
     Persist,
     Stream,
     Mmapersist,
+    Phased,
+    Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}
 
@@ -92,7 +96,7 @@ def default_set(problem: ConvProblem) -> list[Variant]:
     for cls in TABLE:
         for seed in cls.seeds():
             try:
-                v = cls.fit(problem, seed)
+                v = cls.fit(cls.problem_for(problem), seed)
                 make_plan(problem, v)
             except SpecError:
                 continue  # this strategy cannot serve this problem; the planner said why
@@ -100,10 +104,22 @@ def default_set(problem: ConvProblem) -> list[Variant]:
                 out.append(v)
     if problem.name:
         for name in tunedb.shipped_names(problem.slug):
-            v = parse_variant_name(name)
+            if split_problem_tags(name)[1].get("op", Op.FPROP) is not problem.op:
+                continue
+            v = parse_variant_name(split_problem_tags(name)[0])
             if v not in out:
                 out.append(v)
     return out
+
+
+def default_strategy(problem: ConvProblem) -> type[Variant]:
+    """What ``--strategy`` means when not given: tiled for the forward pass (and dgrad
+    through it), else the first strategy that computes the op."""
+    try:
+        Tiled.problem_for(problem)
+        return Tiled
+    except SpecError:
+        return next((s for s in TABLE if problem.op in s.ops), Tiled)
 
 
 __all__ = ["TABLE", "BY_KEY", "Precision", "default_set", "options", "parse_variant_name"]

@@ -1,0 +1,205 @@
+"""``wsplit``: wgrad (and db) as a reduction over the batch, split over blocks.
+
+Each weight dw[m][c][p][q] is a sum over every image and output pixel, 64 million terms
+per weight for layer1 at B=10000.  The work item of a warp (or of several) is one
+tap row p of one input channel c for a block of maps: each thread walks its share of
+the output pixels of its slice of the images, loads dy of its maps once and the row of
+x under the window once, and keeps maps x S partial sums in registers.  Lanes are then
+summed by a butterfly of warp shuffles, the warps of an item in shared memory, and the
+block's sums go to its slice's row of a workspace; a second kernel adds the slices in
+a fixed order.  Nothing is atomic, so every run gives the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div, choices, divisors, shape_context
+from ..shapes import Op
+from ..tensors import Role
+from ..variants import EVERY_FEATURE, Count, Variant, param
+
+BLOCK_WARPS = 8
+TARGET_BLOCKS = 1024  # about 8 resident blocks on each of the H200's 132 SMs
+REDUCE_BLOCK = 256
+MAX_ACCUMULATORS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wsplit(Variant):
+    key = "wsplit"
+    family = "backward"
+    description = (
+        "wgrad and db split over the batch: register partial sums, shuffle and shared-memory "
+        "trees in the block, a second pass over the slices"
+    )
+    serves = EVERY_FEATURE
+    ops = frozenset({Op.WGRAD, Op.BGRAD})
+
+    maps: int = param(4, Count("m"), "wsplit: maps per thread, each x load feeds them all")
+    warps: int = param(1, Count("w"), "wsplit: warps per work item, sharing its pixels")
+    splits: int = param(64, Count("s"), "wsplit: slices of the batch, one block row each")
+
+    def plan(self, problem):
+        return plan_wsplit(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The most maps per thread (up to the seed's) that divide a group's, then as
+        many warps per item and slices as fill the GPU about eight blocks per SM deep."""
+        maps = max(d for d in divisors(problem.Mg) if d <= seed.maps)
+        items = _items(problem, maps)
+        warps = max(
+            w for w in (1, 2, 4, 8) if items * w <= 4 * TARGET_BLOCKS * BLOCK_WARPS or w == 1
+        )
+        blocks = ceil_div(items, BLOCK_WARPS // warps)
+        splits = max(1, min(problem.batch, TARGET_BLOCKS // blocks, 65535))
+        return replace(seed, maps=maps, warps=warps, splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        base = cls.default(problem, precision)
+        for maps in (1, 2, 4, 8):
+            for warps in (1, 2, 4, 8):
+                for factor in (1, 4):
+                    s = max(1, base.splits * factor // 2)
+                    out.append(cls(maps=maps, warps=warps, splits=s, precision=precision))
+        return out
+
+
+def _items(p, maps: int) -> int:
+    if p.op is Op.BGRAD:
+        return p.M // maps
+    return p.groups * (p.Mg // maps) * p.Cg * p.R
+
+
+def plan_wsplit(p, v: Wsplit) -> Plan:
+    # 1. limits
+    if p.Mg % v.maps:
+        raise SpecError(
+            f"wsplit m{v.maps} must divide the {p.Mg} maps of a group; choose one of "
+            f"{choices(divisors(p.Mg))}"
+        )
+    if BLOCK_WARPS % v.warps:
+        raise SpecError(
+            f"wsplit w{v.warps}: warps per item must divide {BLOCK_WARPS}: 1, 2, 4 or 8"
+        )
+    if v.splits > 65535:
+        raise SpecError(f"wsplit s{v.splits}: at most 65535 slices of the batch (grid y)")
+    bgrad = p.op is Op.BGRAD
+    taps = 1 if bgrad else p.S
+    accumulators = v.maps * taps + (v.maps if p.bias and not bgrad else 0)
+    if accumulators > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"wsplit m{v.maps} keeps {accumulators} sums per thread (maps x {taps} taps), over "
+            f"{MAX_ACCUMULATORS}; choose fewer maps"
+        )
+
+    # 2. work: items of (group, map block, channel, tap row), blocks of items
+    items = _items(p, v.maps)
+    per_block = BLOCK_WARPS // v.warps
+    blocks = ceil_div(items, per_block)
+    P = p.Ho * p.Wo
+    lanes = 32 * v.warps
+    pixels_per_thread = ceil_div(P, lanes)
+    weights = 0 if bgrad else p.weight_count
+    with_db = bgrad or p.bias
+    row = weights + (p.M if with_db else 0)  # one slice's partial sums
+    workspace = 4 * v.splits * row
+
+    name = v.kernel_name(p)
+    launches = (
+        Launch(
+            name,
+            (*(() if bgrad else (Role.X,)), Role.DY, Role.WORKSPACE, Role.BATCH),
+            (32 * BLOCK_WARPS, 1, 1),
+            (blocks, v.splits, 1),
+            1,
+            0,
+            1,
+        ),
+        Launch(
+            f"{name}_reduce",
+            (Role.WORKSPACE, *(() if bgrad else (Role.DW,)), *((Role.DB,) if with_db else ())),
+            (REDUCE_BLOCK, 1, 1),
+            (ceil_div(row, REDUCE_BLOCK), 1, 1),
+            1,
+            0,
+            1,
+        ),
+    )
+    ctx = dict(
+        shape_context(p),
+        bgrad=bgrad,
+        with_db=with_db,
+        mb=v.maps,
+        mbs=p.Mg // v.maps,
+        Mg=p.Mg,
+        Cg=p.Cg,
+        R=p.R,
+        S=p.S,
+        RS=p.R * p.S,
+        dh=p.dil[0],
+        dw=p.dil[1],
+        taps=taps,
+        items=items,
+        per_block=per_block,
+        warps=v.warps,
+        lanes=lanes,
+        threads=32 * BLOCK_WARPS,
+        splits=v.splits,
+        P=P,
+        row=row,
+        weights=weights,
+        reduce_block=REDUCE_BLOCK,
+        x_image=p.C * p.H * p.W,
+        dy_image=p.M * P,
+        guard_rows=p.pads[0] > 0 or p.pads[1] > 0,
+        guard_cols=p.pads[2] > 0 or p.pads[3] > 0,
+    )
+    what = "db" if bgrad else ("dw and db" if with_db else "dw")
+    sizes = (
+        Size(
+            "work item",
+            "maps block" if bgrad else f"{v.maps} maps x 1 channel x tap row, {taps} taps",
+            f"{items} items: " + ("M/maps" if bgrad else "groups x M/groups/maps x C/groups x R"),
+        ),
+        Size(
+            "thread",
+            f"{accumulators} fp32 sums",
+            f"{v.maps} dy loads + {taps} x loads per pixel feed {v.maps * taps} FMAs",
+        ),
+        Size(
+            "block",
+            f"{32 * BLOCK_WARPS} threads = {per_block} item(s)",
+            f"{v.warps} warp(s) per item: {lanes} lanes over the {P} output pixels, {pixels_per_thread} each",
+        ),
+        Size(
+            "grid",
+            f"{blocks} x {v.splits}",
+            f"item blocks x slices of the batch (slice k: images k, k+{v.splits}, ...)",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} partial sums of {what}; the second kernel adds the slices in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wgrad.cu.j2",
+        launches=launches,
+        static_smem=4 * per_block * v.warps * accumulators if v.warps > 1 else 0,
+        dynamic_smem=0,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a thread's pixels of each image of its slice, 5 shuffle levels, the warps of
+        # an item, the slices
+        sum_depth=(pixels_per_thread, v.splits, 5 + v.warps + v.splits),
+    )

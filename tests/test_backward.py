@@ -1,0 +1,232 @@
+"""CPU tier for the backward ops: the float64 references against the definition, the
+algebra each strategy builds on (dgrad's forward view, the stride phases, wgrad's
+work items) replayed in NumPy, the problem model's refusals, and the CLI."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from problems import problem_specs
+
+from specgen.cli import main
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.reference import (
+    bias_grad,
+    conv2d,
+    conv2d_dgrad,
+    conv2d_wgrad,
+    gradients_loop,
+)
+from specgen.runtime import dgrad_weights
+from specgen.shapes import PRESETS, Act, Op, parse_shape
+from specgen.strategies import default_set
+from specgen.strategies.phased import Phased
+from specgen.strategies.tiled import Tiled
+from specgen.strategies.wsplit import Wsplit
+from specgen.tensors import Role, outputs
+
+SMALL = settings(
+    max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+)
+
+
+def _operands(p, batch, rng):
+    x = rng.standard_normal((batch, p.C, p.H, p.W))
+    w = rng.standard_normal((p.M, p.Cg, p.R, p.S))
+    dy = rng.standard_normal((batch, p.M, p.Ho, p.Wo))
+    return x, w, dy
+
+
+@SMALL
+@given(p=problem_specs(largest=9))
+def test_references_match_the_definition(p):
+    """dx, dw and db from the vectorized references equal the sums that walking the
+    forward loop sends back, on problems with stride, dilation, groups and padding."""
+    rng = np.random.default_rng()
+    x, w, dy = _operands(p, 2, rng)
+    dx, dw, db = gradients_loop(x, w, dy, p)
+    np.testing.assert_allclose(conv2d_dgrad(dy, w, p), dx, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(conv2d_wgrad(x, dy, p), dw, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(bias_grad(dy), db, rtol=1e-11, atol=1e-11)
+
+
+@SMALL
+@given(p=problem_specs(largest=9))
+def test_gradients_are_the_adjoint(p):
+    """<conv(x, w), dy> = <x, dgrad(dy, w)> = <w, wgrad(x, dy)>: the three passes are one
+    bilinear form, whatever the geometry."""
+    rng = np.random.default_rng()
+    x, w, dy = _operands(p, 2, rng)
+    y = conv2d(x, w, p, epilogue=False)
+    forms = (
+        np.vdot(y, dy),
+        np.vdot(x, conv2d_dgrad(dy, w, p)),
+        np.vdot(w, conv2d_wgrad(x, dy, p)),
+    )
+    np.testing.assert_allclose(forms[1:], [forms[0]] * 2, rtol=1e-9, atol=1e-9)
+
+
+@SMALL
+@given(p=problem_specs(largest=9))
+def test_dgrad_view_is_a_forward_convolution(p):
+    """At stride 1, dx = conv(dy, w flipped and transposed per group) over the view's
+    padding: the problem every forward strategy is handed for dgrad."""
+    p = p.with_op(Op.DGRAD)
+    try:
+        view = p.dgrad_view()
+    except SpecError as e:
+        assert p.stride != (1, 1) or "past the window's reach" in str(e)
+        return
+    assert (view.C, view.M, view.H, view.W) == (p.M, p.C, p.Ho, p.Wo)
+    assert (view.Ho, view.Wo) == (p.H, p.W)
+    rng = np.random.default_rng()
+    _, w, dy = _operands(p, 2, rng)
+    got = conv2d(dy, dgrad_weights(w, p.groups), view, epilogue=False)
+    np.testing.assert_allclose(got, conv2d_dgrad(dy, w, p), rtol=1e-11, atol=1e-11)
+
+
+def _replay_phased(p, dy, w):
+    """dx from the plan's phases, taps and dy offsets, the way the kernels index."""
+    ctx = make_plan(p, Phased.default(p, Phased().precision)).context
+    dx = np.full((dy.shape[0], p.C, p.H, p.W), np.nan)
+    Mg, Cg, (sh, sw) = p.Mg, p.Cg, p.stride
+    for ph in ctx["phases"]:
+        for i in range(ph["Hq"]):
+            for j in range(ph["Wq"]):
+                acc = np.zeros((dy.shape[0], p.C))
+                for t in ph["taps"]:
+                    oy, ox = i + t["oy"], j + t["ox"]
+                    if 0 <= oy < p.Ho and 0 <= ox < p.Wo:
+                        for g in range(p.groups):
+                            d = dy[:, g * Mg : (g + 1) * Mg, oy, ox]
+                            wt = w[g * Mg : (g + 1) * Mg, :, t["r"], t["s"]]
+                            acc[:, g * Cg : (g + 1) * Cg] += d @ wt
+                dx[:, :, ph["a"] + sh * i, ph["b"] + sw * j] = acc
+    return dx
+
+
+@SMALL
+@given(p=problem_specs(largest=11))
+def test_phased_replay_covers_every_pixel_with_its_taps(p):
+    """Every dx pixel belongs to exactly one phase (none left NaN), and the phase's
+    taps and literal dy offsets give the adjoint's value."""
+    p = p.with_op(Op.DGRAD)
+    rng = np.random.default_rng()
+    _, w, dy = _operands(p, 2, rng)
+    np.testing.assert_allclose(
+        _replay_phased(p, dy, w), conv2d_dgrad(dy, w, p), rtol=1e-11, atol=1e-11
+    )
+
+
+@SMALL
+@given(p=problem_specs(largest=9))
+def test_wsplit_items_cover_every_weight_once(p):
+    """The kernel's item -> (maps, channel, tap row) decoding and its workspace index
+    write each dw entry (and each db entry, from the items of channel 0, row 0) once."""
+    p = p.with_op(Op.WGRAD)
+    plan = make_plan(p, Wsplit.default(p, Wsplit().precision))
+    c = plan.context
+    hits = np.zeros(c["row"], dtype=int)
+    for item in range(c["items"]):
+        r, ch, gm = item % c["R"], item // c["R"] % c["Cg"], item // (c["R"] * c["Cg"])
+        m0 = gm * c["mb"]
+        for i in range(c["mb"]):
+            for s in range(c["S"]):
+                hits[(m0 + i) * c["Cg"] * c["RS"] + ch * c["RS"] + r * c["S"] + s] += 1
+            if c["with_db"] and ch == 0 and r == 0:
+                hits[c["weights"] + m0 + i] += 1
+    assert (hits == 1).all()
+
+
+def test_wgrad_error_bound_follows_the_summation_tree():
+    """At B=10000 layer1's weights are sums of 64 million terms; the plan's tree (a
+    thread's pixels of its slice, shuffles, warps, slices) is far shallower."""
+    from specgen.verify import summation_terms
+
+    p = PRESETS["layer1"].with_op(Op.WGRAD)
+    plan = make_plan(p, Wsplit.default(p, Wsplit().precision))
+    terms = summation_terms(plan, 10000)
+    assert terms < 10000 * p.Ho * p.Wo / 1000
+    per_thread, slices, rest = plan.sum_depth
+    assert terms == per_thread * -(-10000 // slices) + rest
+
+
+def test_ops_name_their_kernels_and_share_the_folder():
+    p = PRESETS["layer2"]
+    names = {
+        op: make_plan(p.with_op(op), v).name for op in Op for v in default_set(p.with_op(op))[:1]
+    }
+    assert names[Op.FPROP].endswith("_fp32")
+    for op in (Op.DGRAD, Op.WGRAD, Op.BGRAD):
+        assert names[op].endswith("_" + op.value)
+        assert p.with_op(op).slug == "layer2"
+
+
+def test_forward_strategies_serve_stride_one_dgrad_through_the_view():
+    p = PRESETS["layer2"].with_op(Op.DGRAD)
+    plan = make_plan(p, Tiled.default(p.dgrad_view(), Tiled().precision))
+    assert plan.view == p.dgrad_view() and plan.weight_transform == "dgrad"
+    for launch in plan.launches:
+        assert Role.X not in launch.args and Role.DY in launch.args and Role.DX in launch.args
+    kinds = {type(v).__name__ for v in default_set(p)}
+    assert {"Persist", "Stream", "Tiled", "Phased"} <= kinds
+    strided = parse_shape("C=4,M=8,H=12,W=12,K=3,stride=2,pad=1,op=dgrad")
+    assert [type(v) for v in default_set(strided)] == [Phased]
+
+
+def test_outputs_per_op():
+    p = parse_shape("C=4,M=8,H=12,W=12,K=3,bias=1")
+    assert outputs(p) == (Role.Y,)
+    assert outputs(p.with_op(Op.DGRAD)) == (Role.DX,)
+    assert outputs(p.with_op(Op.WGRAD)) == (Role.DW, Role.DB)
+    assert outputs(p.with_op(Op.BGRAD)) == (Role.DB,)
+    assert not p.with_op(Op.DGRAD).bias and p.with_op(Op.WGRAD).bias
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ("C=4,M=8,H=12,W=12,K=3,act=relu,op=wgrad", "act=relu is part of the forward pass"),
+        ("C=4,M=8,H=12,W=12,K=3,bias=1,op=dgrad", "op=dgrad does not read the bias"),
+        ("C=4,M=8,H=12,W=12,K=3,op=backward", "op=backward is not fprop, dgrad, wgrad or bgrad"),
+    ],
+)
+def test_spec_refusals(spec, needle):
+    with pytest.raises(SpecError, match=needle):
+        parse_shape(spec)
+
+
+def test_spec_round_trips_the_op():
+    p = parse_shape("C=4,M=8,H=12,W=12,K=3,stride=2,op=wgrad,bias=1")
+    assert p.op is Op.WGRAD and parse_shape(p.spec) == p
+    assert p.with_op(Op.FPROP).act is Act.NONE
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--op", "sideways"], "unknown op 'sideways'"),
+        (["--op", "wgrad", "--strategy", "direct"], "direct computes fprop, not op=wgrad"),
+        (["--strategy", "phased"], "phased computes dgrad, not op=fprop"),
+        (["--op", "dgrad", "--strategy", "wsplit"], "wsplit computes wgrad and bgrad"),
+        (["--op", "wgrad", "--maps", "3"], "wsplit m3 must divide the 16 maps"),
+    ],
+)
+def test_cli_refuses_in_one_line(args, needle, tmp_path):
+    r = CliRunner().invoke(main, ["emit", "--shape", "layer2", "--out", str(tmp_path), *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_cli_emits_each_op(tmp_path):
+    for op in ("dgrad", "wgrad", "bgrad"):
+        r = CliRunner().invoke(
+            main, ["emit", "--shape", "layer2", "--op", op, "--all", "--out", str(tmp_path)]
+        )
+        assert r.exit_code == 0, r.output
+    names = sorted(f.name for f in (tmp_path / "layer2").glob("*.cu"))
+    assert any(n.startswith("phased_") and n.endswith("_dgrad.cu") for n in names)
+    assert any(n.startswith("persist_") and n.endswith("_dgrad.cu") for n in names)
+    assert any(n.startswith("wsplit_") and n.endswith("_wgrad.cu") for n in names)
+    assert any(n.startswith("wsplit_") and n.endswith("_bgrad.cu") for n in names)
