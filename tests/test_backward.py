@@ -230,3 +230,65 @@ def test_cli_emits_each_op(tmp_path):
     assert any(n.startswith("persist_") and n.endswith("_dgrad.cu") for n in names)
     assert any(n.startswith("wsplit_") and n.endswith("_wgrad.cu") for n in names)
     assert any(n.startswith("wsplit_") and n.endswith("_bgrad.cu") for n in names)
+
+
+def _replay_wband(p, x, dy, plan):
+    """dw (and db) the way the wband kernel computes them: bands staged with their zero
+    padding at the planned strides, runs of pixels sliding x, every block's sums."""
+    c = plan.context
+    B = x.shape[0]
+    sh, sw, dh, dw_ = c["sh"], c["sw"], c["dh"], c["dw"]
+    dw = np.full((p.M, p.Cg, p.R, p.S), np.nan)
+    db = np.zeros(p.M)
+    for block in range(p.groups * c["mbs"] * p.Cg):
+        ch, gm = block % p.Cg, block // p.Cg
+        m0, xc = gm * c["mb"], gm // c["mbs"] * p.Cg + ch
+        acc = np.zeros((p.R, c["mb"], p.S))
+        for n in range(B):
+            for b in range(c["bands"]):
+                oy0 = b * c["rows"]
+                xs = np.zeros(c["x_band"])
+                for k in range(c["x_rows"]):
+                    for j in range(c["x_cols"]):
+                        iy, ix = oy0 * sh - c["pt"] + k, j - c["pl"]
+                        if 0 <= iy < p.H and 0 <= ix < p.W:
+                            xs[k * c["x_stride"] + j] = x[n, xc, iy, ix]
+                ds = np.zeros(c["dy_band"])
+                for i in range(c["mb"]):
+                    for k in range(c["rows"]):
+                        for j in range(c["wo_pad"]):
+                            if oy0 + k < p.Ho and j < p.Wo:
+                                ds[i * c["dy_plane"] + k * c["dy_stride"] + j] = dy[
+                                    n, m0 + i, oy0 + k, j
+                                ]
+                for r in range(p.R):
+                    for u in range(c["units"]):
+                        k, j0 = u // c["segs"], u % c["segs"] * c["L"]
+                        xr = (k * sh + r * dh) * c["x_stride"] + j0 * sw
+                        dr = k * c["dy_stride"] + j0
+                        for j in range(c["L"]):
+                            for i in range(c["mb"]):
+                                d = ds[i * c["dy_plane"] + dr + j]
+                                for s in range(p.S):
+                                    acc[r, i, s] += d * xs[xr + j * sw + s * dw_]
+                                if ch == 0 and r == 0:
+                                    db[m0 + i] += d
+        dw[m0 : m0 + c["mb"], ch] = acc.transpose(1, 0, 2)
+    return dw, db
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=8))
+def test_wband_replay_gives_the_weight_gradient(p):
+    from specgen.strategies.wband import Wband
+
+    p = p.with_op(Op.WGRAD)
+    try:
+        plan = make_plan(p, Wband.default(p, Wband().precision))
+    except SpecError:
+        return  # a window too tall for one warp per tap row, say
+    rng = np.random.default_rng()
+    x, _, dy = _operands(p, 2, rng)
+    dw, db = _replay_wband(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)

@@ -20,6 +20,7 @@ from .phased import Phased
 from .split import Split
 from .stream import Stream
 from .tiled import Tiled
+from .wband import Wband
 from .wsplit import Wsplit
 
 # The order of the default set and of the CLI's help.
@@ -36,6 +37,7 @@ TABLE: tuple[type[Variant], ...] = (
     Stream,
     Mmapersist,
     Phased,
+    Wband,
     Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}
