@@ -35,6 +35,8 @@ TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 REDUCE_BLOCK = 256
 MAX_ACCUMULATORS = 64
 MAX_UNROLLED = 512  # FMAs of one unit (maps x S x pixels), unrolled
+MAX_STAGED = 64  # band elements a thread stages per band
+STAGE_CHUNK = 8  # loads a thread issues before it stores them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +69,12 @@ class Wband(Variant):
         while pixels > 1 and maps * p.S * pixels > MAX_UNROLLED:
             pixels -= 1
         warps = 1 if 32 * p.R * 2 > 1024 or p.Ho * ceil_div(p.Wo, pixels) < 64 * p.R else 2
+        threads = 32 * p.R * warps
         tile = p.Ho
-        while tile > 1 and _smem_bytes(p, tile, maps, pixels)[0] > STATIC_SMEM_BYTES:
+        while tile > 1 and (
+            _smem_bytes(p, tile, maps, pixels)[0] > STATIC_SMEM_BYTES
+            or _staged(p, tile, maps, pixels, threads) > MAX_STAGED
+        ):
             tile = ceil_div(tile, 2) if tile > 8 else tile - 1
         items = p.groups * (p.Mg // maps) * p.Cg
         splits = max(1, min(p.batch, TARGET_BLOCKS // items, 65535))
@@ -118,6 +124,14 @@ def _layout(p, rows: int, maps: int, pixels: int):
     )
 
 
+def _staged(p, rows, maps, pixels, threads) -> int:
+    """Band elements each thread loads before it stores any."""
+    lay = _layout(p, rows, maps, pixels)
+    x = lay["x_rows"] * lay["x_cols"]
+    dy = maps * rows * lay["wo_pad"]
+    return ceil_div(x, threads) + ceil_div(dy, threads)
+
+
 def _smem_bytes(p, rows, maps, pixels):
     """Bytes of the two bands, each a whole number of 16-byte words (as the template
     declares them), so that no alignment gap opens whatever order ptxas lays them in."""
@@ -160,6 +174,12 @@ def plan_wband(p, v: Wband) -> Plan:
     if v.splits > 65535:
         raise SpecError(f"wband s{v.splits}: at most 65535 slices of the batch (grid y)")
     nbytes, lay = _smem_bytes(p, v.tile, v.maps, v.pixels)
+    staged = _staged(p, v.tile, v.maps, v.pixels, threads)
+    if staged > MAX_STAGED:
+        raise SpecError(
+            f"wband's band of {v.tile} rows is {staged} loads per thread, over {MAX_STAGED}; "
+            "choose a smaller --tile"
+        )
     if nbytes > STATIC_SMEM_BYTES:
         raise SpecError(
             f"wband's band of {v.tile} rows needs {nbytes} B of shared memory, over "
@@ -229,6 +249,13 @@ def plan_wband(p, v: Wband) -> Plan:
         nacc_pad=ceil_div(accumulators, 4) * 4,
         x_load=lay["x_rows"] * lay["x_cols"],
         dy_load=v.maps * v.tile * lay["wo_pad"],
+        chunk=STAGE_CHUNK,
+        # two blocks per SM first (a register cap of 65536 / (2 x threads)), so that one
+        # block's staging overlaps the other's sums; one if that spills
+        launch_bounds=f"{threads}, 2",
+        launch_bounds_alt=f"{threads}, 1",
+        x_trips=ceil_div(lay["x_rows"] * lay["x_cols"], threads),
+        dy_trips=ceil_div(v.maps * v.tile * lay["wo_pad"], threads),
     )
     per_image = bands * ceil_div(units, lanes) * v.pixels
     sizes = (
