@@ -263,7 +263,7 @@ def _replay_wband(p, x, dy, plan):
                                 ]
                 for r in range(p.R):
                     for u in range(c["units"]):
-                        k, j0 = u // c["segs"], u % c["segs"] * c["L"]
+                        k, j0 = u % c["rows"], u // c["rows"] * c["L"]
                         xr = (k * sh + r * dh) * c["x_stride"] + j0 * sw
                         dr = k * c["dy_stride"] + j0
                         for j in range(c["L"]):

@@ -102,7 +102,7 @@ def _layout(p, rows: int, maps: int, pixels: int):
     (sh, sw), (dh, dw) = p.stride, p.dil
     x_cols = (wo_pad - 1) * sw + (p.S - 1) * dw + 1
     x_rows = (rows - 1) * sh + (p.R - 1) * dh + 1
-    units = [(u // segs, u % segs) for u in range(min(32, rows * segs))]
+    units = [(u % rows, u // rows) for u in range(min(32, rows * segs))]  # (row, run)
 
     def best(width, addr):
         return min(
