@@ -276,7 +276,7 @@ class Variant:
 
         able = [s.key for s in TABLE if problem.op in s.ops]
         raise SpecError(
-            f"{cls.key} computes {' and '.join(o.value for o in cls.ops)}, not "
+            f"{cls.key} computes {' and '.join(o.value for o in Op if o in cls.ops)}, not "
             f"op={problem.op.value}; use --strategy {' or '.join(able)}"
         )
 

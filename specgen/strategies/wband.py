@@ -87,9 +87,8 @@ class Wband(Variant):
         for maps in sorted({1, 2, 4, 8, base.maps}):
             for pixels in sorted({2, 4, 8, base.pixels}):
                 for warps in (1, 2):
-                    for factor in (1, 2):
-                        s = max(1, base.splits * factor // 2) if factor == 1 else base.splits
-                        out.append(replace(base, maps=maps, pixels=pixels, warps=warps, splits=s))
+                    for tile in sorted({base.tile, ceil_div(base.tile, 2)}):
+                        out.append(replace(base, tile=tile, maps=maps, pixels=pixels, warps=warps))
         return out
 
 
