@@ -210,7 +210,7 @@ def test_spec_round_trips_the_op():
         (["--op", "wgrad", "--strategy", "direct"], "direct computes fprop, not op=wgrad"),
         (["--strategy", "phased"], "phased computes dgrad, not op=fprop"),
         (["--op", "dgrad", "--strategy", "wsplit"], "wsplit computes wgrad and bgrad"),
-        (["--op", "wgrad", "--maps", "3"], "wsplit m3 must divide the 16 maps"),
+        (["--op", "wgrad", "--maps", "3"], "wband m3 must divide the 16 maps"),
     ],
 )
 def test_cli_refuses_in_one_line(args, needle, tmp_path):
