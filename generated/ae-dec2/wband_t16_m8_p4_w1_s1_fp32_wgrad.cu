@@ -12,13 +12,51 @@
 //   thread        24 fp32 sums                   8 maps x S=3, kept over the whole slice
 //   unit          4 adjacent outputs             6 x loads and 32 dy loads feed 96 FMAs
 //   band          16 rows x 4 units              1 band(s) per image; 64 units over 32 lanes of each tap row
-//   __shared__    10000 B                        x [18][18] (2-way) + dy [8][16][17] (2-way), zero padding written in
+//   __shared__    20000 B                        x [18][18] (2-way) + dy [8][16][17] (2-way), zero padding written in
 //   workspace     1179648 B                      1 slices x 294912 sums; the second kernel adds the slices in order
 // Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad: block 96x1x1, grid (4096, B*0, 1)
 // Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad_reduce: block 256x1x1, grid (1152, B*0, 1)
 
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 32768;
+    const float* __restrict__ dyn = dy + (size_t)n * 65536;
+    for (int e = threadIdx.x; e < 324; e += 96) {
+        const int k = e / 18;
+        const int j = e % 18;
+        const int iy = oy0 * 1 - 1 + k;
+        const int ix = j - 1;
+        const bool inside = (unsigned)iy < 16u && (unsigned)ix < 16u;
+        const float* src = xn + xc * 256 + iy * 16 + ix;
+        cp_async4(&xs[k * 18 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 2048; e += 96) {
+        const int i = e / 256;
+        const int k = e / 16 % 16;
+        const int j = e % 16;
+        const int oy = oy0 + k;
+        const bool inside = oy < 16 && j < 16;
+        const float* src = dyn + (m0 + i) * 256 + oy * 16 + j;
+        cp_async4(&ds[i * 272 + k * 17 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
+
 // Block (i, k): tap row r = warp / 1 of maps m0..m0+7 and channel c (i = (g * 32 + map block) * 128 + c)
 // over slice k of the batch (images k, k + 1, ...); wband_t16_m8_p4_w1_s1_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t16_m8_p4_w1_s1_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[324];  // x under the band: [18][18], zero padding written in
-    __shared__ __align__(16) float ds[2176];  // dy of the band: [8][16][17], zero past the edges
+    __shared__ __align__(16) float smem[5000];
+    // buffer t: x under the band [18][18] at t * 2500, then dy [8][16][17]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 1;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t16_m8_p4_w1_s1_fp32_wgrad(const float* __restrict__ x, const float* __res
     const int c = blockIdx.x % 128;
     const int gm = blockIdx.x / 128;
     const int m0 = gm * 8;
+    const int xc = c;
     float acc[8][3] = {};
-    for (int n = blockIdx.y; n < batch; n += 1) {
-        const float* __restrict__ xn = x + (size_t)n * 32768;
-        const float* __restrict__ dyn = dy + (size_t)n * 65536;
-        for (int b = 0; b < 1; ++b) {
-            const int oy0 = b * 16;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 4; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 96;
-                    const int k = e / 18;
-                    const int j = e % 18;
-                    const int iy = oy0 * 1 - 1 + k;
-                    const int ix = j - 1;
-                    v[q] = e < 324 && (unsigned)iy < 16u && (unsigned)ix < 16u ? __ldg(&xn[(c) * 256 + iy * 16 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 96;
-                    if (e < 324)
-                        xs[e / 18 * 18 + e % 18] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 22; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 96;
-                    const int i = e / 256;
-                    const int k = e / 16 % 16;
-                    const int j = e % 16;
-                    const int oy = oy0 + k;
-                    v[q] = e < 2048 && oy < 16 && j < 16 ? __ldg(&dyn[(m0 + i) * 256 + oy * 16 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 96;
-                    if (e < 2048)
-                        ds[e / 256 * 272 + e / 16 % 16 * 17 + e % 16] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 324, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 1) {
+            nb = 0;
+            nn += 1;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 2500;
+        if (nn < batch)
+            stage(next, next + 324, x, dy, nn, nb * 16, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 2500;
+        const float* __restrict__ ds = xs + 324;
+        {
             // Unit u: band row u % 16, outputs 4 * (u / 16) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 64; u += 32) {
@@ -108,6 +119,9 @@ wband_t16_m8_p4_w1_s1_fp32_wgrad(const float* __restrict__ x, const float* __res
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in

@@ -12,13 +12,51 @@
 //   thread        24 fp32 sums                   8 maps x S=3, kept over the whole slice
 //   unit          4 adjacent outputs             6 x loads and 32 dy loads feed 96 FMAs
 //   band          32 rows x 8 units              1 band(s) per image; 256 units over 64 lanes of each tap row
-//   __shared__    38560 B                        x [34][35] (1-way) + dy [8][32][33] (1-way), zero padding written in
+//   __shared__    77120 B                        x [34][35] (1-way) + dy [8][32][33] (1-way), zero padding written in
 //   workspace     304128 B                       11 slices x 6912 sums; the second kernel adds the slices in order
-// Kernel   wband_t32_m8_p4_w2_s11_fp32_wgrad: block 192x1x1, grid (96, B*0, 1)
+// Kernel   wband_t32_m8_p4_w2_s11_fp32_wgrad: block 192x1x1, grid (96, B*0, 1), 77120 B dynamic shared memory (opt-in)
 // Kernel   wband_t32_m8_p4_w2_s11_fp32_wgrad_reduce: block 256x1x1, grid (27, B*0, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 3072;
+    const float* __restrict__ dyn = dy + (size_t)n * 262144;
+    for (int e = threadIdx.x; e < 1156; e += 192) {
+        const int k = e / 34;
+        const int j = e % 34;
+        const int iy = oy0 * 1 - 1 + k;
+        const int ix = j - 1;
+        const bool inside = (unsigned)iy < 32u && (unsigned)ix < 32u;
+        const float* src = xn + xc * 1024 + iy * 32 + ix;
+        cp_async4(&xs[k * 35 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 8192; e += 192) {
+        const int i = e / 1024;
+        const int k = e / 32 % 32;
+        const int j = e % 32;
+        const int oy = oy0 + k;
+        const bool inside = oy < 32 && j < 32;
+        const float* src = dyn + (m0 + i) * 1024 + oy * 32 + j;
+        cp_async4(&ds[i * 1056 + k * 33 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
 
 // Block (i, k): tap row r = warp / 2 of maps m0..m0+7 and channel c (i = (g * 32 + map block) * 3 + c)
 // over slice k of the batch (images k, k + 11, ...); wband_t32_m8_p4_w2_s11_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t32_m8_p4_w2_s11_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[1192];  // x under the band: [34][35], zero padding written in
-    __shared__ __align__(16) float ds[8448];  // dy of the band: [8][32][33], zero past the edges
+    extern __shared__ __align__(16) float smem[];  // 77120 bytes, sized at launch
+    // buffer t: x under the band [34][35] at t * 9640, then dy [8][32][33]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 2;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t32_m8_p4_w2_s11_fp32_wgrad(const float* __restrict__ x, const float* __re
     const int c = blockIdx.x % 3;
     const int gm = blockIdx.x / 3;
     const int m0 = gm * 8;
+    const int xc = c;
     float acc[8][3] = {};
-    for (int n = blockIdx.y; n < batch; n += 11) {
-        const float* __restrict__ xn = x + (size_t)n * 3072;
-        const float* __restrict__ dyn = dy + (size_t)n * 262144;
-        for (int b = 0; b < 1; ++b) {
-            const int oy0 = b * 32;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 7; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 192;
-                    const int k = e / 34;
-                    const int j = e % 34;
-                    const int iy = oy0 * 1 - 1 + k;
-                    const int ix = j - 1;
-                    v[q] = e < 1156 && (unsigned)iy < 32u && (unsigned)ix < 32u ? __ldg(&xn[(c) * 1024 + iy * 32 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 192;
-                    if (e < 1156)
-                        xs[e / 34 * 35 + e % 34] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 43; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 192;
-                    const int i = e / 1024;
-                    const int k = e / 32 % 32;
-                    const int j = e % 32;
-                    const int oy = oy0 + k;
-                    v[q] = e < 8192 && oy < 32 && j < 32 ? __ldg(&dyn[(m0 + i) * 1024 + oy * 32 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 192;
-                    if (e < 8192)
-                        ds[e / 1024 * 1056 + e / 32 % 32 * 33 + e % 32] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 1192, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 1) {
+            nb = 0;
+            nn += 11;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 9640;
+        if (nn < batch)
+            stage(next, next + 1192, x, dy, nn, nb * 32, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 9640;
+        const float* __restrict__ ds = xs + 1192;
+        {
             // Unit u: band row u % 32, outputs 4 * (u / 32) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 256; u += 64) {
@@ -108,6 +119,9 @@ wband_t32_m8_p4_w2_s11_fp32_wgrad(const float* __restrict__ x, const float* __re
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in
@@ -139,14 +153,14 @@ wband_t32_m8_p4_w2_s11_fp32_wgrad(const float* __restrict__ x, const float* __re
         acc[7][1] += __shfl_xor_sync(0xffffffffu, acc[7][1], o);
         acc[7][2] += __shfl_xor_sync(0xffffffffu, acc[7][2], o);
     }
-    // The 2 warps of a tap row meet in shared memory; the first adds them in order.
-    __shared__ __align__(16) float part[6][24];
+    // The 2 warps of a tap row meet in the (now idle) band buffers; the first adds them in order.
+    float* __restrict__ part = smem;  // [6][24]
     if (lane == 0) {
-        part[warp][0] = acc[0][0];        part[warp][1] = acc[0][1];        part[warp][2] = acc[0][2];        part[warp][3] = acc[1][0];        part[warp][4] = acc[1][1];        part[warp][5] = acc[1][2];        part[warp][6] = acc[2][0];        part[warp][7] = acc[2][1];        part[warp][8] = acc[2][2];        part[warp][9] = acc[3][0];        part[warp][10] = acc[3][1];        part[warp][11] = acc[3][2];        part[warp][12] = acc[4][0];        part[warp][13] = acc[4][1];        part[warp][14] = acc[4][2];        part[warp][15] = acc[5][0];        part[warp][16] = acc[5][1];        part[warp][17] = acc[5][2];        part[warp][18] = acc[6][0];        part[warp][19] = acc[6][1];        part[warp][20] = acc[6][2];        part[warp][21] = acc[7][0];        part[warp][22] = acc[7][1];        part[warp][23] = acc[7][2];    }
+        part[warp * 24 + 0] = acc[0][0];        part[warp * 24 + 1] = acc[0][1];        part[warp * 24 + 2] = acc[0][2];        part[warp * 24 + 3] = acc[1][0];        part[warp * 24 + 4] = acc[1][1];        part[warp * 24 + 5] = acc[1][2];        part[warp * 24 + 6] = acc[2][0];        part[warp * 24 + 7] = acc[2][1];        part[warp * 24 + 8] = acc[2][2];        part[warp * 24 + 9] = acc[3][0];        part[warp * 24 + 10] = acc[3][1];        part[warp * 24 + 11] = acc[3][2];        part[warp * 24 + 12] = acc[4][0];        part[warp * 24 + 13] = acc[4][1];        part[warp * 24 + 14] = acc[4][2];        part[warp * 24 + 15] = acc[5][0];        part[warp * 24 + 16] = acc[5][1];        part[warp * 24 + 17] = acc[5][2];        part[warp * 24 + 18] = acc[6][0];        part[warp * 24 + 19] = acc[6][1];        part[warp * 24 + 20] = acc[6][2];        part[warp * 24 + 21] = acc[7][0];        part[warp * 24 + 22] = acc[7][1];        part[warp * 24 + 23] = acc[7][2];    }
     __syncthreads();
     if (warp % 2 != 0)
         return;
-    acc[0][0] = part[warp][0] + part[warp + 1][0];    acc[0][1] = part[warp][1] + part[warp + 1][1];    acc[0][2] = part[warp][2] + part[warp + 1][2];    acc[1][0] = part[warp][3] + part[warp + 1][3];    acc[1][1] = part[warp][4] + part[warp + 1][4];    acc[1][2] = part[warp][5] + part[warp + 1][5];    acc[2][0] = part[warp][6] + part[warp + 1][6];    acc[2][1] = part[warp][7] + part[warp + 1][7];    acc[2][2] = part[warp][8] + part[warp + 1][8];    acc[3][0] = part[warp][9] + part[warp + 1][9];    acc[3][1] = part[warp][10] + part[warp + 1][10];    acc[3][2] = part[warp][11] + part[warp + 1][11];    acc[4][0] = part[warp][12] + part[warp + 1][12];    acc[4][1] = part[warp][13] + part[warp + 1][13];    acc[4][2] = part[warp][14] + part[warp + 1][14];    acc[5][0] = part[warp][15] + part[warp + 1][15];    acc[5][1] = part[warp][16] + part[warp + 1][16];    acc[5][2] = part[warp][17] + part[warp + 1][17];    acc[6][0] = part[warp][18] + part[warp + 1][18];    acc[6][1] = part[warp][19] + part[warp + 1][19];    acc[6][2] = part[warp][20] + part[warp + 1][20];    acc[7][0] = part[warp][21] + part[warp + 1][21];    acc[7][1] = part[warp][22] + part[warp + 1][22];    acc[7][2] = part[warp][23] + part[warp + 1][23];    if (lane != 0)
+    acc[0][0] = part[warp * 24 + 0] + part[(warp + 1) * 24 + 0];    acc[0][1] = part[warp * 24 + 1] + part[(warp + 1) * 24 + 1];    acc[0][2] = part[warp * 24 + 2] + part[(warp + 1) * 24 + 2];    acc[1][0] = part[warp * 24 + 3] + part[(warp + 1) * 24 + 3];    acc[1][1] = part[warp * 24 + 4] + part[(warp + 1) * 24 + 4];    acc[1][2] = part[warp * 24 + 5] + part[(warp + 1) * 24 + 5];    acc[2][0] = part[warp * 24 + 6] + part[(warp + 1) * 24 + 6];    acc[2][1] = part[warp * 24 + 7] + part[(warp + 1) * 24 + 7];    acc[2][2] = part[warp * 24 + 8] + part[(warp + 1) * 24 + 8];    acc[3][0] = part[warp * 24 + 9] + part[(warp + 1) * 24 + 9];    acc[3][1] = part[warp * 24 + 10] + part[(warp + 1) * 24 + 10];    acc[3][2] = part[warp * 24 + 11] + part[(warp + 1) * 24 + 11];    acc[4][0] = part[warp * 24 + 12] + part[(warp + 1) * 24 + 12];    acc[4][1] = part[warp * 24 + 13] + part[(warp + 1) * 24 + 13];    acc[4][2] = part[warp * 24 + 14] + part[(warp + 1) * 24 + 14];    acc[5][0] = part[warp * 24 + 15] + part[(warp + 1) * 24 + 15];    acc[5][1] = part[warp * 24 + 16] + part[(warp + 1) * 24 + 16];    acc[5][2] = part[warp * 24 + 17] + part[(warp + 1) * 24 + 17];    acc[6][0] = part[warp * 24 + 18] + part[(warp + 1) * 24 + 18];    acc[6][1] = part[warp * 24 + 19] + part[(warp + 1) * 24 + 19];    acc[6][2] = part[warp * 24 + 20] + part[(warp + 1) * 24 + 20];    acc[7][0] = part[warp * 24 + 21] + part[(warp + 1) * 24 + 21];    acc[7][1] = part[warp * 24 + 22] + part[(warp + 1) * 24 + 22];    acc[7][2] = part[warp * 24 + 23] + part[(warp + 1) * 24 + 23];    if (lane != 0)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 6912;
 out[(m0 + 0) * 27 + c * 9 + r * 3 + 0] = acc[0][0];

@@ -12,13 +12,51 @@
 //   thread        28 fp32 sums                   4 maps x S=7, kept over the whole slice
 //   unit          4 adjacent outputs             10 x loads and 16 dy loads feed 112 FMAs
 //   band          20 rows x 20 units             4 band(s) per image; 400 units over 64 lanes of each tap row
-//   __shared__    36880 B                        x [26][93] (1-way) + dy [4][20][85] (1-way), zero padding written in
+//   __shared__    73760 B                        x [26][93] (1-way) + dy [4][20][85] (1-way), zero padding written in
 //   workspace     827904 B                       1056 slices x 196 sums; the second kernel adds the slices in order
-// Kernel   wband_t20_m4_p4_w2_s1056_fp32_wgrad: block 448x1x1, grid (1, B*0, 1)
+// Kernel   wband_t20_m4_p4_w2_s1056_fp32_wgrad: block 448x1x1, grid (1, B*0, 1), 73760 B dynamic shared memory (opt-in)
 // Kernel   wband_t20_m4_p4_w2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 7396;
+    const float* __restrict__ dyn = dy + (size_t)n * 25600;
+    for (int e = threadIdx.x; e < 2236; e += 448) {
+        const int k = e / 86;
+        const int j = e % 86;
+        const int iy = oy0 * 1 - 0 + k;
+        const int ix = j - 0;
+        const bool inside = (unsigned)iy < 86u && (unsigned)ix < 86u;
+        const float* src = xn + xc * 7396 + iy * 86 + ix;
+        cp_async4(&xs[k * 93 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 6400; e += 448) {
+        const int i = e / 1600;
+        const int k = e / 80 % 20;
+        const int j = e % 80;
+        const int oy = oy0 + k;
+        const bool inside = oy < 80 && j < 80;
+        const float* src = dyn + (m0 + i) * 6400 + oy * 80 + j;
+        cp_async4(&ds[i * 1700 + k * 85 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
 
 // Block (i, k): tap row r = warp / 2 of maps m0..m0+3 and channel c (i = (g * 1 + map block) * 1 + c)
 // over slice k of the batch (images k, k + 1056, ...); wband_t20_m4_p4_w2_s1056_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t20_m4_p4_w2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[2420];  // x under the band: [26][93], zero padding written in
-    __shared__ __align__(16) float ds[6800];  // dy of the band: [4][20][85], zero past the edges
+    extern __shared__ __align__(16) float smem[];  // 73760 bytes, sized at launch
+    // buffer t: x under the band [26][93] at t * 9220, then dy [4][20][85]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 2;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t20_m4_p4_w2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __
     const int c = blockIdx.x % 1;
     const int gm = blockIdx.x / 1;
     const int m0 = gm * 4;
+    const int xc = c;
     float acc[4][7] = {};
-    for (int n = blockIdx.y; n < batch; n += 1056) {
-        const float* __restrict__ xn = x + (size_t)n * 7396;
-        const float* __restrict__ dyn = dy + (size_t)n * 25600;
-        for (int b = 0; b < 4; ++b) {
-            const int oy0 = b * 20;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 5; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    const int k = e / 86;
-                    const int j = e % 86;
-                    const int iy = oy0 * 1 - 0 + k;
-                    const int ix = j - 0;
-                    v[q] = e < 2236 && (unsigned)iy < 86u && (unsigned)ix < 86u ? __ldg(&xn[(c) * 7396 + iy * 86 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    if (e < 2236)
-                        xs[e / 86 * 93 + e % 86] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 15; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    const int i = e / 1600;
-                    const int k = e / 80 % 20;
-                    const int j = e % 80;
-                    const int oy = oy0 + k;
-                    v[q] = e < 6400 && oy < 80 && j < 80 ? __ldg(&dyn[(m0 + i) * 6400 + oy * 80 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    if (e < 6400)
-                        ds[e / 1600 * 1700 + e / 80 % 20 * 85 + e % 80] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 2420, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 4) {
+            nb = 0;
+            nn += 1056;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 9220;
+        if (nn < batch)
+            stage(next, next + 2420, x, dy, nn, nb * 20, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 9220;
+        const float* __restrict__ ds = xs + 2420;
+        {
             // Unit u: band row u % 20, outputs 4 * (u / 20) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 400; u += 64) {
@@ -108,6 +119,9 @@ wband_t20_m4_p4_w2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in
@@ -143,14 +157,14 @@ wband_t20_m4_p4_w2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __
         acc[3][5] += __shfl_xor_sync(0xffffffffu, acc[3][5], o);
         acc[3][6] += __shfl_xor_sync(0xffffffffu, acc[3][6], o);
     }
-    // The 2 warps of a tap row meet in shared memory; the first adds them in order.
-    __shared__ __align__(16) float part[14][28];
+    // The 2 warps of a tap row meet in the (now idle) band buffers; the first adds them in order.
+    float* __restrict__ part = smem;  // [14][28]
     if (lane == 0) {
-        part[warp][0] = acc[0][0];        part[warp][1] = acc[0][1];        part[warp][2] = acc[0][2];        part[warp][3] = acc[0][3];        part[warp][4] = acc[0][4];        part[warp][5] = acc[0][5];        part[warp][6] = acc[0][6];        part[warp][7] = acc[1][0];        part[warp][8] = acc[1][1];        part[warp][9] = acc[1][2];        part[warp][10] = acc[1][3];        part[warp][11] = acc[1][4];        part[warp][12] = acc[1][5];        part[warp][13] = acc[1][6];        part[warp][14] = acc[2][0];        part[warp][15] = acc[2][1];        part[warp][16] = acc[2][2];        part[warp][17] = acc[2][3];        part[warp][18] = acc[2][4];        part[warp][19] = acc[2][5];        part[warp][20] = acc[2][6];        part[warp][21] = acc[3][0];        part[warp][22] = acc[3][1];        part[warp][23] = acc[3][2];        part[warp][24] = acc[3][3];        part[warp][25] = acc[3][4];        part[warp][26] = acc[3][5];        part[warp][27] = acc[3][6];    }
+        part[warp * 28 + 0] = acc[0][0];        part[warp * 28 + 1] = acc[0][1];        part[warp * 28 + 2] = acc[0][2];        part[warp * 28 + 3] = acc[0][3];        part[warp * 28 + 4] = acc[0][4];        part[warp * 28 + 5] = acc[0][5];        part[warp * 28 + 6] = acc[0][6];        part[warp * 28 + 7] = acc[1][0];        part[warp * 28 + 8] = acc[1][1];        part[warp * 28 + 9] = acc[1][2];        part[warp * 28 + 10] = acc[1][3];        part[warp * 28 + 11] = acc[1][4];        part[warp * 28 + 12] = acc[1][5];        part[warp * 28 + 13] = acc[1][6];        part[warp * 28 + 14] = acc[2][0];        part[warp * 28 + 15] = acc[2][1];        part[warp * 28 + 16] = acc[2][2];        part[warp * 28 + 17] = acc[2][3];        part[warp * 28 + 18] = acc[2][4];        part[warp * 28 + 19] = acc[2][5];        part[warp * 28 + 20] = acc[2][6];        part[warp * 28 + 21] = acc[3][0];        part[warp * 28 + 22] = acc[3][1];        part[warp * 28 + 23] = acc[3][2];        part[warp * 28 + 24] = acc[3][3];        part[warp * 28 + 25] = acc[3][4];        part[warp * 28 + 26] = acc[3][5];        part[warp * 28 + 27] = acc[3][6];    }
     __syncthreads();
     if (warp % 2 != 0)
         return;
-    acc[0][0] = part[warp][0] + part[warp + 1][0];    acc[0][1] = part[warp][1] + part[warp + 1][1];    acc[0][2] = part[warp][2] + part[warp + 1][2];    acc[0][3] = part[warp][3] + part[warp + 1][3];    acc[0][4] = part[warp][4] + part[warp + 1][4];    acc[0][5] = part[warp][5] + part[warp + 1][5];    acc[0][6] = part[warp][6] + part[warp + 1][6];    acc[1][0] = part[warp][7] + part[warp + 1][7];    acc[1][1] = part[warp][8] + part[warp + 1][8];    acc[1][2] = part[warp][9] + part[warp + 1][9];    acc[1][3] = part[warp][10] + part[warp + 1][10];    acc[1][4] = part[warp][11] + part[warp + 1][11];    acc[1][5] = part[warp][12] + part[warp + 1][12];    acc[1][6] = part[warp][13] + part[warp + 1][13];    acc[2][0] = part[warp][14] + part[warp + 1][14];    acc[2][1] = part[warp][15] + part[warp + 1][15];    acc[2][2] = part[warp][16] + part[warp + 1][16];    acc[2][3] = part[warp][17] + part[warp + 1][17];    acc[2][4] = part[warp][18] + part[warp + 1][18];    acc[2][5] = part[warp][19] + part[warp + 1][19];    acc[2][6] = part[warp][20] + part[warp + 1][20];    acc[3][0] = part[warp][21] + part[warp + 1][21];    acc[3][1] = part[warp][22] + part[warp + 1][22];    acc[3][2] = part[warp][23] + part[warp + 1][23];    acc[3][3] = part[warp][24] + part[warp + 1][24];    acc[3][4] = part[warp][25] + part[warp + 1][25];    acc[3][5] = part[warp][26] + part[warp + 1][26];    acc[3][6] = part[warp][27] + part[warp + 1][27];    if (lane != 0)
+    acc[0][0] = part[warp * 28 + 0] + part[(warp + 1) * 28 + 0];    acc[0][1] = part[warp * 28 + 1] + part[(warp + 1) * 28 + 1];    acc[0][2] = part[warp * 28 + 2] + part[(warp + 1) * 28 + 2];    acc[0][3] = part[warp * 28 + 3] + part[(warp + 1) * 28 + 3];    acc[0][4] = part[warp * 28 + 4] + part[(warp + 1) * 28 + 4];    acc[0][5] = part[warp * 28 + 5] + part[(warp + 1) * 28 + 5];    acc[0][6] = part[warp * 28 + 6] + part[(warp + 1) * 28 + 6];    acc[1][0] = part[warp * 28 + 7] + part[(warp + 1) * 28 + 7];    acc[1][1] = part[warp * 28 + 8] + part[(warp + 1) * 28 + 8];    acc[1][2] = part[warp * 28 + 9] + part[(warp + 1) * 28 + 9];    acc[1][3] = part[warp * 28 + 10] + part[(warp + 1) * 28 + 10];    acc[1][4] = part[warp * 28 + 11] + part[(warp + 1) * 28 + 11];    acc[1][5] = part[warp * 28 + 12] + part[(warp + 1) * 28 + 12];    acc[1][6] = part[warp * 28 + 13] + part[(warp + 1) * 28 + 13];    acc[2][0] = part[warp * 28 + 14] + part[(warp + 1) * 28 + 14];    acc[2][1] = part[warp * 28 + 15] + part[(warp + 1) * 28 + 15];    acc[2][2] = part[warp * 28 + 16] + part[(warp + 1) * 28 + 16];    acc[2][3] = part[warp * 28 + 17] + part[(warp + 1) * 28 + 17];    acc[2][4] = part[warp * 28 + 18] + part[(warp + 1) * 28 + 18];    acc[2][5] = part[warp * 28 + 19] + part[(warp + 1) * 28 + 19];    acc[2][6] = part[warp * 28 + 20] + part[(warp + 1) * 28 + 20];    acc[3][0] = part[warp * 28 + 21] + part[(warp + 1) * 28 + 21];    acc[3][1] = part[warp * 28 + 22] + part[(warp + 1) * 28 + 22];    acc[3][2] = part[warp * 28 + 23] + part[(warp + 1) * 28 + 23];    acc[3][3] = part[warp * 28 + 24] + part[(warp + 1) * 28 + 24];    acc[3][4] = part[warp * 28 + 25] + part[(warp + 1) * 28 + 25];    acc[3][5] = part[warp * 28 + 26] + part[(warp + 1) * 28 + 26];    acc[3][6] = part[warp * 28 + 27] + part[(warp + 1) * 28 + 27];    if (lane != 0)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 196;
 out[(m0 + 0) * 49 + c * 49 + r * 7 + 0] = acc[0][0];

@@ -12,13 +12,51 @@
 //   thread        56 fp32 sums                   8 maps x S=7, kept over the whole slice
 //   unit          4 adjacent outputs             10 x loads and 32 dy loads feed 224 FMAs
 //   band          34 rows x 9 units              1 band(s) per image; 306 units over 32 lanes of each tap row
-//   __shared__    47136 B                        x [40][43] (1-way) + dy [8][34][37] (1-way), zero padding written in
+//   __shared__    94272 B                        x [40][43] (1-way) + dy [8][34][37] (1-way), zero padding written in
 //   workspace     1655808 B                      132 slices x 3136 sums; the second kernel adds the slices in order
-// Kernel   wband_t34_m8_p4_w1_s132_fp32_wgrad: block 224x1x1, grid (8, B*0, 1)
+// Kernel   wband_t34_m8_p4_w1_s132_fp32_wgrad: block 224x1x1, grid (8, B*0, 1), 94272 B dynamic shared memory (opt-in)
 // Kernel   wband_t34_m8_p4_w1_s132_fp32_wgrad_reduce: block 256x1x1, grid (13, B*0, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 6400;
+    const float* __restrict__ dyn = dy + (size_t)n * 18496;
+    for (int e = threadIdx.x; e < 1680; e += 224) {
+        const int k = e / 42;
+        const int j = e % 42;
+        const int iy = oy0 * 1 - 0 + k;
+        const int ix = j - 0;
+        const bool inside = (unsigned)iy < 40u && (unsigned)ix < 40u;
+        const float* src = xn + xc * 1600 + iy * 40 + ix;
+        cp_async4(&xs[k * 43 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 9792; e += 224) {
+        const int i = e / 1224;
+        const int k = e / 36 % 34;
+        const int j = e % 36;
+        const int oy = oy0 + k;
+        const bool inside = oy < 34 && j < 34;
+        const float* src = dyn + (m0 + i) * 1156 + oy * 34 + j;
+        cp_async4(&ds[i * 1258 + k * 37 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
 
 // Block (i, k): tap row r = warp / 1 of maps m0..m0+7 and channel c (i = (g * 2 + map block) * 4 + c)
 // over slice k of the batch (images k, k + 132, ...); wband_t34_m8_p4_w1_s132_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t34_m8_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[1720];  // x under the band: [40][43], zero padding written in
-    __shared__ __align__(16) float ds[10064];  // dy of the band: [8][34][37], zero past the edges
+    extern __shared__ __align__(16) float smem[];  // 94272 bytes, sized at launch
+    // buffer t: x under the band [40][43] at t * 11784, then dy [8][34][37]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 1;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t34_m8_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* __r
     const int c = blockIdx.x % 4;
     const int gm = blockIdx.x / 4;
     const int m0 = gm * 8;
+    const int xc = c;
     float acc[8][7] = {};
-    for (int n = blockIdx.y; n < batch; n += 132) {
-        const float* __restrict__ xn = x + (size_t)n * 6400;
-        const float* __restrict__ dyn = dy + (size_t)n * 18496;
-        for (int b = 0; b < 1; ++b) {
-            const int oy0 = b * 34;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 8; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    const int k = e / 42;
-                    const int j = e % 42;
-                    const int iy = oy0 * 1 - 0 + k;
-                    const int ix = j - 0;
-                    v[q] = e < 1680 && (unsigned)iy < 40u && (unsigned)ix < 40u ? __ldg(&xn[(c) * 1600 + iy * 40 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    if (e < 1680)
-                        xs[e / 42 * 43 + e % 42] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 44; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    const int i = e / 1224;
-                    const int k = e / 36 % 34;
-                    const int j = e % 36;
-                    const int oy = oy0 + k;
-                    v[q] = e < 9792 && oy < 34 && j < 34 ? __ldg(&dyn[(m0 + i) * 1156 + oy * 34 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    if (e < 9792)
-                        ds[e / 1224 * 1258 + e / 36 % 34 * 37 + e % 36] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 1720, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 1) {
+            nb = 0;
+            nn += 132;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 11784;
+        if (nn < batch)
+            stage(next, next + 1720, x, dy, nn, nb * 34, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 11784;
+        const float* __restrict__ ds = xs + 1720;
+        {
             // Unit u: band row u % 34, outputs 4 * (u / 34) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 306; u += 32) {
@@ -108,6 +119,9 @@ wband_t34_m8_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* __r
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in

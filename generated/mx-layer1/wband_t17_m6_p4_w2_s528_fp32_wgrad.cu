@@ -12,13 +12,51 @@
 //   thread        42 fp32 sums                   6 maps x S=7, kept over the whole slice
 //   unit          4 adjacent outputs             10 x loads and 24 dy loads feed 168 FMAs
 //   band          17 rows x 17 units             4 band(s) per image; 289 units over 64 lanes of each tap row
-//   __shared__    35072 B                        x [23][75] (2-way) + dy [6][17][69] (2-way), zero padding written in
+//   __shared__    70144 B                        x [23][75] (2-way) + dy [6][17][69] (2-way), zero padding written in
 //   workspace     1241856 B                      528 slices x 588 sums; the second kernel adds the slices in order
-// Kernel   wband_t17_m6_p4_w2_s528_fp32_wgrad: block 448x1x1, grid (2, B*0, 1)
+// Kernel   wband_t17_m6_p4_w2_s528_fp32_wgrad: block 448x1x1, grid (2, B*0, 1), 70144 B dynamic shared memory (opt-in)
 // Kernel   wband_t17_m6_p4_w2_s528_fp32_wgrad_reduce: block 256x1x1, grid (3, B*0, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 5184;
+    const float* __restrict__ dyn = dy + (size_t)n * 52272;
+    for (int e = threadIdx.x; e < 1702; e += 448) {
+        const int k = e / 74;
+        const int j = e % 74;
+        const int iy = oy0 * 1 - 0 + k;
+        const int ix = j - 0;
+        const bool inside = (unsigned)iy < 72u && (unsigned)ix < 72u;
+        const float* src = xn + xc * 5184 + iy * 72 + ix;
+        cp_async4(&xs[k * 75 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 6936; e += 448) {
+        const int i = e / 1156;
+        const int k = e / 68 % 17;
+        const int j = e % 68;
+        const int oy = oy0 + k;
+        const bool inside = oy < 66 && j < 66;
+        const float* src = dyn + (m0 + i) * 4356 + oy * 66 + j;
+        cp_async4(&ds[i * 1173 + k * 69 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
 
 // Block (i, k): tap row r = warp / 2 of maps m0..m0+5 and channel c (i = (g * 2 + map block) * 1 + c)
 // over slice k of the batch (images k, k + 528, ...); wband_t17_m6_p4_w2_s528_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t17_m6_p4_w2_s528_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[1728];  // x under the band: [23][75], zero padding written in
-    __shared__ __align__(16) float ds[7040];  // dy of the band: [6][17][69], zero past the edges
+    extern __shared__ __align__(16) float smem[];  // 70144 bytes, sized at launch
+    // buffer t: x under the band [23][75] at t * 8768, then dy [6][17][69]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 2;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t17_m6_p4_w2_s528_fp32_wgrad(const float* __restrict__ x, const float* __r
     const int c = blockIdx.x % 1;
     const int gm = blockIdx.x / 1;
     const int m0 = gm * 6;
+    const int xc = c;
     float acc[6][7] = {};
-    for (int n = blockIdx.y; n < batch; n += 528) {
-        const float* __restrict__ xn = x + (size_t)n * 5184;
-        const float* __restrict__ dyn = dy + (size_t)n * 52272;
-        for (int b = 0; b < 4; ++b) {
-            const int oy0 = b * 17;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 4; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    const int k = e / 74;
-                    const int j = e % 74;
-                    const int iy = oy0 * 1 - 0 + k;
-                    const int ix = j - 0;
-                    v[q] = e < 1702 && (unsigned)iy < 72u && (unsigned)ix < 72u ? __ldg(&xn[(c) * 5184 + iy * 72 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    if (e < 1702)
-                        xs[e / 74 * 75 + e % 74] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 16; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    const int i = e / 1156;
-                    const int k = e / 68 % 17;
-                    const int j = e % 68;
-                    const int oy = oy0 + k;
-                    v[q] = e < 6936 && oy < 66 && j < 66 ? __ldg(&dyn[(m0 + i) * 4356 + oy * 66 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 448;
-                    if (e < 6936)
-                        ds[e / 1156 * 1173 + e / 68 % 17 * 69 + e % 68] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 1728, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 4) {
+            nb = 0;
+            nn += 528;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 8768;
+        if (nn < batch)
+            stage(next, next + 1728, x, dy, nn, nb * 17, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 8768;
+        const float* __restrict__ ds = xs + 1728;
+        {
             // Unit u: band row u % 17, outputs 4 * (u / 17) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 289; u += 64) {
@@ -108,6 +119,9 @@ wband_t17_m6_p4_w2_s528_fp32_wgrad(const float* __restrict__ x, const float* __r
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in
@@ -157,14 +171,14 @@ wband_t17_m6_p4_w2_s528_fp32_wgrad(const float* __restrict__ x, const float* __r
         acc[5][5] += __shfl_xor_sync(0xffffffffu, acc[5][5], o);
         acc[5][6] += __shfl_xor_sync(0xffffffffu, acc[5][6], o);
     }
-    // The 2 warps of a tap row meet in shared memory; the first adds them in order.
-    __shared__ __align__(16) float part[14][44];
+    // The 2 warps of a tap row meet in the (now idle) band buffers; the first adds them in order.
+    float* __restrict__ part = smem;  // [14][44]
     if (lane == 0) {
-        part[warp][0] = acc[0][0];        part[warp][1] = acc[0][1];        part[warp][2] = acc[0][2];        part[warp][3] = acc[0][3];        part[warp][4] = acc[0][4];        part[warp][5] = acc[0][5];        part[warp][6] = acc[0][6];        part[warp][7] = acc[1][0];        part[warp][8] = acc[1][1];        part[warp][9] = acc[1][2];        part[warp][10] = acc[1][3];        part[warp][11] = acc[1][4];        part[warp][12] = acc[1][5];        part[warp][13] = acc[1][6];        part[warp][14] = acc[2][0];        part[warp][15] = acc[2][1];        part[warp][16] = acc[2][2];        part[warp][17] = acc[2][3];        part[warp][18] = acc[2][4];        part[warp][19] = acc[2][5];        part[warp][20] = acc[2][6];        part[warp][21] = acc[3][0];        part[warp][22] = acc[3][1];        part[warp][23] = acc[3][2];        part[warp][24] = acc[3][3];        part[warp][25] = acc[3][4];        part[warp][26] = acc[3][5];        part[warp][27] = acc[3][6];        part[warp][28] = acc[4][0];        part[warp][29] = acc[4][1];        part[warp][30] = acc[4][2];        part[warp][31] = acc[4][3];        part[warp][32] = acc[4][4];        part[warp][33] = acc[4][5];        part[warp][34] = acc[4][6];        part[warp][35] = acc[5][0];        part[warp][36] = acc[5][1];        part[warp][37] = acc[5][2];        part[warp][38] = acc[5][3];        part[warp][39] = acc[5][4];        part[warp][40] = acc[5][5];        part[warp][41] = acc[5][6];    }
+        part[warp * 44 + 0] = acc[0][0];        part[warp * 44 + 1] = acc[0][1];        part[warp * 44 + 2] = acc[0][2];        part[warp * 44 + 3] = acc[0][3];        part[warp * 44 + 4] = acc[0][4];        part[warp * 44 + 5] = acc[0][5];        part[warp * 44 + 6] = acc[0][6];        part[warp * 44 + 7] = acc[1][0];        part[warp * 44 + 8] = acc[1][1];        part[warp * 44 + 9] = acc[1][2];        part[warp * 44 + 10] = acc[1][3];        part[warp * 44 + 11] = acc[1][4];        part[warp * 44 + 12] = acc[1][5];        part[warp * 44 + 13] = acc[1][6];        part[warp * 44 + 14] = acc[2][0];        part[warp * 44 + 15] = acc[2][1];        part[warp * 44 + 16] = acc[2][2];        part[warp * 44 + 17] = acc[2][3];        part[warp * 44 + 18] = acc[2][4];        part[warp * 44 + 19] = acc[2][5];        part[warp * 44 + 20] = acc[2][6];        part[warp * 44 + 21] = acc[3][0];        part[warp * 44 + 22] = acc[3][1];        part[warp * 44 + 23] = acc[3][2];        part[warp * 44 + 24] = acc[3][3];        part[warp * 44 + 25] = acc[3][4];        part[warp * 44 + 26] = acc[3][5];        part[warp * 44 + 27] = acc[3][6];        part[warp * 44 + 28] = acc[4][0];        part[warp * 44 + 29] = acc[4][1];        part[warp * 44 + 30] = acc[4][2];        part[warp * 44 + 31] = acc[4][3];        part[warp * 44 + 32] = acc[4][4];        part[warp * 44 + 33] = acc[4][5];        part[warp * 44 + 34] = acc[4][6];        part[warp * 44 + 35] = acc[5][0];        part[warp * 44 + 36] = acc[5][1];        part[warp * 44 + 37] = acc[5][2];        part[warp * 44 + 38] = acc[5][3];        part[warp * 44 + 39] = acc[5][4];        part[warp * 44 + 40] = acc[5][5];        part[warp * 44 + 41] = acc[5][6];    }
     __syncthreads();
     if (warp % 2 != 0)
         return;
-    acc[0][0] = part[warp][0] + part[warp + 1][0];    acc[0][1] = part[warp][1] + part[warp + 1][1];    acc[0][2] = part[warp][2] + part[warp + 1][2];    acc[0][3] = part[warp][3] + part[warp + 1][3];    acc[0][4] = part[warp][4] + part[warp + 1][4];    acc[0][5] = part[warp][5] + part[warp + 1][5];    acc[0][6] = part[warp][6] + part[warp + 1][6];    acc[1][0] = part[warp][7] + part[warp + 1][7];    acc[1][1] = part[warp][8] + part[warp + 1][8];    acc[1][2] = part[warp][9] + part[warp + 1][9];    acc[1][3] = part[warp][10] + part[warp + 1][10];    acc[1][4] = part[warp][11] + part[warp + 1][11];    acc[1][5] = part[warp][12] + part[warp + 1][12];    acc[1][6] = part[warp][13] + part[warp + 1][13];    acc[2][0] = part[warp][14] + part[warp + 1][14];    acc[2][1] = part[warp][15] + part[warp + 1][15];    acc[2][2] = part[warp][16] + part[warp + 1][16];    acc[2][3] = part[warp][17] + part[warp + 1][17];    acc[2][4] = part[warp][18] + part[warp + 1][18];    acc[2][5] = part[warp][19] + part[warp + 1][19];    acc[2][6] = part[warp][20] + part[warp + 1][20];    acc[3][0] = part[warp][21] + part[warp + 1][21];    acc[3][1] = part[warp][22] + part[warp + 1][22];    acc[3][2] = part[warp][23] + part[warp + 1][23];    acc[3][3] = part[warp][24] + part[warp + 1][24];    acc[3][4] = part[warp][25] + part[warp + 1][25];    acc[3][5] = part[warp][26] + part[warp + 1][26];    acc[3][6] = part[warp][27] + part[warp + 1][27];    acc[4][0] = part[warp][28] + part[warp + 1][28];    acc[4][1] = part[warp][29] + part[warp + 1][29];    acc[4][2] = part[warp][30] + part[warp + 1][30];    acc[4][3] = part[warp][31] + part[warp + 1][31];    acc[4][4] = part[warp][32] + part[warp + 1][32];    acc[4][5] = part[warp][33] + part[warp + 1][33];    acc[4][6] = part[warp][34] + part[warp + 1][34];    acc[5][0] = part[warp][35] + part[warp + 1][35];    acc[5][1] = part[warp][36] + part[warp + 1][36];    acc[5][2] = part[warp][37] + part[warp + 1][37];    acc[5][3] = part[warp][38] + part[warp + 1][38];    acc[5][4] = part[warp][39] + part[warp + 1][39];    acc[5][5] = part[warp][40] + part[warp + 1][40];    acc[5][6] = part[warp][41] + part[warp + 1][41];    if (lane != 0)
+    acc[0][0] = part[warp * 44 + 0] + part[(warp + 1) * 44 + 0];    acc[0][1] = part[warp * 44 + 1] + part[(warp + 1) * 44 + 1];    acc[0][2] = part[warp * 44 + 2] + part[(warp + 1) * 44 + 2];    acc[0][3] = part[warp * 44 + 3] + part[(warp + 1) * 44 + 3];    acc[0][4] = part[warp * 44 + 4] + part[(warp + 1) * 44 + 4];    acc[0][5] = part[warp * 44 + 5] + part[(warp + 1) * 44 + 5];    acc[0][6] = part[warp * 44 + 6] + part[(warp + 1) * 44 + 6];    acc[1][0] = part[warp * 44 + 7] + part[(warp + 1) * 44 + 7];    acc[1][1] = part[warp * 44 + 8] + part[(warp + 1) * 44 + 8];    acc[1][2] = part[warp * 44 + 9] + part[(warp + 1) * 44 + 9];    acc[1][3] = part[warp * 44 + 10] + part[(warp + 1) * 44 + 10];    acc[1][4] = part[warp * 44 + 11] + part[(warp + 1) * 44 + 11];    acc[1][5] = part[warp * 44 + 12] + part[(warp + 1) * 44 + 12];    acc[1][6] = part[warp * 44 + 13] + part[(warp + 1) * 44 + 13];    acc[2][0] = part[warp * 44 + 14] + part[(warp + 1) * 44 + 14];    acc[2][1] = part[warp * 44 + 15] + part[(warp + 1) * 44 + 15];    acc[2][2] = part[warp * 44 + 16] + part[(warp + 1) * 44 + 16];    acc[2][3] = part[warp * 44 + 17] + part[(warp + 1) * 44 + 17];    acc[2][4] = part[warp * 44 + 18] + part[(warp + 1) * 44 + 18];    acc[2][5] = part[warp * 44 + 19] + part[(warp + 1) * 44 + 19];    acc[2][6] = part[warp * 44 + 20] + part[(warp + 1) * 44 + 20];    acc[3][0] = part[warp * 44 + 21] + part[(warp + 1) * 44 + 21];    acc[3][1] = part[warp * 44 + 22] + part[(warp + 1) * 44 + 22];    acc[3][2] = part[warp * 44 + 23] + part[(warp + 1) * 44 + 23];    acc[3][3] = part[warp * 44 + 24] + part[(warp + 1) * 44 + 24];    acc[3][4] = part[warp * 44 + 25] + part[(warp + 1) * 44 + 25];    acc[3][5] = part[warp * 44 + 26] + part[(warp + 1) * 44 + 26];    acc[3][6] = part[warp * 44 + 27] + part[(warp + 1) * 44 + 27];    acc[4][0] = part[warp * 44 + 28] + part[(warp + 1) * 44 + 28];    acc[4][1] = part[warp * 44 + 29] + part[(warp + 1) * 44 + 29];    acc[4][2] = part[warp * 44 + 30] + part[(warp + 1) * 44 + 30];    acc[4][3] = part[warp * 44 + 31] + part[(warp + 1) * 44 + 31];    acc[4][4] = part[warp * 44 + 32] + part[(warp + 1) * 44 + 32];    acc[4][5] = part[warp * 44 + 33] + part[(warp + 1) * 44 + 33];    acc[4][6] = part[warp * 44 + 34] + part[(warp + 1) * 44 + 34];    acc[5][0] = part[warp * 44 + 35] + part[(warp + 1) * 44 + 35];    acc[5][1] = part[warp * 44 + 36] + part[(warp + 1) * 44 + 36];    acc[5][2] = part[warp * 44 + 37] + part[(warp + 1) * 44 + 37];    acc[5][3] = part[warp * 44 + 38] + part[(warp + 1) * 44 + 38];    acc[5][4] = part[warp * 44 + 39] + part[(warp + 1) * 44 + 39];    acc[5][5] = part[warp * 44 + 40] + part[(warp + 1) * 44 + 40];    acc[5][6] = part[warp * 44 + 41] + part[(warp + 1) * 44 + 41];    if (lane != 0)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 588;
 out[(m0 + 0) * 49 + c * 49 + r * 7 + 0] = acc[0][0];

@@ -12,13 +12,51 @@
 //   thread        56 fp32 sums                   8 maps x S=7, kept over the whole slice
 //   unit          4 adjacent outputs             10 x loads and 32 dy loads feed 224 FMAs
 //   band          27 rows x 7 units              1 band(s) per image; 189 units over 32 lanes of each tap row
-//   __shared__    29680 B                        x [33][35] (2-way) + dy [8][27][29] (2-way), zero padding written in
+//   __shared__    59360 B                        x [33][35] (2-way) + dy [8][27][29] (2-way), zero padding written in
 //   workspace     1636992 B                      29 slices x 14112 sums; the second kernel adds the slices in order
-// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad: block 224x1x1, grid (36, B*0, 1)
+// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad: block 224x1x1, grid (36, B*0, 1), 59360 B dynamic shared memory (opt-in)
 // Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad_reduce: block 256x1x1, grid (56, B*0, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// One band of image n into a buffer: the x rows under it (channel xc) and the dy rows of
+// the block's maps, zeros where the window or a run hangs past the image.  fp32 tensors
+// travel by 4-byte cp.async (the caller commits and waits); 16-bit ones are widened.
+__device__ __forceinline__ void stage(float* __restrict__ xs, float* __restrict__ ds, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc, int m0)
+{
+    const float* __restrict__ xn = x + (size_t)n * 13068;
+    const float* __restrict__ dyn = dy + (size_t)n * 17496;
+    for (int e = threadIdx.x; e < 1122; e += 224) {
+        const int k = e / 34;
+        const int j = e % 34;
+        const int iy = oy0 * 1 - 0 + k;
+        const int ix = j - 0;
+        const bool inside = (unsigned)iy < 33u && (unsigned)ix < 33u;
+        const float* src = xn + xc * 1089 + iy * 33 + ix;
+        cp_async4(&xs[k * 35 + j], inside ? src : x, inside ? 4 : 0);
+    }
+    for (int e = threadIdx.x; e < 6048; e += 224) {
+        const int i = e / 756;
+        const int k = e / 28 % 27;
+        const int j = e % 28;
+        const int oy = oy0 + k;
+        const bool inside = oy < 27 && j < 27;
+        const float* src = dyn + (m0 + i) * 729 + oy * 27 + j;
+        cp_async4(&ds[i * 783 + k * 29 + j], inside ? src : dy, inside ? 4 : 0);
+    }
+}
 
 // Block (i, k): tap row r = warp / 1 of maps m0..m0+7 and channel c (i = (g * 3 + map block) * 12 + c)
 // over slice k of the batch (images k, k + 29, ...); wband_t27_m8_p4_w1_s29_fp32_wgrad_reduce adds the slices.
+// The bands of its images are staged in two buffers: band t+1 travels while band t is summed.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -29,8 +67,8 @@
 extern "C" __global__ void BOUNDS
 wband_t27_m8_p4_w1_s29_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float xs[1156];  // x under the band: [33][35], zero padding written in
-    __shared__ __align__(16) float ds[6264];  // dy of the band: [8][27][29], zero past the edges
+    extern __shared__ __align__(16) float smem[];  // 59360 bytes, sized at launch
+    // buffer t: x under the band [33][35] at t * 7420, then dy [8][27][29]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int r = warp / 1;  // the tap row this warp sums
@@ -38,54 +76,27 @@ wband_t27_m8_p4_w1_s29_fp32_wgrad(const float* __restrict__ x, const float* __re
     const int c = blockIdx.x % 12;
     const int gm = blockIdx.x / 12;
     const int m0 = gm * 8;
+    const int xc = c;
     float acc[8][7] = {};
-    for (int n = blockIdx.y; n < batch; n += 29) {
-        const float* __restrict__ xn = x + (size_t)n * 13068;
-        const float* __restrict__ dyn = dy + (size_t)n * 17496;
-        for (int b = 0; b < 1; ++b) {
-            const int oy0 = b * 27;
-            __syncthreads();  // every lane is done with the last band
-            // Loads are issued 8 at a time before their stores, so that a band pays
-            // a memory latency per 8 elements of a thread, not one per element.
-#pragma unroll 1
-            for (int q0 = 0; q0 < 6; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    const int k = e / 34;
-                    const int j = e % 34;
-                    const int iy = oy0 * 1 - 0 + k;
-                    const int ix = j - 0;
-                    v[q] = e < 1122 && (unsigned)iy < 33u && (unsigned)ix < 33u ? __ldg(&xn[(c) * 1089 + iy * 33 + ix]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    if (e < 1122)
-                        xs[e / 34 * 35 + e % 34] = v[q];
-                }
-            }
-#pragma unroll 1
-            for (int q0 = 0; q0 < 27; q0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    const int i = e / 756;
-                    const int k = e / 28 % 27;
-                    const int j = e % 28;
-                    const int oy = oy0 + k;
-                    v[q] = e < 6048 && oy < 27 && j < 27 ? __ldg(&dyn[(m0 + i) * 729 + oy * 27 + j]) : 0.0f;
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const int e = threadIdx.x + (q0 + q) * 224;
-                    if (e < 6048)
-                        ds[e / 756 * 783 + e / 28 % 27 * 29 + e % 28] = v[q];
-                }
-            }
-            __syncthreads();
+    int n = blockIdx.y, b = 0;
+    if (n < batch)
+        stage(smem, smem + 1156, x, dy, n, 0, xc, m0);
+    cp_async_commit();
+    for (int step = 0; n < batch; ++step) {
+        int nb = b + 1, nn = n;
+        if (nb == 1) {
+            nb = 0;
+            nn += 29;
+        }
+        float* __restrict__ next = smem + ((step + 1) & 1) * 7420;
+        if (nn < batch)
+            stage(next, next + 1156, x, dy, nn, nb * 27, xc, m0);
+        cp_async_commit();
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
+        __syncthreads();
+        const float* __restrict__ xs = smem + (step & 1) * 7420;
+        const float* __restrict__ ds = xs + 1156;
+        {
             // Unit u: band row u % 27, outputs 4 * (u / 27) onward; x slides under the
             // window.  Adjacent lanes take adjacent rows: their loads are a row stride apart.
             for (int u = t; u < 189; u += 32) {
@@ -108,6 +119,9 @@ wband_t27_m8_p4_w1_s29_fp32_wgrad(const float* __restrict__ x, const float* __re
                     }
             }
         }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        n = nn;
+        b = nb;
     }
 
     // The warp's sums: a butterfly of shuffles leaves each in every lane, always added in

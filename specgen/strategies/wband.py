@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import (
-    STATIC_SMEM_BYTES,
     Launch,
     Plan,
     Size,
@@ -26,6 +25,7 @@ from ..plan.common import (
     choices,
     divisors,
     shape_context,
+    smem_placement,
 )
 from ..shapes import Op
 from ..tensors import Role
@@ -35,8 +35,7 @@ TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 REDUCE_BLOCK = 256
 MAX_ACCUMULATORS = 64
 MAX_UNROLLED = 512  # FMAs of one unit (maps x S x pixels), unrolled
-MAX_STAGED = 64  # band elements a thread stages per band
-STAGE_CHUNK = 8  # loads a thread issues before it stores them
+SMEM_BUDGET = 96 * 1024  # both band buffers: two blocks fit an SM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,12 +68,8 @@ class Wband(Variant):
         while pixels > 1 and maps * p.S * pixels > MAX_UNROLLED:
             pixels -= 1
         warps = 1 if 32 * p.R * 2 > 1024 or p.Ho * ceil_div(p.Wo, pixels) < 64 * p.R else 2
-        threads = 32 * p.R * warps
         tile = p.Ho
-        while tile > 1 and (
-            _smem_bytes(p, tile, maps, pixels)[0] > STATIC_SMEM_BYTES
-            or _staged(p, tile, maps, pixels, threads) > MAX_STAGED
-        ):
+        while tile > 1 and _smem_bytes(p, tile, maps, pixels)[0] > SMEM_BUDGET:
             tile = ceil_div(tile, 2) if tile > 8 else tile - 1
         items = p.groups * (p.Mg // maps) * p.Cg
         splits = max(1, min(p.batch, TARGET_BLOCKS // items, 65535))
@@ -123,21 +118,12 @@ def _layout(p, rows: int, maps: int, pixels: int):
     )
 
 
-def _staged(p, rows, maps, pixels, threads) -> int:
-    """Band elements each thread loads before it stores any."""
-    lay = _layout(p, rows, maps, pixels)
-    x = lay["x_rows"] * lay["x_cols"]
-    dy = maps * rows * lay["wo_pad"]
-    return ceil_div(x, threads) + ceil_div(dy, threads)
-
-
 def _smem_bytes(p, rows, maps, pixels):
-    """Bytes of the two bands, each a whole number of 16-byte words (as the template
-    declares them), so that no alignment gap opens whatever order ptxas lays them in."""
+    """Bytes of the two band buffers, each part a whole number of 16-byte words."""
     lay = _layout(p, rows, maps, pixels)
     lay["x_band"] = ceil_div(lay["x_rows"] * lay["x_stride"], 4) * 4
     lay["dy_band"] = ceil_div(maps * rows * lay["dy_stride"], 4) * 4
-    return 4 * (lay["x_band"] + lay["dy_band"]), lay
+    return 8 * (lay["x_band"] + lay["dy_band"]), lay
 
 
 def plan_wband(p, v: Wband) -> Plan:
@@ -173,17 +159,11 @@ def plan_wband(p, v: Wband) -> Plan:
     if v.splits > 65535:
         raise SpecError(f"wband s{v.splits}: at most 65535 slices of the batch (grid y)")
     nbytes, lay = _smem_bytes(p, v.tile, v.maps, v.pixels)
-    staged = _staged(p, v.tile, v.maps, v.pixels, threads)
-    if staged > MAX_STAGED:
-        raise SpecError(
-            f"wband's band of {v.tile} rows is {staged} loads per thread, over {MAX_STAGED}; "
-            "choose a smaller --tile"
-        )
-    if nbytes > STATIC_SMEM_BYTES:
-        raise SpecError(
-            f"wband's band of {v.tile} rows needs {nbytes} B of shared memory, over "
-            f"{STATIC_SMEM_BYTES} B; choose a smaller --tile"
-        )
+    static, dynamic = smem_placement(
+        nbytes, f"wband's two buffers of {v.tile}-row bands", "choose a smaller --tile"
+    )
+    if v.warps > 1 and 32 * (threads // 32) * ceil_div(accumulators, 4) > 8 * nbytes:
+        raise SpecError("wband's block sums do not fit in its band buffers; choose --warps 1")
 
     # 2. work
     items = p.groups * (p.Mg // v.maps) * p.Cg
@@ -204,6 +184,7 @@ def plan_wband(p, v: Wband) -> Plan:
             1,
             0,
             1,
+            dynamic,
         ),
         Launch(
             f"{name}_reduce",
@@ -248,13 +229,12 @@ def plan_wband(p, v: Wband) -> Plan:
         nacc_pad=ceil_div(accumulators, 4) * 4,
         x_load=lay["x_rows"] * lay["x_cols"],
         dy_load=v.maps * v.tile * lay["wo_pad"],
-        chunk=STAGE_CHUNK,
+        dynamic=dynamic > 0,
+        smem_bytes=nbytes,
         # two blocks per SM first (a register cap of 65536 / (2 x threads)), so that one
         # block's staging overlaps the other's sums; one if that spills
         launch_bounds=f"{threads}, 2",
         launch_bounds_alt=f"{threads}, 1",
-        x_trips=ceil_div(lay["x_rows"] * lay["x_cols"], threads),
-        dy_trips=ceil_div(v.maps * v.tile * lay["wo_pad"], threads),
     )
     per_image = bands * ceil_div(units, lanes) * v.pixels
     sizes = (
@@ -297,9 +277,8 @@ def plan_wband(p, v: Wband) -> Plan:
         variant=v,
         template="backward/wband.cu.j2",
         launches=launches,
-        static_smem=nbytes
-        + (4 * threads // 32 * ceil_div(accumulators, 4) * 4 if v.warps > 1 else 0),
-        dynamic_smem=0,
+        static_smem=static,
+        dynamic_smem=dynamic,
         const_bytes=0,
         weight_format="f32",
         sizes=sizes,
