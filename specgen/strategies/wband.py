@@ -67,7 +67,7 @@ class Wband(Variant):
         pixels = min(4, p.Wo)
         while pixels > 1 and maps * p.S * pixels > MAX_UNROLLED:
             pixels -= 1
-        warps = 1 if 32 * p.R * 2 > 1024 or p.Ho * ceil_div(p.Wo, pixels) < 64 * p.R else 2
+        warps = 1  # two warps per tap row lost on every narrow preset (H200, 2026-11-22)
         tile = p.Ho
         while tile > 1 and _smem_bytes(p, tile, maps, pixels)[0] > SMEM_BUDGET:
             tile = ceil_div(tile, 2) if tile > 8 else tile - 1
