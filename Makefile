@@ -23,8 +23,10 @@ test: $(STAMP)
 	$(BIN)/black --check specgen tests
 	$(BIN)/pytest -q
 
-# Regenerate generated/ (the default variant set of every preset, every op).
+# Regenerate generated/ (the default variant set of every preset, every op), without
+# the files of variants that left the set.
 generated: $(STAMP)
+	rm -f generated/*/*.cu
 	$(BIN)/specgen emit --all-shapes --op all --all
 
 format: $(STAMP)
@@ -44,6 +46,7 @@ bench:
 	mkdir -p $(OUT)
 	set -o pipefail; PYTHONPATH=. $(PYTHON) -m specgen bench --all-shapes --best \
 		--json $(OUT)/bench.json --plot $(OUT)/bench.png 2>&1 | tee $(OUT)/bench.log
+	OUT=$(OUT) PYTHON=$(PYTHON) bash scripts/bench_backward.sh
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

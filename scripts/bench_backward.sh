@@ -3,5 +3,5 @@
 set -o pipefail
 export PYTHONPATH=.
 for op in ${OPS:-dgrad wgrad bgrad}; do
-  python3 -m specgen bench --all-shapes --op $op --best --json $OUT/bench-$op.json 2>&1 | tee $OUT/bench-$op.log | grep -v "^  "
+  ${PYTHON:-python3} -m specgen bench --all-shapes --op $op --best --json $OUT/bench-$op.json 2>&1 | tee $OUT/bench-$op.log | grep -v "^  "
 done

@@ -292,3 +292,26 @@ def test_wband_replay_gives_the_weight_gradient(p):
     dw, db = _replay_wband(p, x, dy, plan)
     np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+def test_wsplit_atomic_adds_into_fp32_gradients_only():
+    """The atomic variant needs no workspace and clears dw and db first; 16-bit tensors
+    are refused (each block's sum would be rounded), in one line."""
+    p = parse_shape("C=8,M=12,H=13,W=11,K=3,groups=2,bias=1,op=wgrad")
+    plan = make_plan(p, Wsplit(atomic=True, maps=3, splits=4))
+    assert plan.workspace_bytes == 0
+    assert [l.kernel.rsplit("_", 1)[-1] for l in plan.launches] == ["zero", "wgrad"]
+    assert plan.launches[0].args == (Role.DW, Role.DB)
+    assert Role.WORKSPACE not in plan.launches[1].args
+    with pytest.raises(SpecError, match="choose --slices"):
+        make_plan(p.__class__(**{**p.__dict__, "dtype": p.dtype.BF16}), Wsplit(atomic=True, maps=3))
+
+
+def test_cli_takes_the_atomic_switch(tmp_path):
+    r = CliRunner().invoke(
+        main,
+        ["emit", "--shape", "layer2", "--op", "bgrad", "--strategy", "wsplit", "--atomic"]
+        + ["--out", str(tmp_path)],
+    )
+    assert r.exit_code == 0, r.output
+    assert "_at_fp32_bgrad.cu" in r.output

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, choices, divisors, shape_context
-from ..shapes import Op
+from ..shapes import DType, Op
 from ..tensors import Role
-from ..variants import EVERY_FEATURE, Count, Variant, param
+from ..variants import EVERY_FEATURE, Count, Switch, Variant, param
 
 BLOCK_WARPS = 8
 TARGET_BLOCKS = 1024  # about 8 resident blocks on each of the H200's 132 SMs
@@ -40,9 +40,20 @@ class Wsplit(Variant):
     maps: int = param(4, Count("m"), "wsplit: maps per thread, each x load feeds them all")
     warps: int = param(1, Count("w"), "wsplit: warps per work item, sharing its pixels")
     splits: int = param(64, Count("s"), "wsplit: slices of the batch, one block row each")
+    atomic: bool = param(
+        False,
+        Switch("at", "sl", ("atomic", "slices")),
+        "wsplit: blocks atomicAdd into fp32 dw/db (the order varies run to run), or write "
+        "slices that a second kernel adds in order",
+    )
 
     def plan(self, problem):
         return plan_wsplit(problem, self)
+
+    @classmethod
+    def seeds(cls):
+        """The ordered two-pass sum, and the atomic one."""
+        return [cls(), cls(atomic=True)]
 
     @classmethod
     def fit(cls, problem, seed):
@@ -65,7 +76,12 @@ class Wsplit(Variant):
             for warps in (1, 2, 4, 8):
                 for factor in (1, 4):
                     s = max(1, base.splits * factor // 2)
-                    out.append(cls(maps=maps, warps=warps, splits=s, precision=precision))
+                    for atomic in (False, True):
+                        out.append(
+                            cls(
+                                maps=maps, warps=warps, splits=s, atomic=atomic, precision=precision
+                            )
+                        )
         return out
 
 
@@ -110,26 +126,40 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
     workspace = 4 * v.splits * row
 
     name = v.kernel_name(p)
-    launches = (
-        Launch(
-            name,
-            (*(() if bgrad else (Role.X,)), Role.DY, Role.WORKSPACE, Role.BATCH),
-            (32 * BLOCK_WARPS, 1, 1),
-            (blocks, v.splits, 1),
-            1,
-            0,
-            1,
-        ),
-        Launch(
-            f"{name}_reduce",
-            (Role.WORKSPACE, *(() if bgrad else (Role.DW,)), *((Role.DB,) if with_db else ())),
-            (REDUCE_BLOCK, 1, 1),
-            (ceil_div(row, REDUCE_BLOCK), 1, 1),
-            1,
-            0,
-            1,
-        ),
+    outs = (*(() if bgrad else (Role.DW,)), *((Role.DB,) if with_db else ()))
+    if v.atomic:
+        if p.dtype is not DType.FP32:
+            raise SpecError(
+                f"wsplit atomic adds into fp32 dw and db; {p.dtype.value} tensors would round "
+                "every block's sum: choose --slices"
+            )
+        workspace = 0
+        first = Launch(
+            f"{name}_zero", outs, (REDUCE_BLOCK, 1, 1), (ceil_div(row, REDUCE_BLOCK), 1, 1), 1, 0, 1
+        )
+        sums = outs
+    else:
+        first = None
+        sums = (Role.WORKSPACE,)
+    main = Launch(
+        name,
+        (*(() if bgrad else (Role.X,)), Role.DY, *sums, Role.BATCH),
+        (32 * BLOCK_WARPS, 1, 1),
+        (blocks, v.splits, 1),
+        1,
+        0,
+        1,
     )
+    reduce = Launch(
+        f"{name}_reduce",
+        (Role.WORKSPACE, *outs),
+        (REDUCE_BLOCK, 1, 1),
+        (ceil_div(row, REDUCE_BLOCK), 1, 1),
+        1,
+        0,
+        1,
+    )
+    launches = (first, main) if v.atomic else (main, reduce)
     ctx = dict(
         shape_context(p),
         bgrad=bgrad,
@@ -154,6 +184,7 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
         row=row,
         weights=weights,
         reduce_block=REDUCE_BLOCK,
+        atomic=v.atomic,
         x_image=p.C * p.H * p.W,
         dy_image=p.M * P,
         guard_rows=p.pads[0] > 0 or p.pads[1] > 0,
@@ -184,7 +215,12 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
         Size(
             "workspace",
             f"{workspace} B",
-            f"{v.splits} slices x {row} partial sums of {what}; the second kernel adds the slices in order",
+            (
+                f"none: each block atomicAdds its sums into {what}, cleared by the first kernel"
+                if v.atomic
+                else f"{v.splits} slices x {row} partial sums of {what}; the second kernel adds "
+                "the slices in order"
+            ),
         ),
     )
     return Plan(
