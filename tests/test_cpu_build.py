@@ -158,3 +158,21 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         binary = compile_source(render(plan), plan.name, "sm_90")
         stats, problems = check_resources(plan, binary)
         assert not problems, (p.spec, v.name, problems)
+
+
+@pytest.mark.parametrize(
+    "spec,name",
+    [
+        # a 1x5 register tile unrolled over 8 channels of a 5x5 window spilled (GPU tier draw)
+        ("C=8,M=31,H=20,W=12,K=5,pad=1,bias=1", "stream_t4_m31_c8_r1x5_fp32"),
+    ],
+)
+def test_variants_that_once_spilled_do_not(spec, name):
+    from specgen.shapes import parse_shape
+    from specgen.strategies import parse_variant_name
+
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name(name, p))
+    binary = compile_source(render(plan), plan.name, "sm_90")
+    stats, problems = check_resources(plan, binary)
+    assert not problems and stats["spills"] == 0, problems

@@ -14,7 +14,7 @@
 //   thread        1 x 8 acc + 14 inputs          register tile: 1 maps x 8 pixels, and the TX+K-1 = 8+7-1 inputs of a row
 //   block         253 threads, 1 maps            1 map groups x 23 rows x 11 segments of 8 (2 pixel(s) past the edge)
 //   grid          B x 4 x 1 blocks               image x band of 23 rows (Ho = 86) x map block of 1 (M = 1)
-//   chunk         4 channel(s), 1 per output     1568 FMAs per thread between barriers; 4 channel(s) unrolled together (1568 FMAs of straight-line code)
+//   chunk         4 channel(s), 1 per output     1568 FMAs per thread between barriers; 2 channel(s) unrolled together (784 FMAs of straight-line code)
 //   smem weights  2 x 784 B [4][7][7][1]         the chunk's taps of the block's maps, maps innermost (1 per load), from w transposed to [C][K][K][M] on the host
 //   smem bands    2 x 46400 B [4][29][100]       chunk x (rows+K-1) x (segments*TX+K-1 = 94, padded to 100: 6-way bank conflicts at worst)
 // Kernel   stream_t23_m1_c4_r1x8_fp32_dgrad: block 253x1x1, grid (B*4, 1, 1), 94368 B dynamic shared memory (opt-in)
@@ -152,7 +152,7 @@ stream_t23_m1_c4_r1x8_fp32_dgrad(const float* __restrict__ x, const float* __res
 
         const float* __restrict__ xt = band_buf + buf * 11600 + row * 100 + seg * 8;
         const float* __restrict__ wc = w_buf + buf * 196 + g * 1;
-#pragma unroll 4
+#pragma unroll 2
         for (int c = 0; c < 4; ++c, xt += 2900, wc += 49) {
             load_row(v, xt + 0);  // window row 0
             load_maps(wm, wc + 0);

@@ -56,6 +56,7 @@ from .persist import (
 # ILP: ae-dec3's 3x8 tile (216 FMAs per channel, one 4-warp block per SM) took 0.174
 # ms with 8 channels unrolled and 0.255 with 4.
 UNROLL_FMAS = 2048
+UNROLL_LOADS = 480
 # A thread keeps the addresses of its band pixels in registers (two per pixel) up to
 # this many pixels; past it (small blocks over wide bands: layer1's 250 threads over
 # 31 x 82 pixels spilled) it recomputes them for every chunk.
@@ -141,7 +142,16 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     # Channels of the chunk unrolled together: the most (a divisor of the chunk) within
     # UNROLL_FMAS.  Blocks under a warp keep the loop: with the chunk unrolled they
     # spilled at 255 registers (C=5 M=6 K=5, 6 threads, NVRTC 12.9; 48 with the loop).
-    unroll = max(d for d in divisors(cb) if d == 1 or d * per_channel <= UNROLL_FMAS)
+    # ... and within UNROLL_LOADS shared loads (a row's TX+K-1 inputs per window row and
+    # the tile's weights per channel): a 1x5 tile unrolled over 8 channels of a 5x5
+    # window (560 loads, 1000 FMAs) spilled at 255 registers, over 4 it took 48;
+    # ae-dec3's 3x8 tile over 8 channels (456 loads) is the fast one above.
+    loads = K * (tx + K - 1) + ceil_div(tm * KK, 4 if tm % 4 == 0 else 1)
+    unroll = max(
+        d
+        for d in divisors(cb)
+        if d == 1 or (d * per_channel <= UNROLL_FMAS and d * loads <= UNROLL_LOADS)
+    )
     if threads < 32:
         unroll = 1
     unroll_window = KK * tm * tx <= MAX_WINDOW_FMAS
