@@ -176,3 +176,28 @@ def test_variants_that_once_spilled_do_not(spec, name):
     binary = compile_source(render(plan), plan.name, "sm_90")
     stats, problems = check_resources(plan, binary)
     assert not problems and stats["spills"] == 0, problems
+
+
+@settings(
+    max_examples=HUNT or 8,
+    derandomize=not HUNT,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(p=problem_specs(largest=20))
+def test_drawn_backward_problems_compile_for_sm90_without_spills(p):
+    """Each backward op's default set of a drawn problem (stride, dilation, groups,
+    padding forms, dtypes, layouts) compiles with the planned resources."""
+    from specgen.shapes import Op
+
+    for op in (Op.DGRAD, Op.WGRAD, Op.BGRAD):
+        q = p.with_op(op)
+        variants = default_set(q)
+        assert variants, (q.spec, "no strategy serves it")
+        if op is Op.DGRAD and not p.unusual():
+            variants = [v for v in variants if type(v).__name__ in ("Direct", "Phased")]
+        for v in variants:
+            plan = make_plan(q, v)
+            binary = compile_source(render(plan), plan.name, "sm_90")
+            stats, problems = check_resources(plan, binary)
+            assert not problems, (q.spec, v.name, problems)
