@@ -162,7 +162,7 @@ def plan_wband(p, v: Wband) -> Plan:
     static, dynamic = smem_placement(
         nbytes, f"wband's two buffers of {v.tile}-row bands", "choose a smaller --tile"
     )
-    if v.warps > 1 and 32 * (threads // 32) * ceil_div(accumulators, 4) > 8 * nbytes:
+    if v.warps > 1 and 4 * (threads // 32) * ceil_div(accumulators, 4) * 4 > nbytes:
         raise SpecError("wband's block sums do not fit in its band buffers; choose --warps 1")
 
     # 2. work
@@ -172,7 +172,7 @@ def plan_wband(p, v: Wband) -> Plan:
     lanes = 32 * v.warps
     row = p.weight_count + (p.M if p.bias else 0)
     workspace = 4 * v.splits * row
-    (sh, sw), (dh, dw) = p.stride, p.dil
+    sw, (dh, dw) = p.stride[1], p.dil
     nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1
     name = v.kernel_name(p)
     launches = (
