@@ -65,7 +65,9 @@ class Wsplit(Variant):
             w for w in (1, 2, 4, 8) if items * w <= 4 * TARGET_BLOCKS * BLOCK_WARPS or w == 1
         )
         blocks = ceil_div(items, BLOCK_WARPS // warps)
-        splits = max(1, min(problem.batch, TARGET_BLOCKS // blocks, 65535))
+        # Not capped by the problem's default batch (an inline spec's is 1): the kernel
+        # runs at any batch, and a slice without images adds zeros.
+        splits = max(1, min(TARGET_BLOCKS // blocks, 65535))
         return replace(seed, maps=maps, warps=warps, splits=splits)
 
     @classmethod
