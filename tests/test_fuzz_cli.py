@@ -32,6 +32,8 @@ ODD += ["planar", "inter", "const", "global", "fp32", "tf32", "fp16", "sm_90", "
 WORDS = list(PRESETS) + ["direct", "tiled", "split", "im2col", "implicit", "mma", "mmatile"]
 WORDS += ["persist", "mmapersist", "stream", "layer7", "persist_t12_r4x17_fp32"]
 WORDS += ["tiled_t16_x4y1m8_planar_wconst_lc_fp32", "mma_t64_fp16", "stream_t8_m128_c8_r8x8"]
+WORDS += ["fprop", "dgrad", "wgrad", "bgrad", "all", "phased", "wband", "wsplit", "inputtile"]
+WORDS += ["wband_t20_m4_p4_w1_s1056_fp32_wgrad", "persist_t25_r4x10_fp32_dgrad"]
 
 number = st.sampled_from(NUMBERS)
 value = st.one_of(
@@ -44,7 +46,7 @@ value = st.one_of(
 spec_item = st.one_of(
     st.builds(
         lambda k, v: f"{k}={v}",
-        st.sampled_from(["C", "M", "H", "W", "K", "pad", "PAD", "c", "Q", "", "K "]),
+        st.sampled_from(["C", "M", "H", "W", "K", "pad", "PAD", "c", "Q", "", "K ", "op", "OP"]),
         value,
     ),
     value,
@@ -69,8 +71,9 @@ shape_text = st.one_of(
 VALUED = ["--shape", "--variant", "--strategy", "--tile", "--coarsening", "--layout"]
 VALUED += ["--weights", "--precision", "--regtile", "--splits", "--maps", "--chunk"]
 VALUED += ["--batch", "--arch", "--jobs", "--budget", "--out", "--json", "--plot", "--gpu"]
+VALUED += ["--op", "--op", "--pixels", "--warps"]
 FLAGS = ["--all", "--all-shapes", "--best", "--unroll-channels", "--loop-channels", "--help"]
-FLAGS += ["--bogus", "-x", "--"]
+FLAGS += ["--bogus", "-x", "--", "--atomic", "--slices"]
 
 
 @st.composite
