@@ -7,7 +7,9 @@ the output pixels of its slice of the images, loads dy of its maps once and the 
 x under the window once, and keeps maps x S partial sums in registers.  Lanes are then
 summed by a butterfly of warp shuffles, the warps of an item in shared memory, and the
 block's sums go to its slice's row of a workspace; a second kernel adds the slices in
-a fixed order.  Nothing is atomic, so every run gives the same bits.
+a fixed order, so every run gives the same bits.  The atomic variant (``--atomic``)
+skips the workspace: a first kernel clears dw and db and the blocks atomicAdd into them,
+in an order that varies from run to run (fp32 tensors only).
 """
 
 from __future__ import annotations
