@@ -24,15 +24,14 @@ from ..plan.common import (
     ceil_div,
     choices,
     divisors,
-    shape_context,
     smem_placement,
 )
 from ..shapes import Op
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
+from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
-REDUCE_BLOCK = 256
 MAX_ACCUMULATORS = 64
 MAX_UNROLLED = 512  # FMAs of one unit (maps x S x pixels), unrolled
 SMEM_BUDGET = 96 * 1024  # both band buffers: two blocks fit an SM
@@ -172,9 +171,10 @@ def plan_wband(p, v: Wband) -> Plan:
     bands = ceil_div(p.Ho, v.tile)
     units = v.tile * lay["segs"]
     lanes = 32 * v.warps
-    row = p.weight_count + (p.M if p.bias else 0)
+    ctx = sums_context(p, v.maps, v.splits, bgrad=False, with_db=p.bias)
+    row = ctx["row"]
     workspace = 4 * v.splits * row
-    sw, (dh, dw) = p.stride[1], p.dil
+    sw, dw = p.stride[1], p.dil[1]
     nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1
     name = v.kernel_name(p)
     launches = (
@@ -188,30 +188,10 @@ def plan_wband(p, v: Wband) -> Plan:
             1,
             dynamic,
         ),
-        Launch(
-            f"{name}_reduce",
-            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
-            (REDUCE_BLOCK, 1, 1),
-            (ceil_div(row, REDUCE_BLOCK), 1, 1),
-            1,
-            0,
-            1,
-        ),
+        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
     )
-    ctx = dict(
-        shape_context(p),
-        **lay,
-        bgrad=False,
-        with_db=p.bias,
-        mb=v.maps,
-        mbs=p.Mg // v.maps,
-        Mg=p.Mg,
-        Cg=p.Cg,
-        R=p.R,
-        S=p.S,
-        RS=p.R * p.S,
-        dh=dh,
-        dw=dw,
+    ctx.update(
+        lay,
         taps=p.S,
         rows=v.tile,
         bands=bands,
@@ -221,12 +201,6 @@ def plan_wband(p, v: Wband) -> Plan:
         L=v.pixels,
         nx=nx,
         threads=threads,
-        splits=v.splits,
-        row=row,
-        weights=p.weight_count,
-        reduce_block=REDUCE_BLOCK,
-        x_image=p.C * p.H * p.W,
-        dy_image=p.M * p.Ho * p.Wo,
         dy_plane=v.tile * lay["dy_stride"],
         nacc_pad=ceil_div(accumulators, 4) * 4,
         x_load=lay["x_rows"] * lay["x_cols"],

@@ -89,6 +89,46 @@ class Wsplit(Variant):
         return out
 
 
+def per_slice(name: str, row: int, kind: str, args) -> Launch:
+    """A kernel of one thread per partial sum of a slice row: ``_reduce`` (adds the
+    slices in order) or ``_zero`` (clears dw and db before atomic adds)."""
+    return Launch(
+        f"{name}_{kind}",
+        tuple(args),
+        (REDUCE_BLOCK, 1, 1),
+        (ceil_div(row, REDUCE_BLOCK), 1, 1),
+        1,
+        0,
+        1,
+    )
+
+
+def sums_context(p, maps: int, splits: int, bgrad: bool, with_db: bool) -> dict:
+    """What both wgrad templates read about the sums a thread keeps and how a slice row
+    of them is laid out (dw as [M][C/groups][R][S], then db), for backward/reduce.j2 too."""
+    weights = 0 if bgrad else p.weight_count
+    return dict(
+        shape_context(p),
+        bgrad=bgrad,
+        with_db=with_db,
+        mb=maps,
+        mbs=p.Mg // maps,
+        Mg=p.Mg,
+        Cg=p.Cg,
+        R=p.R,
+        S=p.S,
+        RS=p.R * p.S,
+        dh=p.dil[0],
+        dw=p.dil[1],
+        splits=splits,
+        row=weights + (p.M if with_db else 0),
+        weights=weights,
+        reduce_block=REDUCE_BLOCK,
+        x_image=p.C * p.H * p.W,
+        dy_image=p.M * p.Ho * p.Wo,
+    )
+
+
 def _items(p, maps: int) -> int:
     if p.op is Op.BGRAD:
         return p.M // maps
@@ -124,9 +164,9 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
     P = p.Ho * p.Wo
     lanes = 32 * v.warps
     pixels_per_thread = ceil_div(P, lanes)
-    weights = 0 if bgrad else p.weight_count
     with_db = bgrad or p.bias
-    row = weights + (p.M if with_db else 0)  # one slice's partial sums
+    ctx = sums_context(p, v.maps, v.splits, bgrad, with_db)
+    row = ctx["row"]  # one slice's partial sums
     workspace = 4 * v.splits * row
 
     name = v.kernel_name(p)
@@ -138,59 +178,29 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
                 "every block's sum: choose --slices"
             )
         workspace = 0
-        first = Launch(
-            f"{name}_zero", outs, (REDUCE_BLOCK, 1, 1), (ceil_div(row, REDUCE_BLOCK), 1, 1), 1, 0, 1
-        )
-        sums = outs
-    else:
-        first = None
-        sums = (Role.WORKSPACE,)
     main = Launch(
         name,
-        (*(() if bgrad else (Role.X,)), Role.DY, *sums, Role.BATCH),
+        (*(() if bgrad else (Role.X,)), Role.DY, *(outs if v.atomic else (Role.WORKSPACE,)))
+        + (Role.BATCH,),
         (32 * BLOCK_WARPS, 1, 1),
         (blocks, v.splits, 1),
         1,
         0,
         1,
     )
-    reduce = Launch(
-        f"{name}_reduce",
-        (Role.WORKSPACE, *outs),
-        (REDUCE_BLOCK, 1, 1),
-        (ceil_div(row, REDUCE_BLOCK), 1, 1),
-        1,
-        0,
-        1,
-    )
-    launches = (first, main) if v.atomic else (main, reduce)
-    ctx = dict(
-        shape_context(p),
-        bgrad=bgrad,
-        with_db=with_db,
-        mb=v.maps,
-        mbs=p.Mg // v.maps,
-        Mg=p.Mg,
-        Cg=p.Cg,
-        R=p.R,
-        S=p.S,
-        RS=p.R * p.S,
-        dh=p.dil[0],
-        dw=p.dil[1],
+    if v.atomic:
+        launches = (per_slice(name, row, "zero", outs), main)
+    else:
+        launches = (main, per_slice(name, row, "reduce", (Role.WORKSPACE, *outs)))
+    ctx.update(
         taps=taps,
         items=items,
         per_block=per_block,
         warps=v.warps,
         lanes=lanes,
         threads=32 * BLOCK_WARPS,
-        splits=v.splits,
         P=P,
-        row=row,
-        weights=weights,
-        reduce_block=REDUCE_BLOCK,
         atomic=v.atomic,
-        x_image=p.C * p.H * p.W,
-        dy_image=p.M * P,
         guard_rows=p.pads[0] > 0 or p.pads[1] > 0,
         guard_cols=p.pads[2] > 0 or p.pads[3] > 0,
     )
