@@ -76,11 +76,17 @@ def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
 
 
 def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
-    """Fresh normal inputs of the problem's op in its storage dtype and layout (x for
+    """Fresh random inputs of the problem's op in its storage dtype and layout (x for
     fprop, dy for dgrad and bgrad, both for wgrad: ``{Role: array}``), w scaled so
     outputs are O(1) (fp16 must not overflow), and a bias when the forward problem has
-    one; w and the bias as fp32 values that the dtype holds exactly.  dy of wgrad and
-    bgrad is scaled by 1/sqrt(images x pixels), so that their sums are O(1) too."""
+    one; w and the bias as fp32 values that the dtype holds exactly.
+
+    The reductions over the batch (wgrad, bgrad) get inputs whose products mostly agree
+    in sign: x as a ReLU's output would be (|normal|) and dy normal around 1, both scaled
+    by 1/sqrt(images x pixels) so that dw and db stay far inside fp16's range.  With
+    zero-mean terms a weight is a random walk, far smaller than the sum of its terms'
+    magnitudes that the error bound scales, and a wrong sum could hide under the bound;
+    here the two are of a size, so the bound is tight."""
     w = rng.standard_normal(w_shape(shape), dtype=np.float32)
     w *= np.float32(1.0 / np.sqrt(shape.reduction))
 
@@ -88,13 +94,17 @@ def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
         return from_storage(to_storage(v, shape.dtype), shape.dtype)
 
     b = exact(rng.standard_normal(shape.M, dtype=np.float32) * 0.5) if shape.bias else None
+    reduction = shape.op in (Op.WGRAD, Op.BGRAD)
+    scale = np.float32(1.0 / np.sqrt(batch * shape.Ho * shape.Wo))
     inputs = {}
     for role in INPUTS[shape.op]:
         t = rng.standard_normal(role_shape(role, shape, batch), dtype=np.float32)
-        if role is Role.DY and shape.op in (Op.WGRAD, Op.BGRAD):
-            t *= np.float32(1.0 / np.sqrt(batch * shape.Ho * shape.Wo))
+        if reduction and role is Role.X:
+            t = np.abs(t) * scale
+        elif reduction and role is Role.DY:
+            t = (t + np.float32(1.0)) * scale
         inputs[role] = to_storage(t, shape.dtype)
-    if shape.op in (Op.WGRAD, Op.BGRAD):
+    if reduction:
         return inputs, None, None
     return inputs, exact(w), (b if shape.op is Op.FPROP else None)
 

@@ -315,3 +315,21 @@ def test_cli_takes_the_atomic_switch(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "_at_fp32_bgrad.cu" in r.output
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("op", [Op.WGRAD, Op.BGRAD])
+def test_reduction_inputs_make_the_bound_tight(op, dtype):
+    """verify's inputs for the batch reductions: the sum of the terms' magnitudes that
+    the bound scales is within a small factor of each gradient itself, so that an error
+    of a few percent of a weight cannot pass; and nothing overflows a 16-bit dtype."""
+    from specgen.tensors import from_storage
+    from specgen.verify import random_inputs, references
+
+    p = parse_shape(f"C=3,M=4,H=12,W=12,K=3,pad=1,bias=1,dtype={dtype}").with_op(op)
+    inputs, _, _ = random_inputs(p, 64, np.random.default_rng())
+    values = {r: from_storage(t, p.dtype).astype(np.float64) for r, t in inputs.items()}
+    assert all(np.isfinite(v).all() and np.abs(v).max() > 0 for v in values.values())
+    for ref, magnitude in references(p, values, None, None, np).values():
+        assert np.isfinite(ref).all() and np.abs(ref).max() < 60000
+        assert np.median(magnitude / np.abs(ref)) < 2.0
