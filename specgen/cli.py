@@ -471,6 +471,8 @@ def tune(shape_text, precision, budget, batch, strategy, op_text):
     shape = _with_op(parse_shape(shape_text), op_text)
     prec = parse_precision(precision)
     strat = strategy_class(strategy) if strategy else None
+    if strat is not None:
+        strat.problem_for(shape)  # a strategy that does not compute the op: say so first
     _need_gpu("tune")
     from .tune import run_tune
 

@@ -333,3 +333,10 @@ def test_reduction_inputs_make_the_bound_tight(op, dtype):
     for ref, magnitude in references(p, values, None, None, np).values():
         assert np.isfinite(ref).all() and np.abs(ref).max() < 60000
         assert np.median(magnitude / np.abs(ref)) < 2.0
+
+
+def test_tune_names_a_strategy_that_does_not_compute_the_op_before_asking_for_a_gpu():
+    r = CliRunner().invoke(
+        main, ["tune", "--shape", "layer2", "--op", "dgrad", "--strategy", "wband"]
+    )
+    assert r.exit_code == 2 and "wband computes wgrad, not op=dgrad" in r.output, r.output
