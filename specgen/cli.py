@@ -309,9 +309,12 @@ def _best(shape, gpu):
         gpu = device_name()
     picks = best_picks(shape, gpu)
     if not picks:
+        backward = shape.op.value != "fprop"
+        what = f"{shape.slug} {shape.op.value}" if backward else shape.slug
+        how = f"{shape.name} --op {shape.op.value}" if shape.name and backward else None
         raise SpecError(
-            f"no tuned winner for {shape.slug} on {gpu}: run specgen tune --shape "
-            f"{shape.name or shape.spec} on that GPU"
+            f"no tuned winner for {what} on {gpu}: run specgen tune --shape "
+            f"{how or shape.name or shape.spec} on that GPU"
         )
     return picks
 

@@ -340,3 +340,19 @@ def test_tune_names_a_strategy_that_does_not_compute_the_op_before_asking_for_a_
         main, ["tune", "--shape", "layer2", "--op", "dgrad", "--strategy", "wband"]
     )
     assert r.exit_code == 2 and "wband computes wgrad, not op=dgrad" in r.output, r.output
+
+
+def test_best_picks_each_ops_shipped_winners(tmp_path):
+    """--best is per op: layer1's shipped dgrad and wgrad winners, and for an op with
+    none shipped, the tune command that would find one."""
+    run = CliRunner().invoke
+    for op, prefix in (("dgrad", "stream_"), ("wgrad", "wband_")):
+        r = run(
+            main,
+            ["emit", "--shape", "layer1", "--op", op, "--best", "--gpu", "NVIDIA H200"]
+            + ["--out", str(tmp_path)],
+        )
+        assert r.exit_code == 0, r.output
+        assert all(f.name.startswith(prefix) for f in (tmp_path / "layer1").glob(f"*_{op}.cu"))
+    r = run(main, ["emit", "--shape", "ae-enc2", "--op", "wgrad", "--best", "--gpu", "NVIDIA H200"])
+    assert r.exit_code == 2 and "specgen tune --shape ae-enc2 --op wgrad" in r.output, r.output
