@@ -126,14 +126,34 @@ class Conv:
             host = dgrad_weights(host, s.groups)
         host = pack_weights(host, self.plan.weight_format)
         if self.plan.const_bytes:
-            ptr = self.module.get_global_var("wc")
-            if not isinstance(ptr, cupy.cuda.MemoryPointer):  # a bare address in some CuPys
-                mem = cupy.cuda.UnownedMemory(int(ptr), host.nbytes, self.module)
-                ptr = cupy.cuda.MemoryPointer(mem, 0)
-            cupy.ndarray(host.shape, host.dtype, memptr=ptr).set(host)
+            cupy.cuda.runtime.memcpy(
+                self.const_address(),
+                host.ctypes.data,
+                host.nbytes,
+                cupy.cuda.runtime.memcpyHostToDevice,
+            )
             self.w = None
         else:
             self.w = cupy.asarray(host)
+
+    def const_address(self) -> int:
+        """Device address of the ``__constant__`` weights of a plan that keeps them there."""
+        ptr = self.module.get_global_var("wc")
+        return int(ptr.ptr if hasattr(ptr, "ptr") else ptr)  # a bare address in some CuPys
+
+    def upload_weights(self, ptr: int, nbytes: int, stream_ptr: int) -> int | None:
+        """Weights already packed in device memory (``ptr``): for a plan that reads them
+        from ``__constant__`` memory, copy them there on the stream and return None;
+        else return ``ptr`` for the launch to read them from."""
+        import cupy
+
+        if not self.plan.const_bytes:
+            return ptr
+        if nbytes != self.plan.const_bytes:
+            raise SpecError(f"{nbytes} B of packed weights, expected {self.plan.const_bytes}")
+        rt = cupy.cuda.runtime
+        rt.memcpyAsync(self.const_address(), ptr, nbytes, rt.memcpyDeviceToDevice, stream_ptr)
+        return None
 
     def __call__(self, *inputs, out=None):
         """The op's inputs in the order of ``tensors.INPUTS`` (x for fprop, dy for
@@ -153,7 +173,8 @@ class Conv:
         return result[outs[0]] if len(outs) == 1 else tuple(result[r] for r in outs)
 
     def run(self, inputs: dict, out: dict | None = None) -> dict:
-        """Role -> array in, Role -> array out (allocated unless given)."""
+        """Role -> CuPy array in, Role -> array out (allocated unless given), on CuPy's
+        current stream."""
         import cupy
 
         s = self.shape
@@ -170,49 +191,69 @@ class Conv:
         for role in outputs(s):
             if role not in out:
                 out[role] = cupy.empty(role_shape(role, s, batch), dtype=dtype)
-        bufs = {**inputs, **out, Role.W: self.w, Role.BIAS: self.bias}
-        if self.plan.workspace_bytes:
-            if self.scratch is None:
-                self.scratch = cupy.empty(self.plan.workspace_bytes // 4, dtype=np.float32)
-            bufs[Role.WORKSPACE] = self.scratch
-        if self.plan.workspace_per_image:
-            self._segments(bufs, batch)
-        else:
-            for launch in self.plan.launches:
-                self._launch(launch, bufs, batch)
+        ptrs = {r: t.data.ptr for r, t in {**inputs, **out}.items()}
+        need = self.scratch_bytes(batch)
+        if need and (self.scratch is None or self.scratch.nbytes < need):
+            self.scratch = cupy.empty(need, dtype=np.uint8)
+        self.enqueue(ptrs, batch, self.scratch.data.ptr if need else 0)
         return out
 
-    def _segments(self, bufs, batch):
-        """im2col: unroll then multiply, one segment of images at a time."""
-        import cupy
+    def scratch_bytes(self, batch: int) -> int:
+        """Device scratch one call at this batch needs: the plan's fixed workspace, or
+        im2col's unrolled segment."""
+        if self.plan.workspace_per_image:
+            return self._segment(batch) * self.plan.workspace_per_image
+        return self.plan.workspace_bytes
 
+    def _segment(self, batch: int) -> int:
         per_image = self.plan.workspace_per_image
-        seg = min(
+        return min(
             batch, max(1, self.workspace // per_image), *(l.max_batch for l in self.plan.launches)
         )
-        xu = cupy.empty(seg * per_image // 4, dtype=np.float32)
-        for b0 in range(0, batch, seg):
-            b1 = min(batch, b0 + seg)
-            part = {r: (t[b0:b1] if r in BATCHED else t) for r, t in bufs.items()}
-            part[Role.WORKSPACE] = xu
-            for launch in self.plan.launches:
-                self._launch(launch, part, b1 - b0)
 
-    def _launch(self, launch, bufs, batch):
+    def enqueue(self, ptrs: dict, batch: int, scratch: int = 0, stream=None) -> None:
+        """Launch the plan on ``stream`` (a CuPy stream; CuPy's current one if None)
+        over device addresses: Role -> the first byte of each input and output tensor,
+        and of the weights and bias where the caller packed them itself (else those that
+        ``set_weights`` uploaded).  ``scratch``: ``scratch_bytes(batch)`` of device
+        memory.  Nothing here allocates or waits, so it can be captured in a graph."""
+        bufs = dict(ptrs)
+        if Role.W not in bufs and self.w is not None:
+            bufs[Role.W] = self.w.data.ptr
+        if Role.BIAS not in bufs and self.bias is not None:
+            bufs[Role.BIAS] = self.bias.data.ptr
+        if self.scratch_bytes(batch):
+            if not scratch:
+                raise SpecError(f"{self.plan.name} needs {self.scratch_bytes(batch)} B of scratch")
+            bufs[Role.WORKSPACE] = scratch
+        if not self.plan.workspace_per_image:
+            for launch in self.plan.launches:
+                self._launch(launch, bufs, 0, batch, stream)
+            return
+        seg = self._segment(batch)  # im2col: unroll then multiply, a segment at a time
+        for b0 in range(0, batch, seg):
+            for launch in self.plan.launches:
+                self._launch(launch, bufs, b0, min(batch, b0 + seg) - b0, stream)
+
+    def image_bytes(self, role: Role) -> int:
+        """Bytes of one image of a batched tensor."""
+        return int(np.prod(role_shape(role, self.shape, 1))) * self.shape.dtype.bytes
+
+    def _launch(self, launch, bufs, first, batch, stream):
         f = self.functions[launch.kernel]
         step = launch.max_batch
-        for b0 in range(0, batch, step):
-            n = min(step, batch - b0)
+        for b0 in range(first, first + batch, step):
+            n = min(step, first + batch - b0)
             args = []
             for role in launch.args:
                 if role is Role.BATCH:
                     args.append(np.int32(n))
                 elif role in BATCHED:  # this launch's images
-                    args.append(bufs[role][b0 : b0 + n])
+                    args.append(np.uint64(bufs[role] + b0 * self.image_bytes(role)))
                 else:
-                    args.append(bufs[role])
+                    args.append(np.uint64(bufs[role]))
             grid = launch.grid_for(n, self.resident.get(launch.kernel))
-            f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem)
+            f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem, stream=stream)
 
 
 def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:

@@ -149,6 +149,17 @@ def summation_terms(plan: Plan, batch: int) -> int:
     return s.reduction + (1 if s.bias else 0)
 
 
+def tolerance(plan: Plan, batch: int, max_input: float, max_w: float) -> tuple[float, float]:
+    """(gamma, absolute): an output o passes when |o - ref| <= gamma * mag + absolute,
+    mag being the sum of its terms' magnitudes.  The terms follow the sum the plan makes
+    (dgrad's is that of its forward view; a batch reduction's, its slices and trees),
+    and a 16-bit output is rounded once more on its way out."""
+    bound_problem = plan.view or plan.shape
+    gamma = error_coefficient(plan.variant, bound_problem, summation_terms(plan, batch))
+    gamma += output_rounding(plan.shape) * (1 + gamma)
+    return gamma, underflow_term(plan.variant, bound_problem, max_input, max_w)
+
+
 def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> dict:
     import cupy
 
@@ -182,16 +193,10 @@ def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> di
         None if b is None else xp.asarray(b),
         xp,
     )
-    # The error terms follow the sum each output is: dgrad's is that of its forward view.
-    bound_problem = plan.view or shape
-    gamma = error_coefficient(plan.variant, bound_problem, summation_terms(plan, batch))
-    u_out = output_rounding(shape)
     largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
-    absolute = underflow_term(
-        plan.variant, bound_problem, largest, 0.0 if w is None else float(np.abs(w).max())
-    )
+    gamma, absolute = tolerance(plan, batch, largest, 0.0 if w is None else float(np.abs(w).max()))
     results = [
-        compare(values(role, outs[role]), ref, mag, gamma + u_out * (1 + gamma), xp, absolute)
+        compare(values(role, outs[role]), ref, mag, gamma, xp, absolute)
         for role, (ref, mag) in refs.items()
     ]
     return max(results, key=lambda r: (not r["ok"], r["bound_ratio"]))  # the worst output
