@@ -9,6 +9,8 @@ for one GPU: a result measured on another GPU is never used.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -127,6 +129,30 @@ def append(record: dict) -> None:
         )
 
 
+@contextlib.contextmanager
+def locked(key: str):
+    """Hold an exclusive lock named by ``key`` (a problem's spec) across processes, so
+    that several processes that meet the same new problem tune it once: the first tunes,
+    the rest wait, then find its winner.  Where the cache cannot hold a lock file the
+    work goes on unlocked (a second tuning costs time, never a result)."""
+    import fcntl
+
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = db_path().parent / "locks" / f"{name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        warn_once(f"lock:{path}", f"cannot create {path} ({e.strerror or e}); tuning unlocked")
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def timings(env: dict, shape_spec: str, batch: int) -> dict[tuple[str, str], dict]:
     """(variant, source hash) -> timing record, for this GPU, driver and NVRTC only."""
     return {
@@ -156,6 +182,11 @@ def shipped() -> dict[str, dict[str, list[str]]]:
     """GPU -> preset -> variant names: the winners shipped with specgen (data, so that
     the default set, bench and tune need not import each other)."""
     return json.loads(SHIPPED.read_text())["winners"]
+
+
+def shipped_ms(slug: str, gpu: str) -> dict[str, float]:
+    """Kernel name -> the median measured for it at the preset's default batch."""
+    return json.loads(SHIPPED.read_text()).get("ms", {}).get(gpu, {}).get(slug, {})
 
 
 def shipped_names(slug: str, gpu: str | None = None) -> list[str]:

@@ -1,0 +1,147 @@
+"""Which kernel serves a problem when nobody named one: the choice behind specgen's
+PyTorch operator (and anything else that wants "the fastest kernel we know of").
+
+In order: this GPU's tuned winner in the results database (``specgen tune``), else the
+winners shipped for this GPU on a preset of the same geometry, dtype and layout (the
+bias and activation are epilogues and do not change the ranking), else the planner's
+default of the strategy that suits the op best.  Only the maths the caller allows are
+considered: fp32 tensors get fp32 math, and tf32 where the caller allows it (as
+``torch.backends.cudnn.allow_tf32`` does for PyTorch's own convolution); 16-bit
+tensors get fp32 math or tensor cores of their own dtype (fp32 accumulation in both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import tunedb
+from .errors import SpecError
+from .plan import make_plan
+from .shapes import PRESETS, Act, ConvProblem, DType, Op
+from .strategies import BY_KEY, parse_variant_name
+from .variants import Precision, Variant, split_problem_tags
+
+# The strategies tried for the planner's default, in order, per op.  wgrad: wband
+# keeps a block's whole weight tile in registers, which pays where the weights are
+# few (the 7x7 presets, 3-channel layers); wsplit's GEMM-like items suit wide layers.
+SMALL_WEIGHTS = 16384
+PREFERENCE = {
+    Op.FPROP: ("stream", "persist", "tiled", "direct"),
+    Op.DGRAD: ("stream", "persist", "tiled", "phased"),
+    Op.WGRAD: ("wband", "wsplit"),
+    Op.BGRAD: ("wsplit",),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: Variant
+    source: str  # "tuned", "shipped" or "planned"
+    why: str  # one line for the log: where the choice came from and what it measured
+
+
+def maths(problem: ConvProblem, allow_tf32: bool) -> tuple[Precision, ...]:
+    """The precisions a PyTorch user gets for the problem's dtype, most accurate first."""
+    if problem.dtype is DType.FP32:
+        return (Precision.FP32, Precision.TF32) if allow_tf32 else (Precision.FP32,)
+    own = Precision.FP16 if problem.dtype is DType.FP16 else Precision.BF16
+    return (Precision.FP32, own)
+
+
+def allowed(variant: Variant, problem: ConvProblem, allow_tf32: bool) -> bool:
+    """fp16 math off the tensor cores (half2 products and half sums) is refused: it
+    rounds more than PyTorch's fp16 convolution, which sums in fp32."""
+    if variant.precision not in maths(problem, allow_tf32):
+        return False
+    return variant.precision in (Precision.FP32, Precision.TF32) or variant.tensor_core
+
+
+def _plans(problem: ConvProblem, variant: Variant) -> bool:
+    try:
+        make_plan(problem, variant)
+    except SpecError:
+        return False
+    return True
+
+
+def tuned(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
+    best = None
+    for r in tunedb.winners(problem.spec, gpu).values():
+        try:
+            v = parse_variant_name(r["variant"])
+        except SpecError:
+            continue
+        if allowed(v, problem, allow_tf32) and _plans(problem, v):
+            if best is None or r["ms"] < best[0]["ms"]:
+                best = (r, v)
+    if best is None:
+        return None
+    r, v = best
+    why = f"tuned winner, {r['ms']:.4f} ms at B={r['batch']} ({tunedb.db_path()} line {r['line']})"
+    return Choice(v, "tuned", why)
+
+
+def preset_of(problem: ConvProblem) -> ConvProblem | None:
+    """The preset with the problem's geometry, dtype and layout, whatever its epilogue."""
+    bare = replace(problem, bias=False, act=Act.NONE, op=Op.FPROP, name="", batch=1)
+    for preset in PRESETS.values():
+        if replace(preset, name="", batch=1) == bare:
+            return preset
+    return None
+
+
+def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
+    preset = preset_of(problem)
+    if preset is None:
+        return None
+    times = tunedb.shipped_ms(preset.slug, gpu)
+    picks = []
+    for name in tunedb.shipped_names(preset.slug, gpu):
+        base, tags = split_problem_tags(name)
+        if tags.get("op", Op.FPROP) is not problem.op:
+            continue
+        v = parse_variant_name(base)
+        if allowed(v, problem, allow_tf32) and _plans(problem, v):
+            picks.append((times.get(name, float("inf")), v, name))
+    if not picks:
+        return None
+    ms, v, name = min(picks, key=lambda p: p[0])
+    timed = f", {ms:.4f} ms at B={preset.batch}" if ms != float("inf") else ""
+    return Choice(v, "shipped", f"shipped winner of preset {preset.slug} on {gpu}{timed}")
+
+
+def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
+    keys = PREFERENCE[problem.op]
+    if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
+        keys = tuple(reversed(keys))
+    for key in keys:
+        cls = BY_KEY[key]
+        try:
+            view = cls.problem_for(problem)
+            v = cls.default(view, Precision.FP32)
+        except SpecError:
+            continue
+        if _plans(problem, v):
+            return Choice(
+                v, "planned", f"planner default ({key}; untuned: SPECGEN_AUTOTUNE=1 tunes it)"
+            )
+    for cls in BY_KEY.values():  # anything that computes it at all
+        for p in maths(problem, allow_tf32):
+            try:
+                v = cls.default(cls.problem_for(problem), p)
+            except SpecError:
+                continue
+            if allowed(v, problem, allow_tf32) and _plans(problem, v):
+                return Choice(
+                    v, "planned", f"planner default ({cls.key}; the only strategy that serves it)"
+                )
+    raise SpecError(f"no strategy of specgen serves {problem.spec}")
+
+
+def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False) -> Choice:
+    """The kernel for ``problem`` on ``gpu`` (a device name as ``bench.device_name``)."""
+    return (
+        tuned(problem, gpu, allow_tf32)
+        or shipped(problem, gpu, allow_tf32)
+        or planned(problem, allow_tf32)
+    )

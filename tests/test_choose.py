@@ -1,0 +1,151 @@
+"""CPU tier: which kernel the PyTorch operator gets for a problem, and the lock that
+makes several processes tune a new problem once."""
+
+import json
+import multiprocessing
+import time
+from dataclasses import replace
+
+import pytest
+
+from specgen import tunedb
+from specgen.choose import allowed, choose, maths, preset_of
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout, parse_shape
+from specgen.strategies import parse_variant_name
+from specgen.variants import Precision
+
+H200 = "NVIDIA H200"
+
+
+@pytest.fixture(autouse=True)
+def empty_db(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+
+
+def winner(shape, variant, ms, precision, gpu=H200):
+    tunedb.append(
+        dict(
+            kind="winner",
+            gpu=gpu,
+            shape=shape.spec,
+            batch=128,
+            precision=precision,
+            variant=variant,
+            ms=ms,
+            date="2026-11-22",
+        )
+    )
+
+
+def test_fp32_tensors_get_tf32_only_where_allowed():
+    p = PRESETS["layer2"]
+    assert maths(p, False) == (Precision.FP32,)
+    assert maths(p, True) == (Precision.FP32, Precision.TF32)
+    assert choose(p, H200, False).variant.precision is Precision.FP32
+    # The shipped tf32 winner of layer2 is twice as fast as its fp32 one.
+    assert choose(p, H200, True).variant.name == "mmapersist_t34_r16x48_tf32"
+
+
+def test_half2_arithmetic_is_never_chosen_for_a_pytorch_user():
+    """The direct family's fp16 math sums in half; PyTorch's fp16 convolution does not."""
+    p = replace(PRESETS["layer1"], dtype=DType.FP16)
+    half2 = parse_variant_name("tiled_t16_x4y1m4_planar_wconst_uc_fp16")
+    assert not allowed(half2, p, True)
+    assert allowed(parse_variant_name("mma_t64_fp16"), p, True)
+    assert not allowed(parse_variant_name("mma_t64_bf16"), p, True)  # not its dtype
+
+
+def test_a_preset_with_an_epilogue_gets_the_preset_winner():
+    p = replace(PRESETS["ae-enc2"], bias=True, act=Act.RELU, name="", batch=7)
+    assert preset_of(p).name == "ae-enc2"
+    c = choose(p, H200)
+    assert (c.source, c.variant.name) == ("shipped", "stream_t16_m128_c16_r8x8_fp32")
+    make_plan(p, c.variant)
+    # The same geometry in another layout is another problem: no shipped winner.
+    assert preset_of(replace(p, layout=TensorLayout.NHWC)) is None
+
+
+def test_shipped_winners_are_per_op_and_per_gpu():
+    p = PRESETS["layer1"]
+    assert choose(p.with_op(Op.WGRAD), H200).variant.key == "wband"
+    assert choose(p.with_op(Op.DGRAD), H200).variant.key == "stream"
+    assert choose(p, "NVIDIA H100 80GB HBM3").source == "planned"
+
+
+def test_this_gpus_tuned_winner_comes_first_and_the_fastest_allowed_math_wins():
+    p = PRESETS["ae-enc2"]
+    winner(p, "tiled_t8_x4y1m16_inter_wglobal_lc_fp32", 0.9, "fp32")
+    winner(p, "mma_t64_tf32", 0.5, "tf32")
+    winner(p, "direct_t16_x4y1m16_wglobal_lc_fp32", 0.1, "fp32", gpu="another GPU")
+    assert choose(p, H200, False).variant.name == "tiled_t8_x4y1m16_inter_wglobal_lc_fp32"
+    assert choose(p, H200, False).source == "tuned"
+    assert choose(p, H200, True).variant.name == "mma_t64_tf32"
+
+
+def test_an_unplannable_tuned_winner_is_passed_over():
+    p = PRESETS["ae-enc2"]
+    winner(p, "mmapersist_t40_r16x48_tf32", 0.1, "tf32")  # does not fit this problem
+    assert choose(p, H200, True).source == "shipped"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=6,M=10,H=13,W=11,K=3x2,pad=1,stride=2,dil=1x2,groups=2,bias=1",
+        "C=4,M=4,H=9,W=9,K=3,pad=1,groups=4,dtype=bf16,layout=nhwc",
+        "C=64,M=64,H=8,W=8,K=1,pad=0,dtype=fp16",
+    ],
+)
+def test_every_op_of_an_odd_problem_gets_a_plannable_default(spec):
+    base = parse_shape(spec)
+    for op in Op:
+        p = base.with_op(op)
+        p = replace(p, bias=True) if op is Op.BGRAD else p
+        c = choose(p, H200, True)
+        assert c.source == "planned"
+        assert allowed(c.variant, p, True)
+        make_plan(p, c.variant)
+
+
+def test_wgrad_default_follows_the_weight_count():
+    narrow = ConvProblem(C=3, M=64, H=32, W=32, R=3, S=3, pads=(1, 1, 1, 1), op=Op.WGRAD)
+    wide = replace(narrow, C=256, M=256)
+    assert choose(narrow, "some GPU").variant.key == "wband"
+    assert choose(wide, "some GPU").variant.key == "wsplit"
+
+
+def _hold(key, seconds, path):
+    with tunedb.locked(key):
+        with open(path, "a") as f:
+            f.write(f"in {time.time()}\n")
+        time.sleep(seconds)
+        with open(path, "a") as f:
+            f.write(f"out {time.time()}\n")
+
+
+def test_the_tuning_lock_lets_one_process_in_at_a_time(tmp_path):
+    log = tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hold, args=("C=1,M=1", 0.3, log)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(10)
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["in", "out"] * 3  # never two inside at once
+
+
+def test_the_lock_of_another_problem_does_not_wait(tmp_path):
+    with tunedb.locked("C=1,M=1"):
+        start = time.time()
+        with tunedb.locked("C=2,M=2"):
+            pass
+        assert time.time() - start < 1
+
+
+def test_a_problem_nothing_serves_is_one_error():
+    with pytest.raises(SpecError):
+        parse_shape("C=3,M=4,H=4,W=4,K=7,pad=0")  # refused before any choice
+    assert json.loads(tunedb.SHIPPED.read_text())["ms"][H200]["layer2"]
