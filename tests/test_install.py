@@ -62,3 +62,15 @@ def test_wheel_installs_and_works_outside_the_tree(tmp_path):
     out = _run(specgen, "verify", "--shape", "layer2", "--tile", "16", "--jobs", "1", cwd=elsewhere)
     assert "COMPILED" in out or "PASS" in out
     assert "0 failed" in out
+
+    # Every template folder ships: the backward ops' templates too.
+    _run(specgen, "emit", "--shape", "layer2", "--op", "all", "--out", "ALL", cwd=elsewhere)
+    for f in (elsewhere / "ALL" / "layer2").iterdir():
+        assert f.read_text() == (REPO / "generated" / "layer2" / f.name).read_text(), f.name
+    # The PyTorch operator's package ships (importing it needs PyTorch, an extra).
+    _run(
+        python,
+        "-c",
+        "import importlib.util as u; assert u.find_spec('specgen.torch')",
+        cwd=elsewhere,
+    )

@@ -1,0 +1,135 @@
+"""specgen inside PyTorch: a drop-in ``conv2d`` and ``Conv2d`` that run specgen's
+specialized kernels forward and backward.
+
+    import specgen.torch as sg
+    y = sg.conv2d(x, w, b, stride=1, padding=1)      # as torch.nn.functional.conv2d
+    layer = sg.Conv2d(3, 256, 3, padding=1)          # as torch.nn.Conv2d
+    model = sg.convert(model)                        # every nn.Conv2d of a model
+
+The semantics are those of ``torch.nn.functional.conv2d``: batched (4-D) and unbatched
+(3-D) input, padding as an int, a pair, 'same' or 'valid', stride, dilation, groups,
+an optional bias.  Tensors are float32, float16 or bfloat16 on a CUDA device, in the
+contiguous or the channels_last memory format (anything else is made contiguous);
+autocast casts them as it does for PyTorch's convolution, and float32 tensors get tf32
+math only where ``torch.backends.cudnn.allow_tf32`` allows it.  Kernels launch on the
+current stream of the tensors' device, allocate through PyTorch and never wait.
+
+Each new problem gets a kernel once per process (the log of ``specgen.torch`` says
+which and why): the tuned winner of this GPU in specgen's results database, else the
+winner shipped for this GPU, else the planner's default.  ``autotune(True)`` or
+``SPECGEN_AUTOTUNE=1`` tunes each new problem on its first call and keeps the winner
+for later processes; ``warmup(model, example)`` does all of that before a timed run
+or a CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpecError
+from . import _ops
+from ._engine import autotune, autotuning
+
+__all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]
+
+
+def _pair(v, what: str) -> list[int]:
+    if isinstance(v, int):
+        return [v, v]
+    v = list(v)
+    if len(v) == 1:
+        return v * 2
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise SpecError(f"{what} must be an int or a pair of ints, got {v}")
+    return v
+
+
+def _padding(padding, weight, stride, dilation) -> list[int]:
+    """(top, bottom, left, right), as PyTorch pads: 'same' puts the odd pixel last."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [0, 0, 0, 0]
+        if padding != "same":
+            raise SpecError(f"padding='{padding}' is not one of 'same', 'valid'")
+        if stride != [1, 1]:
+            raise SpecError("padding='same' is not supported for strided convolutions")
+        out = []
+        for d, k in zip(dilation, weight.shape[2:]):
+            total = d * (k - 1)
+            out += [total // 2, total - total // 2]
+        return out
+    ph, pw = _pair(padding, "padding")
+    return [ph, ph, pw, pw]
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv2d`` on specgen's kernels."""
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    pads = _padding(padding, weight, stride, dilation)
+    if input.dim() not in (3, 4) or weight.dim() != 4:
+        raise SpecError(
+            f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
+            f"{weight.dim()}-D"
+        )
+    unbatched = input.dim() == 3
+    if unbatched:
+        input = input.unsqueeze(0)
+    if input.shape[1] != weight.shape[1] * groups:
+        raise SpecError(
+            f"input of {input.shape[1]} channels for weights {tuple(weight.shape)} in "
+            f"{groups} group(s): expected {weight.shape[1] * groups}"
+        )
+    if weight.shape[0] % groups:
+        raise SpecError(f"groups={groups} must divide the {weight.shape[0]} output channels")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
+    if input.is_cuda and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        input, weight = input.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+    y = torch.ops.specgen.conv2d(input, weight, bias, stride, pads, dilation, groups)
+    return y.squeeze(0) if unbatched else y
+
+
+class Conv2d(torch.nn.Conv2d):
+    """``torch.nn.Conv2d`` (same constructor, parameters and state_dict) on specgen's
+    kernels; a non-zero ``padding_mode`` pads through ``F.pad`` first, as PyTorch's does."""
+
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return conv2d(input, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    @classmethod
+    def from_torch(cls, m: torch.nn.Conv2d) -> "Conv2d":
+        """The same layer, sharing ``m``'s parameters."""
+        new = cls.__new__(cls)
+        new.__dict__ = dict(m.__dict__)
+        new._parameters = m._parameters
+        new._buffers = m._buffers
+        new._modules = m._modules
+        return new
+
+
+def convert(model: torch.nn.Module) -> torch.nn.Module:
+    """Every ``torch.nn.Conv2d`` of ``model`` (the model itself too) replaced in place by
+    a specgen ``Conv2d`` that shares its parameters; returns the model."""
+    if type(model) is torch.nn.Conv2d:
+        return Conv2d.from_torch(model)
+    for name, child in model.named_children():
+        setattr(model, name, convert(child))
+    return model
+
+
+def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
+    """Run ``model(*example)`` (and its backward where parameters need gradients) once,
+    so that every convolution's kernels are chosen, tuned where autotuning is on and
+    compiled: before a timed run, and before a CUDA graph capture, which cannot
+    compile.  The parameters' ``.grad`` are left as they were."""
+    out = model(*example)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if backward and params and torch.is_tensor(out) and out.requires_grad:
+        torch.autograd.grad(out.float().sum(), params, allow_unused=True)
+    torch.cuda.synchronize()

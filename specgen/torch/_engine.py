@@ -1,0 +1,225 @@
+"""The operator's engine: from PyTorch tensors to a ``ConvProblem``, the kernel chosen
+for it (memoized per problem, device and math), and the launch on the tensors' current
+stream with memory PyTorch allocates.  Nothing here synchronizes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+
+import torch
+
+from .. import tunedb
+from ..choose import Choice, choose, maths
+from ..errors import SpecError
+from ..runtime import Conv
+from ..shapes import ConvProblem, DType, Op, TensorLayout
+from ..tensors import Role
+
+log = logging.getLogger("specgen.torch")
+
+DTYPES = {torch.float32: DType.FP32, torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+AUTOTUNE_BUDGET = int(os.environ.get("SPECGEN_AUTOTUNE_BUDGET", "24"))
+
+_state = dict(autotune=os.environ.get("SPECGEN_AUTOTUNE", "") not in ("", "0"))
+_lock = threading.Lock()
+
+
+def autotune(enabled: bool = True) -> None:
+    """Tune each new problem on its first call (``SPECGEN_AUTOTUNE=1`` does the same):
+    the winner goes to specgen's results database, so later processes start from it."""
+    _state["autotune"] = bool(enabled)
+
+
+def autotuning() -> bool:
+    return _state["autotune"]
+
+
+@dataclass
+class Kernel:
+    """One problem's compiled kernel on one device."""
+
+    problem: ConvProblem
+    choice: Choice
+    conv: Conv
+
+
+_kernels: dict[tuple, Kernel] = {}
+_streams: dict[tuple[int, int], object] = {}
+_gpu_names: dict[int, str] = {}
+
+
+def layout_of(x: torch.Tensor) -> TensorLayout:
+    """NHWC where the tensor is channels_last in memory (and not also plain contiguous,
+    as a 1-channel or 1x1 tensor is: both orders are then the same bytes)."""
+    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return TensorLayout.NHWC
+    return TensorLayout.NCHW
+
+
+def dense(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+    fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def empty(size, like: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+    """Every output the operator returns is allocated here (the tests poison it)."""
+    fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
+    return torch.empty(size, dtype=like.dtype, device=like.device, memory_format=fmt)
+
+
+def dtype_of(t: torch.Tensor) -> DType:
+    if t.dtype not in DTYPES:
+        raise SpecError(
+            f"specgen's convolution takes float32, float16 or bfloat16 tensors, got {t.dtype}"
+        )
+    return DTYPES[t.dtype]
+
+
+def problem(op, x_size, w_size, bias, stride, pads, dilation, groups, dtype, layout):
+    N, C, H, W = x_size
+    M, _, R, S = w_size
+    return ConvProblem(
+        C=C,
+        M=M,
+        H=H,
+        W=W,
+        R=R,
+        S=S,
+        stride=tuple(stride),
+        dil=tuple(dilation),
+        pads=tuple(pads),
+        groups=groups,
+        bias=bias,
+        dtype=dtype,
+        layout=layout,
+        op=op,
+        batch=max(N, 1),
+    )
+
+
+def gpu_name(index: int) -> str:
+    if index not in _gpu_names:
+        _gpu_names[index] = torch.cuda.get_device_name(index)
+    return _gpu_names[index]
+
+
+def allow_tf32() -> bool:
+    """As PyTorch's own convolution: tf32 math for fp32 tensors only where cuDNN may."""
+    return bool(torch.backends.cudnn.allow_tf32)
+
+
+def kernel_for(p: ConvProblem, device: torch.device) -> Kernel:
+    tf32 = allow_tf32()
+    key = (replace(p, batch=1), device.index, tf32)
+    k = _kernels.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _kernels.get(key)
+        if k is None:
+            k = _kernels[key] = _build(p, device.index, tf32)
+    return k
+
+
+def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
+    import cupy
+
+    if torch.cuda.is_current_stream_capturing():
+        raise SpecError(
+            f"specgen has no kernel yet for {p.spec} and cannot compile one while a CUDA "
+            "graph is being captured: run the model once before capturing "
+            "(or call specgen.torch.warmup)"
+        )
+    gpu = gpu_name(index)
+    with cupy.cuda.Device(index):
+        if autotuning() and choose(p, gpu, tf32).source != "tuned":
+            _tune(p, tf32)
+        choice = choose(p, gpu, tf32)
+        conv = Conv(p, choice.variant)
+    log.info("specgen: %s %s -> %s (%s)", p.op.value, p.spec, conv.plan.name, choice.why)
+    return Kernel(p, choice, conv)
+
+
+def _tune(p: ConvProblem, tf32: bool) -> None:
+    """Tune every math the caller allows, once per problem across processes: the first
+    process holds the lock while it tunes, the others wait and then read its winners."""
+    from ..tune import run_tune
+
+    with tunedb.locked(p.spec):
+        gpu = gpu_name(torch.cuda.current_device())
+        if choose(p, gpu, tf32).source == "tuned":
+            return  # another process tuned it while this one waited
+        for precision in maths(p, tf32):
+            try:
+                run_tune(p, precision, AUTOTUNE_BUDGET, log.info)
+            except SpecError as e:
+                log.info("specgen: no %s kernel tuned for %s (%s)", precision.value, p.spec, e)
+
+
+def stream_of(device: torch.device):
+    """The tensor's device's current PyTorch stream, as a CuPy stream object."""
+    import cupy
+
+    s = torch.cuda.current_stream(device)
+    key = (device.index, s.cuda_stream)
+    cs = _streams.get(key)
+    if cs is None:
+        cs = _streams[key] = cupy.cuda.Stream.from_external(_StreamHandle(s.cuda_stream))
+    return cs
+
+
+class _StreamHandle:
+    """A bare stream address in the CUDA stream protocol, which CuPy's
+    ``Stream.from_external`` reads."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
+    """The plan's weight format from PyTorch's [M][C/g][R][S], on the device: fp32 (16-bit
+    values are exact in it), flipped and transposed for dgrad's forward view, then laid
+    out as the kernel reads them."""
+    plan, p = k.conv.plan, k.problem
+    w = w.detach().to(torch.float32)
+    if plan.weight_transform == "dgrad":
+        M, Cg, R, S = w.shape
+        g = w.reshape(p.groups, M // p.groups, Cg, R, S).flip(3, 4).transpose(1, 2)
+        w = g.reshape(p.groups * Cg, M // p.groups, R, S)
+    if plan.weight_format == "ckkm":
+        return w.permute(1, 2, 3, 0).contiguous()
+    if plan.weight_format == "h2dup":
+        bits = w.to(torch.float16).contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+        return bits | (bits << 16)
+    return w.contiguous()
+
+
+def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
+    """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
+    on the current stream; ``w`` and ``bias`` for the ops that read them."""
+    import cupy
+
+    if batch == 0:
+        return
+    stream = stream_of(device)
+    ptrs = {role: t.data_ptr() for role, t in tensors.items()}
+    keep = []  # what must outlive the enqueue: PyTorch frees it in stream order
+    if w is not None:
+        packed = pack_weights(k, w)
+        keep.append(packed)
+        at = k.conv.upload_weights(packed.data_ptr(), packed.numel() * 4, stream.ptr)
+        ptrs[Role.W] = at or 0
+    if bias is not None:
+        b = bias.detach().to(torch.float32).contiguous()
+        keep.append(b)
+        ptrs[Role.BIAS] = b.data_ptr()
+    need = k.conv.scratch_bytes(batch)
+    scratch = torch.empty(need, dtype=torch.uint8, device=device) if need else None
+    with cupy.cuda.Device(device.index):
+        k.conv.enqueue(ptrs, batch, scratch.data_ptr() if need else 0, stream)

@@ -1,0 +1,240 @@
+"""specgen's convolution as PyTorch custom operators: the forward pass and the three
+backward ops it differentiates through (``torch.ops.specgen.*``).  Each has an exact
+fake implementation (shape, dtype, memory format), so that ``torch.compile`` traces
+them without running a kernel; autograd of ``conv2d`` calls specgen's own dgrad, wgrad
+and bias-gradient kernels.
+
+The arguments are normalized by ``specgen.torch.conv2d`` before they get here: 4-D
+tensors, stride and dilation as 2 ints, padding as 4 (top, bottom, left, right)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import SpecError
+from ..shapes import Op, TensorLayout
+from ..tensors import Role
+from . import _engine as E
+
+
+def out_size(x_size, w_size, stride, padding, dilation) -> list:
+    N, _, H, W = x_size
+    M, _, R, S = w_size
+    Ho = (H + padding[0] + padding[1] - dilation[0] * (R - 1) - 1) // stride[0] + 1
+    Wo = (W + padding[2] + padding[3] - dilation[1] * (S - 1) - 1) // stride[1] + 1
+    return [N, M, Ho, Wo]
+
+
+def _fmt(channels_last: bool):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _nhwc(layout: TensorLayout) -> bool:
+    return layout is TensorLayout.NHWC
+
+
+def _check(*tensors: Tensor) -> None:
+    first = tensors[0]
+    for t in tensors:
+        if not t.is_cuda:
+            raise SpecError(f"specgen's convolution runs on CUDA tensors, got one on {t.device}")
+        if t.device != first.device:
+            raise SpecError(f"tensors on {first.device} and {t.device}: put them on one device")
+        if t.dtype != first.dtype:
+            raise SpecError(
+                f"tensors of {first.dtype} and {t.dtype}: specgen's convolution takes one "
+                "dtype for all (autocast casts them for you)"
+            )
+    E.dtype_of(first)
+
+
+@torch.library.custom_op("specgen::conv2d", mutates_args=())
+def conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+) -> Tensor:
+    _check(x, weight, *([bias] if bias is not None else []))
+    layout = E.layout_of(x)
+    x = E.dense(x, layout)
+    p = E.problem(
+        Op.FPROP,
+        x.shape,
+        weight.shape,
+        bias is not None,
+        stride,
+        padding,
+        dilation,
+        groups,
+        E.dtype_of(x),
+        layout,
+    )
+    y = E.empty(out_size(x.shape, weight.shape, stride, padding, dilation), x, layout)
+    k = E.kernel_for(p, x.device)
+    E.launch(k, {Role.X: x, Role.Y: y}, x.shape[0], x.device, w=weight, bias=bias)
+    return y
+
+
+@conv2d.register_fake
+def _(x, weight, bias, stride, padding, dilation, groups):
+    size = out_size(x.shape, weight.shape, stride, padding, dilation)
+    return x.new_empty(size).contiguous(memory_format=_fmt(_nhwc(E.layout_of(x))))
+
+
+@torch.library.custom_op("specgen::conv2d_input", mutates_args=())
+def conv2d_input(
+    dy: Tensor,
+    weight: Tensor,
+    x_size: List[int],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+    channels_last: bool,
+) -> Tensor:
+    """dx: the adjoint of the convolution applied to dy (dgrad)."""
+    _check(dy, weight)
+    layout = TensorLayout.NHWC if channels_last else TensorLayout.NCHW
+    dy = E.dense(dy, layout)
+    p = E.problem(
+        Op.DGRAD,
+        x_size,
+        weight.shape,
+        False,
+        stride,
+        padding,
+        dilation,
+        groups,
+        E.dtype_of(dy),
+        layout,
+    )
+    dx = E.empty(x_size, dy, layout)
+    k = E.kernel_for(p, dy.device)
+    E.launch(k, {Role.DY: dy, Role.DX: dx}, x_size[0], dy.device, w=weight)
+    return dx
+
+
+@conv2d_input.register_fake
+def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
+    return dy.new_empty(x_size).contiguous(memory_format=_fmt(channels_last))
+
+
+def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
+    _check(x, dy)
+    layout = E.layout_of(x)
+    x, dy = E.dense(x, layout), E.dense(dy, layout)
+    p = E.problem(
+        Op.WGRAD, x.shape, w_size, bias, stride, padding, dilation, groups, E.dtype_of(x), layout
+    )
+    dw = E.empty(w_size, x, TensorLayout.NCHW)
+    out = {Role.X: x, Role.DY: dy, Role.DW: dw}
+    if bias:
+        out[Role.DB] = E.empty([w_size[0]], x, TensorLayout.NCHW)
+    if x.shape[0] == 0:  # an empty sum
+        dw.zero_()
+        out.get(Role.DB, dw).zero_()
+    E.launch(E.kernel_for(p, x.device), out, x.shape[0], x.device)
+    return (dw, out[Role.DB]) if bias else dw
+
+
+@torch.library.custom_op("specgen::conv2d_weight", mutates_args=())
+def conv2d_weight(
+    x: Tensor,
+    dy: Tensor,
+    w_size: List[int],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+) -> Tensor:
+    """dw: dy times x, summed over the batch and the output pixels (wgrad)."""
+    return _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias=False)
+
+
+@conv2d_weight.register_fake
+def _(x, dy, w_size, stride, padding, dilation, groups):
+    return x.new_empty(w_size)
+
+
+@torch.library.custom_op("specgen::conv2d_weight_bias", mutates_args=())
+def conv2d_weight_bias(
+    x: Tensor,
+    dy: Tensor,
+    w_size: List[int],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+) -> tuple[Tensor, Tensor]:
+    """dw and db from one kernel (wgrad with the bias gradient fused)."""
+    return _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias=True)
+
+
+@conv2d_weight_bias.register_fake
+def _(x, dy, w_size, stride, padding, dilation, groups):
+    return x.new_empty(w_size), x.new_empty(w_size[0])
+
+
+@torch.library.custom_op("specgen::conv2d_bias", mutates_args=())
+def conv2d_bias(
+    dy: Tensor,
+    w_size: List[int],
+    x_size: List[int],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
+) -> Tensor:
+    """db: dy summed over the batch and the output pixels (bgrad)."""
+    _check(dy)
+    layout = E.layout_of(dy)
+    dy = E.dense(dy, layout)
+    p = E.problem(
+        Op.BGRAD, x_size, w_size, True, stride, padding, dilation, groups, E.dtype_of(dy), layout
+    )
+    db = E.empty([w_size[0]], dy, TensorLayout.NCHW)
+    if dy.shape[0] == 0:  # an empty sum
+        db.zero_()
+    E.launch(E.kernel_for(p, dy.device), {Role.DY: dy, Role.DB: db}, dy.shape[0], dy.device)
+    return db
+
+
+@conv2d_bias.register_fake
+def _(dy, w_size, x_size, stride, padding, dilation, groups):
+    return dy.new_empty(w_size[0])
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.args = (stride, padding, dilation, groups)
+
+
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.args
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    nhwc = _nhwc(E.layout_of(x))
+    dy = dy.contiguous(memory_format=_fmt(nhwc))
+    dx = dw = db = None
+    if need_x:
+        dx = conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
+    w_size = list(weight.shape)
+    if need_w and ctx.has_bias and need_b:
+        dw, db = conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
+    elif need_w:
+        dw = conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
+    elif ctx.has_bias and need_b:
+        db = conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
+    return dx, dw, db, None, None, None, None
+
+
+conv2d.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,386 @@
+"""GPU tier: specgen's convolution as a PyTorch operator.  Skipped without PyTorch or
+without a GPU.
+
+Every numerical check compares with PyTorch's own convolution and autograd on float64
+copies of the same values, within the error bound of the kernel that specgen chose for
+the problem (``verify.tolerance``), on fresh random inputs, with the output's memory
+poisoned with NaN before the call so that an unwritten element fails."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from problems import problem_specs
+from specgen.errors import SpecError
+from specgen.shapes import Act, ConvProblem, Op, TensorLayout
+from specgen.verify import tolerance
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.gpu
+
+from specgen.torch import _engine as E  # noqa: E402  (after the skip: it imports torch)
+import specgen.torch as sg  # noqa: E402
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """fp32 tensors get fp32 math unless a test asks for tf32, as with cuDNN."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before
+
+
+def kernel(p: ConvProblem):
+    return E.kernel_for(p, torch.device("cuda", torch.cuda.current_device()))
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """Every output the operator allocates starts as NaN, so an unwritten element fails."""
+    real = E.empty
+
+    def nan_filled(size, like, layout):
+        return real(size, like, layout).fill_(float("nan"))
+
+    monkeypatch.setattr(E, "empty", nan_filled)
+
+
+def check(out, ref, mag, plan, batch, largest, max_w, what):
+    gamma, absolute = tolerance(plan, batch, largest, max_w)
+    out = out.double()
+    assert torch.isfinite(out).all(), f"{what}: NaN or Inf (an element left unwritten?)"
+    err = (out - ref).abs()
+    bound = gamma * mag + absolute + 1e-30
+    ratio = float((err / bound).max()) if err.numel() else 0.0
+    assert ratio <= 1.0, f"{what}: error {ratio:.2f}x its bound ({plan.name})"
+
+
+def torch_args(p: ConvProblem):
+    """PyTorch's padding argument for the problem: 'same' where its pads are those."""
+    pt, pb, pl, pr = p.pads
+    if (pt, pl) == (pb, pr):
+        return (pt, pl)
+    return "same"
+
+
+@st.composite
+def torch_problems(draw):
+    """Drawn problems (stride, dilation, groups, windows, dtypes, layouts) whose padding
+    PyTorch's conv2d can spell: symmetric, or 'same'."""
+    p = draw(problem_specs(largest=14))
+    p = replace(p, act=Act.NONE)
+    pt, pb, pl, pr = p.pads
+    if (pt, pl) != (pb, pr):
+        same = [d * (k - 1) for d, k in zip(p.dil, (p.R, p.S))]
+        if not (p.stride == (1, 1) and [pt + pb, pl + pr] == same and pt == same[0] // 2):
+            try:
+                p = replace(p, pads=(pt, pt, pl, pl))
+            except SpecError:
+                assume(False)
+    return p
+
+
+def tensors(p: ConvProblem, batch: int, grad: bool):
+    dt = DT[p.dtype.value]
+    x = torch.randn(batch, p.C, p.H, p.W, device="cuda").to(dt)
+    if p.layout is TensorLayout.NHWC:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(p.M, p.Cg, p.R, p.S, device="cuda") / p.reduction**0.5).to(dt)
+    b = (torch.randn(p.M, device="cuda") * 0.5).to(dt) if p.bias else None
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_(grad)
+    return x, w, b
+
+
+SETTINGS = dict(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+
+
+@settings(**SETTINGS)
+@given(p=torch_problems(), batch=st.integers(1, 3))
+def test_forward_matches_pytorch_in_float64(p, batch):
+    x, w, b = tensors(p, batch, grad=False)
+    pad = torch_args(p)
+    ref = F.conv2d(
+        x.double(), w.double(), None if b is None else b.double(), p.stride, pad, p.dil, p.groups
+    )
+    mag = F.conv2d(x.double().abs(), w.double().abs(), None, p.stride, pad, p.dil, p.groups)
+    if b is not None:
+        mag += b.double().abs()[None, :, None, None]
+    nhwc = p.layout is TensorLayout.NHWC
+    y = sg.conv2d(x, w, b, p.stride, pad, p.dil, p.groups)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    assert y.is_contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+    torch.cuda.synchronize()
+    plan = kernel(p).conv.plan
+    check(y, ref, mag, plan, batch, float(x.abs().max()), float(w.abs().max()), "y")
+
+
+@settings(**SETTINGS)
+@given(p=torch_problems(), batch=st.integers(1, 3))
+def test_gradients_match_pytorch_autograd_in_float64(p, batch):
+    x, w, b = tensors(p, batch, grad=True)
+    pad = torch_args(p)
+    y = sg.conv2d(x, w, b, p.stride, pad, p.dil, p.groups)
+    dy = torch.randn_like(y)
+    leaves = [x, w] + ([b] if b is not None else [])
+    doubles = [t.detach().double().requires_grad_() for t in leaves]
+    ref_y = F.conv2d(
+        doubles[0],
+        doubles[1],
+        doubles[2] if b is not None else None,
+        p.stride,
+        pad,
+        p.dil,
+        p.groups,
+    )
+    refs = torch.autograd.grad(ref_y, doubles, dy.double())
+    # The sums of the terms' magnitudes: the same gradients of |x|, |w| and |dy|.
+    absd = [t.detach().abs().requires_grad_() for t in doubles[:2]]
+    mags = torch.autograd.grad(
+        F.conv2d(absd[0], absd[1], None, p.stride, pad, p.dil, p.groups), absd, dy.double().abs()
+    )
+    db_mag = dy.double().abs().sum((0, 2, 3))
+    grads = torch.autograd.grad(y, leaves, dy)
+    torch.cuda.synchronize()
+    largest = max(float(x.abs().max()), float(dy.abs().max()))
+    dgrad = kernel(p.with_op(Op.DGRAD)).conv.plan
+    check(grads[0], refs[0], mags[0], dgrad, batch, largest, float(w.abs().max()), "dx")
+    wgrad = kernel(p.with_op(Op.WGRAD)).conv.plan
+    check(grads[1], refs[1], mags[1], wgrad, batch, largest, 0.0, "dw")
+    if b is not None:
+        check(grads[2], refs[2], db_mag, wgrad, batch, largest, 0.0, "db")
+    for g, t in zip(grads, leaves):
+        assert g.dtype == t.dtype and g.shape == t.shape
+
+
+def test_bias_alone_and_input_alone():
+    """Each gradient is computed only where asked: db from bgrad, dx from dgrad alone."""
+    p = ConvProblem(C=5, M=7, H=12, W=10, R=3, S=3, pads=(1, 1, 1, 1), bias=True)
+    x, w, b = tensors(p, 2, grad=False)
+    b.requires_grad_()
+    y = sg.conv2d(x, w, b, 1, 1)
+    (db,) = torch.autograd.grad(y, [b], torch.ones_like(y))
+    torch.testing.assert_close(db, torch.full_like(db, 2 * 12 * 10), rtol=1e-6, atol=0)
+    x.requires_grad_()
+    y = sg.conv2d(x, w, b, 1, 1)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, [x], dy)
+    ref = torch.nn.grad.conv2d_input(x.shape, w.double(), dy.double(), 1, 1)
+    torch.testing.assert_close(dx.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_unbatched_input_and_the_padding_forms():
+    x = torch.randn(3, 11, 9, device="cuda")
+    w = torch.randn(4, 3, 2, 3, device="cuda")
+    for pad in (0, 1, (2, 1), "same", "valid"):
+        ref = F.conv2d(x.double(), w.double(), padding=pad)
+        got = sg.conv2d(x, w, padding=pad)
+        assert got.shape == ref.shape, pad
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_opcheck():
+    """Schema, fake (shape, dtype, memory format), autograd registration and the
+    AOT-dispatch path, as torch.library.opcheck tests them."""
+    x = torch.randn(2, 6, 9, 8, device="cuda", requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(4, device="cuda", requires_grad=True)
+    args = [
+        (x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], 2),
+        (x, w, None, [2, 1], [0, 0, 1, 1], [1, 2], 2),
+    ]
+    xl = x.detach().bfloat16().contiguous(memory_format=torch.channels_last).requires_grad_()
+    args.append((xl, w.detach().bfloat16().requires_grad_(), None, [1, 1], [1, 1, 1, 1], [1, 1], 2))
+    for a in args:
+        torch.library.opcheck(torch.ops.specgen.conv2d.default, a)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    model = torch.nn.Sequential(
+        sg.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), sg.Conv2d(16, 8, 3, stride=2)
+    ).cuda()
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager, rtol=0, atol=0)
+    loss = compiled(x).square().sum()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_cuda_graph_replay():
+    model = sg.Conv2d(8, 8, 3, padding=1).cuda()
+    static_x = torch.randn(2, 8, 12, 12, device="cuda")
+    sg.warmup(model, static_x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model(static_x)  # PyTorch's advice: warm up on the capture stream's side
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    for _ in range(2):
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        torch.testing.assert_close(static_y, model(static_x), rtol=0, atol=0)
+
+
+def test_a_new_problem_inside_capture_is_one_clear_error():
+    x = torch.randn(1, 2, 5, 7, device="cuda")
+    w = torch.randn(3, 2, 1, 1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(SpecError, match="warmup"):
+        with torch.cuda.graph(graph):
+            sg.conv2d(x, w)
+
+
+def test_launches_on_the_current_stream_without_waiting():
+    x = torch.randn(8, 16, 32, 32, device="cuda")
+    w = torch.randn(16, 16, 3, 3, device="cuda")
+    sg.conv2d(x, w, padding=1)  # compiled before the timing-sensitive part
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time
+        y = sg.conv2d(x, w, padding=1)
+        busy = not s.query()
+    assert busy  # the operator returned while the stream was still sleeping
+    s.synchronize()
+    torch.testing.assert_close(
+        y.double(), F.conv2d(x.double(), w.double(), padding=1), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_channels_last_in_channels_last_out_like_pytorch():
+    x = torch.randn(2, 8, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 8, 3, 3, device="cuda")
+    y = sg.conv2d(x, w, padding=1)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert y.stride() == F.conv2d(x, w, padding=1).stride()
+    odd = torch.randn(2, 10, 10, 8, device="cuda").permute(0, 3, 2, 1)  # neither format
+    torch.testing.assert_close(
+        sg.conv2d(odd, w, padding=1), F.conv2d(odd, w, padding=1), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_bf16_autocast_casts_like_pytorch():
+    model = torch.nn.Conv2d(8, 16, 3, padding=1).cuda()
+    ours = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1))).cuda()
+    ours[0].load_state_dict(model.state_dict())
+    x = torch.randn(4, 8, 12, 12, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref, got = model(x), ours(x)
+    assert got.dtype == ref.dtype == torch.bfloat16
+    exact = F.conv2d(
+        x.bfloat16().double(),
+        model.weight.bfloat16().double(),
+        model.bias.bfloat16().double(),
+        padding=1,
+    )
+    assert float((got.double() - exact).abs().max()) <= 2**-7 * float(exact.abs().max()) + 1e-3
+    got.float().sum().backward()
+    assert ours[0].weight.grad.dtype == torch.float32  # autocast's cast back
+
+
+def test_tf32_follows_cudnn_allow_tf32():
+    x = torch.randn(10, 16, 20, 20, device="cuda")
+    w = torch.randn(16, 16, 5, 5, device="cuda")
+    p = E.problem(
+        Op.FPROP,
+        x.shape,
+        w.shape,
+        False,
+        [1, 1],
+        [2, 2, 2, 2],
+        [1, 1],
+        1,
+        E.DType.FP32,
+        TensorLayout.NCHW,
+    )
+    sg.conv2d(x, w, padding=2)
+    assert kernel(p).choice.variant.precision.value == "fp32"
+    torch.backends.cudnn.allow_tf32 = True
+    sg.conv2d(x, w, padding=2)
+    assert kernel(p).choice.variant.precision.value in ("fp32", "tf32")
+
+
+def test_module_state_dict_and_padding_modes():
+    for mode in ("zeros", "reflect", "replicate", "circular"):
+        ref = torch.nn.Conv2d(3, 5, 3, padding=1, padding_mode=mode).cuda()
+        ours = sg.Conv2d(3, 5, 3, padding=1, padding_mode=mode).cuda()
+        ours.load_state_dict(ref.state_dict())
+        assert ours.state_dict().keys() == ref.state_dict().keys()
+        x = torch.randn(2, 3, 9, 9, device="cuda")
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_convert_shares_parameters():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).cuda()
+    weight = model[0].weight
+    sg.convert(model)
+    assert isinstance(model[0], sg.Conv2d) and model[0].weight is weight
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: (torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)), "CUDA tensors"),
+        (
+            lambda: (
+                torch.randn(1, 3, 8, 8, device="cuda"),
+                torch.randn(4, 3, 3, 3, device="cuda").half(),
+            ),
+            "dtype",
+        ),
+        (
+            lambda: (
+                torch.randn(1, 3, 8, 8, device="cuda").double(),
+                torch.randn(4, 3, 3, 3, device="cuda").double(),
+            ),
+            "float32",
+        ),
+        (
+            lambda: (
+                torch.randn(1, 5, 8, 8, device="cuda"),
+                torch.randn(4, 3, 3, 3, device="cuda"),
+            ),
+            "channels",
+        ),
+        (
+            lambda: (
+                torch.randn(1, 3, 2, 2, device="cuda"),
+                torch.randn(4, 3, 3, 3, device="cuda"),
+            ),
+            "larger than",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_exception(make, match):
+    x, w = make()
+    with pytest.raises(SpecError, match=match):
+        sg.conv2d(x, w)
+
+
+def test_an_empty_batch():
+    x = torch.randn(0, 3, 8, 8, device="cuda", requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(4, device="cuda", requires_grad=True)
+    y = sg.conv2d(x, w, b)
+    assert y.shape == (0, 4, 6, 6)
+    dx, dw, db = torch.autograd.grad(y.sum(), [x, w, b])
+    assert dx.shape == x.shape and not dw.any() and not db.any()
