@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 # CPU tier everywhere; the GPU tier too where a GPU is present.
 test: $(STAMP)
-	$(BIN)/black --check specgen tests
+	$(BIN)/black --check specgen tests examples
 	$(BIN)/pytest -q
 
 # Regenerate generated/ (the default variant set of every preset, every op), without
@@ -30,7 +30,7 @@ generated: $(STAMP)
 	$(BIN)/specgen emit --all-shapes --op all --all
 
 format: $(STAMP)
-	$(BIN)/black specgen tests
+	$(BIN)/black specgen tests examples
 
 # On a GPU machine, from the source tree (no install): the GPU tier, verify, bench.
 OUT ?= out
