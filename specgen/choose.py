@@ -23,12 +23,13 @@ from .variants import Precision, Variant, split_problem_tags
 
 # The strategies tried for the planner's default, in order, per op.  wgrad: wband
 # keeps a block's whole weight tile in registers, which pays where the weights are
-# few (the 7x7 presets, 3-channel layers); wsplit's GEMM-like items suit wide layers.
+# few (the 7x7 presets, 3-channel layers); wgemm's register-tiled GEMM suits wide
+# layers; wsplit serves what neither does (NHWC wide layers).
 SMALL_WEIGHTS = 16384
 PREFERENCE = {
     Op.FPROP: ("stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("stream", "persist", "tiled", "phased"),
-    Op.WGRAD: ("wband", "wsplit"),
+    Op.WGRAD: ("wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -65,8 +66,23 @@ def _plans(problem: ConvProblem, variant: Variant) -> bool:
 
 
 def tuned(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
+    """The fastest allowed winner tuned for the problem, else for the problem without
+    its epilogue (a layer with a bias gets the kernel tuned for its bare convolution)."""
+    for spec in dict.fromkeys([problem.spec, _bare(problem).spec]):
+        found = _tuned(problem, spec, gpu, allow_tf32)
+        if found:
+            return found
+    return None
+
+
+def _bare(problem: ConvProblem) -> ConvProblem:
+    """The problem without bias and activation (its op keeps what it needs)."""
+    return replace(problem, bias=False, act=Act.NONE)
+
+
+def _tuned(problem, spec, gpu, allow_tf32) -> Choice | None:
     best = None
-    for r in tunedb.winners(problem.spec, gpu).values():
+    for r in tunedb.winners(spec, gpu).values():
         try:
             v = parse_variant_name(r["variant"])
         except SpecError:
@@ -77,7 +93,8 @@ def tuned(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
     if best is None:
         return None
     r, v = best
-    why = f"tuned winner, {r['ms']:.4f} ms at B={r['batch']} ({tunedb.db_path()} line {r['line']})"
+    what = "" if spec == problem.spec else " of the layer without its epilogue"
+    why = f"tuned winner{what}, {r['ms']:.4f} ms at B={r['batch']} ({tunedb.db_path()} line {r['line']})"
     return Choice(v, "tuned", why)
 
 
@@ -113,7 +130,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
 def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
-        keys = tuple(reversed(keys))
+        keys = ("wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         try:

@@ -113,7 +113,9 @@ def test_wgrad_default_follows_the_weight_count():
     narrow = ConvProblem(C=3, M=64, H=32, W=32, R=3, S=3, pads=(1, 1, 1, 1), op=Op.WGRAD)
     wide = replace(narrow, C=256, M=256)
     assert choose(narrow, "some GPU").variant.key == "wband"
-    assert choose(wide, "some GPU").variant.key == "wsplit"
+    assert choose(wide, "some GPU").variant.key == "wgemm"
+    nhwc = replace(wide, layout=TensorLayout.NHWC)
+    assert choose(nhwc, "some GPU").variant.key == "wsplit"  # wgemm reads NCHW
 
 
 def _hold(key, seconds, path):
@@ -149,3 +151,13 @@ def test_a_problem_nothing_serves_is_one_error():
     with pytest.raises(SpecError):
         parse_shape("C=3,M=4,H=4,W=4,K=7,pad=0")  # refused before any choice
     assert json.loads(tunedb.SHIPPED.read_text())["ms"][H200]["layer2"]
+
+
+def test_a_layer_with_a_bias_gets_the_winner_tuned_for_its_bare_convolution():
+    bare = PRESETS["ae-enc2"].with_op(Op.WGRAD)
+    winner(bare, "wgemm_b128x128_k8_s58_fp32", 0.5, "fp32")
+    with_bias = replace(bare, bias=True, name="")
+    c = choose(with_bias, H200)
+    assert (c.source, c.variant.name) == ("tuned", "wgemm_b128x128_k8_s58_fp32")
+    assert "without its epilogue" in c.why
+    make_plan(with_bias, c.variant)

@@ -21,6 +21,7 @@ from .split import Split
 from .stream import Stream
 from .tiled import Tiled
 from .wband import Wband
+from .wgemm import Wgemm
 from .wsplit import Wsplit
 
 # The order of the default set and of the CLI's help.
@@ -38,6 +39,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmapersist,
     Phased,
     Wband,
+    Wgemm,
     Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}

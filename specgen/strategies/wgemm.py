@@ -1,0 +1,186 @@
+"""``wgemm``: wgrad (and db) of wide layers as an implicit GEMM on the CUDA cores.
+
+Per group, dw is a matrix product: dw[m][col] = sum over k of dy[m][k] * X[col][k], the
+maps m as rows, the columns col = (c * R + r) * S + s of the implicit im2col matrix X,
+and the reduction k over every image and output pixel.  A block owns a BM x BN tile of
+dw and walks the pixels of its slice of the batch BK at a time: each thread loads its
+share of dy's rows and of X's columns (gathered from x with the padding as zeros) into
+registers while the block multiplies the previous chunk out of shared memory, then
+stores them to the other of two shared buffers.  A thread keeps an 8 x 8 register tile
+of sums, fed by four 16-byte shared loads per pixel for 64 FMAs.  Each slice writes a
+workspace row; the second kernel (``backward/reduce.j2``) adds the slices in order, so
+results are deterministic.  With a bias, the blocks of the first column tile also sum
+the dy values they already hold into db.
+
+Where ``wsplit`` gives each thread a few maps and taps and so reloads dy and x per
+FMA-handful, this reuses every value loaded into shared memory 64 times from registers:
+it is the strategy for layers whose weights are many (C*R*S and M in the hundreds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div, shape_context
+from ..shapes import Feature, Op
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Variant, param
+from .wsplit import per_slice, sums_context
+
+MICRO = 8  # a thread's register tile: 8 maps x 8 columns
+TARGET_BLOCKS = 528  # about 4 blocks of work for each of the H200's 132 SMs
+SMEM_LIMIT = 48 * 1024  # static shared memory
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgemm(Variant):
+    key = "wgemm"
+    family = "backward"
+    description = (
+        "wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered "
+        "shared tiles of dy and im2col(x), split over the batch, an ordered second pass"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16}
+    ops = frozenset({Op.WGRAD})
+
+    tile: tuple[int, int] = param((128, 128), Pair("b"), "wgemm: block tile, maps x columns")
+    chunk: int = param(8, Count("k"), "wgemm: pixels per shared-memory chunk")
+    splits: int = param(16, Count("s"), "wgemm: slices of the batch, one block plane each")
+
+    def plan(self, problem):
+        return plan_wgemm(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """A tile no larger than the problem needs (64 where a group has 64 maps or
+        fewer), and as many slices as fill the GPU about four blocks per SM deep."""
+        bm = 64 if problem.Mg <= 64 else seed.tile[0]
+        bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.tile[1]
+        tiles = _tiles(problem, bm, bn)
+        splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        return replace(seed, tile=(bm, bn), splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        for bm in (64, 128):
+            for bn in (64, 128):
+                for chunk in (8, 16):
+                    base = cls.fit(problem, cls(tile=(bm, bn), chunk=chunk, precision=precision))
+                    for factor in (1, 2, 4):
+                        s = max(1, base.splits * factor // 2)
+                        out.append(replace(base, tile=(bm, bn), splits=s))
+        return out
+
+
+def _tiles(p, bm: int, bn: int) -> int:
+    return ceil_div(p.Cg * p.R * p.S, bn) * ceil_div(p.Mg, bm) * p.groups
+
+
+def plan_wgemm(p, v: Wgemm) -> Plan:
+    # 1. limits
+    bm, bn = v.tile
+    if p.layout.value != "nchw":
+        raise SpecError("wgemm reads NCHW tensors (pixels contiguous); choose wsplit for NHWC")
+    for what, n in (("maps", bm), ("columns", bn)):
+        if n not in (32, 64, 128):
+            raise SpecError(f"wgemm b{bm}x{bn}: {what} per block must be 32, 64 or 128")
+    threads = (bm // MICRO) * (bn // MICRO)
+    if v.chunk not in (4, 8, 16, 32) or threads % v.chunk:
+        raise SpecError(
+            f"wgemm k{v.chunk}: pixels per chunk must be 4, 8, 16 or 32 and divide the "
+            f"{threads} threads"
+        )
+    if v.splits > 65535:
+        raise SpecError(f"wgemm s{v.splits}: at most 65535 slices of the batch (grid z)")
+    smem = 2 * v.chunk * (bm + 4 + bn + 4) * 4
+    if smem > SMEM_LIMIT:
+        raise SpecError(
+            f"wgemm b{bm}x{bn} k{v.chunk} needs {smem} B of shared memory, over "
+            f"{SMEM_LIMIT}; choose a smaller chunk"
+        )
+
+    # 2. work
+    CgRS = p.Cg * p.R * p.S
+    col_blocks, map_blocks = ceil_div(CgRS, bn), ceil_div(p.Mg, bm)
+    P = p.Ho * p.Wo
+    with_db = p.bias
+    ctx = sums_context(p, 1, v.splits, False, with_db)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    name = v.kernel_name(p)
+    main = Launch(
+        name,
+        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+        (threads, 1, 1),
+        (col_blocks, map_blocks * p.groups, v.splits),
+        2,
+        0,
+        1,
+    )
+    outs = (Role.DW, *((Role.DB,) if with_db else ()))
+    launches = (main, per_slice(name, row, "reduce", (Role.WORKSPACE, *outs)))
+    min_blocks = max(1, 512 // threads)
+    ctx.update(
+        BM=bm,
+        BN=bn,
+        BK=v.chunk,
+        TX=bn // MICRO,
+        threads=threads,
+        EA=bm * v.chunk // threads,
+        EB=bn * v.chunk // threads,
+        rows_per_pass=threads // v.chunk,
+        CgRS=CgRS,
+        P=P,
+        cpi=ceil_div(P, v.chunk),
+        map_blocks=map_blocks,
+        launch_bounds=f"{threads}, {min_blocks}",
+        launch_bounds_alt=f"{threads}",
+        guard_pix=P % v.chunk != 0,
+        guard_maps=p.Mg % bm != 0,
+        guard_cols=CgRS % bn != 0,
+    )
+    sizes = (
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} columns of dw",
+            f"columns (c, r, s) of the implicit im2col matrix: {CgRS} per group",
+        ),
+        Size(
+            "thread",
+            f"{MICRO} x {MICRO} fp32 sums" + (f" + {MICRO} of db" if with_db else ""),
+            "4 16-byte shared loads per pixel feed 64 FMAs",
+        ),
+        Size(
+            "shared",
+            f"{smem} B",
+            f"2 buffers x {v.chunk} pixels x ({bm} + 4 maps of dy, {bn} + 4 columns of x)",
+        ),
+        Size(
+            "grid",
+            f"{col_blocks} x {map_blocks * p.groups} x {v.splits}",
+            f"column tiles x map tiles{' x groups' if p.groups > 1 else ''} x slices of the "
+            f"batch (slice k: images k, k+{v.splits}, ...)",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} partial sums; the second kernel adds the slices in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wgemm.cu.j2",
+        launches=launches,
+        static_smem=smem,
+        dynamic_smem=0,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a thread's pixels of each image of its slice in order, then the slices
+        sum_depth=(P, v.splits, v.splits),
+    )
