@@ -108,6 +108,17 @@ def time_steps(model, x, lr, steps, warmup, autocast=None):
     return statistics.median(times), np.percentile(times, 10), np.percentile(times, 90)
 
 
+def profile(model, x, lr, autocast) -> str:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time_steps(model, x, lr, 5, 0, autocast)
+    return prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=25, max_name_column_width=70
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="training steps compared")
@@ -115,6 +126,11 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--timed", type=int, default=50, help="steps timed per configuration")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where the GPU time of a step goes (torch.profiler), each math",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # a line per kernel chosen
     torch.manual_seed(0)
@@ -171,6 +187,10 @@ def main() -> int:
         torch.backends.cudnn.benchmark = True
         t_cu = time_steps(cu, x, args.lr, args.timed, 10, autocast)
         t_sg = time_steps(ours, x, args.lr, args.timed, 10, autocast)
+        if args.profile:
+            for who, model in (("cuDNN", cu), ("specgen", ours)):
+                print(f"\n{who}, {label}: GPU time of 5 steps by kernel")
+                print(profile(model, x, args.lr, autocast))
         rows.append(
             dict(
                 math=label,

@@ -86,6 +86,7 @@ class Conv:
         self.scratch = None  # the plan's fixed workspace, allocated on the first run
         self.w = None
         self.bias = None
+        self._image_bytes = {}
 
     def _resident(self, launch) -> int:
         """Blocks of a persistent kernel the whole device holds at once."""
@@ -237,7 +238,10 @@ class Conv:
 
     def image_bytes(self, role: Role) -> int:
         """Bytes of one image of a batched tensor."""
-        return int(np.prod(role_shape(role, self.shape, 1))) * self.shape.dtype.bytes
+        if role not in self._image_bytes:
+            count = int(np.prod(role_shape(role, self.shape, 1)))
+            self._image_bytes[role] = count * self.shape.dtype.bytes
+        return self._image_bytes[role]
 
     def _launch(self, launch, bufs, first, batch, stream):
         f = self.functions[launch.kernel]

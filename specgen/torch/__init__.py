@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecError
-from . import _ops
+from . import _ops  # noqa: F401  (registers torch.ops.specgen.*)
 from ._engine import autotune, autotuning
 
 __all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]

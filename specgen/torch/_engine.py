@@ -15,7 +15,7 @@ from .. import tunedb
 from ..choose import Choice, choose, maths
 from ..errors import SpecError
 from ..runtime import Conv
-from ..shapes import ConvProblem, DType, Op, TensorLayout
+from ..shapes import ConvProblem, DType, TensorLayout
 from ..tensors import Role
 
 log = logging.getLogger("specgen.torch")
@@ -47,16 +47,22 @@ class Kernel:
 
 
 _kernels: dict[tuple, Kernel] = {}
+_by_args: dict[tuple, Kernel] = {}
 _streams: dict[tuple[int, int], object] = {}
 _gpu_names: dict[int, str] = {}
 
 
 def layout_of(x: torch.Tensor) -> TensorLayout:
-    """NHWC where the tensor is channels_last in memory (and not also plain contiguous,
-    as a 1-channel or 1x1 tensor is: both orders are then the same bytes)."""
-    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+    """NHWC where the tensor is channels_last in memory, as PyTorch's convolution reads
+    it: a tensor that is contiguous in both formats (one channel, or 1x1 images) is
+    NHWC only where its strides are those that channels_last gives."""
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return TensorLayout.NCHW
+    if not x.is_contiguous():
         return TensorLayout.NHWC
-    return TensorLayout.NCHW
+    N, C, H, W = x.shape
+    last, first = (H * W * C, 1, W * C, C), (C * H * W, H * W, W, 1)
+    return TensorLayout.NHWC if x.stride() == last and last != first else TensorLayout.NCHW
 
 
 def dense(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
@@ -109,6 +115,18 @@ def gpu_name(index: int) -> str:
 def allow_tf32() -> bool:
     """As PyTorch's own convolution: tf32 math for fp32 tensors only where cuDNN may."""
     return bool(torch.backends.cudnn.allow_tf32)
+
+
+def kernel(op, x_size, w_size, bias, stride, pads, dilation, groups, dtype, layout, device):
+    """The memoized kernel of the problem these arguments describe (``problem``'s),
+    looked up by the arguments themselves: a call that hits builds no problem."""
+    tf32 = allow_tf32()
+    key = (op, *x_size[1:], *w_size, bias, *stride, *pads, *dilation, groups, dtype, layout)
+    k = _by_args.get((key, device.index, tf32))
+    if k is None:
+        p = problem(op, x_size, w_size, bias, stride, pads, dilation, groups, dtype, layout)
+        k = _by_args[(key, device.index, tf32)] = kernel_for(p, device)
+    return k
 
 
 def kernel_for(p: ConvProblem, device: torch.device) -> Kernel:

@@ -64,7 +64,7 @@ def conv2d(
     _check(x, weight, *([bias] if bias is not None else []))
     layout = E.layout_of(x)
     x = E.dense(x, layout)
-    p = E.problem(
+    k = E.kernel(
         Op.FPROP,
         x.shape,
         weight.shape,
@@ -75,9 +75,9 @@ def conv2d(
         groups,
         E.dtype_of(x),
         layout,
+        x.device,
     )
     y = E.empty(out_size(x.shape, weight.shape, stride, padding, dilation), x, layout)
-    k = E.kernel_for(p, x.device)
     E.launch(k, {Role.X: x, Role.Y: y}, x.shape[0], x.device, w=weight, bias=bias)
     return y
 
@@ -103,7 +103,7 @@ def conv2d_input(
     _check(dy, weight)
     layout = TensorLayout.NHWC if channels_last else TensorLayout.NCHW
     dy = E.dense(dy, layout)
-    p = E.problem(
+    k = E.kernel(
         Op.DGRAD,
         x_size,
         weight.shape,
@@ -114,9 +114,9 @@ def conv2d_input(
         groups,
         E.dtype_of(dy),
         layout,
+        dy.device,
     )
     dx = E.empty(x_size, dy, layout)
-    k = E.kernel_for(p, dy.device)
     E.launch(k, {Role.DY: dy, Role.DX: dx}, x_size[0], dy.device, w=weight)
     return dx
 
@@ -130,9 +130,8 @@ def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
     _check(x, dy)
     layout = E.layout_of(x)
     x, dy = E.dense(x, layout), E.dense(dy, layout)
-    p = E.problem(
-        Op.WGRAD, x.shape, w_size, bias, stride, padding, dilation, groups, E.dtype_of(x), layout
-    )
+    args = (stride, padding, dilation, groups, E.dtype_of(x), layout, x.device)
+    k = E.kernel(Op.WGRAD, x.shape, w_size, bias, *args)
     dw = E.empty(w_size, x, TensorLayout.NCHW)
     out = {Role.X: x, Role.DY: dy, Role.DW: dw}
     if bias:
@@ -140,7 +139,7 @@ def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
     if x.shape[0] == 0:  # an empty sum
         dw.zero_()
         out.get(Role.DB, dw).zero_()
-    E.launch(E.kernel_for(p, x.device), out, x.shape[0], x.device)
+    E.launch(k, out, x.shape[0], x.device)
     return (dw, out[Role.DB]) if bias else dw
 
 
@@ -196,13 +195,12 @@ def conv2d_bias(
     _check(dy)
     layout = E.layout_of(dy)
     dy = E.dense(dy, layout)
-    p = E.problem(
-        Op.BGRAD, x_size, w_size, True, stride, padding, dilation, groups, E.dtype_of(dy), layout
-    )
+    args = (stride, padding, dilation, groups, E.dtype_of(dy), layout, dy.device)
+    k = E.kernel(Op.BGRAD, x_size, w_size, True, *args)
     db = E.empty([w_size[0]], dy, TensorLayout.NCHW)
     if dy.shape[0] == 0:  # an empty sum
         db.zero_()
-    E.launch(E.kernel_for(p, dy.device), {Role.DY: dy, Role.DB: db}, dy.shape[0], dy.device)
+    E.launch(k, {Role.DY: dy, Role.DB: db}, dy.shape[0], dy.device)
     return db
 
 
