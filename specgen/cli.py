@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from .errors import SpecError
-from .shapes import INDEX_LIMIT, PRESETS, parse_shape
+from .shapes import INDEX_LIMIT, PRESETS, Op, parse_shape
 from .strategies import (
     BY_KEY,
     default_strategy,
@@ -451,6 +451,55 @@ def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, 
 
         roofline(report, plot_path)
         click.echo(f"wrote {plot_path}")
+
+
+@main.command()
+@click.option("--shape", "shape_text", required=True, help="a preset name or an inline spec")
+@click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
+@click.option("--streams", type=SIZE, default=4, help="streams that overlap copies and kernels")
+@click.option(
+    "--segment",
+    type=SIZE,
+    default=None,
+    help="images per copy-kernel-copy step (default: batch/4K)",
+)
+@click.option("--variant", "name", default=None, help="the kernel (default: the fastest known)")
+def run(shape_text, batch, streams, segment, name):
+    """Convolve a batch that lives in host memory: copy in, kernel, copy out, overlapped
+    on several streams from pinned memory, beside the serial copy-kernel-copy and the
+    host link's floor."""
+    shape = parse_shape(shape_text)
+    if shape.op is not Op.FPROP:
+        raise SpecError("run convolves host batches forward: drop op= from the spec")
+    variant = parse_variant_name(name, shape) if name else None
+    _need_gpu("run")
+    from .bench import device_name
+    from .choose import choose
+    from .streamed import run_streamed
+
+    if variant is None:
+        picked = choose(shape, device_name())
+        variant = picked.variant
+        click.echo(f"{shape.slug}: {variant.name} ({picked.why})")
+    batch = batch or shape.batch
+    t = run_streamed(shape, variant, batch, streams, segment)
+    click.echo(
+        f"{shape.slug} B={batch} on {device_name()}: host link {t.h2d_gbs:.1f} GB/s in, "
+        f"{t.d2h_gbs:.1f} GB/s out"
+    )
+    rows = [
+        ("kernel alone (data on the GPU)", t.kernel_ms),
+        ("serial: copy in, kernel, copy out", t.serial_ms),
+        (f"{t.streams} streams, {t.segment}-image segments", t.streamed_ms),
+        ("host-link floor", t.floor_ms),
+    ]
+    for what, ms in rows:
+        click.echo(f"  {what:<36} {ms:>9.3f} ms  {ms / t.floor_ms:>5.2f}x the floor")
+    click.echo(
+        f"  streamed y {'equals' if t.identical else 'DIFFERS FROM'} the serial y, bit for bit"
+    )
+    if not t.identical:
+        raise SystemExit(1)
 
 
 @main.command()

@@ -87,6 +87,8 @@ class Conv:
         self.w = None
         self.bias = None
         self._image_bytes = {}
+        self._args = {}  # kernel -> how each argument is bound
+        self._grids = {}  # (kernel, images) -> grid
 
     def _resident(self, launch) -> int:
         """Blocks of a persistent kernel the whole device holds at once."""
@@ -246,18 +248,24 @@ class Conv:
     def _launch(self, launch, bufs, first, batch, stream):
         f = self.functions[launch.kernel]
         step = launch.max_batch
+        # (role, bytes per image: 0 for a tensor that is not batched, -1 for the batch)
+        args_of = self._args.get(launch.kernel)
+        if args_of is None:
+            args_of = self._args[launch.kernel] = [
+                (r, -1 if r is Role.BATCH else self.image_bytes(r) if r in BATCHED else 0)
+                for r in launch.args
+            ]
         for b0 in range(first, first + batch, step):
             n = min(step, first + batch - b0)
-            args = []
-            for role in launch.args:
-                if role is Role.BATCH:
-                    args.append(np.int32(n))
-                elif role in BATCHED:  # this launch's images
-                    args.append(np.uint64(bufs[role] + b0 * self.image_bytes(role)))
-                else:
-                    args.append(np.uint64(bufs[role]))
-            grid = launch.grid_for(n, self.resident.get(launch.kernel))
-            f(grid, launch.block, tuple(args), shared_mem=launch.dynamic_smem, stream=stream)
+            args = tuple(
+                np.int32(n) if per < 0 else np.uint64(bufs[r] + b0 * per) for r, per in args_of
+            )
+            grid = self._grids.get((launch.kernel, n))
+            if grid is None:
+                grid = self._grids[(launch.kernel, n)] = launch.grid_for(
+                    n, self.resident.get(launch.kernel)
+                )
+            f(grid, launch.block, args, shared_mem=launch.dynamic_smem, stream=stream)
 
 
 def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:

@@ -84,6 +84,12 @@ def test_emit_inline_spec(tmp_path):
             "mma computes in tf32, fp16 or bf16, not fp32; for fp32 use --strategy direct",
         ),
         (["verify"], "give --shape S or --all-shapes"),
+        (["run", "--shape", "layer1", "--streams", "0"], "'--streams': 0 is not in the range"),
+        (
+            ["run", "--shape", "C=1,M=4,H=86,W=86,K=7,op=dgrad"],
+            "run convolves host batches forward",
+        ),
+        (["run", "--shape", "layer1", "--variant", "wgemm_b9_fp32"], "malformed variant name"),
         (
             ["emit", "--shape", "ae-enc2", "--strategy", "stream", "--maps", "96"],
             "maps per block 96 must divide M=128",
@@ -98,7 +104,10 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert not list(tmp_path.rglob("*")), "nothing is written on bad input"
 
 
-@pytest.mark.parametrize("verb", [["bench", "--shape", "layer2"], ["tune", "--shape", "layer2"]])
+@pytest.mark.parametrize(
+    "verb",
+    [["bench", "--shape", "layer2"], ["tune", "--shape", "layer2"], ["run", "--shape", "layer1"]],
+)
 def test_timing_verbs_need_a_gpu(verb):
     from specgen.runtime import gpu_available
 

@@ -149,3 +149,17 @@ def test_wgrad_at_the_default_batch(preset, arch):
     (64 million terms per weight for layer1), within the bound of the plan's tree."""
     shape = PRESETS[preset].with_op(Op.WGRAD)
     verify_default_set(shape, shape.batch, arch)
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_streamed_host_batch_equals_the_serial_one(streams):
+    """Segments of a pinned host batch through several streams (the last one short) give
+    the serial copy-kernel-copy's y bit for bit, and every element is written."""
+    from specgen.choose import choose
+    from specgen.streamed import run_streamed
+
+    p = parse_shape("C=3,M=8,H=20,W=18,K=5,pad=2,bias=1")
+    v = choose(p, "any GPU").variant
+    t = run_streamed(p, v, batch=11, streams=streams, segment=3, reps=1)
+    assert t.identical and t.segment == 3
+    assert t.floor_ms > 0 and t.streamed_ms > 0 and t.h2d_gbs > 0

@@ -54,7 +54,8 @@ wgemm_b128x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __res
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 28) / 29 : 0;
     const int chunks = images * 32;
-    float ra[4], rb[4];
+    float ra[4], rb[4];  // the next chunk, as stored in memory
+    const float zero = 0;
     if (chunks > 0) {
         {
             const int n = split + (0) / 32 * 29;
@@ -66,13 +67,17 @@ wgemm_b128x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 32;
                 const bool ok = true;
-                ra[e] = ok ? dyn[m * 256] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 256];
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 16u && (unsigned)w < 16u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 
@@ -98,13 +103,17 @@ wgemm_b128x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 32;
                 const bool ok = true;
-                ra[e] = ok ? dyn[m * 256] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 256];
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 16u && (unsigned)w < 16u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 

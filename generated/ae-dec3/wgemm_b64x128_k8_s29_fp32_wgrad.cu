@@ -54,7 +54,8 @@ wgemm_b64x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __rest
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 28) / 29 : 0;
     const int chunks = images * 128;
-    float ra[4], rb[8];
+    float ra[4], rb[8];  // the next chunk, as stored in memory
+    const float zero = 0;
     if (chunks > 0) {
         {
             const int n = split + (0) / 128 * 29;
@@ -66,13 +67,17 @@ wgemm_b64x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __rest
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = true && m0 + m < 3;
-                ra[e] = ok ? dyn[m * 1024] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1024];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 32u && (unsigned)w < 32u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 
@@ -98,13 +103,17 @@ wgemm_b64x128_k8_s29_fp32_wgrad(const float* __restrict__ x, const float* __rest
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = true && m0 + m < 3;
-                ra[e] = ok ? dyn[m * 1024] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1024];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 32u && (unsigned)w < 32u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 

@@ -56,7 +56,8 @@ wgemm_b128x64_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 263) / 264 : 0;
     const int chunks = images * 128;
-    float ra[8], rb[4];
+    float ra[8], rb[4];  // the next chunk, as stored in memory
+    const float zero = 0;
     if (chunks > 0) {
         {
             const int n = split + (0) / 128 * 264;
@@ -68,13 +69,17 @@ wgemm_b128x64_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 8; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = true;
-                ra[e] = ok ? dyn[m * 1024] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1024];
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 32u && (unsigned)w < 32u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 
@@ -100,13 +105,17 @@ wgemm_b128x64_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 8; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = true;
-                ra[e] = ok ? dyn[m * 1024] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1024];
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 32u && (unsigned)w < 32u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 

@@ -56,7 +56,8 @@ wgemm_b64x64_k8_s528_fp32_wgrad(const float* __restrict__ x, const float* __rest
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 527) / 528 : 0;
     const int chunks = images * 800;
-    float ra[8], rb[8];
+    float ra[8], rb[8];  // the next chunk, as stored in memory
+    const float zero = 0;
     if (chunks > 0) {
         {
             const int n = split + (0) / 800 * 528;
@@ -68,13 +69,17 @@ wgemm_b64x64_k8_s528_fp32_wgrad(const float* __restrict__ x, const float* __rest
             for (int e = 0; e < 8; ++e) {
                 const int m = t / 8 + e * 8;
                 const bool ok = true && m0 + m < 4;
-                ra[e] = ok ? dyn[m * 6400] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 6400];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 86u && (unsigned)w < 86u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 
@@ -100,13 +105,17 @@ wgemm_b64x64_k8_s528_fp32_wgrad(const float* __restrict__ x, const float* __rest
             for (int e = 0; e < 8; ++e) {
                 const int m = t / 8 + e * 8;
                 const bool ok = true && m0 + m < 4;
-                ra[e] = ok ? dyn[m * 6400] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 6400];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = (unsigned)h < 86u && (unsigned)w < 86u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 

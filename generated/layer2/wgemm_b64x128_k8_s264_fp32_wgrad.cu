@@ -56,7 +56,8 @@ wgemm_b64x128_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 263) / 264 : 0;
     const int chunks = images * 145;
-    float ra[4], rb[8];
+    float ra[4], rb[8];  // the next chunk, as stored in memory
+    const float zero = 0;
     if (chunks > 0) {
         {
             const int n = split + (0) / 145 * 264;
@@ -69,13 +70,17 @@ wgemm_b64x128_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = live && m0 + m < 16;
-                ra[e] = ok ? dyn[m * 1156] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1156];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = live && (unsigned)h < 40u && (unsigned)w < 40u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 
@@ -102,13 +107,17 @@ wgemm_b64x128_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = live && m0 + m < 16;
-                ra[e] = ok ? dyn[m * 1156] : 0.0f;
+                ra[e] = zero;  // a predicated load: nothing waits on it until the store
+                if (ok)
+                    ra[e] = dyn[m * 1156];
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = live && (unsigned)h < 40u && (unsigned)w < 40u;
-                rb[e] = ok ? xn[xoff[e]] : 0.0f;
+                rb[e] = zero;
+                if (ok)
+                    rb[e] = xn[xoff[e]];
             }
         }
 

@@ -178,15 +178,20 @@ def _tune(p: ConvProblem, tf32: bool) -> None:
 
 
 def stream_of(device: torch.device):
-    """The tensor's device's current PyTorch stream, as a CuPy stream object."""
+    """The tensor's device's current PyTorch stream, as a CuPy stream object (one per
+    stream, made on first use)."""
     import cupy
 
-    s = torch.cuda.current_stream(device)
-    key = (device.index, s.cuda_stream)
-    cs = _streams.get(key)
+    raw = _raw_stream(device.index)
+    cs = _streams.get((device.index, raw))
     if cs is None:
-        cs = _streams[key] = cupy.cuda.Stream.from_external(_StreamHandle(s.cuda_stream))
+        cs = _streams[(device.index, raw)] = cupy.cuda.Stream.from_external(_StreamHandle(raw))
     return cs
+
+
+def _raw_stream(index: int) -> int:
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
+    return get(index) if get else torch.cuda.current_stream(index).cuda_stream
 
 
 class _StreamHandle:
@@ -206,6 +211,8 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     out as the kernel reads them."""
     plan, p = k.conv.plan, k.problem
     w = w.detach().to(torch.float32)
+    if plan.weight_format == "f32" and not plan.weight_transform:
+        return w.contiguous()
     if plan.weight_transform == "dgrad":
         M, Cg, R, S = w.shape
         g = w.reshape(p.groups, M // p.groups, Cg, R, S).flip(3, 4).transpose(1, 2)
@@ -239,5 +246,9 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
         ptrs[Role.BIAS] = b.data_ptr()
     need = k.conv.scratch_bytes(batch)
     scratch = torch.empty(need, dtype=torch.uint8, device=device) if need else None
-    with cupy.cuda.Device(device.index):
-        k.conv.enqueue(ptrs, batch, scratch.data_ptr() if need else 0, stream)
+    at = scratch.data_ptr() if need else 0
+    if cupy.cuda.runtime.getDevice() == device.index:
+        k.conv.enqueue(ptrs, batch, at, stream)
+    else:
+        with cupy.cuda.Device(device.index):
+            k.conv.enqueue(ptrs, batch, at, stream)

@@ -19,6 +19,28 @@ from ..shapes import Op, TensorLayout
 from ..tensors import Role
 from . import _engine as E
 
+# The ops are defined on a Library and their Python kernels registered for the CUDA
+# and CPU dispatch keys directly: the same dispatcher entries that
+# ``torch.library.custom_op`` makes, without its per-call wrapper (which cost more host
+# time than the launch itself on small layers).  CPU tensors reach the kernel too, which
+# refuses them in one line.
+_lib = torch.library.Library("specgen", "DEF")
+
+
+def _op(schema: str):
+    def register(fn):
+        name = schema.split("(")[0]
+        _lib.define(schema)
+        for key in ("CUDA", "CPU"):
+            _lib.impl(name, fn, key)
+        return fn
+
+    return register
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"specgen::{name}", lib=_lib)
+
 
 def out_size(x_size, w_size, stride, padding, dilation) -> list:
     N, _, H, W = x_size
@@ -51,7 +73,10 @@ def _check(*tensors: Tensor) -> None:
     E.dtype_of(first)
 
 
-@torch.library.custom_op("specgen::conv2d", mutates_args=())
+@_op(
+    "conv2d(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+    "int groups) -> Tensor"
+)
 def conv2d(
     x: Tensor,
     weight: Tensor,
@@ -82,13 +107,16 @@ def conv2d(
     return y
 
 
-@conv2d.register_fake
+@_fake("conv2d")
 def _(x, weight, bias, stride, padding, dilation, groups):
     size = out_size(x.shape, weight.shape, stride, padding, dilation)
     return x.new_empty(size).contiguous(memory_format=_fmt(_nhwc(E.layout_of(x))))
 
 
-@torch.library.custom_op("specgen::conv2d_input", mutates_args=())
+@_op(
+    "conv2d_input(Tensor dy, Tensor weight, int[] x_size, int[] stride, int[] padding, "
+    "int[] dilation, int groups, bool channels_last) -> Tensor"
+)
 def conv2d_input(
     dy: Tensor,
     weight: Tensor,
@@ -121,7 +149,7 @@ def conv2d_input(
     return dx
 
 
-@conv2d_input.register_fake
+@_fake("conv2d_input")
 def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
     return dy.new_empty(x_size).contiguous(memory_format=_fmt(channels_last))
 
@@ -143,7 +171,10 @@ def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
     return (dw, out[Role.DB]) if bias else dw
 
 
-@torch.library.custom_op("specgen::conv2d_weight", mutates_args=())
+@_op(
+    "conv2d_weight(Tensor x, Tensor dy, int[] w_size, int[] stride, int[] padding, "
+    "int[] dilation, int groups) -> Tensor"
+)
 def conv2d_weight(
     x: Tensor,
     dy: Tensor,
@@ -157,12 +188,15 @@ def conv2d_weight(
     return _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias=False)
 
 
-@conv2d_weight.register_fake
+@_fake("conv2d_weight")
 def _(x, dy, w_size, stride, padding, dilation, groups):
     return x.new_empty(w_size)
 
 
-@torch.library.custom_op("specgen::conv2d_weight_bias", mutates_args=())
+@_op(
+    "conv2d_weight_bias(Tensor x, Tensor dy, int[] w_size, int[] stride, int[] padding, "
+    "int[] dilation, int groups) -> (Tensor, Tensor)"
+)
 def conv2d_weight_bias(
     x: Tensor,
     dy: Tensor,
@@ -176,12 +210,15 @@ def conv2d_weight_bias(
     return _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias=True)
 
 
-@conv2d_weight_bias.register_fake
+@_fake("conv2d_weight_bias")
 def _(x, dy, w_size, stride, padding, dilation, groups):
     return x.new_empty(w_size), x.new_empty(w_size[0])
 
 
-@torch.library.custom_op("specgen::conv2d_bias", mutates_args=())
+@_op(
+    "conv2d_bias(Tensor dy, int[] w_size, int[] x_size, int[] stride, int[] padding, "
+    "int[] dilation, int groups) -> Tensor"
+)
 def conv2d_bias(
     dy: Tensor,
     w_size: List[int],
@@ -204,7 +241,7 @@ def conv2d_bias(
     return db
 
 
-@conv2d_bias.register_fake
+@_fake("conv2d_bias")
 def _(dy, w_size, x_size, stride, padding, dilation, groups):
     return dy.new_empty(w_size[0])
 
@@ -224,15 +261,16 @@ def _backward(ctx, dy):
     dy = dy.contiguous(memory_format=_fmt(nhwc))
     dx = dw = db = None
     if need_x:
-        dx = conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
+        dx = ops.conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
     w_size = list(weight.shape)
     if need_w and ctx.has_bias and need_b:
-        dw, db = conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
+        dw, db = ops.conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
     elif need_w:
-        dw = conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
+        dw = ops.conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
     elif ctx.has_bias and need_b:
-        db = conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
+        db = ops.conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
     return dx, dw, db, None, None, None, None
 
 
-conv2d.register_autograd(_backward, setup_context=_setup)
+ops = torch.ops.specgen
+torch.library.register_autograd("specgen::conv2d", _backward, setup_context=_setup, lib=_lib)
