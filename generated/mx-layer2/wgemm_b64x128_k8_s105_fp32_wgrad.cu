@@ -10,7 +10,7 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   block tile    64 maps x 128 columns of dw    columns (c, r, s) of the implicit im2col matrix: 588 per group
 //   thread        8 x 8 fp32 sums                4 16-byte shared loads per pixel feed 64 FMAs
-//   shared        12800 B                        2 buffers x 8 pixels x (64 + 4 maps of dy, 128 + 4 columns of x)
+//   shared        19200 B                        3 buffers x 8 pixels x (64 + 4 maps of dy, 128 + 4 columns of x), filled by cp.async
 //   grid          5 x 1 x 105                    column tiles x map tiles x slices of the batch (slice k: images k, k+105, ...)
 //   workspace     5927040 B                      105 slices x 14112 partial sums; the second kernel adds the slices in order
 // Kernel   wgemm_b64x128_k8_s105_fp32_wgrad: block 128x1x1, grid (5, 1, B*0)
@@ -23,14 +23,26 @@
 #define BOUNDS __launch_bounds__(128)
 #endif
 
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
 // Block (column tile, map tile, slice): dw[m][col] for 64 maps x 128 columns,
 // col = (c * 7 + r) * 7 + s, summed over every pixel of the slice's images (images
 // slice, slice + 105, ...) into ws[slice]; wgemm_b64x128_k8_s105_fp32_wgrad_reduce adds the slices in order.
 extern "C" __global__ void BOUNDS
 wgemm_b64x128_k8_s105_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    __shared__ __align__(16) float As[2][8][68];  // dy: [pixel][map]
-    __shared__ __align__(16) float Bs[2][8][132];  // im2col(x): [pixel][column]
+    __shared__ __align__(16) float As[3][8][68];  // dy: [pixel][map]
+    __shared__ __align__(16) float Bs[3][8][132];  // im2col(x): [pixel][column]
     const int t = threadIdx.x;
     const int tx = t % 16, ty = t / 16;  // columns tx*4.. and +64, maps ty*4.. and +32
     const int n0 = blockIdx.x * 128;
@@ -56,8 +68,7 @@ wgemm_b64x128_k8_s105_fp32_wgrad(const float* __restrict__ x, const float* __res
     float acc[8][8] = {};
     const int images = batch > split ? (batch - split + 104) / 105 : 0;
     const int chunks = images * 92;
-    float ra[4], rb[8];  // the next chunk, as stored in memory
-    const float zero = 0;
+    // A ring of 3 shared buffers: chunk j + 2 copies in while chunk j is multiplied.
     if (chunks > 0) {
         {
             const int n = split + (0) / 92 * 105;
@@ -70,35 +81,22 @@ wgemm_b64x128_k8_s105_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = live && m0 + m < 24;
-                ra[e] = zero;  // a predicated load: nothing waits on it until the store
-                if (ok)
-                    ra[e] = dyn[m * 729];
+                cp_async4(&As[0][kk][m], ok ? dyn + m * 729 : dy, ok ? 4 : 0);
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = live && (unsigned)h < 33u && (unsigned)w < 33u;
-                rb[e] = zero;
-                if (ok)
-                    rb[e] = xn[xoff[e]];
+                cp_async4(&Bs[0][kk][t / 8 + e * 16], ok ? xn + xoff[e] : x, ok ? 4 : 0);
             }
         }
-
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            As[0][kk][t / 8 + e * 16] = ra[e];
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            Bs[0][kk][t / 8 + e * 16] = rb[e];
+        cp_async_commit();
 
     }
-    __syncthreads();
-    for (int j = 0; j < chunks; ++j) {
-        const int buf = j & 1;
-        if (j + 1 < chunks) {
+    if (chunks > 1) {
         {
-            const int n = split + (j + 1) / 92 * 105;
-            const int pq = (j + 1) % 92 * 8 + kk;
+            const int n = split + (1) / 92 * 105;
+            const int pq = (1) % 92 * 8 + kk;
             const bool live = pq < 729;
             const int p = pq / 27, q = pq % 27;
             const float* __restrict__ xn = x + (size_t)n * 13068 + p * 33 + q * 1;
@@ -107,19 +105,48 @@ wgemm_b64x128_k8_s105_fp32_wgrad(const float* __restrict__ x, const float* __res
             for (int e = 0; e < 4; ++e) {
                 const int m = t / 8 + e * 16;
                 const bool ok = live && m0 + m < 24;
-                ra[e] = zero;  // a predicated load: nothing waits on it until the store
-                if (ok)
-                    ra[e] = dyn[m * 729];
+                cp_async4(&As[1][kk][m], ok ? dyn + m * 729 : dy, ok ? 4 : 0);
             }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
                 const bool ok = live && (unsigned)h < 33u && (unsigned)w < 33u;
-                rb[e] = zero;
-                if (ok)
-                    rb[e] = xn[xoff[e]];
+                cp_async4(&Bs[1][kk][t / 8 + e * 16], ok ? xn + xoff[e] : x, ok ? 4 : 0);
             }
         }
+        cp_async_commit();
+
+    }
+    for (int j = 0; j < chunks; ++j) {
+        const int buf = j % 3;
+        if (j + 1 < chunks)
+            cp_async_wait_one();  // chunk j has landed; chunk j + 1 may still be in flight
+        else
+            asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();  // every thread's copies of chunk j are visible; chunk j - 1 is done
+        if (j + 2 < chunks) {
+            const int next = (j + 2) % 3;
+        {
+            const int n = split + (j + 2) / 92 * 105;
+            const int pq = (j + 2) % 92 * 8 + kk;
+            const bool live = pq < 729;
+            const int p = pq / 27, q = pq % 27;
+            const float* __restrict__ xn = x + (size_t)n * 13068 + p * 33 + q * 1;
+            const float* __restrict__ dyn = dyb + (size_t)n * 17496 + pq;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int m = t / 8 + e * 16;
+                const bool ok = live && m0 + m < 24;
+                cp_async4(&As[next][kk][m], ok ? dyn + m * 729 : dy, ok ? 4 : 0);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int h = p * 1 + hoff[e], w = q * 1 + woff[e];
+                const bool ok = live && (unsigned)h < 33u && (unsigned)w < 33u;
+                cp_async4(&Bs[next][kk][t / 8 + e * 16], ok ? xn + xoff[e] : x, ok ? 4 : 0);
+            }
+        }
+        cp_async_commit();
 
         }
 #pragma unroll
@@ -136,16 +163,7 @@ wgemm_b64x128_k8_s105_fp32_wgrad(const float* __restrict__ x, const float* __res
                 for (int jj = 0; jj < 8; ++jj)
                     acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
         }
-        if (j + 1 < chunks) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            As[buf ^ 1][kk][t / 8 + e * 16] = ra[e];
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            Bs[buf ^ 1][kk][t / 8 + e * 16] = rb[e];
 
-        }
-        __syncthreads();
     }
 
     // The slice's sums: ws[split][m][col] as dw[M][12][7][7].

@@ -23,12 +23,13 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, shape_context
-from ..shapes import Feature, Op
+from ..shapes import DType, Feature, Op
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Variant, param
 from .wsplit import per_slice, sums_context
 
 MICRO = 8  # a thread's register tile: 8 maps x 8 columns
+DB_THREADS = 128
 TARGET_BLOCKS = 528  # about 4 blocks of work for each of the H200's 132 SMs
 SMEM_LIMIT = 48 * 1024  # static shared memory
 
@@ -94,7 +95,11 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         )
     if v.splits > 65535:
         raise SpecError(f"wgemm s{v.splits}: at most 65535 slices of the batch (grid z)")
-    smem = 2 * v.chunk * (bm + 4 + bn + 4) * 4
+    # fp32 tensors copy into a ring of three buffers with cp.async; 16-bit ones go through
+    # registers (widened on the way) into two.
+    async_copy = p.dtype is DType.FP32
+    stages = 3 if async_copy else 2
+    smem = stages * v.chunk * (bm + 4 + bn + 4) * 4
     if smem > SMEM_LIMIT:
         raise SpecError(
             f"wgemm b{bm}x{bn} k{v.chunk} needs {smem} B of shared memory, over "
@@ -120,12 +125,26 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         1,
     )
     outs = (Role.DW, *((Role.DB,) if with_db else ()))
-    launches = (main, per_slice(name, row, "reduce", (Role.WORKSPACE, *outs)))
+    # db from a kernel of its own (in the main one its registers cost a block per SM):
+    # one block per map and slice, into the slice rows after dw.
+    db = Launch(
+        f"{name}_db",
+        (Role.DY, Role.WORKSPACE, Role.BATCH),
+        (DB_THREADS, 1, 1),
+        (p.M, v.splits, 1),
+        1,
+        0,
+        1,
+    )
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    launches = (main, db, reduce) if with_db else (main, reduce)
     min_blocks = max(1, 512 // threads)
     ctx.update(
         BM=bm,
         BN=bn,
         BK=v.chunk,
+        stages=stages,
+        async_copy=async_copy,
         TX=bn // MICRO,
         threads=threads,
         EA=bm * v.chunk // threads,
@@ -140,6 +159,7 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         guard_pix=P % v.chunk != 0,
         guard_maps=p.Mg % bm != 0,
         guard_cols=CgRS % bn != 0,
+        db_threads=DB_THREADS,
     )
     sizes = (
         Size(
@@ -149,13 +169,14 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         ),
         Size(
             "thread",
-            f"{MICRO} x {MICRO} fp32 sums" + (f" + {MICRO} of db" if with_db else ""),
+            f"{MICRO} x {MICRO} fp32 sums",
             "4 16-byte shared loads per pixel feed 64 FMAs",
         ),
         Size(
             "shared",
             f"{smem} B",
-            f"2 buffers x {v.chunk} pixels x ({bm} + 4 maps of dy, {bn} + 4 columns of x)",
+            f"{stages} buffers x {v.chunk} pixels x ({bm} + 4 maps of dy, {bn} + 4 columns of x)"
+            + (", filled by cp.async" if async_copy else ""),
         ),
         Size(
             "grid",
@@ -181,6 +202,7 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         sizes=sizes,
         context=ctx,
         workspace_bytes=workspace,
-        # a thread's pixels of each image of its slice in order, then the slices
-        sum_depth=(P, v.splits, v.splits),
+        # a thread's pixels of each image of its slice in order, then the slices; db's
+        # (a stride of the pixels, 5 shuffles, the warps) is never longer
+        sum_depth=(P, v.splits, v.splits + 5 + DB_THREADS // 32),
     )
