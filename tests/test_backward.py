@@ -18,6 +18,7 @@ from specgen.reference import (
     conv2d_wgrad,
     gradients_loop,
 )
+from specgen.render import render
 from specgen.runtime import dgrad_weights
 from specgen.shapes import PRESETS, Act, Op, parse_shape
 from specgen.strategies import default_set
@@ -356,3 +357,20 @@ def test_best_picks_each_ops_shipped_winners(tmp_path):
         assert all(f.name.startswith(prefix) for f in (tmp_path / "layer1").glob(f"*_{op}.cu"))
     r = run(main, ["emit", "--shape", "ae-enc2", "--op", "bgrad", "--best", "--gpu", "NVIDIA H200"])
     assert r.exit_code == 2 and "specgen tune --shape ae-enc2 --op bgrad" in r.output, r.output
+
+
+def test_wgemm_stores_16_bytes_only_where_every_slice_row_is_aligned():
+    """A slice row of dw and db of 366 sums puts odd slices off a 16-byte boundary: the
+    GPU tier met a misaligned float4 store there; such rows get scalar stores."""
+    from specgen.strategies import BY_KEY
+
+    W = BY_KEY["wgemm"]
+    for spec, vector in (
+        ("C=4,M=6,H=15,W=17,K=5x3,pad=2,stride=3x1,dil=1x2,bias=1,op=wgrad", False),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,op=wgrad", True),
+    ):
+        p = parse_shape(spec)
+        plan = make_plan(p, W.default(p, W.precisions[0]))
+        epilogue = render(plan).split("The slice's sums")[1]
+        assert ("float4" in epilogue) is vector, spec
+        assert vector is (plan.context["row"] % 4 == 0)
