@@ -50,6 +50,48 @@ def main():
     print(f"{'':<20} {'PyTorch':>9} {'specgen':>9}")
     for what, a, c in rows:
         print(f"{what:<20} {a:>9.1f} {c:>9.1f}")
+
+    # specgen's parts, each alone
+    from specgen.shapes import Op
+    from specgen.tensors import Role
+    from specgen.torch import _engine as E
+
+    ops = torch.ops.specgen
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    y = sg.conv2d(xd, wd, bd, 1, 1)
+    dy = torch.ones_like(y)
+    args = ([1, 1], [1, 1, 1, 1], [1, 1], 1)
+    k = E.kernel(
+        Op.FPROP, xd.shape, wd.shape, True, *args, E.DType.FP32, E.layout_of(xd), xd.device
+    )
+    kd = E.kernel(
+        Op.DGRAD, xd.shape, wd.shape, False, *args, E.DType.FP32, E.layout_of(xd), xd.device
+    )
+    parts = [
+        ("op conv2d", lambda: ops.conv2d(xd, wd, bd, *args)),
+        ("op conv2d_input", lambda: ops.conv2d_input(dy, wd, list(x.shape), *args, False)),
+        ("op conv2d_weight_bias", lambda: ops.conv2d_weight_bias(xd, dy, list(w.shape), *args)),
+        ("pack_weights fprop", lambda: E.pack_weights(k, wd)),
+        ("pack_weights dgrad", lambda: E.pack_weights(kd, wd)),
+        ("torch.empty", lambda: torch.empty(y.shape, device="cuda")),
+        (
+            "enqueue fprop",
+            lambda: k.conv.enqueue(
+                {
+                    Role.X: xd.data_ptr(),
+                    Role.Y: y.data_ptr(),
+                    Role.W: wd.data_ptr(),
+                    Role.BIAS: bd.data_ptr(),
+                },
+                1,
+                0,
+                E.stream_of(xd.device),
+            ),
+        ),
+    ]
+    print(f"\n{'part':<24} {'us':>8}")
+    for what, fn in parts:
+        print(f"{what:<24} {per_call_us(fn, 1000):>8.1f}")
     prof = cProfile.Profile()
     run = both(sg.conv2d)
     prof.enable()

@@ -34,8 +34,12 @@ def device_arch() -> str:
 def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
     """The host-side layout each plan asks for: plain fp32, fp32 transposed to
     [C][K][K][M] (a tap's maps adjacent, for 16-byte copies), or each weight as the
-    half2 pair (w, w) in one 32-bit word for half2 arithmetic."""
-    w = np.asarray(w, dtype=np.float32)
+    half2 pair (w, w) in one 32-bit word for half2 arithmetic.  Integer arrays pass
+    through f32 and ckkm unchanged: packing the weights' own indices gives the gather
+    that the PyTorch operator packs with on the device."""
+    w = np.asarray(w)
+    if w.dtype.kind == "f" or fmt == "h2dup":
+        w = w.astype(np.float32)
     if fmt == "ckkm":
         return np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
     w = np.ascontiguousarray(w).reshape(-1)

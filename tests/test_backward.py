@@ -374,3 +374,20 @@ def test_wgemm_stores_16_bytes_only_where_every_slice_row_is_aligned():
         epilogue = render(plan).split("The slice's sums")[1]
         assert ("float4" in epilogue) is vector, spec
         assert vector is (plan.context["row"] % 4 == 0)
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("fmt", ["f32", "ckkm"])
+@pytest.mark.parametrize("transform", [False, True])
+def test_packing_the_weights_indices_gives_the_gather_of_the_packed_weights(groups, fmt, transform):
+    """The PyTorch operator packs weights on the device with one gather whose indices are
+    the host packer applied to the weights' own indices: the same layout, exactly."""
+    from specgen.runtime import pack_weights
+
+    base = np.random.default_rng().standard_normal((6, 2, 3, 5)).astype(np.float32)
+    ids = np.arange(base.size).reshape(base.shape)
+    values = dgrad_weights(base, groups) if transform else base
+    ids = dgrad_weights(ids, groups) if transform else ids
+    gather = pack_weights(ids, fmt)
+    assert gather.dtype.kind == "i"
+    assert np.array_equal(pack_weights(values, fmt), base.reshape(-1)[gather])

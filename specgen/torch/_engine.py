@@ -15,8 +15,8 @@ from .. import tunedb
 from ..choose import Choice, choose, maths
 from ..errors import SpecError
 from ..runtime import Conv
-from ..shapes import ConvProblem, DType, TensorLayout
-from ..tensors import Role
+from ..shapes import ConvProblem, DType, Op, TensorLayout
+from ..tensors import Role, w_shape
 
 log = logging.getLogger("specgen.torch")
 
@@ -44,6 +44,7 @@ class Kernel:
     problem: ConvProblem
     choice: Choice
     conv: Conv
+    gather: torch.Tensor | None = None  # pack_weights' indices, for the ops that read w
 
 
 _kernels: dict[tuple, Kernel] = {}
@@ -157,8 +158,10 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
             _tune(p, tf32)
         choice = choose(p, gpu, tf32)
         conv = Conv(p, choice.variant)
+        reads_w = p.op in (Op.FPROP, Op.DGRAD)
+        gather = _gather(conv, index) if reads_w else None
     log.info("specgen: %s %s -> %s (%s)", p.op.value, p.spec, conv.plan.name, choice.why)
-    return Kernel(p, choice, conv)
+    return Kernel(p, choice, conv, gather)
 
 
 def _tune(p: ConvProblem, tf32: bool) -> None:
@@ -206,23 +209,38 @@ class _StreamHandle:
 
 
 def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
-    """The plan's weight format from PyTorch's [M][C/g][R][S], on the device: fp32 (16-bit
-    values are exact in it), flipped and transposed for dgrad's forward view, then laid
-    out as the kernel reads them."""
-    plan, p = k.conv.plan, k.problem
-    w = w.detach().to(torch.float32)
+    """The plan's weight format from PyTorch's [M][C/g][R][S], on the device, in one
+    gather: fp32 (16-bit values are exact in it), flipped and transposed for dgrad's
+    forward view, laid out as the kernel reads them.  The gather's indices are the
+    host packers (``runtime.dgrad_weights``, ``runtime.pack_weights``) applied once to
+    the weights' own indices, so the two paths cannot disagree."""
+    w = w.detach()
+    if k.gather is None:
+        return w.to(torch.float32).contiguous()  # already the layout the kernel reads
+    packed = w.reshape(-1).index_select(0, k.gather)
+    return packed.to(torch.float32)
+
+
+def _gather(conv: Conv, index: int):
+    """The flat index of PyTorch's weight read at each packed position, on the device,
+    or None where the packed layout is PyTorch's own."""
+    import numpy as np
+
+    from ..runtime import dgrad_weights
+    from ..runtime import pack_weights as host_pack
+
+    plan, p = conv.plan, conv.shape
+    if plan.weight_format not in ("f32", "ckkm"):
+        raise SpecError(
+            f"{plan.name} packs weights as {plan.weight_format}, which the PyTorch operator "
+            "does not serve"
+        )
     if plan.weight_format == "f32" and not plan.weight_transform:
-        return w.contiguous()
+        return None
+    ids = np.arange(p.weight_count, dtype=np.int64).reshape(w_shape(p))
     if plan.weight_transform == "dgrad":
-        M, Cg, R, S = w.shape
-        g = w.reshape(p.groups, M // p.groups, Cg, R, S).flip(3, 4).transpose(1, 2)
-        w = g.reshape(p.groups * Cg, M // p.groups, R, S)
-    if plan.weight_format == "ckkm":
-        return w.permute(1, 2, 3, 0).contiguous()
-    if plan.weight_format == "h2dup":
-        bits = w.to(torch.float16).contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-        return bits | (bits << 16)
-    return w.contiguous()
+        ids = dgrad_weights(ids, p.groups)
+    return torch.as_tensor(host_pack(ids, plan.weight_format), device=f"cuda:{index}")
 
 
 def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
