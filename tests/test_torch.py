@@ -384,3 +384,19 @@ def test_an_empty_batch():
     assert y.shape == (0, 4, 6, 6)
     dx, dw, db = torch.autograd.grad(y.sum(), [x, w, b])
     assert dx.shape == x.shape and not dw.any() and not db.any()
+
+
+def test_the_eager_path_and_the_registered_op_agree_bit_for_bit():
+    """specgen.torch.conv2d runs an autograd.Function in eager mode and the registered
+    op under torch.compile: the same kernels, so the same bits, forward and backward."""
+    x = torch.randn(3, 6, 11, 9, device="cuda", requires_grad=True)
+    w = torch.randn(8, 3, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(8, device="cuda", requires_grad=True)
+    eager = sg.conv2d(x, w, b, (2, 1), 1, 1, 2)
+    traced = torch.ops.specgen.conv2d(x, w, b, [2, 1], [1, 1, 1, 1], [1, 1], 2)
+    assert torch.equal(eager, traced)
+    dy = torch.randn_like(eager)
+    for g, h in zip(
+        torch.autograd.grad(eager, [x, w, b], dy), torch.autograd.grad(traced, [x, w, b], dy)
+    ):
+        assert torch.equal(g, h)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecError
-from . import _ops  # noqa: F401  (registers torch.ops.specgen.*)
+from . import _ops  # registers torch.ops.specgen.*
 from ._engine import autotune, autotuning
 
 __all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]
@@ -88,7 +88,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         dt = torch.get_autocast_dtype("cuda")
         input, weight = input.to(dt), weight.to(dt)
         bias = bias.to(dt) if bias is not None else None
-    y = torch.ops.specgen.conv2d(input, weight, bias, stride, pads, dilation, groups)
+    if torch.compiler.is_compiling():
+        y = torch.ops.specgen.conv2d(input, weight, bias, stride, pads, dilation, groups)
+    else:
+        y = _ops.Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
     return y.squeeze(0) if unbatched else y
 
 
