@@ -128,3 +128,21 @@ def test_verify_without_gpu_compiles_and_says_so():
     assert "COMPILED" in r.output and "PASS" not in r.output
     last = r.output.strip().splitlines()[-1]
     assert "numbers not checked: that needs a GPU" in last and "passed" not in last
+
+
+def test_an_option_read_by_several_strategies_parses_alike_for_all(tmp_path):
+    """The CLI builds one option per parameter name: strategies that share a name must
+    share how its value is written (a wgemm block tile named tile once broke --tile)."""
+    from specgen.strategies import TABLE
+
+    kinds = {}
+    for cls in TABLE:
+        for f in cls.params():
+            kind = type(f.metadata["codec"])
+            assert kinds.setdefault(f.name, kind) is kind, (cls.key, f.name)
+    args = ["--shape", "ae-enc2", "--op", "wgrad", "--strategy", "wgemm", "--blocktile", "64x128"]
+    r = run("emit", *args, "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert [f.name for f in (tmp_path / "ae-enc2").iterdir()] == [
+        "wgemm_b64x128_k8_s29_fp32_wgrad.cu"
+    ]

@@ -4,7 +4,7 @@
 // Shape    ae-dec1: C=128 M=128 H=8 W=8 K=3 pad=1 op=wgrad
 //          fp32 x[B][128][8][8] * dy[B][128][8][8] -> dw[128][128][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgemm_b128x128_k8_s58_fp32_wgrad
-//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
+//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -4,7 +4,7 @@
 // Shape    ae-dec3: C=256 M=3 H=32 W=32 K=3 pad=1 op=wgrad
 //          fp32 x[B][256][32][32] * dy[B][3][32][32] -> dw[3][256][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgemm_b64x128_k8_s29_fp32_wgrad
-//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
+//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

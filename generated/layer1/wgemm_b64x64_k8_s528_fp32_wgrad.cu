@@ -4,7 +4,7 @@
 // Shape    layer1: C=1 M=4 H=86 W=86 K=7 pad=0 op=wgrad
 //          fp32 x[B][1][86][86] * dy[B][4][80][80] -> dw[4][1][7][7], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgemm_b64x64_k8_s528_fp32_wgrad
-//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
+//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -4,7 +4,7 @@
 // Shape    mx-layer2: C=12 M=24 H=33 W=33 K=7 pad=0 op=wgrad
 //          fp32 x[B][12][33][33] * dy[B][24][27][27] -> dw[24][12][7][7], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgemm_b64x128_k8_s105_fp32_wgrad
-//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
+//          wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered shared tiles of dy and im2col(x), split over the batch, an ordered second pass
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -3,14 +3,15 @@
 Per group, dw is a matrix product: dw[m][col] = sum over k of dy[m][k] * X[col][k], the
 maps m as rows, the columns col = (c * R + r) * S + s of the implicit im2col matrix X,
 and the reduction k over every image and output pixel.  A block owns a BM x BN tile of
-dw and walks the pixels of its slice of the batch BK at a time: each thread loads its
-share of dy's rows and of X's columns (gathered from x with the padding as zeros) into
-registers while the block multiplies the previous chunk out of shared memory, then
-stores them to the other of two shared buffers.  A thread keeps an 8 x 8 register tile
-of sums, fed by four 16-byte shared loads per pixel for 64 FMAs.  Each slice writes a
-workspace row; the second kernel (``backward/reduce.j2``) adds the slices in order, so
-results are deterministic.  With a bias, the blocks of the first column tile also sum
-the dy values they already hold into db.
+dw and walks the pixels of its slice of the batch BK at a time.  fp32 tensors are
+copied by ``cp.async`` straight into a ring of three shared buffers (a zero-fill where
+the window meets the padding), chunk j + 2 in flight while chunk j is multiplied;
+16-bit tensors go through registers, widened to fp32 on their way to one of two
+buffers.  A thread keeps an 8 x 8 register tile of sums, fed by four 16-byte shared
+loads per pixel for 64 FMAs.  Each slice writes a workspace row; the second kernel
+(``backward/reduce.j2``) adds the slices in order, so results are deterministic.  With a
+bias, db comes from a small kernel of its own (one block per map and slice): summed in
+the main kernel its registers cost a block per SM.
 
 Where ``wsplit`` gives each thread a few maps and taps and so reloads dy and x per
 FMA-handful, this reuses every value loaded into shared memory 64 times from registers:
@@ -39,13 +40,15 @@ class Wgemm(Variant):
     key = "wgemm"
     family = "backward"
     description = (
-        "wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, double-buffered "
+        "wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered "
         "shared tiles of dy and im2col(x), split over the batch, an ordered second pass"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16}
     ops = frozenset({Op.WGRAD})
 
-    tile: tuple[int, int] = param((128, 128), Pair("b"), "wgemm: block tile, maps x columns")
+    blocktile: tuple[int, int] = param(
+        (128, 128), Pair("b"), "wgemm: the block's tile of dw, maps x im2col columns (MxN)"
+    )
     chunk: int = param(8, Count("k"), "wgemm: pixels per shared-memory chunk")
     splits: int = param(16, Count("s"), "wgemm: slices of the batch, one block plane each")
 
@@ -56,11 +59,11 @@ class Wgemm(Variant):
     def fit(cls, problem, seed):
         """A tile no larger than the problem needs (64 where a group has 64 maps or
         fewer), and as many slices as fill the GPU about four blocks per SM deep."""
-        bm = 64 if problem.Mg <= 64 else seed.tile[0]
-        bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.tile[1]
+        bm = 64 if problem.Mg <= 64 else seed.blocktile[0]
+        bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.blocktile[1]
         tiles = _tiles(problem, bm, bn)
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
-        return replace(seed, tile=(bm, bn), splits=splits)
+        return replace(seed, blocktile=(bm, bn), splits=splits)
 
     @classmethod
     def space(cls, problem, precision):
@@ -68,10 +71,12 @@ class Wgemm(Variant):
         for bm in (64, 128):
             for bn in (64, 128):
                 for chunk in (8, 16):
-                    base = cls.fit(problem, cls(tile=(bm, bn), chunk=chunk, precision=precision))
+                    base = cls.fit(
+                        problem, cls(blocktile=(bm, bn), chunk=chunk, precision=precision)
+                    )
                     for factor in (1, 2, 4):
                         s = max(1, base.splits * factor // 2)
-                        out.append(replace(base, tile=(bm, bn), splits=s))
+                        out.append(replace(base, blocktile=(bm, bn), splits=s))
         return out
 
 
@@ -81,7 +86,7 @@ def _tiles(p, bm: int, bn: int) -> int:
 
 def plan_wgemm(p, v: Wgemm) -> Plan:
     # 1. limits
-    bm, bn = v.tile
+    bm, bn = v.blocktile
     if p.layout.value != "nchw":
         raise SpecError("wgemm reads NCHW tensors (pixels contiguous); choose wsplit for NHWC")
     for what, n in (("maps", bm), ("columns", bn)):
