@@ -123,6 +123,36 @@ def time_steps(model, x, lr, steps, warmup, autocast=None):
     )
 
 
+def plot_losses(losses: dict, gpu: str, path: str) -> None:
+    """The loss per step of each copy, and each fp32 copy's drift from float64."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    steps = range(len(losses["float64"]))
+    for key, label, style in (
+        ("float64", "float64 (PyTorch)", "k-"),
+        ("cudnn", "fp32, cuDNN", "C0--"),
+        ("specgen", "fp32, specgen", "C1:"),
+    ):
+        top.plot(steps, losses[key], style, label=label)
+    top.set_ylabel("MSE loss")
+    top.legend()
+    top.set_title(f"seed 003's autoencoder, B=128, same weights and batches ({gpu})")
+    ref = losses["float64"]
+    for key, label, style in (("cudnn", "cuDNN fp32", "C0o-"), ("specgen", "specgen fp32", "C1s-")):
+        drift = [abs(a - b) / abs(b) for a, b in zip(losses[key], ref)]
+        bottom.semilogy(steps, [max(d, 1e-12) for d in drift], style, label=label, markersize=3)
+    bottom.set_ylabel("relative drift from float64")
+    bottom.set_xlabel("training step")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
 def profile(model, x, lr, autocast) -> str:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -141,12 +171,21 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--timed", type=int, default=50, help="steps timed per configuration")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--plot", help="draw the loss curves here (PNG; needs matplotlib)")
+    ap.add_argument(
+        "--replot", metavar="JSON", help="only draw --plot from an earlier run's --json, then exit"
+    )
     ap.add_argument(
         "--profile",
         action="store_true",
         help="print where the GPU time of a step goes (torch.profiler), each math",
     )
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        plot_losses(saved["losses"], saved.get("gpu", ""), args.plot or "losses.png")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # a line per kernel chosen
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -230,6 +269,10 @@ def main() -> int:
             f"{r['math']:<14} {r['cudnn_ms']:>8.3f} {r['specgen_ms']:>8.3f} "
             f"{r['cudnn_ms'] / r['specgen_ms']:>7.2f}x {r['cudnn_loop_ms']:>8.3f} "
             f"{r['specgen_loop_ms']:>8.3f} {r['cudnn_loop_ms'] / r['specgen_loop_ms']:>7.2f}x"
+        )
+    if args.plot:
+        plot_losses(
+            dict(float64=l64, cudnn=lcu, specgen=lsg), torch.cuda.get_device_name(), args.plot
         )
     if args.json:
         with open(args.json, "w") as f:
