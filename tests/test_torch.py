@@ -400,3 +400,49 @@ def test_the_eager_path_and_the_registered_op_agree_bit_for_bit():
         torch.autograd.grad(eager, [x, w, b], dy), torch.autograd.grad(traced, [x, w, b], dy)
     ):
         assert torch.equal(g, h)
+
+
+def test_autotune_tunes_a_new_problem_once_and_keeps_its_winner(tmp_path, monkeypatch):
+    """SPECGEN_AUTOTUNE: the first call of a new problem tunes it (a small budget here),
+    records the winner in specgen's database and runs it; a later process would find it
+    there (the choice's source says so)."""
+    from specgen import tunedb
+    from specgen.choose import choose
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(E, "AUTOTUNE_BUDGET", 3)
+    sg.autotune(True)
+    try:
+        x = torch.randn(2, 5, 13, 11, device="cuda")
+        w = torch.randn(7, 5, 3, 3, device="cuda")
+        y = sg.conv2d(x, w, padding=1)
+    finally:
+        sg.autotune(False)
+    p = E.problem(
+        Op.FPROP,
+        x.shape,
+        w.shape,
+        False,
+        [1, 1],
+        [1, 1, 1, 1],
+        [1, 1],
+        1,
+        E.DType.FP32,
+        TensorLayout.NCHW,
+    )
+    gpu = torch.cuda.get_device_name()
+    assert tunedb.winners(p.spec, gpu)["fp32"]["variant"] == kernel(p).choice.variant.name
+    assert kernel(p).choice.source == "tuned"
+    assert choose(p, gpu).source == "tuned"  # what the next process reads
+    torch.testing.assert_close(
+        y.double(), F.conv2d(x.double(), w.double(), padding=1), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_a_second_derivative_is_refused_not_silently_wrong():
+    """The gradient kernels have no gradients: double backward says so."""
+    x = torch.randn(1, 2, 6, 6, device="cuda", requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, device="cuda", requires_grad=True)
+    (dx,) = torch.autograd.grad(sg.conv2d(x, w).square().sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dx.sum(), [w])

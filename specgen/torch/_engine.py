@@ -214,7 +214,6 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     forward view, laid out as the kernel reads them.  The gather's indices are the
     host packers (``runtime.dgrad_weights``, ``runtime.pack_weights``) applied once to
     the weights' own indices, so the two paths cannot disagree."""
-    w = w.detach()
     if k.gather is None:
         return w.to(torch.float32).contiguous()  # already the layout the kernel reads
     packed = w.reshape(-1).index_select(0, k.gather)
@@ -259,7 +258,7 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
         at = k.conv.upload_weights(packed.data_ptr(), packed.numel() * 4, stream.ptr)
         ptrs[Role.W] = at or 0
     if bias is not None:
-        b = bias.detach().to(torch.float32).contiguous()
+        b = bias.to(torch.float32).contiguous()
         keep.append(b)
         ptrs[Role.BIAS] = b.data_ptr()
     need = k.conv.scratch_bytes(batch)

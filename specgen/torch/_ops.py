@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..errors import SpecError
 from ..shapes import Op, TensorLayout
@@ -305,5 +306,6 @@ class Conv2dFunction(torch.autograd.Function):
         _setup(ctx, inputs, output)
 
     @staticmethod
+    @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
         return _gradients(ctx, dy, kernels)
