@@ -155,7 +155,7 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
     gpu = gpu_name(index)
     with cupy.cuda.Device(index):
         if autotuning() and choose(p, gpu, tf32).source != "tuned":
-            _tune(p, tf32)
+            _tune(p, gpu, tf32)
         choice = choose(p, gpu, tf32)
         conv = Conv(p, choice.variant)
         reads_w = p.op in (Op.FPROP, Op.DGRAD)
@@ -164,13 +164,12 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
     return Kernel(p, choice, conv, gather)
 
 
-def _tune(p: ConvProblem, tf32: bool) -> None:
+def _tune(p: ConvProblem, gpu: str, tf32: bool) -> None:
     """Tune every math the caller allows, once per problem across processes: the first
     process holds the lock while it tunes, the others wait and then read its winners."""
     from ..tune import run_tune
 
     with tunedb.locked(p.spec):
-        gpu = gpu_name(torch.cuda.current_device())
         if choose(p, gpu, tf32).source == "tuned":
             return  # another process tuned it while this one waited
         for precision in maths(p, tf32):
