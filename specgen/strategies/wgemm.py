@@ -31,6 +31,7 @@ from .wsplit import per_slice, sums_context
 
 MICRO = 8  # a thread's register tile: 8 maps x 8 columns
 DB_THREADS = 128
+MAX_THREADS = 512
 TARGET_BLOCKS = 528  # about 4 blocks of work for each of the H200's 132 SMs
 SMEM_LIMIT = 48 * 1024  # static shared memory
 
@@ -68,8 +69,10 @@ class Wgemm(Variant):
     @classmethod
     def space(cls, problem, precision):
         out = []
-        for bm in (64, 128):
-            for bn in (64, 128):
+        for bm in (64, 128, 256):
+            for bn in (64, 128, 256):
+                if bm * bn > MICRO * MICRO * MAX_THREADS:
+                    continue
                 for chunk in (8, 16):
                     base = cls.fit(
                         problem, cls(blocktile=(bm, bn), chunk=chunk, precision=precision)
@@ -90,9 +93,14 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
     if p.layout.value != "nchw":
         raise SpecError("wgemm reads NCHW tensors (pixels contiguous); choose wsplit for NHWC")
     for what, n in (("maps", bm), ("columns", bn)):
-        if n not in (32, 64, 128):
-            raise SpecError(f"wgemm b{bm}x{bn}: {what} per block must be 32, 64 or 128")
+        if n not in (32, 64, 128, 256):
+            raise SpecError(f"wgemm b{bm}x{bn}: {what} per block must be 32, 64, 128 or 256")
     threads = (bm // MICRO) * (bn // MICRO)
+    if threads > MAX_THREADS:
+        raise SpecError(
+            f"wgemm b{bm}x{bn} needs {threads} threads of 8x8 sums, over {MAX_THREADS} (the "
+            "registers of one SM at 128 each); choose a tile of at most 32768 sums"
+        )
     if v.chunk not in (4, 8, 16, 32) or threads % v.chunk:
         raise SpecError(
             f"wgemm k{v.chunk}: pixels per chunk must be 4, 8, 16 or 32 and divide the "
