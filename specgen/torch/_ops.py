@@ -112,7 +112,8 @@ def conv2d(
 @_fake("conv2d")
 def _(x, weight, bias, stride, padding, dilation, groups):
     size = out_size(x.shape, weight.shape, stride, padding, dilation)
-    return x.new_empty(size).contiguous(memory_format=_fmt(_nhwc(E.layout_of(x))))
+    fmt = _fmt(_nhwc(E.layout_of(x)))
+    return torch.empty(size, dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
 @_op(
@@ -153,7 +154,8 @@ def conv2d_input(
 
 @_fake("conv2d_input")
 def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
-    return dy.new_empty(x_size).contiguous(memory_format=_fmt(channels_last))
+    fmt = _fmt(channels_last)
+    return torch.empty(x_size, dtype=dy.dtype, device=dy.device, memory_format=fmt)
 
 
 def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
