@@ -30,6 +30,10 @@ class Role(enum.Enum):
     WORKSPACE = "workspace"  # scratch the plan sizes (im2col's unrolled matrix, partial sums)
     BATCH = "batch"  # not a tensor: the images in this launch, an int32
 
+    # Members are singletons compared by identity: hash them so too, in C.  Enum's own
+    # hash runs Python code, and the launch path looks roles up for every argument.
+    __hash__ = object.__hash__
+
 
 # The tensors each op reads (besides the weights and bias that set_weights uploads) and
 # writes; the batched ones are cut into the launches' chunks of images.
