@@ -391,3 +391,88 @@ def test_packing_the_weights_indices_gives_the_gather_of_the_packed_weights(grou
     gather = pack_weights(ids, fmt)
     assert gather.dtype.kind == "i"
     assert np.array_equal(pack_weights(values, fmt), base.reshape(-1)[gather])
+
+
+def _replay_wgemm(p, x, dy, plan):
+    """dw (and db) the way the wgemm kernels compute them: each block's chunks loaded by
+    each thread at the template's indices (its pixel kk, its rows of dy and columns of
+    im2col(x), zeros where the window meets the padding), multiplied, written to its
+    slice's workspace row at the planned offsets, then the slices added in order."""
+    c = plan.context
+    B = x.shape[0]
+    BM, BN, BK, T, rows = c["BM"], c["BN"], c["BK"], c["threads"], c["rows_per_pass"]
+    P, Wo, cpi, splits, CgRS = c["P"], c["Wo"], c["cpi"], c["splits"], c["CgRS"]
+    sh, sw, dh, dw_, pt, pl = c["sh"], c["sw"], c["dh"], c["dw"], c["pt"], c["pl"]
+    xf, dyf = x.reshape(B, -1), dy.reshape(B, -1)
+    ws = np.full((splits, c["row"]), np.nan)
+    for bx, by, split in np.ndindex(-(-CgRS // BN), c["map_blocks"] * p.groups, splits):
+        g, m0, n0 = by // c["map_blocks"], by % c["map_blocks"] * BM, bx * BN
+        acc = np.zeros((BM, BN))
+        images = -(-(B - split) // splits) if B > split else 0
+        for j in range(images * cpi):
+            n = split + j // cpi * splits
+            As, Bs = np.full((BK, BM), np.nan), np.full((BK, BN), np.nan)
+            for t in range(T):
+                kk = t % BK
+                pq = j % cpi * BK + kk
+                live, (pp, q) = pq < P, divmod(pq, Wo)
+                for e in range(c["EA"]):
+                    m = t // BK + e * rows
+                    ok = live and m0 + m < p.Mg
+                    As[kk, m] = dyf[n, (g * p.Mg + m0 + m) * P + pq] if ok else 0.0
+                for e in range(c["EB"]):
+                    col = n0 + t // BK + e * rows
+                    ch, tap = divmod(col, p.R * p.S)
+                    h = pp * sh + tap // p.S * dh - pt
+                    w = q * sw + tap % p.S * dw_ - pl
+                    ok = live and col < CgRS and 0 <= h < p.H and 0 <= w < p.W
+                    Bs[kk, t // BK + e * rows] = (
+                        xf[n, ((g * p.Cg + ch) * p.H + h) * p.W + w] if ok else 0.0
+                    )
+            acc += As.T @ Bs  # NaN here: an element of a chunk no thread loaded
+        mm, cc = min(BM, p.Mg - m0), min(BN, CgRS - n0)
+        for i in range(mm):
+            start = (g * p.Mg + m0 + i) * CgRS + n0
+            ws[split, start : start + cc] = acc[i, :cc]
+    if p.bias:  # the db kernel: one block per map and slice
+        for m, split in np.ndindex(p.M, splits):
+            ws[split, c["weights"] + m] = dy[split::splits, m].sum()
+    total = ws.sum(axis=0)  # NaN where no slice wrote
+    dw = total[: c["weights"]].reshape(p.M, p.Cg, p.R, p.S)
+    return dw, (total[c["weights"] :] if p.bias else None)
+
+
+def test_wgemm_thread_tiles_cover_the_block_tile_once():
+    """The 8x8 sums of the threads (rows ty*4.. and +BM/2, columns tx*4.. and +BN/2)
+    tile the block's BM x BN exactly, for every block tile the planner accepts."""
+    from specgen.strategies.wgemm import Wgemm
+
+    p = PRESETS["ae-enc2"].with_op(Op.WGRAD)
+    for bm, bn in [(32, 32), (64, 128), (128, 128), (256, 128), (128, 256)]:
+        c = make_plan(p, Wgemm(blocktile=(bm, bn), chunk=8, splits=4)).context
+        cover = np.zeros((bm, bn), int)
+        for t in range(c["threads"]):
+            tx, ty = t % c["TX"], t // c["TX"]
+            ms = [ty * 4 + i % 4 + i // 4 * (bm // 2) for i in range(8)]
+            ns = [tx * 4 + j % 4 + j // 4 * (bn // 2) for j in range(8)]
+            cover[np.ix_(ms, ns)] += 1
+        assert (cover == 1).all(), (bm, bn)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=8))
+def test_wgemm_replay_gives_the_weight_gradient(p):
+    """wgemm's loaders, padding and tiles on drawn problems (stride, dilation, groups,
+    every padding form, partial tiles and chunks) against the float64 reference."""
+    from specgen.strategies.wgemm import Wgemm
+
+    p = p.with_op(Op.WGRAD)
+    try:
+        plan = make_plan(p, Wgemm(blocktile=(32, 32), chunk=8, splits=3))
+    except SpecError:
+        return  # NHWC: wgemm reads pixels contiguous
+    x, _, dy = _operands(p, 2, np.random.default_rng())
+    dw, db = _replay_wgemm(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    if p.bias:
+        np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
