@@ -33,8 +33,9 @@ def device_arch() -> str:
 
 def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
     """The host-side layout each plan asks for: plain fp32, fp32 transposed to
-    [C][K][K][M] (a tap's maps adjacent, for 16-byte copies), or each weight as the
-    half2 pair (w, w) in one 32-bit word for half2 arithmetic.  Integer arrays pass
+    [C][K][K][M] (a tap's maps adjacent, for 16-byte copies), [M][R][S][C/g] in a
+    16-bit dtype (``mrsc.bf16``: a tap's channels adjacent, as tensor cores read them),
+    or each weight as the half2 pair (w, w) in one 32-bit word for half2 arithmetic.  Integer arrays pass
     through f32 and ckkm unchanged: packing the weights' own indices gives the gather
     that the PyTorch operator packs with on the device."""
     w = np.asarray(w)
@@ -42,11 +43,29 @@ def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
         w = w.astype(np.float32)
     if fmt == "ckkm":
         return np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
+    if fmt.startswith("mrsc."):
+        w = np.ascontiguousarray(w.transpose(0, 2, 3, 1)).reshape(-1)
+        return w if w.dtype.kind != "f" else to_bits16(w, fmt.split(".")[1])
     w = np.ascontiguousarray(w).reshape(-1)
     if fmt == "f32":
         return w
     bits = w.astype(np.float16).view(np.uint16).astype(np.uint32)
     return bits | (bits << 16)
+
+
+def to_bits16(w: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 values as the 16-bit words of ``dtype`` (fp16 or bf16), rounded to nearest
+    even: NumPy has no bfloat16, so its bits are rounded from fp32's by hand."""
+    if dtype == "fp16":
+        return w.astype(np.float16).view(np.uint16)
+    bits = w.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def weight_dtype(fmt: str) -> str:
+    """The storage dtype of a packed weight format: fp32, or the 16-bit dtype named
+    after the dot (``mrsc.bf16``)."""
+    return fmt.split(".")[1] if "." in fmt else "fp32"
 
 
 class Conv:

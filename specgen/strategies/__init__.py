@@ -19,6 +19,7 @@ from .persist import Persist
 from .phased import Phased
 from .split import Split
 from .stream import Stream
+from .tcgemm import Tcgemm
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
@@ -37,6 +38,7 @@ TABLE: tuple[type[Variant], ...] = (
     Persist,
     Stream,
     Mmapersist,
+    Tcgemm,
     Phased,
     Wband,
     Wgemm,

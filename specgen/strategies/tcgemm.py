@@ -1,0 +1,273 @@
+"""``tcgemm``: the pipelined implicit GEMM on tensor cores, for channels-last 16-bit
+tensors.
+
+Per group the forward convolution is one matrix product: y[p][m] = sum over k of
+X[p][k] * W[m][k], the rows p every output pixel of the batch (NHWC y is that matrix
+as it lies), the columns m the group's maps, and the reduction k = (r, s, c) walked
+tap by tap, BK channels at a time.  With NHWC x a row's BK channels of one tap are
+contiguous, so every operand element reaches shared memory in 16-byte ``cp.async``
+copies (a zero-fill where the window leaves the image), ``stages`` chunks in flight.
+The shared tiles are XOR-swizzled in 16-byte units so that ``ldmatrix`` reads eight
+rows of one k column without a bank conflict; the warps multiply on ``mma.sync``
+m16n8k16 in fp16 or bf16 with fp32 sums, and the epilogue (bias, activation, rounding
+to the output dtype) runs on the registers before a store of adjacent map pairs.
+
+dgrad at stride 1 comes through the forward view (``ConvProblem.dgrad_view``): the
+same kernel over dy with the weights flipped and transposed by the packing step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .mma import ROUNDING
+
+VECTOR = 8  # 16-bit elements per 16-byte copy
+KSTEP = 16  # mma.m16n8k16
+STAGE_LIMIT = 227 * 1024  # dynamic shared memory per block, with the opt-in
+MAX_ACCUMULATORS = 128  # fp32 sums per thread (a 64x64 warp tile)
+TARGET_BLOCKS = 132  # a block for each of the H200's SMs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tcgemm(Variant):
+    key = "tcgemm"
+    family = "gemm"
+    description = (
+        "pipelined implicit GEMM on tensor cores: NHWC 16-bit tensors, 16-byte cp.async "
+        "into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16, fp32 sums"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+
+    blocktile: tuple[int, int] = param(
+        (128, 128), Pair("b"), "tcgemm: the block's tile of y, output pixels x maps (MxN)"
+    )
+    warpgrid: tuple[int, int] = param(
+        (2, 2), Pair("w"), "tcgemm: warps along the block tile's pixels x maps"
+    )
+    chunk: int = param(32, Count("k"), "tcgemm: channels of one tap per pipeline stage")
+    stages: int = param(4, Count("p"), "tcgemm: chunks in the shared-memory ring")
+
+    def plan(self, problem):
+        return plan_tcgemm(problem, self)
+
+    @classmethod
+    def seeds(cls):
+        return [cls(precision=p) for p in cls.precisions]
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The math of the tensors' own dtype; a map tile no wider than the group's maps
+        need (16 to 128), a pixel tile small enough to give every SM a block, and warps of
+        64 pixels x 64 maps (on the H200, 128x128 blocks of 2x2 such warps and chunks of
+        32 channels four deep were the fastest on ae-enc2 and ae-dec2)."""
+        precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(problem.dtype)
+        if precision is not None and seed.precision is not precision:
+            raise SpecError(
+                f"tcgemm multiplies the tensors' own dtype: {problem.dtype.value} tensors "
+                f"take --precision {precision.value}"
+            )
+        bn = min(seed.blocktile[1], max(16, 1 << (problem.Mg - 1).bit_length()))
+        bm = seed.blocktile[0]
+        pixels = problem.batch * problem.Ho * problem.Wo
+        while bm > 64 and ceil_div(pixels, bm) * ceil_div(problem.Mg, bn) * problem.groups < (
+            TARGET_BLOCKS
+        ):
+            bm //= 2
+        warps = (max(1, bm // 64), max(1, bn // 64))
+        if warps == (1, 1) and bn >= 32:
+            warps = (1, 2)  # one warp's copy addresses and a 64x64 tile spill
+        return replace(seed, blocktile=(bm, bn), warpgrid=warps)
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        for bm, bn, wm, wn in (
+            (128, 128, 2, 4),
+            (128, 128, 4, 2),
+            (128, 64, 2, 2),
+            (64, 128, 2, 2),
+            (64, 64, 2, 2),
+            (256, 128, 4, 4),
+            (128, 256, 2, 8),
+        ):
+            for chunk in (32, 64):
+                for stages in (3, 4, 5):
+                    out.append(
+                        cls(
+                            blocktile=(bm, bn),
+                            warpgrid=(wm, wn),
+                            chunk=chunk,
+                            stages=stages,
+                            precision=precision,
+                        )
+                    )
+        return out
+
+
+def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+        raise SpecError(
+            "tcgemm reads channels-last 16-bit tensors (16-byte copies along the channels): "
+            "use --dtype bf16 or fp16 with --layout nhwc, or --strategy mma"
+        )
+    want = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    if v.precision is not want:
+        raise SpecError(
+            f"tcgemm multiplies the tensors' own dtype: {p.dtype.value} tensors take "
+            f"--precision {want.value}"
+        )
+    if p.Cg % VECTOR:
+        raise SpecError(
+            f"tcgemm copies {VECTOR} channels at a time: the {p.Cg} channels per group are "
+            "not a multiple of 8; use --strategy mma"
+        )
+    bm, bn = v.blocktile
+    wm_count, wn_count = v.warpgrid
+    if bm % (16 * wm_count) or bn % (16 * wn_count):
+        raise SpecError(
+            f"tcgemm b{bm}x{bn} w{wm_count}x{wn_count}: each warp's tile must be a multiple "
+            "of 16 pixels and 16 maps; choose fewer warps or a larger block tile"
+        )
+    warp_m, warp_n = bm // wm_count, bn // wn_count
+    fm, fn = warp_m // 16, warp_n // 8
+    if fm * fn * 4 > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"tcgemm's warp tile {warp_m}x{warp_n} needs {fm * fn * 4} fp32 sums per thread, "
+            f"over {MAX_ACCUMULATORS}; choose more warps (--warpgrid) or a smaller --blocktile"
+        )
+    warps = wm_count * wn_count
+    threads = 32 * warps
+    if threads > 512:
+        raise SpecError(f"tcgemm w{wm_count}x{wn_count}: {threads} threads, over 512")
+    if v.chunk not in (32, 64):
+        raise SpecError(
+            f"tcgemm k{v.chunk}: a chunk is 32 or 64 channels (the swizzle keeps 16 rows of "
+            "a k column in distinct banks only for rows of 64 or 128 bytes)"
+        )
+    per_row = v.chunk // VECTOR  # 16-byte units per tile row
+    for what, rows in (("pixel", bm), ("map", bn)):
+        if rows * per_row % threads:
+            raise SpecError(
+                f"tcgemm b{bm}x{bn} k{v.chunk}: the {what} tile's {rows * per_row} 16-byte "
+                f"copies do not divide among {threads} threads; choose a larger tile"
+            )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"tcgemm p{v.stages}: the ring holds 2 to 8 chunks")
+    a_stage, b_stage = bm * v.chunk * 2, bn * v.chunk * 2
+    smem = v.stages * (a_stage + b_stage)
+    if smem > STAGE_LIMIT:
+        fit = STAGE_LIMIT // (a_stage + b_stage)
+        raise SpecError(
+            f"tcgemm's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
+        )
+
+    # 2. work
+    chunks_per_tap = ceil_div(p.Cg, v.chunk)
+    kt = p.R * p.S * chunks_per_tap
+    map_tiles = ceil_div(p.Mg, bn)
+    ctx = shape_context(p)
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    ctx.update(
+        fp16=p.dtype is DType.FP16,
+        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        R=p.R,
+        S=p.S,
+        sh=sh,
+        sw=sw,
+        dh=dh,
+        dw=dw,
+        Cg=p.Cg,
+        Mg=p.Mg,
+        BM=bm,
+        BN=bn,
+        BK=v.chunk,
+        WM=warp_m,
+        WN=warp_n,
+        warps_m=wm_count,
+        FM=fm,
+        FN=fn,
+        stages=v.stages,
+        threads=threads,
+        per_row=per_row,
+        a_vecs=bm * per_row // threads,
+        b_vecs=bn * per_row // threads,
+        rows_per_pass=threads // per_row,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        smem=smem,
+        chunks_per_tap=chunks_per_tap,
+        kt=kt,
+        map_tiles=map_tiles,
+        rsc=p.R * p.S * p.Cg,
+        guard_maps=p.Mg % bn != 0,
+        guard_chans=p.Cg % v.chunk != 0,
+        pair_store=p.M % 2 == 0 and p.Mg % 2 == 0,
+        min_blocks=max(1, 256 // threads),
+        precision_note=ROUNDING[v.precision],
+    )
+    ctx.update(
+        x_image=p.H * p.W * p.C,
+        y_group=p.Mg,
+    )
+    sizes = (
+        Size(
+            "GEMM",
+            f"(B*{p.Ho * p.Wo}) x {p.Mg} x {p.R * p.S * p.Cg}"
+            + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "output pixels x maps x (r, s, c) taps; NHWC y is the product as it lies",
+        ),
+        Size(
+            "block tile",
+            f"{bm} pixels x {bn} maps",
+            f"{warps} warps as {wm_count}x{wn_count}, each {warp_m}x{warp_n}: "
+            f"{fm} m16 x {fn} n8 fragments, {fm * fn * 4} fp32 sums per thread",
+        ),
+        Size(
+            "k walk",
+            f"{kt} chunks of {v.chunk} channels",
+            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
+            + ("; the last zero-filled past them" if p.Cg % v.chunk else ""),
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x ({bm} + {bn}) rows x {v.chunk * 2} B, XOR-swizzled in 16-byte units",
+        ),
+        Size(
+            "copies",
+            f"{bm * per_row // threads} + {bn * per_row // threads} per thread per chunk",
+            "16-byte cp.async.cg, zero-filled outside the image and past the maps",
+        ),
+    )
+    launch = Launch(
+        v.kernel_name(p),
+        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (threads, 1, 1),
+        (0, map_tiles * p.groups, 1),
+        0,
+        p.Ho * p.Wo,
+        bm,
+        smem,
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="gemm/tcgemm.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="mrsc." + p.dtype.value,
+        sizes=sizes,
+        context=ctx,
+    )
