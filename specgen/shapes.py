@@ -362,8 +362,8 @@ def square(C, M, H, W, K, pad=0, **kw) -> ConvProblem:
     return ConvProblem(C=C, M=M, H=H, W=W, R=K, S=K, pads=(pad,) * 4, **kw)
 
 
-def _preset(name, C, M, HW, K, pad, batch):
-    return square(C, M, HW, HW, K, pad, batch=batch, name=name)
+def _preset(name, C, M, HW, K, pad, batch, dtype=DType.FP32, layout=TensorLayout.NCHW):
+    return square(C, M, HW, HW, K, pad, batch=batch, name=name, dtype=dtype, layout=layout)
 
 
 # ../shared/reference/shapes.md
@@ -379,6 +379,10 @@ PRESETS: dict[str, ConvProblem] = {
         _preset("ae-dec1", 128, 128, 8, 3, 1, 128),
         _preset("ae-dec2", 128, 256, 16, 3, 1, 128),
         _preset("ae-dec3", 256, 3, 32, 3, 1, 128),
+        # The wide autoencoder layers as PyTorch runs them under bf16 autocast on
+        # channels_last tensors: what the tensor-core strategies are measured on.
+        _preset("ae-enc2-bf16", 256, 128, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
+        _preset("ae-dec2-bf16", 128, 256, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
     )
 }
 
