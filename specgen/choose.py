@@ -27,8 +27,8 @@ from .variants import Precision, Variant, split_problem_tags
 # layers; wsplit serves what neither does (NHWC wide layers).
 SMALL_WEIGHTS = 16384
 PREFERENCE = {
-    Op.FPROP: ("stream", "persist", "tiled", "direct"),
-    Op.DGRAD: ("stream", "persist", "tiled", "phased"),
+    Op.FPROP: ("tcgemm", "stream", "persist", "tiled", "direct"),
+    Op.DGRAD: ("tcgemm", "stream", "persist", "tiled", "phased"),
     Op.WGRAD: ("wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
@@ -133,15 +133,19 @@ def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
         keys = ("wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
-        try:
-            view = cls.problem_for(problem)
-            v = cls.default(view, Precision.FP32)
-        except SpecError:
-            continue
-        if _plans(problem, v):
-            return Choice(
-                v, "planned", f"planner default ({key}; untuned: SPECGEN_AUTOTUNE=1 tunes it)"
-            )
+        # 16-bit tensors on tensor cores in their own dtype: the products are exact and
+        # the sums fp32, as accurate as fp32 math on them and what PyTorch computes.
+        for math in (Precision.FP32, *maths(problem, allow_tf32)[1:]):
+            if math is not Precision.FP32 and not cls.tensor_core:
+                continue
+            try:
+                v = cls.default(cls.problem_for(problem), math)
+            except SpecError:
+                continue
+            if allowed(v, problem, allow_tf32) and _plans(problem, v):
+                return Choice(
+                    v, "planned", f"planner default ({key}; untuned: SPECGEN_AUTOTUNE=1 tunes it)"
+                )
     for cls in BY_KEY.values():  # anything that computes it at all
         for p in maths(problem, allow_tf32):
             try:

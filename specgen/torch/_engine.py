@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv
+from ..runtime import Conv, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role, w_shape
 
@@ -207,16 +207,22 @@ class _StreamHandle:
         return (0, self.ptr)
 
 
+# The packed weights' storage, by ``runtime.weight_dtype`` of the plan's format.
+STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     """The plan's weight format from PyTorch's [M][C/g][R][S], on the device, in one
-    gather: fp32 (16-bit values are exact in it), flipped and transposed for dgrad's
-    forward view, laid out as the kernel reads them.  The gather's indices are the
+    gather: fp32 (16-bit values are exact in it) or the 16-bit dtype of the tensor-core
+    kernels, flipped and transposed for dgrad's forward view, laid out as the kernel
+    reads them.  The gather's indices are the
     host packers (``runtime.dgrad_weights``, ``runtime.pack_weights``) applied once to
     the weights' own indices, so the two paths cannot disagree."""
+    dtype = STORED[weight_dtype(k.conv.plan.weight_format)]
     if k.gather is None:
-        return w.to(torch.float32).contiguous()  # already the layout the kernel reads
+        return w.to(dtype).contiguous()  # already the layout the kernel reads
     packed = w.reshape(-1).index_select(0, k.gather)
-    return packed.to(torch.float32)
+    return packed.to(dtype)
 
 
 def _gather(conv: Conv, index: int):
@@ -228,7 +234,7 @@ def _gather(conv: Conv, index: int):
     from ..runtime import pack_weights as host_pack
 
     plan, p = conv.plan, conv.shape
-    if plan.weight_format not in ("f32", "ckkm"):
+    if plan.weight_format not in ("f32", "ckkm", "mrsc.fp16", "mrsc.bf16"):
         raise SpecError(
             f"{plan.name} packs weights as {plan.weight_format}, which the PyTorch operator "
             "does not serve"
@@ -254,7 +260,9 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
     if w is not None:
         packed = pack_weights(k, w)
         keep.append(packed)
-        at = k.conv.upload_weights(packed.data_ptr(), packed.numel() * 4, stream.ptr)
+        at = k.conv.upload_weights(
+            packed.data_ptr(), packed.numel() * packed.element_size(), stream.ptr
+        )
         ptrs[Role.W] = at or 0
     if bias is not None:
         b = bias.to(torch.float32).contiguous()
