@@ -29,7 +29,7 @@ SMALL_WEIGHTS = 16384
 PREFERENCE = {
     Op.FPROP: ("tcgemm", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("tcgemm", "stream", "persist", "tiled", "phased"),
-    Op.WGRAD: ("wband", "wgemm", "wsplit"),
+    Op.WGRAD: ("tcwgrad", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -130,7 +130,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
 def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
-        keys = ("wgemm", "wsplit", "wband")
+        keys = ("tcwgrad", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and

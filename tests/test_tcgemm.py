@@ -15,7 +15,8 @@ from specgen.plan import make_plan
 from specgen.render import render
 from specgen.runtime import pack_weights, to_bits16
 from specgen.shapes import PRESETS, DType, Op, TensorLayout, parse_shape
-from specgen.strategies import Tcgemm, default_set, parse_variant_name
+from specgen.variants import Precision
+from specgen.strategies import Tcgemm, Tcwgrad, default_set, parse_variant_name
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
 
@@ -116,15 +117,20 @@ def test_tune_space_plans_or_refuses_in_one_line():
 # ---- GPU tier ----
 
 
+def strategy_for(p):
+    return Tcwgrad if p.op is Op.WGRAD else Tcgemm
+
+
 @st.composite
 def tc_problems(draw):
     """Problems tcgemm serves: channels a multiple of 8 per group, any maps, stride,
-    dilation, every padding, bias and relu, both 16-bit dtypes; forward and dgrad."""
+    dilation, every padding, bias and relu, both 16-bit dtypes; forward, dgrad and
+    wgrad (with db where the layer has a bias)."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     cg = 8 * draw(st.integers(1, 9))
-    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
-    # dgrad's forward view reads dy's maps as its channels
-    mg = 8 * draw(st.integers(1, 9)) if op == "dgrad" else draw(st.integers(1, 72))
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad", "wgrad"]))
+    # dgrad's forward view reads dy's maps as its channels; wgrad copies 8 maps at once
+    mg = 8 * draw(st.integers(1, 9)) if op != "fprop" else draw(st.integers(1, 72))
     R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
     stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
@@ -135,13 +141,13 @@ def tc_problems(draw):
         f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
         f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op={op}"
     )
-    if op == "fprop" and draw(st.booleans()):
-        spec += ",bias=1"
+    if op != "dgrad" and draw(st.booleans()):
+        spec += ",bias=1"  # wgrad's db
     if op == "fprop" and draw(st.booleans()):
         spec += ",act=relu"
     try:
         p = parse_shape(spec)
-        Tcgemm.problem_for(p)  # dgrad: padding past the window's reach has no forward view
+        strategy_for(p).problem_for(p)  # dgrad: padding past the window's reach has none
         return p
     except SpecError:
         assume(False)
@@ -164,11 +170,12 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     from specgen.verify import verify_variant
 
     arch = device_arch()
-    view = Tcgemm.problem_for(p)
-    precision = {DType.BF16: Tcgemm.precisions[0], DType.FP16: Tcgemm.precisions[1]}[p.dtype]
-    variants = [Tcgemm.default(view, precision)]
+    cls = strategy_for(p)
+    view = cls.problem_for(p)
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    variants = [cls.default(view, precision)]
     space = []
-    for v in Tcgemm.space(view, precision):
+    for v in cls.space(view, precision):
         try:
             make_plan(p, v)
             space.append(v)
@@ -180,18 +187,56 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     for v in variants:
         row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
         assert row.status == "PASS", (p.spec, v.name, row.problems)
-    assert p.layout is TensorLayout.NHWC and p.op in (Op.FPROP, Op.DGRAD)
+    assert p.layout is TensorLayout.NHWC
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=tc_problems())
 def test_drawn_defaults_compile_without_spills(p):
-    view = Tcgemm.problem_for(p)
-    for precision in Tcgemm.precisions:
+    cls = strategy_for(p)
+    view = cls.problem_for(p)
+    for precision in cls.precisions:
         try:
-            v = Tcgemm.default(view, precision)
+            v = cls.default(view, precision)
         except SpecError:
             continue
         plan = make_plan(p, v)
         binary = compile_source(render(plan), plan.name, "sm_90")
         assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+
+
+def test_wgrad_of_ae_enc2_bf16_reads_fragments_transposed():
+    p = PRESETS["ae-enc2-bf16"].with_op(Op.WGRAD)
+    (v,) = [x for x in default_set(p) if x.key == "tcwgrad"]
+    plan = make_plan(p, v)
+    assert compile_source(render(plan), plan.name, "sm_90").spills == 0
+    ptx = ptx_of(plan)
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert f"cp.async.wait_group {v.stages - 2};" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        (
+            "C=256,M=128,H=16,W=16,K=3,pad=1,op=wgrad",
+            "tcwgrad_b128x128_w2x2_k32_p4_s8_bf16",
+            "16-bit",
+        ),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k32_p4_s8_fp16", "bf16"),
+        (
+            AE_ENC2_BF16.replace("M=128", "M=20") + ",op=wgrad",
+            "tcwgrad_b64x64_w1x2_k32_p4_s8_bf16",
+            "multiples of 8",
+        ),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b32x128_w1x2_k32_p4_s8_bf16", "64, 128 or 256"),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w1x1_k32_p4_s8_bf16", "--warpgrid"),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k48_p4_s8_bf16", "16, 32 or 64"),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b256x256_w4x4_k64_p8_s8_bf16", "--stages"),
+    ],
+)
+def test_wgrad_limits_are_one_line_refusals(spec, name, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name(name))
+    assert words in str(e.value) and "\n" not in str(e.value)

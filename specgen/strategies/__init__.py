@@ -20,6 +20,7 @@ from .phased import Phased
 from .split import Split
 from .stream import Stream
 from .tcgemm import Tcgemm
+from .tcwgrad import Tcwgrad
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
@@ -42,6 +43,7 @@ TABLE: tuple[type[Variant], ...] = (
     Phased,
     Wband,
     Wgemm,
+    Tcwgrad,
     Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}
@@ -128,4 +130,13 @@ def default_strategy(problem: ConvProblem) -> type[Variant]:
         return next((s for s in TABLE if problem.op in s.ops), Tiled)
 
 
-__all__ = ["TABLE", "BY_KEY", "Precision", "default_set", "options", "parse_variant_name"]
+__all__ = [
+    "TABLE",
+    "Tcgemm",
+    "Tcwgrad",
+    "BY_KEY",
+    "Precision",
+    "default_set",
+    "options",
+    "parse_variant_name",
+]

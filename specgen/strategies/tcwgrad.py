@@ -1,0 +1,270 @@
+"""``tcwgrad``: wgrad (and db) of channels-last 16-bit layers on tensor cores.
+
+Per group dw is one matrix product whose reduction runs over every output pixel of the
+batch: dw[m][(r, s, c)] = sum over p of dy[p][m] * X[p][(r, s, c)], X the implicit
+im2col matrix of x.  With NHWC tensors both operands are rows of the pixels: dy's row
+holds the maps, X's row of one tap holds the channels, so 16-byte ``cp.async`` copies
+fill both tiles (a zero-fill where the tap leaves the image) in a ring of ``stages``
+chunks of pixels.  The reduction runs down the tiles' rows, so ``ldmatrix.trans`` reads
+the fragments (the rows XOR-swizzled in 16-byte units, conflict-free), and the warps
+multiply on ``mma.sync`` m16n8k16 with fp32 sums.  The batch's pixels are cut into
+``splits`` contiguous slices, one block plane each; every slice writes its fp32 sums to
+a workspace row and ``backward/reduce.j2`` adds the rows in order, so the result is
+deterministic.  db is a kernel of its own over the same slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div
+from ..shapes import DType, Feature, Op, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .mma import ROUNDING
+from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
+from .wsplit import per_slice, sums_context
+
+TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
+DB_MAPS, DB_LANES = 32, 8  # the db kernel's block: 32 maps x 8 pixel lanes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tcwgrad(Variant):
+    key = "tcwgrad"
+    family = "backward"
+    description = (
+        "wgrad on tensor cores for channels-last 16-bit tensors: pixels as the reduction, "
+        "cp.async ring, ldmatrix.trans, mma.sync m16n8k16, batch slices added in order"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+    ops = frozenset({Op.WGRAD})
+
+    blocktile: tuple[int, int] = param(
+        (128, 128), Pair("b"), "tcwgrad: the block's tile of dw, maps x (r, s, c) columns"
+    )
+    warpgrid: tuple[int, int] = param((2, 2), Pair("w"), "tcwgrad: warps along maps x columns")
+    chunk: int = param(32, Count("k"), "tcwgrad: pixels per pipeline stage")
+    stages: int = param(4, Count("p"), "tcwgrad: chunks in the shared-memory ring")
+    splits: int = param(
+        16, Count("s"), "tcwgrad: slices of the batch's pixels, one block plane each"
+    )
+
+    def plan(self, problem):
+        return plan_tcwgrad(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own math; tiles of 64 where a group's maps or columns are 64 or
+        fewer; as many slices as give the GPU about two blocks per SM."""
+        own = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(problem.dtype)
+        if own is not None and seed.precision is not own:
+            raise SpecError(
+                f"tcwgrad multiplies the tensors' own dtype: {problem.dtype.value} tensors "
+                f"take --precision {own.value}"
+            )
+        bm = 64 if problem.Mg <= 64 else seed.blocktile[0]
+        bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.blocktile[1]
+        warps = (max(1, bm // 64), max(1, bn // 64))
+        if warps == (1, 1):
+            warps = (1, 2)
+        tiles = _tiles(problem, bm, bn)
+        splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        return replace(seed, blocktile=(bm, bn), warpgrid=warps, splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        for bm, bn, wm, wn in ((128, 128, 2, 2), (64, 128, 1, 2), (128, 64, 2, 1), (64, 64, 1, 2)):
+            for stages in (3, 4):
+                base = cls.fit(
+                    problem,
+                    cls(blocktile=(bm, bn), warpgrid=(wm, wn), stages=stages, precision=precision),
+                )
+                for factor in (1, 2, 4):
+                    s = max(1, base.splits * factor // 2)
+                    out.append(replace(base, blocktile=(bm, bn), warpgrid=(wm, wn), splits=s))
+        return out
+
+
+def _tiles(p, bm: int, bn: int) -> int:
+    return ceil_div(p.Cg * p.R * p.S, bn) * ceil_div(p.Mg, bm) * p.groups
+
+
+def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+        raise SpecError(
+            "tcwgrad reads channels-last 16-bit tensors (16-byte copies along the channels "
+            "and maps): use --dtype bf16 or fp16 with --layout nhwc, or --strategy wgemm"
+        )
+    own = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    if v.precision is not own:
+        raise SpecError(
+            f"tcwgrad multiplies the tensors' own dtype: {p.dtype.value} tensors take "
+            f"--precision {own.value}"
+        )
+    if p.Cg % VECTOR or p.Mg % VECTOR:
+        raise SpecError(
+            f"tcwgrad copies {VECTOR} channels and {VECTOR} maps at a time: a group's "
+            f"{p.Cg} channels and {p.Mg} maps must be multiples of 8; use --strategy wsplit"
+        )
+    bm, bn = v.blocktile
+    wm_count, wn_count = v.warpgrid
+    for what, n in (("maps", bm), ("columns", bn)):
+        if n not in (64, 128, 256):
+            raise SpecError(
+                f"tcwgrad b{bm}x{bn}: {what} per block must be 64, 128 or 256 (rows of at "
+                "least 128 bytes keep the swizzle within a row)"
+            )
+    if bm % (16 * wm_count) or bn % (16 * wn_count):
+        raise SpecError(
+            f"tcwgrad b{bm}x{bn} w{wm_count}x{wn_count}: each warp's tile must be a multiple "
+            "of 16 maps and 16 columns; choose fewer warps"
+        )
+    warp_m, warp_n = bm // wm_count, bn // wn_count
+    fm, fn = warp_m // 16, warp_n // 8
+    if fm * fn * 4 > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"tcwgrad's warp tile {warp_m}x{warp_n} needs {fm * fn * 4} fp32 sums per thread, "
+            f"over {MAX_ACCUMULATORS}; choose more warps (--warpgrid)"
+        )
+    threads = 32 * wm_count * wn_count
+    if threads > 512:
+        raise SpecError(f"tcwgrad w{wm_count}x{wn_count}: {threads} threads, over 512")
+    if v.chunk not in (16, 32, 64):
+        raise SpecError(f"tcwgrad k{v.chunk}: a chunk is 16, 32 or 64 pixels")
+    ua, ub = bm // VECTOR, bn // VECTOR  # 16-byte units per tile row
+    for what, units in (("dy", ua), ("x", ub)):
+        if threads % units or v.chunk * units % threads:
+            raise SpecError(
+                f"tcwgrad b{bm}x{bn} k{v.chunk}: the {v.chunk} x {units} copies of the {what} "
+                f"tile do not divide among {threads} threads; choose another chunk or warp grid"
+            )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"tcwgrad p{v.stages}: the ring holds 2 to 8 chunks")
+    if v.splits > 65535:
+        raise SpecError(f"tcwgrad s{v.splits}: at most 65535 slices (grid z)")
+    a_stage, b_stage = v.chunk * bm * 2, v.chunk * bn * 2
+    smem = v.stages * (a_stage + b_stage)
+    if smem > STAGE_LIMIT:
+        raise SpecError(
+            f"tcwgrad's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages "
+            f"{STAGE_LIMIT // (a_stage + b_stage)} or a smaller tile"
+        )
+
+    # 2. work
+    CgRS = p.Cg * p.R * p.S
+    col_tiles, map_tiles = ceil_div(CgRS, bn), ceil_div(p.Mg, bm)
+    P = p.Ho * p.Wo
+    with_db = p.bias
+    ctx = sums_context(p, 1, v.splits, False, with_db)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    (sh, sw), (pt, _, pl, _) = p.stride, p.pads
+    ctx.update(
+        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        BM=bm,
+        BN=bn,
+        BK=v.chunk,
+        WM=warp_m,
+        WN=warp_n,
+        warps_m=wm_count,
+        FM=fm,
+        FN=fn,
+        stages=v.stages,
+        threads=threads,
+        ua=ua,
+        ub=ub,
+        a_rows=v.chunk * ua // threads,
+        b_rows=v.chunk * ub // threads,
+        a_step=threads // ua,
+        b_step=threads // ub,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        CgRS=CgRS,
+        P=P,
+        sh=sh,
+        sw=sw,
+        pt=pt,
+        pl=pl,
+        map_tiles=map_tiles,
+        guard_maps=p.Mg % bm != 0,
+        guard_cols=CgRS % bn != 0,
+        db_maps=DB_MAPS,
+        db_lanes=DB_LANES,
+        min_blocks=max(1, 256 // threads),
+        precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
+    )
+    name = v.kernel_name(p)
+    main = Launch(
+        name,
+        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+        (threads, 1, 1),
+        (col_tiles, map_tiles * p.groups, v.splits),
+        2,
+        0,
+        1,
+        smem,
+    )
+    outs = (Role.DW, *((Role.DB,) if with_db else ()))
+    db = Launch(
+        f"{name}_db",
+        (Role.DY, Role.WORKSPACE, Role.BATCH),
+        (DB_MAPS * DB_LANES, 1, 1),
+        (ceil_div(p.M, DB_MAPS), v.splits, 1),
+        1,
+        0,
+        1,
+    )
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    sizes = (
+        Size(
+            "GEMM",
+            f"{p.Mg} x {CgRS} x (B*{P})" + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "maps x (r, s, c) columns of im2col(x) x every output pixel of the batch",
+        ),
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} columns",
+            f"{wm_count}x{wn_count} warps of {warp_m}x{warp_n}: {fm} m16 x {fn} n8 fragments, "
+            f"{fm * fn * 4} fp32 sums per thread",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x {v.chunk} pixels x ({bm} maps + {bn} columns) x 2 B, "
+            "XOR-swizzled in 16-byte units",
+        ),
+        Size(
+            "grid",
+            f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
+            f"column tiles x map tiles{' x groups' if p.groups > 1 else ''} x slices of the "
+            "batch's pixels (contiguous, chunk-aligned)",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/tcwgrad.cu.j2",
+        launches=(main, db, reduce) if with_db else (main, reduce),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a slice holds at most ceil(batch / splits) images' pixels plus a chunk; then
+        # the slices in order; db's lanes and its tree are shorter
+        sum_depth=(P, v.splits, v.splits + v.chunk),
+    )
