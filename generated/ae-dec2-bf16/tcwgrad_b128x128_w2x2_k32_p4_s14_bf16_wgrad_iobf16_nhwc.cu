@@ -202,26 +202,26 @@ tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __
     cp_async_wait<0>();
 
     // Sums e of fragment (i, j): map i*16 + lane/4 + 8*(e/2), column j*8 + 2*(lane%4) + e%2,
-    // to the slice's row as dw[M][128][3][3].
+    // to the slice's row as [M][1152 columns (r, s, c)], two columns in one 8-byte
+    // store; the reduce kernel lays them out as dw[M][128][3][3].
     float* __restrict__ out = ws + (size_t)blockIdx.z * 294912;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
+        const int cl = n0 + wn * 64 + j * 8 + 2 * (lane % 4);
 #pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const int cl = n0 + wn * 64 + j * 8 + 2 * (lane % 4) + e2;
-            const int t = cl / 128;
-            const int at = cl % 128 * 9 + t;  // (c, r, s) within a map's row
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int m = m0 + wm * 64 + i * 16 + lane / 4 + 8 * h;
-                    out[(m) * 1152 + at] = acc[i][j][2 * h + e2];
-                }
-        }
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm * 64 + i * 16 + lane / 4 + 8 * h;
+                *reinterpret_cast<float2*>(&out[(m) * 1152 + cl]) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+    }
 }
 
-// ws[0..13][j] added in order, j < 294912: dw[256][128][3][3].
+
+// ws[0..13][j] added in order, j < 294912: column (r, s, c) of map m to
+// dw[m][c][r][s].
 extern "C" __global__ void __launch_bounds__(256)
 tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
@@ -231,5 +231,6 @@ tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc_reduce(const float* __re
     float s = 0.0f;
     for (int k = 0; k < 14; ++k)
         s += ws[(size_t)k * 294912 + j];
-    dw[j] = float_to_bf16(s);
+    const int m = j / 1152, col = j % 1152;
+    dw[m * 1152 + col % 128 * 9 + col / 128] = float_to_bf16(s);
 }

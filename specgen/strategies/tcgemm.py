@@ -82,8 +82,8 @@ class Tcgemm(Variant):
         ):
             bm //= 2
         warps = (max(1, bm // 64), max(1, bn // 64))
-        if warps == (1, 1) and bn >= 32:
-            warps = (1, 2)  # one warp's copy addresses and a 64x64 tile spill
+        if warps[0] * warps[1] < 4 and bn >= 32:
+            warps = (max(1, bm // 32), warps[1])  # few warps' copy addresses spill
         return replace(seed, blocktile=(bm, bn), warpgrid=warps)
 
     @classmethod

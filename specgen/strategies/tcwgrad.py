@@ -69,8 +69,8 @@ class Tcwgrad(Variant):
         bm = 64 if problem.Mg <= 64 else seed.blocktile[0]
         bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.blocktile[1]
         warps = (max(1, bm // 64), max(1, bn // 64))
-        if warps == (1, 1):
-            warps = (1, 2)
+        if warps[0] * warps[1] < 4:
+            warps = (max(1, bm // 32), warps[1])  # two warps' copy addresses spill
         tiles = _tiles(problem, bm, bn)
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
         return replace(seed, blocktile=(bm, bn), warpgrid=warps, splits=splits)
@@ -78,7 +78,7 @@ class Tcwgrad(Variant):
     @classmethod
     def space(cls, problem, precision):
         out = []
-        for bm, bn, wm, wn in ((128, 128, 2, 2), (64, 128, 1, 2), (128, 64, 2, 1), (64, 64, 1, 2)):
+        for bm, bn, wm, wn in ((128, 128, 2, 2), (64, 128, 2, 2), (128, 64, 2, 2), (64, 64, 2, 1)):
             for stages in (3, 4):
                 base = cls.fit(
                     problem,
