@@ -16,7 +16,7 @@ from .render import render
 def _compile_one(shape, variant, arch):
     plan = make_plan(shape, variant)
     try:
-        compile_source(render(plan), plan.name, arch)
+        compile_source(render(plan), plan.name, plan.target(arch))
         return plan.name, None
     except RuntimeError as e:
         return plan.name, str(e)

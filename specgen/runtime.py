@@ -87,7 +87,9 @@ class Conv:
 
         self.shape = shape
         self.plan = plan or make_plan(shape, variant)
-        self.binary = binary or compile_source(render(self.plan), self.plan.name, device_arch())
+        self.binary = binary or compile_source(
+            render(self.plan), self.plan.name, self.plan.target(device_arch())
+        )
         self.module = cupy.cuda.function.Module()
         self.module.load(self.binary.cubin)
         self.functions = {}

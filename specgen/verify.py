@@ -208,7 +208,7 @@ def verify_variant(
     plan = make_plan(shape, variant)
     row = Row(shape.slug, plan.name, plan.variant.precision.value)
     try:
-        binary = compile_source(render(plan), plan.name, arch)
+        binary = compile_source(render(plan), plan.name, plan.target(arch))
     except RuntimeError as e:
         row.problems.append(str(e).splitlines()[0])
         return row

@@ -102,6 +102,19 @@ class Plan:
     # the batch is cut into, additions besides) on the longest path of its summation
     # tree: per_image * ceil(batch / slices) + besides.
     sum_depth: tuple[int, int, int] | None = None
+    # An architecture the kernels need exactly ("sm_90a" for wgmma), or "" for any.
+    arch: str = ""
+
+    def target(self, arch: str) -> str:
+        """The architecture to compile for, given the one present (or asked for)."""
+        if not self.arch or arch == self.arch:
+            return arch
+        if arch.rstrip("a") != self.arch.rstrip("a"):
+            raise SpecError(
+                f"{self.variant.key} needs {self.arch} and cannot run on {arch}; "
+                "use --strategy tcgemm"
+            )
+        return self.arch
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ from .tcwgrad import Tcwgrad
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
+from .wgmma import Wgmma
 from .wsplit import Wsplit
 
 # The order of the default set and of the CLI's help.
@@ -40,6 +41,7 @@ TABLE: tuple[type[Variant], ...] = (
     Stream,
     Mmapersist,
     Tcgemm,
+    Wgmma,
     Phased,
     Wband,
     Wgemm,

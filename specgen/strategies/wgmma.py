@@ -1,0 +1,247 @@
+"""``wgmma``: the implicit GEMM of ``tcgemm`` on Hopper's warpgroup tensor cores.
+
+The product is the same, y[p][m] = sum over k of X[p][k] * W[m][k] with k = (r, s, c)
+walked tap by tap, but computed transposed, D[m][p] = W[m][k] X[p][k]: a warpgroup's
+``wgmma.mma_async`` m64nNk16 multiplies 64 maps by up to 256 pixels with both operands
+read from shared memory by the tensor cores themselves, so no thread spends issue slots
+or shared-memory bandwidth on ``ldmatrix`` (the limit of ``tcgemm``'s mma.sync on wide
+layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 64
+channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers through
+16-byte ``cp.async`` copies, zero-filled at the padding, laid out in the 128-byte swizzle
+that the operand descriptors name; the copies of chunk kt + stages - 1 are issued while
+the tensor cores multiply chunk kt, into the stage chunk kt - 1 left.  The epilogue (bias, activation,
+rounding) stages the tile through shared memory as [pixel][map] rows and stores it in
+16-byte pieces along the maps, as NHWC y lies.
+
+``wgmma`` exists on sm_90a only: the plan says so and the compile step targets it.
+dgrad at stride 1 comes through the forward view, as for every forward strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .mma import ROUNDING
+from .tcgemm import STAGE_LIMIT, VECTOR
+
+CHUNK = 64  # channels per stage: one 128-byte swizzled row per map and per pixel
+SMS = 132  # the H200's SMs, for sizing the grid
+REGISTERS = 65536  # per SM; one block of this strategy per SM
+OVERHEAD = 56  # registers besides the sums: copy addresses, the walk, descriptors
+PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgmma(Variant):
+    key = "wgmma"
+    family = "gemm"
+    description = (
+        "implicit GEMM on Hopper's warpgroup tensor cores (sm_90a): NHWC 16-bit tensors, "
+        "16-byte cp.async into a 128B-swizzled ring, wgmma.mma_async from shared memory, "
+        "fp32 sums"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+
+    blocktile: tuple[int, int] = param(
+        (256, 128), Pair("b"), "wgmma: the block's tile of y, output pixels x maps (64 maps a warpgroup)"
+    )
+    stages: int = param(4, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
+
+    def plan(self, problem):
+        return plan_wgmma(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own math; 64 maps a warpgroup, as many warpgroups as the group's
+        maps fill (up to two), and the widest pixel tile whose grid fills the SMs' waves
+        within 10% of the best."""
+        _math_of(problem, seed)
+        maps = min(seed.blocktile[1], 64 * ceil_div(problem.Mg, 64))
+        pixels = problem.batch * problem.Ho * problem.Wo
+        tiles = ceil_div(problem.Mg, maps) * problem.groups
+
+        def filled(bn):
+            blocks = ceil_div(pixels, bn) * tiles
+            return blocks / (ceil_div(blocks, SMS) * SMS)
+
+        best = max(filled(bn) for bn in PIXEL_TILES if bn <= seed.blocktile[0])
+        bn = max(bn for bn in PIXEL_TILES if bn <= seed.blocktile[0] and filled(bn) >= 0.9 * best)
+        return replace(seed, blocktile=(bn, maps))
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        for bn, bm, stages in (
+            (256, 128, 3),
+            (256, 128, 4),
+            (128, 128, 4),
+            (128, 128, 5),
+            (128, 128, 6),
+            (192, 128, 4),
+            (256, 64, 4),
+            (256, 64, 6),
+            (128, 64, 6),
+            (128, 256, 4),
+        ):
+            out.append(cls(blocktile=(bn, bm), stages=stages, precision=precision))
+        return out
+
+
+def _math_of(p: ConvProblem, v: Wgmma) -> None:
+    want = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
+    if want is not None and v.precision is not want:
+        raise SpecError(
+            f"wgmma multiplies the tensors' own dtype: {p.dtype.value} tensors take "
+            f"--precision {want.value}"
+        )
+
+
+def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+        raise SpecError(
+            "wgmma reads channels-last 16-bit tensors (16-byte copies along the channels): "
+            "use --dtype bf16 or fp16 with --layout nhwc, or --strategy mma"
+        )
+    _math_of(p, v)
+    if p.Cg % VECTOR:
+        raise SpecError(
+            f"wgmma copies {VECTOR} channels at a time: the {p.Cg} channels per group are "
+            "not a multiple of 8; use --strategy mma"
+        )
+    if p.Mg % VECTOR or p.M % VECTOR:
+        raise SpecError(
+            f"wgmma stores 8 maps at a time: {p.Mg} maps per group ({p.M} in all) are not a "
+            "multiple of 8; use --strategy tcgemm"
+        )
+    bn, bm = v.blocktile
+    if bn not in PIXEL_TILES:
+        raise SpecError(
+            f"wgmma b{bn}x{bm}: a block's pixels are wgmma's N, one of "
+            f"{', '.join(map(str, PIXEL_TILES))}"
+        )
+    if bm % 64 or not 64 <= bm <= 256:
+        raise SpecError(
+            f"wgmma b{bn}x{bm}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256 maps"
+        )
+    warpgroups = bm // 64
+    threads = 128 * warpgroups
+    nacc = bn // 2  # fp32 sums per thread: 64 x bn over 128 threads
+    budget = min(255, REGISTERS // threads)
+    if nacc + OVERHEAD > budget:
+        raise SpecError(
+            f"wgmma b{bn}x{bm}: {warpgroups} warpgroups of {nacc} fp32 sums a thread need "
+            f"about {nacc + OVERHEAD} registers, over the {budget} that {threads} threads "
+            "get; choose fewer pixels or maps"
+        )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"wgmma p{v.stages}: the ring holds 2 to 8 chunks")
+    a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
+    ring = v.stages * (a_stage + b_stage)
+    pitch = bm + 8  # elements of a staged output row
+    smem = max(ring, bn * pitch * 2) + 1024  # and the slack to align the ring to 1024 B
+    if smem > STAGE_LIMIT:
+        fit = (STAGE_LIMIT - 1024) // (a_stage + b_stage)
+        raise SpecError(
+            f"wgmma's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
+        )
+
+    # 2. work
+    chunks_per_tap = ceil_div(p.Cg, CHUNK)
+    kt = p.R * p.S * chunks_per_tap
+    map_tiles = ceil_div(p.Mg, bm)
+    ctx = shape_context(p)
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    ctx.update(
+        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        R=p.R,
+        S=p.S,
+        sh=sh,
+        sw=sw,
+        dh=dh,
+        dw=dw,
+        Cg=p.Cg,
+        Mg=p.Mg,
+        BM=bm,
+        BN=bn,
+        NACC=nacc,
+        groups_wg=warpgroups,
+        stages=v.stages,
+        threads=threads,
+        a_vecs=bm * 8 // threads,
+        b_vecs=bn * 8 // threads,
+        rows_per_pass=threads // 8,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        pitch=pitch,
+        out_vecs=bn * bm // 8 // threads,
+        kt=kt,
+        map_tiles=map_tiles,
+        rsc=p.R * p.S * p.Cg,
+        guard_maps=p.Mg % bm != 0,
+        guard_chans=p.Cg % CHUNK != 0,
+        x_image=p.H * p.W * p.C,
+        precision_note=ROUNDING[v.precision],
+    )
+    sizes = (
+        Size(
+            "GEMM",
+            f"{p.Mg} x (B*{p.Ho * p.Wo}) x {p.R * p.S * p.Cg}"
+            + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "maps x output pixels x (r, s, c) taps: y transposed, D = W X^T",
+        ),
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} pixels",
+            f"{warpgroups} warpgroup(s) of 64 maps x {bn} pixels: wgmma m64n{bn}k16, "
+            f"{nacc} fp32 sums per thread",
+        ),
+        Size(
+            "k walk",
+            f"{kt} chunks of {CHUNK} channels",
+            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
+            + ("; the last zero-filled past them" if p.Cg % CHUNK else ""),
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x ({bm} + {bn}) rows x 128 B in the 128B swizzle, "
+            "aligned to 1024 B; then the output tile",
+        ),
+        Size(
+            "copies",
+            f"{bm * 8 // threads} + {bn * 8 // threads} per thread per chunk",
+            "16-byte cp.async.cg, zero-filled outside the image and past the channels",
+        ),
+    )
+    launch = Launch(
+        v.kernel_name(p),
+        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (threads, 1, 1),
+        (0, map_tiles * p.groups, 1),
+        0,
+        p.Ho * p.Wo,
+        bn,
+        smem,
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="gemm/wgmma.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="mrsc." + p.dtype.value,
+        sizes=sizes,
+        context=ctx,
+        arch="sm_90a",
+    )
