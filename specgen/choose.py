@@ -27,8 +27,8 @@ from .variants import Precision, Variant, split_problem_tags
 # layers; wsplit serves what neither does (NHWC wide layers).
 SMALL_WEIGHTS = 16384
 PREFERENCE = {
-    Op.FPROP: ("tcgemm", "stream", "persist", "tiled", "direct"),
-    Op.DGRAD: ("tcgemm", "stream", "persist", "tiled", "phased"),
+    Op.FPROP: ("wgmma", "tcgemm", "stream", "persist", "tiled", "direct"),
+    Op.DGRAD: ("wgmma", "tcgemm", "stream", "persist", "tiled", "phased"),
     Op.WGRAD: ("tcwgrad", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
@@ -57,19 +57,23 @@ def allowed(variant: Variant, problem: ConvProblem, allow_tf32: bool) -> bool:
     return variant.precision in (Precision.FP32, Precision.TF32) or variant.tensor_core
 
 
-def _plans(problem: ConvProblem, variant: Variant) -> bool:
+def _plans(problem: ConvProblem, variant: Variant, arch: str | None = None) -> bool:
+    """Whether the variant plans for the problem and, given the GPU's architecture,
+    compiles for it (wgmma needs sm_90a)."""
     try:
-        make_plan(problem, variant)
+        plan = make_plan(problem, variant)
+        if arch:
+            plan.target(arch)
     except SpecError:
         return False
     return True
 
 
-def tuned(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
+def tuned(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choice | None:
     """The fastest allowed winner tuned for the problem, else for the problem without
     its epilogue (a layer with a bias gets the kernel tuned for its bare convolution)."""
     for spec in dict.fromkeys([problem.spec, _bare(problem).spec]):
-        found = _tuned(problem, spec, gpu, allow_tf32)
+        found = _tuned(problem, spec, gpu, allow_tf32, arch)
         if found:
             return found
     return None
@@ -80,14 +84,14 @@ def _bare(problem: ConvProblem) -> ConvProblem:
     return replace(problem, bias=False, act=Act.NONE)
 
 
-def _tuned(problem, spec, gpu, allow_tf32) -> Choice | None:
+def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
     best = None
     for r in tunedb.winners(spec, gpu).values():
         try:
             v = parse_variant_name(r["variant"])
         except SpecError:
             continue
-        if allowed(v, problem, allow_tf32) and _plans(problem, v):
+        if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
             if best is None or r["ms"] < best[0]["ms"]:
                 best = (r, v)
     if best is None:
@@ -107,7 +111,7 @@ def preset_of(problem: ConvProblem) -> ConvProblem | None:
     return None
 
 
-def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
+def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choice | None:
     preset = preset_of(problem)
     if preset is None:
         return None
@@ -118,7 +122,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
         if tags.get("op", Op.FPROP) is not problem.op:
             continue
         v = parse_variant_name(base)
-        if allowed(v, problem, allow_tf32) and _plans(problem, v):
+        if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
             picks.append((times.get(name, float("inf")), v, name))
     if not picks:
         return None
@@ -127,7 +131,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool) -> Choice | None:
     return Choice(v, "shipped", f"shipped winner of preset {preset.slug} on {gpu}{timed}")
 
 
-def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
+def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
         keys = ("tcwgrad", "wgemm", "wsplit", "wband")
@@ -142,7 +146,7 @@ def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
                 v = cls.default(cls.problem_for(problem), math)
             except SpecError:
                 continue
-            if allowed(v, problem, allow_tf32) and _plans(problem, v):
+            if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
                 return Choice(
                     v, "planned", f"planner default ({key}; untuned: SPECGEN_AUTOTUNE=1 tunes it)"
                 )
@@ -152,17 +156,18 @@ def planned(problem: ConvProblem, allow_tf32: bool) -> Choice:
                 v = cls.default(cls.problem_for(problem), p)
             except SpecError:
                 continue
-            if allowed(v, problem, allow_tf32) and _plans(problem, v):
+            if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
                 return Choice(
                     v, "planned", f"planner default ({cls.key}; the only strategy that serves it)"
                 )
     raise SpecError(f"no strategy of specgen serves {problem.spec}")
 
 
-def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False) -> Choice:
-    """The kernel for ``problem`` on ``gpu`` (a device name as ``bench.device_name``)."""
+def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> Choice:
+    """The kernel for ``problem`` on ``gpu`` (a device name as ``bench.device_name``;
+    ``arch``, its architecture, keeps out kernels it cannot run)."""
     return (
-        tuned(problem, gpu, allow_tf32)
-        or shipped(problem, gpu, allow_tf32)
-        or planned(problem, allow_tf32)
+        tuned(problem, gpu, allow_tf32, arch)
+        or shipped(problem, gpu, allow_tf32, arch)
+        or planned(problem, allow_tf32, arch)
     )

@@ -475,10 +475,11 @@ def run(shape_text, batch, streams, segment, name):
     _need_gpu("run")
     from .bench import device_name
     from .choose import choose
+    from .runtime import device_arch
     from .streamed import run_streamed
 
     if variant is None:
-        picked = choose(shape, device_name())
+        picked = choose(shape, device_name(), arch=device_arch())
         variant = picked.variant
         click.echo(f"{shape.slug}: {variant.name} ({picked.why})")
     batch = batch or shape.batch

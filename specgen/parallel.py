@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 import click
 
 from .compile import cache_writable, compile_source
+from .errors import SpecError
 from .plan import make_plan
 from .render import render
 
@@ -18,7 +19,7 @@ def _compile_one(shape, variant, arch):
     try:
         compile_source(render(plan), plan.name, plan.target(arch))
         return plan.name, None
-    except RuntimeError as e:
+    except (RuntimeError, SpecError) as e:  # a compile error, or an architecture it needs
         return plan.name, str(e)
 
 

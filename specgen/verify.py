@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .compile import compile_source, symbol_sizes
+from .errors import SpecError
 from .plan import Plan, make_plan
 from .reference import (
     bias_grad,
@@ -209,7 +210,7 @@ def verify_variant(
     row = Row(shape.slug, plan.name, plan.variant.precision.value)
     try:
         binary = compile_source(render(plan), plan.name, plan.target(arch))
-    except RuntimeError as e:
+    except (RuntimeError, SpecError) as e:  # a compile error, or an architecture it needs
         row.problems.append(str(e).splitlines()[0])
         return row
     stats, problems = check_resources(plan, binary)

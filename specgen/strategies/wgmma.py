@@ -8,8 +8,11 @@ or shared-memory bandwidth on ``ldmatrix`` (the limit of ``tcgemm``'s mma.sync o
 layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 64
 channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers through
 16-byte ``cp.async`` copies, zero-filled at the padding, laid out in the 128-byte swizzle
-that the operand descriptors name; the copies of chunk kt + stages - 1 are issued while
-the tensor cores multiply chunk kt, into the stage chunk kt - 1 left.  The epilogue (bias, activation,
+that the operand descriptors name.  One chunk's multiply stays in flight across the loop
+(``wgmma.wait_group 1``), and a stage is refilled two chunks after its multiply was
+issued, when every warpgroup has retired it: ``stages - 2`` chunks of copies fly ahead.
+(ptxas serializes the multiplies of a loop that keeps a group in flight unless the loop
+is unrolled by two; the compile test reads its report for that.)  The epilogue (bias, activation,
 rounding) stages the tile through shared memory as [pixel][map] rows and stores it in
 16-byte pieces along the maps, as NHWC y lies.
 
@@ -32,7 +35,6 @@ from .tcgemm import STAGE_LIMIT, VECTOR
 CHUNK = 64  # channels per stage: one 128-byte swizzled row per map and per pixel
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM; one block of this strategy per SM
-OVERHEAD = 56  # registers besides the sums: copy addresses, the walk, descriptors
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
 
 
@@ -50,7 +52,9 @@ class Wgmma(Variant):
     tensor_core = True
 
     blocktile: tuple[int, int] = param(
-        (256, 128), Pair("b"), "wgmma: the block's tile of y, output pixels x maps (64 maps a warpgroup)"
+        (256, 128),
+        Pair("b"),
+        "wgmma: the block's tile of y, output pixels x maps (64 maps a warpgroup)",
     )
     stages: int = param(4, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
 
@@ -60,8 +64,8 @@ class Wgmma(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The tensors' own math; 64 maps a warpgroup, as many warpgroups as the group's
-        maps fill (up to two), and the widest pixel tile whose grid fills the SMs' waves
-        within 10% of the best."""
+        maps fill (up to two), and the widest pixel tile that fits the registers and
+        whose grid fills the SMs' waves within 10% of the best."""
         _math_of(problem, seed)
         maps = min(seed.blocktile[1], 64 * ceil_div(problem.Mg, 64))
         pixels = problem.batch * problem.Ho * problem.Wo
@@ -71,8 +75,18 @@ class Wgmma(Variant):
             blocks = ceil_div(pixels, bn) * tiles
             return blocks / (ceil_div(blocks, SMS) * SMS)
 
-        best = max(filled(bn) for bn in PIXEL_TILES if bn <= seed.blocktile[0])
-        bn = max(bn for bn in PIXEL_TILES if bn <= seed.blocktile[0] and filled(bn) >= 0.9 * best)
+        fits = []
+        for bn in PIXEL_TILES:
+            try:
+                plan_wgmma(problem, replace(seed, blocktile=(bn, maps)))
+                fits.append(bn)
+            except SpecError:
+                pass
+        fits = [bn for bn in fits if bn <= seed.blocktile[0]] or fits
+        if not fits:  # every tile is refused: let the seed's plan say why
+            return replace(seed, blocktile=(seed.blocktile[0], maps))
+        best = max(filled(bn) for bn in fits)
+        bn = max(bn for bn in fits if filled(bn) >= 0.9 * best)
         return replace(seed, blocktile=(bn, maps))
 
     @classmethod
@@ -82,13 +96,12 @@ class Wgmma(Variant):
             (256, 128, 3),
             (256, 128, 4),
             (128, 128, 4),
-            (128, 128, 5),
             (128, 128, 6),
             (192, 128, 4),
-            (256, 64, 4),
-            (256, 64, 6),
             (128, 64, 6),
+            (64, 128, 8),
             (128, 256, 4),
+            (192, 192, 4),
         ):
             out.append(cls(blocktile=(bn, bm), stages=stages, precision=precision))
         return out
@@ -135,14 +148,20 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     threads = 128 * warpgroups
     nacc = bn // 2  # fp32 sums per thread: 64 x bn over 128 threads
     budget = min(255, REGISTERS // threads)
-    if nacc + OVERHEAD > budget:
+    # Registers besides the sums, as ptxas allotted them on sm_90a: five per pixel row a
+    # thread copies (its image pointer and window corner), two per map row, and the rest.
+    need = nacc + 5 * (bn * 8 // threads) + 2 * (bm * 8 // threads) + 40
+    if need > budget:
         raise SpecError(
-            f"wgmma b{bn}x{bm}: {warpgroups} warpgroups of {nacc} fp32 sums a thread need "
-            f"about {nacc + OVERHEAD} registers, over the {budget} that {threads} threads "
-            "get; choose fewer pixels or maps"
+            f"wgmma b{bn}x{bm}: {warpgroups} warpgroup(s) of {nacc} fp32 sums a thread and "
+            f"{bn * 8 // threads} pixel rows to copy need about {need} registers, over the "
+            f"{budget} that {threads} threads get; choose fewer pixels or more maps"
         )
-    if not 2 <= v.stages <= 8:
-        raise SpecError(f"wgmma p{v.stages}: the ring holds 2 to 8 chunks")
+    if not 3 <= v.stages <= 8:
+        raise SpecError(
+            f"wgmma p{v.stages}: the ring holds 3 to 8 chunks (one being multiplied, one "
+            "retiring, the rest in flight)"
+        )
     a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
     ring = v.stages * (a_stage + b_stage)
     pitch = bm + 8  # elements of a staged output row

@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv, weight_dtype
+from ..runtime import Conv, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role, w_shape
 
@@ -154,9 +154,10 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
         )
     gpu = gpu_name(index)
     with cupy.cuda.Device(index):
-        if autotuning() and choose(p, gpu, tf32).source != "tuned":
-            _tune(p, gpu, tf32)
-        choice = choose(p, gpu, tf32)
+        arch = device_arch()
+        if autotuning() and choose(p, gpu, tf32, arch).source != "tuned":
+            _tune(p, gpu, tf32, arch)
+        choice = choose(p, gpu, tf32, arch)
         conv = Conv(p, choice.variant)
         reads_w = p.op in (Op.FPROP, Op.DGRAD)
         gather = _gather(conv, index) if reads_w else None
@@ -164,13 +165,13 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
     return Kernel(p, choice, conv, gather)
 
 
-def _tune(p: ConvProblem, gpu: str, tf32: bool) -> None:
+def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
     """Tune every math the caller allows, once per problem across processes: the first
     process holds the lock while it tunes, the others wait and then read its winners."""
     from ..tune import run_tune
 
     with tunedb.locked(p.spec):
-        if choose(p, gpu, tf32).source == "tuned":
+        if choose(p, gpu, tf32, arch).source == "tuned":
             return  # another process tuned it while this one waited
         for precision in maths(p, tf32):
             try:

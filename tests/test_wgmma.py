@@ -1,0 +1,197 @@
+"""wgmma, the implicit GEMM on Hopper's warpgroup tensor cores: what ptxas makes of it
+for sm_90a (CPU tier), its limits and architecture, the planner's choice, and its
+numbers on drawn problems (GPU tier)."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from specgen.choose import planned
+from specgen.compile import compile_source, options_for
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.render import render
+from specgen.shapes import PRESETS, DType, Op, parse_shape
+from specgen.strategies import Wgmma, default_set, parse_variant_name
+from specgen.variants import Precision
+
+AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
+SERIALIZED = "C7514"  # ptxas: wgmma.mma_async instructions are serialized
+
+
+def compiled(plan):
+    return compile_source(render(plan), plan.name, plan.target("sm_90"))
+
+
+def ptx_of(plan) -> str:
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(render(plan), f"{plan.name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, list(options_for(plan.target("sm_90"))))
+        return nvrtc.getPTX(prog).decode()
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
+    """The issue's CPU check for the sm_90 path: no spills, the multiplies not
+    serialized by ptxas, and in the PTX the warpgroup MMA with its fences and the
+    16-byte cp.async copies that feed it."""
+    p = PRESETS["ae-enc2-bf16"]
+    (v,) = [x for x in default_set(p) if x.key == "wgmma"]
+    plan = make_plan(p, v)
+    assert plan.target("sm_90") == "sm_90a"
+    binary = compiled(plan)
+    assert binary.arch == "sm_90a"
+    assert binary.spills == 0, binary.resources
+    assert SERIALIZED not in binary.log
+    ptx = ptx_of(plan)
+    bn = v.blocktile[0]
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # one chunk stays in flight
+    assert "fence.proxy.async.shared::cta;" in ptx  # cp.async writes, wgmma reads
+    assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
+
+
+def test_every_tune_candidate_plans_or_refuses_and_compiles_unserialized():
+    p = parse_shape(AE_ENC2_BF16)
+    planned_count = 0
+    for v in Wgmma.space(p, Precision.BF16):
+        try:
+            plan = make_plan(p, v)
+        except SpecError as e:
+            assert "\n" not in str(e)
+            continue
+        planned_count += 1
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (plan.name, binary.resources)
+    assert planned_count >= 8
+
+
+def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
+    for name in ("ae-enc2-bf16", "ae-dec2-bf16"):
+        p = PRESETS[name]
+        assert planned(p, False).variant.key == "wgmma"
+        assert planned(p.with_op(Op.DGRAD), False).variant.key == "wgmma"
+        assert planned(p, False, arch="sm_80").variant.key == "tcgemm"
+        assert planned(p, False, arch="sm_90").variant.key == "wgmma"
+    assert not [v for v in default_set(PRESETS["ae-enc2"]) if v.key == "wgmma"]  # fp32 NCHW
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_bf16", "16-bit"),
+        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_bf16", "nhwc"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_fp16", "--precision bf16"),
+        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_bf16", "multiple of 8"),
+        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_bf16", "tcgemm"),
+        (AE_ENC2_BF16, "wgmma_b96x128_p4_bf16", "wgmma's N"),
+        (AE_ENC2_BF16, "wgmma_b256x96_p4_bf16", "64 maps"),
+        (AE_ENC2_BF16, "wgmma_b256x64_p4_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p5_bf16", "--stages 4"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p2_bf16", "3 to 8"),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name(name))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_plan_names_its_architecture():
+    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_bf16"))
+    assert plan.target("sm_90a") == "sm_90a"
+    with pytest.raises(SpecError) as e:
+        plan.target("sm_80")
+    assert "sm_90a" in str(e.value) and "tcgemm" in str(e.value)
+    other = make_plan(
+        PRESETS["ae-enc2-bf16"], parse_variant_name("tcgemm_b128x128_w2x2_k32_p4_bf16")
+    )
+    assert other.target("sm_80") == "sm_80"
+
+
+# ---- GPU tier ----
+
+
+@st.composite
+def wgmma_problems(draw):
+    """Problems wgmma serves: channels and maps multiples of 8 per group, stride,
+    dilation, every padding, bias and relu, both 16-bit dtypes; forward and dgrad."""
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    cg = 8 * draw(st.integers(1, 20))
+    mg = 8 * draw(st.integers(1, 24))
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
+    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
+        f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op={op}"
+    )
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1"
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",act=relu"
+    try:
+        p = parse_shape(spec)
+        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
+        return p
+    except SpecError:
+        assume(False)
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(p=wgmma_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default variant and one drawn from tune's space, against the float64
+    reference: pixels past the batch, maps past the tile, channels past the chunk,
+    the window's zero-fill, and the staged epilogue's bias and relu."""
+    from specgen.parallel import precompile
+    from specgen.runtime import device_arch
+    from specgen.verify import verify_variant
+
+    arch = device_arch()
+    view = Wgmma.problem_for(p)
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    variants = [Wgmma.default(view, precision)]
+    space = []
+    for v in Wgmma.space(view, precision):
+        try:
+            make_plan(p, v)
+            space.append(v)
+        except SpecError:
+            pass
+    variants.append(space[pick % len(space)])
+    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (p.spec, v.name, row.problems)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=wgmma_problems())
+def test_drawn_defaults_compile_without_spills(p):
+    view = Wgmma.problem_for(p)
+    for precision in Wgmma.precisions:
+        try:
+            v = Wgmma.default(view, precision)
+        except SpecError:
+            continue
+        binary = compiled(make_plan(p, v))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (p.spec, v.name)
