@@ -34,7 +34,7 @@ def compiled():
 def test_compiles_for_sm90_without_spills_and_as_planned(shape, variant, compiled):
     plan = make_plan(shape, variant)
     assert compiled[plan.name] is None, compiled[plan.name]
-    binary = compile_source(render(plan), plan.name, "sm_90")
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)
     assert not problems, problems
     assert stats["spills"] == 0
@@ -155,7 +155,7 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         variants = [v for v in variants if type(v) is Direct]
     for v in variants:
         plan = make_plan(p, v)
-        binary = compile_source(render(plan), plan.name, "sm_90")
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
         stats, problems = check_resources(plan, binary)
         assert not problems, (p.spec, v.name, problems)
 
@@ -173,7 +173,7 @@ def test_variants_that_once_spilled_do_not(spec, name):
 
     p = parse_shape(spec)
     plan = make_plan(p, parse_variant_name(name, p))
-    binary = compile_source(render(plan), plan.name, "sm_90")
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)
     assert not problems and stats["spills"] == 0, problems
 
@@ -198,6 +198,6 @@ def test_drawn_backward_problems_compile_for_sm90_without_spills(p):
             variants = [v for v in variants if type(v).__name__ in ("Direct", "Phased")]
         for v in variants:
             plan = make_plan(q, v)
-            binary = compile_source(render(plan), plan.name, "sm_90")
+            binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
             stats, problems = check_resources(plan, binary)
             assert not problems, (q.spec, v.name, problems)

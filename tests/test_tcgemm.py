@@ -40,7 +40,7 @@ def test_ae_enc2_bf16_nhwc_compiles_without_spills_and_pipelines():
         parse_variant_name("tcgemm_b128x128_w2x2_k32_p4_bf16")
     ]:
         plan = make_plan(p, v)
-        binary = compile_source(render(plan), plan.name, "sm_90")
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
         assert binary.spills == 0, (plan.name, binary.resources)
         ptx = ptx_of(plan)
         assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)
@@ -201,7 +201,7 @@ def test_drawn_defaults_compile_without_spills(p):
         except SpecError:
             continue
         plan = make_plan(p, v)
-        binary = compile_source(render(plan), plan.name, "sm_90")
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
         assert binary.spills == 0, (p.spec, plan.name, binary.resources)
 
 
@@ -209,7 +209,7 @@ def test_wgrad_of_ae_enc2_bf16_reads_fragments_transposed():
     p = PRESETS["ae-enc2-bf16"].with_op(Op.WGRAD)
     (v,) = [x for x in default_set(p) if x.key == "tcwgrad"]
     plan = make_plan(p, v)
-    assert compile_source(render(plan), plan.name, "sm_90").spills == 0
+    assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
     ptx = ptx_of(plan)
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert f"cp.async.wait_group {v.stages - 2};" in ptx

@@ -86,16 +86,17 @@ def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_bf16", "16-bit"),
-        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_bf16", "nhwc"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p4_fp16", "--precision bf16"),
-        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_bf16", "multiple of 8"),
-        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_bf16", "tcgemm"),
-        (AE_ENC2_BF16, "wgmma_b96x128_p4_bf16", "wgmma's N"),
-        (AE_ENC2_BF16, "wgmma_b256x96_p4_bf16", "64 maps"),
-        (AE_ENC2_BF16, "wgmma_b256x64_p4_bf16", "registers"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p5_bf16", "--stages 4"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p2_bf16", "3 to 8"),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_bf16", "16-bit"),
+        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_bf16", "nhwc"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_fp16", "--precision bf16"),
+        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_bf16", "multiple of 8"),
+        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_q2_bf16", "tcgemm"),
+        (AE_ENC2_BF16, "wgmma_b96x128_p4_q2_bf16", "wgmma's N"),
+        (AE_ENC2_BF16, "wgmma_b256x96_p4_q2_bf16", "64 maps"),
+        (AE_ENC2_BF16, "wgmma_b256x64_p4_q2_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p5_q2_bf16", "--stages 4"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p2_q2_bf16", "3 to 8"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_bf16", "one or two"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -105,7 +106,7 @@ def test_limits_are_one_line_refusals(spec, name, words):
 
 
 def test_the_plan_names_its_architecture():
-    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_bf16"))
+    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_q2_bf16"))
     assert plan.target("sm_90a") == "sm_90a"
     with pytest.raises(SpecError) as e:
         plan.target("sm_80")

@@ -8,11 +8,12 @@ or shared-memory bandwidth on ``ldmatrix`` (the limit of ``tcgemm``'s mma.sync o
 layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 64
 channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers through
 16-byte ``cp.async`` copies, zero-filled at the padding, laid out in the 128-byte swizzle
-that the operand descriptors name.  One chunk's multiply stays in flight across the loop
-(``wgmma.wait_group 1``), and a stage is refilled two chunks after its multiply was
-issued, when every warpgroup has retired it: ``stages - 2`` chunks of copies fly ahead.
-(ptxas serializes the multiplies of a loop that keeps a group in flight unless the loop
-is unrolled by two; the compile test reads its report for that.)  The epilogue (bias, activation,
+that the operand descriptors name.  The multiplies of ``inflight`` chunks run at once
+(``wgmma.wait_group inflight - 1``), and a stage is refilled ``inflight`` chunks after
+its multiply was issued, when every warpgroup has retired it: ``stages - inflight``
+chunks of copies fly ahead.  (ptxas serializes every wgmma when a non-wgmma instruction
+may read the sums while a multiply is in flight; a single ``cvt.rn.bf16.f32`` in the
+epilogue was enough.  The compile test reads its report for that.)  The epilogue (bias, activation,
 rounding) stages the tile through shared memory as [pixel][map] rows and stores it in
 16-byte pieces along the maps, as NHWC y lies.
 
@@ -57,6 +58,9 @@ class Wgmma(Variant):
         "wgmma: the block's tile of y, output pixels x maps (64 maps a warpgroup)",
     )
     stages: int = param(4, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
+    inflight: int = param(
+        2, Count("q"), "wgmma: chunks whose multiplies run at once (wgmma.wait_group q-1)"
+    )
 
     def plan(self, problem):
         return plan_wgmma(problem, self)
@@ -103,7 +107,10 @@ class Wgmma(Variant):
             (128, 256, 4),
             (192, 192, 4),
         ):
-            out.append(cls(blocktile=(bn, bm), stages=stages, precision=precision))
+            for inflight in (1, 2):
+                out.append(
+                    cls(blocktile=(bn, bm), stages=stages, inflight=inflight, precision=precision)
+                )
         return out
 
 
@@ -157,10 +164,12 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"{bn * 8 // threads} pixel rows to copy need about {need} registers, over the "
             f"{budget} that {threads} threads get; choose fewer pixels or more maps"
         )
-    if not 3 <= v.stages <= 8:
+    if v.inflight not in (1, 2):
+        raise SpecError(f"wgmma q{v.inflight}: one or two chunks' multiplies run at once")
+    if not v.inflight + 1 <= v.stages <= 8:
         raise SpecError(
-            f"wgmma p{v.stages}: the ring holds 3 to 8 chunks (one being multiplied, one "
-            "retiring, the rest in flight)"
+            f"wgmma p{v.stages} q{v.inflight}: the ring holds {v.inflight + 1} to 8 chunks "
+            f"({v.inflight} being multiplied, the rest in flight)"
         )
     a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
     ring = v.stages * (a_stage + b_stage)
@@ -194,6 +203,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         NACC=nacc,
         groups_wg=warpgroups,
         stages=v.stages,
+        inflight=v.inflight,
         threads=threads,
         a_vecs=bm * 8 // threads,
         b_vecs=bn * 8 // threads,
