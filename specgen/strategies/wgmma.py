@@ -35,7 +35,8 @@ from .tcgemm import STAGE_LIMIT, VECTOR
 
 CHUNK = 64  # channels per stage: one 128-byte swizzled row per map and per pixel
 SMS = 132  # the H200's SMs, for sizing the grid
-REGISTERS = 65536  # per SM; one block of this strategy per SM
+REGISTERS = 65536  # per SM
+SM_SHARED = 228 * 1024  # shared memory per SM, of which each block's driver part takes 1 KiB
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
 
 
@@ -99,9 +100,11 @@ class Wgmma(Variant):
         for bn, bm, stages in (
             (256, 128, 3),
             (256, 128, 4),
+            (128, 128, 3),
             (128, 128, 4),
             (128, 128, 6),
             (192, 128, 4),
+            (128, 64, 4),
             (128, 64, 6),
             (64, 128, 8),
             (128, 256, 4),
@@ -182,6 +185,10 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
         )
 
+    # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
+    # other's multiplies); the bounds hold ptxas to the registers that takes.
+    per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and nacc <= 64 and threads <= 256 else 1
+
     # 2. work
     chunks_per_tap = ceil_div(p.Cg, CHUNK)
     kt = p.R * p.S * chunks_per_tap
@@ -205,6 +212,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         stages=v.stages,
         inflight=v.inflight,
         threads=threads,
+        per_sm=per_sm,
         a_vecs=bm * 8 // threads,
         b_vecs=bn * 8 // threads,
         rows_per_pass=threads // 8,
@@ -243,7 +251,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             "__shared__",
             f"{smem} B (dynamic)",
             f"{v.stages} stages x ({bm} + {bn}) rows x 128 B in the 128B swizzle, "
-            "aligned to 1024 B; then the output tile",
+            f"aligned to 1024 B; then the output tile; {per_sm} block(s) per SM",
         ),
         Size(
             "copies",
