@@ -56,6 +56,9 @@ def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # one chunk stays in flight
     assert "fence.proxy.async.shared::cta;" in ptx  # cp.async writes, wgmma reads
     assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
+    if v.producer:  # the producer warpgroup and the consumers meet at mbarriers
+        assert "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64" in ptx
+        assert "mbarrier.arrive.release.cta.shared::cta.b64" in ptx
 
 
 def test_every_tune_candidate_plans_or_refuses_and_compiles_unserialized():
@@ -86,17 +89,18 @@ def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_bf16", "16-bit"),
-        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_bf16", "nhwc"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_fp16", "--precision bf16"),
-        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_bf16", "multiple of 8"),
-        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_q2_bf16", "tcgemm"),
-        (AE_ENC2_BF16, "wgmma_b96x128_p4_q2_bf16", "wgmma's N"),
-        (AE_ENC2_BF16, "wgmma_b256x96_p4_q2_bf16", "64 maps"),
-        (AE_ENC2_BF16, "wgmma_b256x64_p4_q2_bf16", "registers"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p5_q2_bf16", "--stages 4"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p2_q2_bf16", "3 to 8"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_bf16", "one or two"),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_ws_bf16", "16-bit"),
+        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_ws_bf16", "nhwc"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_ws_fp16", "--precision bf16"),
+        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_ws_bf16", "multiple of 8"),
+        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_q2_ws_bf16", "tcgemm"),
+        (AE_ENC2_BF16, "wgmma_b96x128_p4_q2_ws_bf16", "wgmma's N"),
+        (AE_ENC2_BF16, "wgmma_b256x96_p4_q2_ws_bf16", "64 maps"),
+        (AE_ENC2_BF16, "wgmma_b256x64_p4_q2_sy_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b128x256_p4_q2_ws_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p5_q2_ws_bf16", "--stages 4"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p2_q2_ws_bf16", "3 to 8"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_ws_bf16", "one or two"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -106,7 +110,7 @@ def test_limits_are_one_line_refusals(spec, name, words):
 
 
 def test_the_plan_names_its_architecture():
-    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_q2_bf16"))
+    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_q2_ws_bf16"))
     assert plan.target("sm_90a") == "sm_90a"
     with pytest.raises(SpecError) as e:
         plan.target("sm_80")

@@ -29,7 +29,7 @@ from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
-from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Switch, Variant, param
 from .mma import ROUNDING
 from .tcgemm import STAGE_LIMIT, VECTOR
 
@@ -61,6 +61,12 @@ class Wgmma(Variant):
     stages: int = param(4, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
     inflight: int = param(
         2, Count("q"), "wgmma: chunks whose multiplies run at once (wgmma.wait_group q-1)"
+    )
+    producer: bool = param(
+        True,
+        Switch("ws", "sy", ("producer-warps", "every-warp-copies")),
+        "wgmma: a producer warpgroup copies under mbarriers (ws), or every warp copies and "
+        "the block syncs on each chunk (sy)",
     )
 
     def plan(self, problem):
@@ -111,9 +117,16 @@ class Wgmma(Variant):
             (192, 192, 4),
         ):
             for inflight in (1, 2):
-                out.append(
-                    cls(blocktile=(bn, bm), stages=stages, inflight=inflight, precision=precision)
-                )
+                for producer in (True, False):
+                    out.append(
+                        cls(
+                            blocktile=(bn, bm),
+                            stages=stages,
+                            inflight=inflight,
+                            producer=producer,
+                            precision=precision,
+                        )
+                    )
         return out
 
 
@@ -155,17 +168,21 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma b{bn}x{bm}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256 maps"
         )
     warpgroups = bm // 64
-    threads = 128 * warpgroups
+    consumers = 128 * warpgroups  # threads that multiply and store
+    copiers = 128 if v.producer else consumers
+    threads = consumers + (128 if v.producer else 0)
     nacc = bn // 2  # fp32 sums per thread: 64 x bn over 128 threads
-    budget = min(255, REGISTERS // threads)
-    # Registers besides the sums, as ptxas allotted them on sm_90a: five per pixel row a
-    # thread copies (its image pointer and window corner), two per map row, and the rest.
-    need = nacc + 5 * (bn * 8 // threads) + 2 * (bm * 8 // threads) + 40
+    budget = min(255, REGISTERS // threads // 8 * 8)
+    # Registers, as ptxas allotted them on sm_90a: the sums and about 30 more in a thread
+    # that multiplies; five per pixel row and two per map row in a thread that copies.
+    copying = 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
+    need = max(nacc + 30, copying) if v.producer else nacc + copying + 10
     if need > budget:
         raise SpecError(
-            f"wgmma b{bn}x{bm}: {warpgroups} warpgroup(s) of {nacc} fp32 sums a thread and "
-            f"{bn * 8 // threads} pixel rows to copy need about {need} registers, over the "
-            f"{budget} that {threads} threads get; choose fewer pixels or more maps"
+            f"wgmma b{bn}x{bm}{'_ws' if v.producer else ''}: {warpgroups} warpgroup(s) of "
+            f"{nacc} fp32 sums a thread and {bn * 8 // copiers} pixel rows to copy need about "
+            f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
+            "pixels or more maps"
         )
     if v.inflight not in (1, 2):
         raise SpecError(f"wgmma q{v.inflight}: one or two chunks' multiplies run at once")
@@ -177,9 +194,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
     ring = v.stages * (a_stage + b_stage)
     pitch = bm + 8  # elements of a staged output row
-    smem = max(ring, bn * pitch * 2) + 1024  # and the slack to align the ring to 1024 B
+    bars_at = max(ring, bn * pitch * 2)  # the producer's mbarriers after the ring
+    bars = 16 * v.stages if v.producer else 0
+    smem = bars_at + bars + 1024  # and the slack to align the ring to 1024 B
     if smem > STAGE_LIMIT:
-        fit = (STAGE_LIMIT - 1024) // (a_stage + b_stage)
+        fit = (STAGE_LIMIT - 1024 - bars) // (a_stage + b_stage + (16 if v.producer else 0))
         raise SpecError(
             f"wgmma's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
             f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
@@ -212,14 +231,18 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         stages=v.stages,
         inflight=v.inflight,
         threads=threads,
+        consumers=consumers,
+        copiers=copiers,
+        producer=v.producer,
+        bars_at=bars_at,
         per_sm=per_sm,
-        a_vecs=bm * 8 // threads,
-        b_vecs=bn * 8 // threads,
-        rows_per_pass=threads // 8,
+        a_vecs=bm * 8 // copiers,
+        b_vecs=bn * 8 // copiers,
+        rows_per_pass=copiers // 8,
         a_stage=a_stage,
         b_stage=b_stage,
         pitch=pitch,
-        out_vecs=bn * bm // 8 // threads,
+        out_vecs=bn * bm // 8 // consumers,
         kt=kt,
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
@@ -239,7 +262,8 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             "block tile",
             f"{bm} maps x {bn} pixels",
             f"{warpgroups} warpgroup(s) of 64 maps x {bn} pixels: wgmma m64n{bn}k16, "
-            f"{nacc} fp32 sums per thread",
+            f"{nacc} fp32 sums per thread"
+            + ("; a producer warpgroup copies" if v.producer else "; every warp copies"),
         ),
         Size(
             "k walk",
@@ -255,8 +279,9 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         ),
         Size(
             "copies",
-            f"{bm * 8 // threads} + {bn * 8 // threads} per thread per chunk",
-            "16-byte cp.async.cg, zero-filled outside the image and past the channels",
+            f"{bm * 8 // copiers} + {bn * 8 // copiers} per copying thread per chunk",
+            "16-byte cp.async.cg, zero-filled outside the image and past the channels"
+            + ("; mbarriers say landed and retired" if v.producer else "; a barrier a chunk"),
         ),
     )
     launch = Launch(
