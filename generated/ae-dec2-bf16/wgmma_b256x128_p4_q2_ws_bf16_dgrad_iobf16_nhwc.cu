@@ -166,8 +166,10 @@ wgmma_b256x128_p4_q2_ws_bf16_dgrad_iobf16_nhwc(const unsigned short* __restrict_
 
     if (wg == 2) {
         // The producer: chunk kt into stage kt % 4 once the consumers retired what it
-        // held; chunk kt - 3 announced once its copies landed (its own wait, then
-        // the proxy fence that shows them to the tensor cores, then the arrival).
+        // held; chunk kt - 2 announced once its copies landed (its own wait, then the
+        // proxy fence that shows them to the tensor cores, then the arrival).  The lag of
+        // 2 is what the consumers' release of chunk kt - 4 allows: they retire a
+        // chunk only after multiplying the next 1.
         const int ctid = tid - 256;
     // The copies: this thread's 16-byte unit of a row, and its rows 16 apart.
     const int unit = ctid % 8;
@@ -226,16 +228,16 @@ wgmma_b256x128_p4_q2_ws_bf16_dgrad_iobf16_nhwc(const unsigned short* __restrict_
                 bar_wait(empty + 8 * stage, (kt / 4 - 1) & 1);
             load_chunk(stage);
             cp_async_commit();
-            if (kt >= 3) {
-                cp_async_wait<3>();
+            if (kt >= 2) {
+                cp_async_wait<2>();
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                bar_arrive(full + 8 * ((kt - 3) % 4));
+                bar_arrive(full + 8 * ((kt - 2) % 4));
             }
         }
         cp_async_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #pragma unroll
-        for (int j = 33; j < 36; ++j)
+        for (int j = 34; j < 36; ++j)
             bar_arrive(full + 8 * (j % 4));
         return;
     }

@@ -230,6 +230,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         groups_wg=warpgroups,
         stages=v.stages,
         inflight=v.inflight,
+        lag=v.stages - v.inflight,  # chunks a producer thread keeps copying past an arrival
         threads=threads,
         consumers=consumers,
         copiers=copiers,
