@@ -53,12 +53,51 @@ def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
     ptx = ptx_of(plan)
     bn = v.blocktile[0]
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
-    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # one chunk stays in flight
+    assert f"wgmma.wait_group.sync.aligned {v.inflight - 1};" in ptx
     assert "fence.proxy.async.shared::cta;" in ptx  # cp.async writes, wgmma reads
     assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
     if v.producer:  # the producer warpgroup and the consumers meet at mbarriers
         assert "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64" in ptx
         assert "mbarrier.arrive.release.cta.shared::cta.b64" in ptx
+
+
+def _deadlocks(stages: int, inflight: int, lag: int, chunks: int) -> bool:
+    """The ws protocol stepped as the kernel runs it: the producer loads chunk k once
+    chunk k - stages is retired and announces chunk k - lag after loading chunk k (the
+    rest after its loop); the consumers multiply chunk k once announced and retire chunk
+    k - inflight + 1 after it.  True when neither side can move."""
+    announced, retired, k_prod, k_cons, drained = set(), set(), 0, 0, False
+    while k_cons < chunks:
+        moved = False
+        if k_prod < chunks and (k_prod < stages or k_prod - stages in retired):
+            if k_prod >= lag:
+                announced.add(k_prod - lag)
+            k_prod, moved = k_prod + 1, True
+        elif k_prod == chunks and not drained:
+            announced |= set(range(max(chunks - lag, 0), chunks))
+            drained = moved = True
+        if k_cons in announced:
+            if k_cons >= inflight - 1:
+                retired.add(k_cons - inflight + 1)
+            k_cons, moved = k_cons + 1, True
+        if not moved:
+            return True
+    return False
+
+
+def test_the_producer_protocol_cannot_deadlock():
+    """Every ring and overlap of the tune space, with the lag the plan gives the
+    template, over walks of 1 to 40 chunks; and the lag of stages - 1 that hung on the
+    H200 is caught."""
+    p = parse_shape(AE_ENC2_BF16)
+    for v in Wgmma.space(p, Precision.BF16):
+        try:
+            ctx = make_plan(p, v).context
+        except SpecError:
+            continue
+        for chunks in range(1, 41):
+            assert not _deadlocks(v.stages, v.inflight, ctx["lag"], chunks), (v.name, chunks)
+    assert _deadlocks(4, 2, 3, 10)
 
 
 def test_every_tune_candidate_plans_or_refuses_and_compiles_unserialized():
@@ -89,18 +128,20 @@ def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_ws_bf16", "16-bit"),
-        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_ws_bf16", "nhwc"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_ws_fp16", "--precision bf16"),
-        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_ws_bf16", "multiple of 8"),
-        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_q2_ws_bf16", "tcgemm"),
-        (AE_ENC2_BF16, "wgmma_b96x128_p4_q2_ws_bf16", "wgmma's N"),
-        (AE_ENC2_BF16, "wgmma_b256x96_p4_q2_ws_bf16", "64 maps"),
-        (AE_ENC2_BF16, "wgmma_b256x64_p4_q2_sy_bf16", "registers"),
-        (AE_ENC2_BF16, "wgmma_b128x256_p4_q2_ws_bf16", "registers"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p5_q2_ws_bf16", "--stages 4"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p2_q2_ws_bf16", "3 to 8"),
-        (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_ws_bf16", "one or two"),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_gr_ws_bf16", "16-bit"),
+        (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_gr_ws_bf16", "nhwc"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_gr_ws_fp16", "--precision bf16"),
+        (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_gr_ws_bf16", "multiple of 8"),
+        (AE_ENC2_BF16.replace("M=128", "M=100"), "wgmma_b256x128_p4_q2_gr_ws_bf16", "tcgemm"),
+        (AE_ENC2_BF16, "wgmma_b96x128_p4_q2_gr_ws_bf16", "wgmma's N"),
+        (AE_ENC2_BF16, "wgmma_b256x96_p4_q2_gr_ws_bf16", "64 maps"),
+        (AE_ENC2_BF16, "wgmma_b256x64_p4_q2_gr_sy_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b128x256_p4_q2_gr_ws_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p5_q2_gr_ws_bf16", "--stages 4"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p2_q2_gr_ws_bf16", "3 to 8"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_gr_ws_bf16", "one or two"),
+        (AE_ENC2_BF16, "wgmma_b128x128_p4_q2_pe_ws_bf16", "persistent form"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p3_q1_pe_sy_bf16", "registers"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -110,7 +151,7 @@ def test_limits_are_one_line_refusals(spec, name, words):
 
 
 def test_the_plan_names_its_architecture():
-    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_q2_ws_bf16"))
+    plan = make_plan(PRESETS["ae-enc2-bf16"], parse_variant_name("wgmma_b256x128_p4_q2_gr_ws_bf16"))
     assert plan.target("sm_90a") == "sm_90a"
     with pytest.raises(SpecError) as e:
         plan.target("sm_80")

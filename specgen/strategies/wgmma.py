@@ -9,13 +9,23 @@ layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 6
 channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers through
 16-byte ``cp.async`` copies, zero-filled at the padding, laid out in the 128-byte swizzle
 that the operand descriptors name.  The multiplies of ``inflight`` chunks run at once
-(``wgmma.wait_group inflight - 1``), and a stage is refilled ``inflight`` chunks after
-its multiply was issued, when every warpgroup has retired it: ``stages - inflight``
-chunks of copies fly ahead.  (ptxas serializes every wgmma when a non-wgmma instruction
-may read the sums while a multiply is in flight; a single ``cvt.rn.bf16.f32`` in the
-epilogue was enough.  The compile test reads its report for that.)  The epilogue (bias, activation,
-rounding) stages the tile through shared memory as [pixel][map] rows and stores it in
-16-byte pieces along the maps, as NHWC y lies.
+(``wgmma.wait_group inflight - 1``).  Two ways to feed them:
+
+* ``sy`` (the default): every warp copies, and the block meets at one barrier a chunk;
+  a stage is refilled ``inflight`` chunks after its multiply was issued, so
+  ``stages - inflight`` chunks of copies fly ahead.
+* ``ws``: a producer warpgroup of its own copies, and mbarriers say "landed" (after the
+  producer's own wait and proxy fence) and "retired" (by each consumer warp).  The
+  producer announces a chunk ``stages - inflight`` chunks after issuing it: a longer lag
+  deadlocks when the consumers retire a chunk only after multiplying the next.  On the
+  H200 the 128 producer threads issuing every copy were slower than ``sy`` (0.037 against
+  0.035 ms on ae-enc2), so ``ws`` stays in the tune space only.
+
+ptxas serializes every wgmma when a non-wgmma instruction may read the sums while a
+multiply is in flight (a single ``cvt.rn.bf16.f32`` in the epilogue was enough): the
+epilogue rounds pairs, and the compile test reads ptxas's report for that.  The epilogue
+(bias, activation, rounding) stages the tile through shared memory as [pixel][map] rows
+and stores it in 16-byte pieces along the maps, as NHWC y lies.
 
 ``wgmma`` exists on sm_90a only: the plan says so and the compile step targets it.
 dgrad at stride 1 comes through the forward view, as for every forward strategy.
@@ -58,12 +68,18 @@ class Wgmma(Variant):
         Pair("b"),
         "wgmma: the block's tile of y, output pixels x maps (64 maps a warpgroup)",
     )
-    stages: int = param(4, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
+    stages: int = param(3, Count("p"), "wgmma: chunks of 64 channels in the shared-memory ring")
     inflight: int = param(
-        2, Count("q"), "wgmma: chunks whose multiplies run at once (wgmma.wait_group q-1)"
+        1, Count("q"), "wgmma: chunks whose multiplies run at once (wgmma.wait_group q-1)"
+    )
+    persistent: bool = param(
+        False,
+        Switch("pe", "gr", ("persistent", "one-tile-a-block")),
+        "wgmma: blocks for the SMs walk the tiles, the next tile's first chunks copied while "
+        "this tile's sums go out (pe); or a block for each tile (gr)",
     )
     producer: bool = param(
-        True,
+        False,
         Switch("ws", "sy", ("producer-warps", "every-warp-copies")),
         "wgmma: a producer warpgroup copies under mbarriers (ws), or every warp copies and "
         "the block syncs on each chunk (sy)",
@@ -116,17 +132,23 @@ class Wgmma(Variant):
             (128, 256, 4),
             (192, 192, 4),
         ):
-            for inflight in (1, 2):
-                for producer in (True, False):
-                    out.append(
-                        cls(
-                            blocktile=(bn, bm),
-                            stages=stages,
-                            inflight=inflight,
-                            producer=producer,
-                            precision=precision,
-                        )
+            for inflight, persistent, producer in (
+                (1, False, False),
+                (2, False, False),
+                (1, True, False),
+                (2, True, False),
+                (2, False, True),
+            ):
+                out.append(
+                    cls(
+                        blocktile=(bn, bm),
+                        stages=stages,
+                        inflight=inflight,
+                        persistent=persistent,
+                        producer=producer,
+                        precision=precision,
                     )
+                )
         return out
 
 
@@ -177,9 +199,12 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     # that multiplies; five per pixel row and two per map row in a thread that copies.
     copying = 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
     need = max(nacc + 30, copying) if v.producer else nacc + copying + 10
+    if v.persistent:
+        need += 45  # the walk over tiles keeps the copy state live beside the sums (ptxas)
     if need > budget:
         raise SpecError(
-            f"wgmma b{bn}x{bm}{'_ws' if v.producer else ''}: {warpgroups} warpgroup(s) of "
+            f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}{'_ws' if v.producer else ''}: "
+            f"{warpgroups} warpgroup(s) of "
             f"{nacc} fp32 sums a thread and {bn * 8 // copiers} pixel rows to copy need about "
             f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
             "pixels or more maps"
@@ -193,12 +218,23 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         )
     a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
     ring = v.stages * (a_stage + b_stage)
+    if v.persistent and v.producer:
+        raise SpecError(
+            "wgmma pe_ws: the persistent form copies with every warp; choose sy with pe, "
+            "or gr with ws"
+        )
     pitch = bm + 8  # elements of a staged output row
-    bars_at = max(ring, bn * pitch * 2)  # the producer's mbarriers after the ring
+    staging = bn * pitch * 2
+    # The staged output tile: in the ring once it is free, or after it where the next
+    # tile's copies fill the ring meanwhile.
+    staging_at = ring if v.persistent else 0
+    bars_at = max(ring, staging_at + staging)  # the producer's mbarriers after the ring
     bars = 16 * v.stages if v.producer else 0
     smem = bars_at + bars + 1024  # and the slack to align the ring to 1024 B
     if smem > STAGE_LIMIT:
-        fit = (STAGE_LIMIT - 1024 - bars) // (a_stage + b_stage + (16 if v.producer else 0))
+        fit = (STAGE_LIMIT - 1024 - bars - (staging if v.persistent else 0)) // (
+            a_stage + b_stage + (16 if v.producer else 0)
+        )
         raise SpecError(
             f"wgmma's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
             f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
@@ -235,6 +271,8 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         consumers=consumers,
         copiers=copiers,
         producer=v.producer,
+        persistent=v.persistent,
+        staging_at=staging_at,
         bars_at=bars_at,
         per_sm=per_sm,
         a_vecs=bm * 8 // copiers,
@@ -285,15 +323,20 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             + ("; mbarriers say landed and retired" if v.producer else "; a barrier a chunk"),
         ),
     )
+    if v.persistent:  # tiles numbered along one axis, the grid capped at the SMs' blocks
+        grid, per_image = (0, 1, 1), p.Ho * p.Wo * map_tiles * p.groups
+    else:
+        grid, per_image = (0, map_tiles * p.groups, 1), p.Ho * p.Wo
     launch = Launch(
         v.kernel_name(p),
         (Role.X, Role.W, *y_args(p), Role.BATCH),
         (threads, 1, 1),
-        (0, map_tiles * p.groups, 1),
+        grid,
         0,
-        p.Ho * p.Wo,
+        per_image,
         bn,
         smem,
+        persistent=v.persistent,
     )
     return Plan(
         shape=p,
