@@ -1,7 +1,7 @@
 """Seed 003's CIFAR-style autoencoder trained on specgen's convolutions, beside the
 same model on cuDNN: the same initial weights, the same batches, step by step.
 
-    PYTHONPATH=. python3 examples/autoencoder.py [--steps 40] [--batch 128]
+    PYTHONPATH=. python3 examples/autoencoder.py [--steps 40] [--batch 128] [--channels-last]
 
 The data are 32x32 patches cut from the photographs that scikit-image bundles (no
 download).  Three copies of the model train on the same batches: float64 on PyTorch
@@ -10,6 +10,9 @@ the float64 one by their own rounding; specgen's losses agree with cuDNN's "with
 what fp32 reordering allows" when its drift from float64 is of the size of cuDNN's.
 Then the training step is timed at the batch size in fp32, tf32 and bf16 autocast,
 specgen beside cuDNN in the same run (CUDA events, warm-up, median of many steps).
+With --channels-last both models and the batch are timed in channels_last memory, as
+PyTorch users lay out a network for tensor cores: under bf16 autocast specgen's 16-bit
+layers then run on its NHWC tensor-core kernels (wgmma, tcgemm, tcwgrad).
 """
 
 from __future__ import annotations
@@ -170,6 +173,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--timed", type=int, default=50, help="steps timed per configuration")
+    ap.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="time the steps with the models and the batch in channels_last memory",
+    )
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--plot", help="draw the loss curves here (PNG; needs matplotlib)")
     ap.add_argument(
@@ -227,6 +235,8 @@ def main() -> int:
 
     rows = []
     x = batches[0]
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    x = x.contiguous(memory_format=layout)
     for label, tf32, autocast in (
         ("fp32", False, None),
         ("tf32", True, None),
@@ -234,8 +244,8 @@ def main() -> int:
     ):
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        cu = copy.deepcopy(base)
-        ours = sg.convert(copy.deepcopy(base))
+        cu = copy.deepcopy(base).to(memory_format=layout)
+        ours = sg.convert(copy.deepcopy(base)).to(memory_format=layout)
         with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
             sg.warmup(ours, x)
         torch.backends.cudnn.benchmark = True
@@ -257,7 +267,8 @@ def main() -> int:
             )
         )
     print(
-        f"\ntraining step at B={args.batch} on {torch.cuda.get_device_name()}, ms: the median "
+        f"\ntraining step at B={args.batch} on {torch.cuda.get_device_name()}"
+        f"{', channels_last' if args.channels_last else ''}, ms: the median "
         f"of {args.timed} single steps, and the mean of {args.timed} steps back to back"
     )
     print(
@@ -282,6 +293,7 @@ def main() -> int:
                     steps=rows,
                     agree=agree,
                     gpu=torch.cuda.get_device_name(),
+                    channels_last=args.channels_last,
                 ),
                 f,
                 indent=1,
