@@ -165,6 +165,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
     [
         # a 1x5 register tile unrolled over 8 channels of a 5x5 window spilled (GPU tier draw)
         ("C=8,M=31,H=20,W=12,K=5,pad=1,bias=1", "stream_t4_m31_c8_r1x5_fp32"),
+        # 30 k steps of a C=19 3x3 window as straight-line code spilled (GPU tier draws)
+        ("C=19,M=28,H=10,W=27,K=3,pad=0,bias=1", "mmapersist_t8_r24x32_tf32"),
+        ("C=19,M=8,H=17,W=16,K=3,pad=1,bias=1,act=relu", "mmapersist_t17_r8x64_tf32"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -67,8 +67,9 @@ def test_default_set_of_16_bit_channels_last_holds_tcgemm_in_the_tensors_dtype()
         (AE_ENC2_BF16, "tcgemm_b128x128_w2x2_k48_p4_bf16", "32 or 64"),
         (AE_ENC2_BF16, "tcgemm_b128x128_w1x1_k32_p4_bf16", "--warpgrid"),
         (AE_ENC2_BF16, "tcgemm_b128x96_w2x4_k32_p4_bf16", "multiple of 16"),
-        (AE_ENC2_BF16, "tcgemm_b256x256_w4x4_k64_p4_bf16", "--stages 3"),
+        (AE_ENC2_BF16, "tcgemm_b256x128_w4x2_k64_p8_bf16", "--stages 4"),
         (AE_ENC2_BF16, "tcgemm_b128x128_w2x2_k32_p1_bf16", "2 to 8"),
+        (AE_ENC2_BF16, "tcgemm_b128x256_w2x8_k32_p4_bf16", "registers"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):

@@ -148,6 +148,16 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     threads = 32 * warps
     if threads > 512:
         raise SpecError(f"tcgemm w{wm_count}x{wn_count}: {threads} threads, over 512")
+    # Registers: the sums, two sets of fragments and about 30 for addresses and the walk
+    # (ptxas on sm_90: b128x128 w2x2 234; a 64x32 warp tile at 512 threads spilled).
+    budget = min(255, 65536 // threads // 8 * 8)
+    need = fm * fn * 4 + 2 * (fm * 4 + fn * 2) + 30
+    if need > budget:
+        raise SpecError(
+            f"tcgemm b{bm}x{bn} w{wm_count}x{wn_count}: a {warp_m}x{warp_n} warp tile needs "
+            f"about {need} registers a thread, over the {budget} that {threads} threads get; "
+            "choose fewer warps or a smaller block tile"
+        )
     if v.chunk not in (32, 64):
         raise SpecError(
             f"tcgemm k{v.chunk}: a chunk is 32 or 64 channels (the swizzle keeps 16 rows of "
