@@ -189,6 +189,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         raise SpecError(
             f"wgmma b{bn}x{bm}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256 maps"
         )
+    if v.persistent and v.producer:
+        raise SpecError(
+            "wgmma pe_ws: the persistent form copies with every warp; choose sy with pe, "
+            "or gr with ws"
+        )
     warpgroups = bm // 64
     consumers = 128 * warpgroups  # threads that multiply and store
     copiers = 128 if v.producer else consumers
@@ -218,11 +223,6 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         )
     a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
     ring = v.stages * (a_stage + b_stage)
-    if v.persistent and v.producer:
-        raise SpecError(
-            "wgmma pe_ws: the persistent form copies with every warp; choose sy with pe, "
-            "or gr with ws"
-        )
     pitch = bm + 8  # elements of a staged output row
     staging = bn * pitch * 2
     # The staged output tile: in the ring once it is free, or after it where the next
