@@ -125,6 +125,20 @@ def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
     assert not [v for v in default_set(PRESETS["ae-enc2"]) if v.key == "wgmma"]  # fp32 NCHW
 
 
+def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not():
+    """3 channels: neither wgmma nor tcgemm copies them, mma's own-dtype math does; an
+    fp32 layer keeps fp32 math even where tf32 is allowed."""
+    for dtype in ("bf16", "fp16"):
+        p = parse_shape(f"C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype={dtype},layout=nhwc")
+        v = planned(p, False).variant
+        assert v.key == "mma" and v.precision.value == dtype
+        dgrad = parse_shape(f"C=256,M=3,H=32,W=32,K=3,pad=1,dtype={dtype},layout=nhwc,op=dgrad")
+        assert planned(dgrad, False).variant.key == "mma"
+    fp32 = parse_shape("C=3,M=256,H=32,W=32,K=3,pad=1,bias=1")
+    for tf32 in (False, True):
+        assert planned(fp32, tf32).variant.key != "mma"
+
+
 @pytest.mark.parametrize(
     "spec,name,words",
     [
