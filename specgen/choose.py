@@ -26,10 +26,11 @@ from .variants import Precision, Variant, split_problem_tags
 # few (the 7x7 presets, 3-channel layers); wgemm's register-tiled GEMM suits wide
 # layers; wsplit serves what neither does (NHWC wide layers).
 SMALL_WEIGHTS = 16384
-# Tried only in the tensors' own 16-bit math: mma's bf16 ran the 3-channel autoencoder
-# layer 3.4x faster than stream (0.076 against 0.256 ms, H200), where wgmma and tcgemm
-# cannot (channels not a multiple of 8); its tf32 lost to stream's fp32 on the wide ones.
-SIXTEEN_BIT_ONLY = {"mma"}
+# Tried only in the tensors' own 16-bit math and for channels per group that are not a
+# multiple of 8 (which wgmma and tcgemm copy): mma's bf16 ran the 3-channel autoencoder
+# layer 3.4x faster than stream (0.076 against 0.256 ms, H200); on wide layers stream's
+# fp32 math beat it (ae-dec1 0.058 against 0.087 ms), and its tf32 too.
+FEW_CHANNELS_16_BIT = {"mma"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),
@@ -146,10 +147,13 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
         for math in (Precision.FP32, *maths(problem, allow_tf32)[1:]):
             if math is not Precision.FP32 and not cls.tensor_core:
                 continue
-            if key in SIXTEEN_BIT_ONLY and math in (Precision.FP32, Precision.TF32):
-                continue
             try:
-                v = cls.default(cls.problem_for(problem), math)
+                view = cls.problem_for(problem)
+                if key in FEW_CHANNELS_16_BIT and (
+                    math in (Precision.FP32, Precision.TF32) or view.Cg % 8 == 0
+                ):
+                    continue
+                v = cls.default(view, math)
             except SpecError:
                 continue
             if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):

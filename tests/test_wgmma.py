@@ -127,7 +127,8 @@ def test_the_planner_picks_wgmma_for_wide_16_bit_layers_and_not_off_hopper():
 
 def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not():
     """3 channels: neither wgmma nor tcgemm copies them, mma's own-dtype math does; an
-    fp32 layer keeps fp32 math even where tf32 is allowed."""
+    fp32 layer keeps fp32 math even where tf32 is allowed, and a wide 16-bit NCHW layer
+    stays on stream."""
     for dtype in ("bf16", "fp16"):
         p = parse_shape(f"C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype={dtype},layout=nhwc")
         v = planned(p, False).variant
@@ -137,6 +138,8 @@ def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not
     fp32 = parse_shape("C=3,M=256,H=32,W=32,K=3,pad=1,bias=1")
     for tf32 in (False, True):
         assert planned(fp32, tf32).variant.key != "mma"
+    wide = parse_shape("C=128,M=128,H=8,W=8,K=3,pad=1,dtype=bf16")  # NCHW: stream's fp32
+    assert planned(wide, False).variant.key == "stream"
 
 
 @pytest.mark.parametrize(
