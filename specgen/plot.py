@@ -1,5 +1,6 @@
 """A roofline-style chart of a bench report: each kernel at its arithmetic intensity
-and achieved rate, under the measured copy-bandwidth and fp32 ceilings."""
+and achieved rate, under the measured copy-bandwidth and fp32 ceilings (and a 16-bit
+tensor-core ceiling where the report carries one)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def roofline(report: dict, path: Path) -> None:
     ax.plot(
         xs, [min(peak, bw * x) / 1e12 for x in xs], "k-", lw=1, label="copy bandwidth / fp32 SGEMM"
     )
+    tensor = ceil.get("tensor_flops_per_s")  # a 16-bit GEMM's rate, where the report has it
+    if tensor:
+        ax.plot(
+            xs,
+            [min(tensor, bw * x) / 1e12 for x in xs],
+            "k--",
+            lw=1,
+            label="copy bandwidth / 16-bit tensor-core GEMM",
+        )
     markers = {"cudnn": "x", "fp32": "o", "tf32": "s", "fp16": "^", "bf16": "v"}
     for i, (slug, data) in enumerate(report["shapes"].items()):
         shape = PRESETS.get(slug) or parse_shape(slug)
@@ -46,10 +56,11 @@ def roofline(report: dict, path: Path) -> None:
         )
         if best:
             ax.annotate(
-                slug,
+                data.get("label", slug),
                 (intensity, best["tflops"]),
                 fontsize=8,
-                xytext=(4, 4),
+                color=color,
+                xytext=(6, 4 - 10 * i),  # shapes of one intensity: one label under another
                 textcoords="offset points",
             )
     for kind, m in markers.items():
