@@ -39,7 +39,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
-// Two sums rounded to one word of bf16, the lower map in the low half.
+// Two sums rounded to one word of bf16 (round to nearest even), the first in the
+// low half: one cvt for two values, and the pair a 32-bit store.
 __device__ __forceinline__ unsigned pack2(float lo, float hi)
 {
     unsigned r;

@@ -92,8 +92,8 @@ __device__ __forceinline__ void wgmma_k16(float* acc, unsigned long long a, unsi
         : "l"(a), "l"(b), "r"(1));
 }
 
-// Two sums rounded to one word of bf16, the first in the low half.  (Rounded one at
-// a time, with cvt.rn.bf16.f32, the sums' reads make ptxas serialize every wgmma.)
+// Two sums rounded to one word of bf16 (round to nearest even), the first in the
+// low half: one cvt for two values, and the pair a 32-bit store.
 __device__ __forceinline__ unsigned pack2(float lo, float hi)
 {
     unsigned r;
