@@ -1,7 +1,9 @@
 #!/bin/bash
-# Development pass of the wgmma strategy on the GPU: verify drawn-style problems one
-# variant at a time, time the autoencoder's wide layers beside cuDNN and tcgemm, and
-# (PROFILE=<variant>) profile one kernel with Nsight Compute.  Logs under $OUT.
+# Development pass of the 16-bit tensor-core strategies (wgmma, tcgemm) on the GPU:
+# verify drawn-style problems one variant at a time, time the autoencoder's wide layers
+# beside cuDNN and a tcgemm baseline (TCGEMM=<variant>), and (PROFILE=<variant>) profile
+# one kernel with Nsight Compute.  VARIANTS names them without the dtype; logs under $OUT.
+# (It replaces tc_dev.sh, which passed several --variant to verify, which checks one.)
 set -u
 export PYTHONPATH=.
 out=${OUT:-/tmp}
