@@ -21,7 +21,9 @@ from .shapes import PRESETS, Act, ConvProblem, DType, Op
 from .strategies import BY_KEY, parse_variant_name
 from .variants import Precision, Variant, split_problem_tags
 
-# The strategies tried for the planner's default, in order, per op.  wgrad: wband
+# The strategies tried for the planner's default, in order, per op.  wgrad: 16-bit
+# channels-last layers go on tensor cores, tcwhalo taking those whose channels or maps
+# are not multiples of 8 (tcwgrad copies 8 at a time); wband
 # keeps a block's whole weight tile in registers, which pays where the weights are
 # few (the 7x7 presets, 3-channel layers); wgemm's register-tiled GEMM suits wide
 # layers; wsplit serves what neither does (NHWC wide layers).
@@ -34,7 +36,7 @@ FEW_CHANNELS_16_BIT = {"mma"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),
-    Op.WGRAD: ("tcwgrad", "wband", "wgemm", "wsplit"),
+    Op.WGRAD: ("tcwgrad", "tcwhalo", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -139,7 +141,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
-        keys = ("tcwgrad", "wgemm", "wsplit", "wband")
+        keys = ("tcwgrad", "tcwhalo", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and

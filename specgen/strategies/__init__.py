@@ -21,6 +21,7 @@ from .split import Split
 from .stream import Stream
 from .tcgemm import Tcgemm
 from .tcwgrad import Tcwgrad
+from .tcwhalo import Tcwhalo
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
@@ -46,6 +47,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wband,
     Wgemm,
     Tcwgrad,
+    Tcwhalo,
     Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}

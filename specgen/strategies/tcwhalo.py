@@ -1,0 +1,376 @@
+"""``tcwhalo``: wgrad of channels-last 16-bit layers on tensor cores, for layers whose
+channels or maps are few (the 3-channel first and last layers of an autoencoder).
+
+tcwgrad reads x through the im2col matrix: a block owns some (r, s, c) columns, so x's
+pixels are fetched once per tap, and a row of x must hold 8 channels per copy.  Here a
+block owns a tile of maps and a tile of channels *with every tap*: each chunk of the
+reduction is ``rows`` whole output rows of one image, and the block keeps the input rows
+under them (the halo) in shared memory, so each x pixel is fetched once per chunk and
+every tap's fragment is the same rows read at a shifted address (``ldmatrix`` takes one
+row address per lane).  dy's tile is the chunk's pixels by the block's maps.  An operand
+whose channels (or maps) are not a multiple of 8 is gathered element by element through
+registers, one chunk ahead; the wide one comes by 16-byte ``cp.async`` with zero-fill.
+Products on ``mma.sync`` m16n8k16 with fp32 sums: dy's maps are the m16 side, each tap's
+8 channels an n8 fragment.  The batch's chunks are cut into ``splits`` contiguous slices,
+one block plane each; the slices' rows are added in order by the kernel tcwgrad uses
+(``backward/tc_sums.j2``), so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div
+from ..shapes import DType, Feature, Op, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .mma import ROUNDING
+from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
+from .tcwgrad import DB_LANES, DB_MAPS, TARGET_BLOCKS
+from .wsplit import per_slice, sums_context
+
+MAPS_TILES = (16, 32, 64, 128, 256)
+CHANNEL_TILES = (8, 16, 32, 64, 128)
+CHUNK_PIXELS = 64  # the default's rows: at most this many pixels a chunk
+WARPS = 8
+SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tcwhalo(Variant):
+    key = "tcwhalo"
+    family = "backward"
+    description = (
+        "wgrad on tensor cores for channels-last 16-bit tensors with few channels or maps: "
+        "whole output rows a chunk, the input rows under them kept for every tap, "
+        "mma.sync m16n8k16, batch slices added in order"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+    ops = frozenset({Op.WGRAD})
+
+    blocktile: tuple[int, int] = param(
+        (16, 64), Pair("b"), "tcwhalo: the block's maps x channels (with every tap)"
+    )
+    warpgrid: tuple[int, int] = param((1, 8), Pair("w"), "tcwhalo: warps along maps x channels")
+    rows: int = param(2, Count("r"), "tcwhalo: output rows of one image per chunk")
+    stages: int = param(3, Count("p"), "tcwhalo: chunks in the shared-memory ring")
+    splits: int = param(64, Count("s"), "tcwhalo: slices of the batch's chunks, one block plane each")
+
+    def plan(self, problem):
+        return plan_tcwhalo(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own math; the smallest tiles that hold a group's maps and
+        channels (up to 128 and 64), the maps' cut first while a warp would keep more
+        than SUMS_PER_WARP sums; eight warps, along the channels first (each warp reads
+        every tap of its channels); rows for at most 64 pixels a chunk (the k16 steps
+        of a chunk are unrolled, and their ldmatrix addresses held); slices for about
+        two blocks per SM."""
+        own = _own(problem)
+        if own is not None and seed.precision is not own:
+            raise SpecError(
+                f"tcwhalo multiplies the tensors' own dtype: {problem.dtype.value} tensors "
+                f"take --precision {own.value}"
+            )
+        bm = next((t for t in MAPS_TILES if t >= min(problem.Mg, 128)), 128)
+        bc = next((t for t in CHANNEL_TILES if t >= min(problem.Cg, 64)), 64)
+        while True:
+            wc = min(WARPS, bc // 8)
+            wm = min(WARPS // wc, bm // 16)
+            if _accumulators(problem, bm // wm, bc // wc) <= SUMS_PER_WARP or bm == 16:
+                break
+            bm //= 2
+        rows = max(1, min(problem.Ho, CHUNK_PIXELS // max(1, problem.Wo)))
+        stages = seed.stages
+        while rows > 1 and stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT // 2:
+            rows -= 1
+        tiles = _tiles(problem, bm, bc)
+        splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        return replace(
+            seed, blocktile=(bm, bc), warpgrid=(wm, wc), rows=rows, stages=stages, splits=splits
+        )
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Around the default: twice the maps or the channels, half and twice the rows,
+        2 to 4 stages, as many and twice the slices."""
+        base = cls.fit(problem, cls(precision=precision))
+        bm, bc = base.blocktile
+        out = []
+        for tile in dict.fromkeys([(bm, bc), (bm, min(128, 2 * bc)), (min(256, 2 * bm), bc)]):
+            wc = min(WARPS, tile[1] // 8)
+            wm = min(WARPS // wc, tile[0] // 16)
+            for rows in sorted({max(1, base.rows // 2), base.rows, base.rows * 2}):
+                for stages in (2, 3, 4):
+                    for factor in (1, 2):
+                        s = max(1, base.splits * factor * bm * bc // (tile[0] * tile[1]))
+                        out.append(
+                            replace(
+                                base,
+                                blocktile=tile,
+                                warpgrid=(wm, wc),
+                                rows=rows,
+                                stages=stages,
+                                splits=min(s, 65535),
+                            )
+                        )
+        return list(dict.fromkeys(out))
+
+
+def _own(p):
+    return {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
+
+
+def _tiles(p, bm: int, bc: int) -> int:
+    return ceil_div(p.Mg, bm) * ceil_div(p.Cg, bc) * p.groups
+
+
+def _accumulators(p, wm_maps: int, wc_channels: int) -> int:
+    return (wm_maps // 16) * (wc_channels // 8) * p.R * p.S * 4
+
+
+def _halo(p, rows: int) -> tuple[int, int]:
+    """Input rows under ``rows`` output rows, and slots (input columns) under a row."""
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    return (rows - 1) * sh + (p.R - 1) * dh + 1, (p.Wo - 1) * sw + (p.S - 1) * dw + 1
+
+
+def _stage_bytes(p, bm: int, bc: int, rows: int) -> int:
+    hin, slots = _halo(p, rows)
+    return ceil_div(rows * p.Wo, 16) * 16 * bm * 2 + hin * slots * bc * 2
+
+
+def _copies(wide: bool, what: str) -> str:
+    return f"{what} by 16-byte cp.async" if wide else f"{what} element by element, a chunk ahead"
+
+
+def _swizzle(units: int) -> tuple[int, int]:
+    """(shift, mask) of the XOR that spreads the 8 rows one ldmatrix reads at the same
+    16-byte unit over 8 bank quads, for rows of ``units`` units."""
+    if units >= 8:
+        return 0, 7
+    return {4: (1, 3), 2: (2, 1), 1: (0, 0)}[units]
+
+
+def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+        raise SpecError(
+            "tcwhalo reads channels-last 16-bit tensors: use --dtype bf16 or fp16 with "
+            "--layout nhwc, or --strategy wband"
+        )
+    own = _own(p)
+    if v.precision is not own:
+        raise SpecError(
+            f"tcwhalo multiplies the tensors' own dtype: {p.dtype.value} tensors take "
+            f"--precision {own.value}"
+        )
+    bm, bc = v.blocktile
+    wm_count, wc_count = v.warpgrid
+    if bm not in MAPS_TILES or bc not in CHANNEL_TILES:
+        raise SpecError(
+            f"tcwhalo b{bm}x{bc}: maps per block must be one of {MAPS_TILES}, channels one "
+            f"of {CHANNEL_TILES}"
+        )
+    if bm % (16 * wm_count) or bc % (8 * wc_count):
+        raise SpecError(
+            f"tcwhalo b{bm}x{bc} w{wm_count}x{wc_count}: each warp needs a multiple of 16 maps "
+            "and 8 channels; choose fewer warps"
+        )
+    warp_m, warp_c = bm // wm_count, bc // wc_count
+    fm, fc = warp_m // 16, warp_c // 8
+    taps = p.R * p.S
+    sums = fm * fc * taps * 4
+    if sums > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"tcwhalo's warp tile of {warp_m} maps x {warp_c} channels x {taps} taps needs "
+            f"{sums} fp32 sums per thread, over {MAX_ACCUMULATORS}; choose more warps "
+            "(--warpgrid) or a smaller --blocktile"
+        )
+    threads = 32 * wm_count * wc_count
+    if threads > 512:
+        raise SpecError(f"tcwhalo w{wm_count}x{wc_count}: {threads} threads, over 512")
+    if not 1 <= v.rows <= p.Ho:
+        raise SpecError(f"tcwhalo r{v.rows}: a chunk is 1 to {p.Ho} output rows (Ho)")
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"tcwhalo p{v.stages}: the ring holds 2 to 8 chunks")
+    if v.splits > 65535:
+        raise SpecError(f"tcwhalo s{v.splits}: at most 65535 slices (grid z)")
+    stage = _stage_bytes(p, bm, bc, v.rows)
+    smem = v.stages * stage
+    if smem > STAGE_LIMIT:
+        fits = STAGE_LIMIT // stage
+        raise SpecError(
+            f"tcwhalo's ring of {v.stages} chunks of {v.rows} rows needs {smem} B of shared "
+            f"memory, over the {STAGE_LIMIT} B a block may opt in to; choose "
+            + (f"--stages {fits}" if fits >= 2 else "fewer --rows or a smaller --blocktile")
+        )
+
+    # 2. work
+    hin, slots = _halo(p, v.rows)
+    pixels = v.rows * p.Wo  # a chunk's pixels
+    kc = ceil_div(pixels, 16) * 16  # padded to the mma's k16
+    ua, ub = bm // VECTOR, bc // VECTOR  # 16-byte units per dy row and per x slot
+    wide_dy, wide_x = p.Mg % VECTOR == 0, p.Cg % VECTOR == 0
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    (pt, _, pl, _) = p.pads
+    row_blocks = ceil_div(p.Ho, v.rows)
+    # fragments of a warp: tap-major, then the warp's 8-channel groups
+    frags = [(t // p.S, t % p.S, j) for t in range(taps) for j in range(fc)]
+    pairs = [(frags[i], frags[min(i + 1, len(frags) - 1)]) for i in range(0, len(frags), 2)]
+    a_shift, a_mask = _swizzle(ua)
+    b_shift, b_mask = _swizzle(ub)
+    mn, cn = min(bm, p.Mg), min(bc, p.Cg)  # elements a narrow copy gathers per row
+    CgRS = p.Cg * taps
+    with_db = p.bias
+    ctx = sums_context(p, 1, v.splits, False, with_db)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    ctx.update(
+        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        BM=bm,
+        BC=bc,
+        WM=warp_m,
+        WC=warp_c,
+        warps_m=wm_count,
+        FM=fm,
+        FC=fc,
+        NF=len(frags),
+        pairs=[
+            dict(
+                f0=2 * i,
+                f1=2 * i + 1 if 2 * i + 1 < len(frags) else None,
+                off0=a[0] * dh * slots + a[1] * dw,
+                off1=b[0] * dh * slots + b[1] * dw,
+                j0=a[2],
+                j1=b[2],
+                taps=f"({a[0]}, {a[1]})" + (f" and ({b[0]}, {b[1]})" if a[:2] != b[:2] else ""),
+            )
+            for i, (a, b) in enumerate(pairs)
+        ],
+        TH=v.rows,
+        KP=pixels,
+        KC=kc,
+        KSTEPS=kc // 16,
+        HIN=hin,
+        SL=slots,
+        stages=v.stages,
+        threads=threads,
+        ua=ua,
+        ub=ub,
+        a_shift=a_shift,
+        a_mask=a_mask,
+        b_shift=b_shift,
+        b_mask=b_mask,
+        wide_dy=wide_dy,
+        wide_x=wide_x,
+        a_step=threads // ua,
+        a_rows=ceil_div(pixels, threads // ua),
+        a_guard=pixels % (threads // ua) != 0,
+        b_step=threads // ub,
+        b_rows=ceil_div(hin * slots, threads // ub),
+        b_guard=hin * slots % (threads // ub) != 0,
+        MN=mn,
+        CN=cn,
+        na=ceil_div(pixels * mn, threads),
+        na_guard=pixels * mn % threads != 0,
+        nb=ceil_div(hin * slots * cn, threads),
+        nb_guard=hin * slots * cn % threads != 0,
+        clear=kc > pixels or not wide_dy or not wide_x,
+        a_stage=kc * bm * 2,
+        b_stage=hin * slots * bc * 2,
+        smem=smem,
+        CgRS=CgRS,
+        P=p.Ho * p.Wo,
+        HB=row_blocks,
+        sh=sh,
+        sw=sw,
+        pt=pt,
+        pl=pl,
+        map_tiles=ceil_div(p.Mg, bm),
+        guard_maps=p.Mg % bm != 0,
+        guard_channels=p.Cg % bc != 0,
+        db_maps=DB_MAPS,
+        db_lanes=DB_LANES,
+        min_blocks=max(1, 256 // threads),
+        precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
+    )
+    name = v.kernel_name(p)
+    channel_tiles, map_tiles = ceil_div(p.Cg, bc), ceil_div(p.Mg, bm)
+    main = Launch(
+        name,
+        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+        (threads, 1, 1),
+        (channel_tiles, map_tiles * p.groups, v.splits),
+        2,
+        0,
+        1,
+        smem,
+    )
+    outs = (Role.DW, *((Role.DB,) if with_db else ()))
+    db = Launch(
+        f"{name}_db",
+        (Role.DY, Role.WORKSPACE, Role.BATCH),
+        (DB_MAPS * DB_LANES, 1, 1),
+        (ceil_div(p.M, DB_MAPS), v.splits, 1),
+        1,
+        0,
+        1,
+    )
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    sizes = (
+        Size(
+            "GEMM",
+            f"{p.Mg} x {CgRS} x (B*{p.Ho * p.Wo})" + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "maps x (r, s, c) columns x every output pixel of the batch",
+        ),
+        Size(
+            "block tile",
+            f"{bm} maps x {bc} channels x {taps} taps",
+            f"{wm_count}x{wc_count} warps of {warp_m} maps x {warp_c} channels: {fm} m16 x "
+            f"{len(frags)} n8 fragments, {sums} fp32 sums per thread",
+        ),
+        Size(
+            "chunk",
+            f"{v.rows} output rows = {pixels} pixels (k padded to {kc})",
+            f"under them {hin} input rows x {slots} columns; "
+            f"{_copies(wide_dy, 'dy')}, {_copies(wide_x, 'x')}",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x ({kc} pixels x {bm} maps + {hin} x {slots} x {bc} channels) "
+            "x 2 B, XOR-swizzled in 16-byte units",
+        ),
+        Size(
+            "grid",
+            f"{channel_tiles} x {map_tiles * p.groups} x {v.splits}",
+            f"channel tiles x map tiles{' x groups' if p.groups > 1 else ''} x slices of the "
+            f"batch's {row_blocks} chunks an image",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/tcwhalo.cu.j2",
+        launches=(main, db, reduce) if with_db else (main, reduce),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a slice holds at most ceil(batch / splits) images' chunks; then the slices in
+        # order; db's slices and lanes are shorter
+        sum_depth=(row_blocks * pixels, v.splits, v.splits + 2 * DB_LANES),
+    )

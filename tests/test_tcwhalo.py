@@ -1,0 +1,169 @@
+"""tcwhalo, wgrad on tensor cores for layers with few channels or maps: what the compiler
+makes of it (CPU tier), its limits, the planner's choice, and its numbers on drawn
+problems (GPU tier)."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from specgen.choose import planned
+from specgen.compile import compile_source
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.render import render
+from specgen.shapes import DType, parse_shape
+from specgen.strategies import Tcwhalo, parse_variant_name
+from specgen.variants import Precision
+
+from test_tcgemm import ptx_of
+
+# The autoencoder's first and last layers as autocast runs them (B=128 in the model).
+ENC1 = "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+DEC3 = "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+
+
+@pytest.mark.parametrize("spec", [ENC1, DEC3])
+def test_three_channel_layers_compile_without_spills_on_tensor_cores(spec):
+    """The default keeps every tap's sums in registers without spilling; its PTX reads
+    fragments transposed, copies the wide operand 16 bytes at a time in a ring that
+    leaves stages - 2 chunks in flight, and multiplies bf16 on m16n8k16."""
+    p = parse_shape(spec)
+    v = Tcwhalo.default(p, Precision.BF16)
+    plan = make_plan(p, v)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (plan.name, binary.resources)
+    ptx = ptx_of(plan)
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
+    assert f"cp.async.wait_group {v.stages - 2};" in ptx
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") >= 9
+
+
+def test_the_planner_puts_three_channel_16_bit_wgrad_on_tcwhalo():
+    for spec in (ENC1, DEC3, ENC1.replace("bf16", "fp16")):
+        choice = planned(parse_shape(spec), allow_tf32=False)
+        assert choice.variant.key == "tcwhalo", (spec, choice)
+        assert choice.variant.precision.value == parse_shape(spec).dtype.value
+    wide = parse_shape("C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    assert planned(wide, allow_tf32=False).variant.key == "tcwgrad"
+
+
+@pytest.mark.parametrize("spec", [ENC1, DEC3])
+def test_tune_space_plans_or_refuses_in_one_line(spec):
+    p = parse_shape(spec)
+    ok = []
+    for v in Tcwhalo.space(p, Precision.BF16):
+        try:
+            make_plan(p, v)
+            ok.append(v)
+        except SpecError as e:
+            assert "\n" not in str(e)
+    assert len(ok) >= 20
+    for v in ok[::9]:  # a sample compiles clean too
+        plan = make_plan(p, v)
+        assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        (ENC1.replace("layout=nhwc", "layout=nchw"), "tcwhalo_b128x8_w8x1_r2_p3_s8_bf16", "nhwc"),
+        (ENC1.replace(",dtype=bf16", ""), "tcwhalo_b128x8_w8x1_r2_p3_s8_bf16", "16-bit"),
+        (ENC1, "tcwhalo_b128x8_w8x1_r2_p3_s8_fp16", "bf16"),
+        (ENC1, "tcwhalo_b96x8_w8x1_r2_p3_s8_bf16", "maps per block"),
+        (ENC1, "tcwhalo_b128x8_w4x2_r2_p3_s8_bf16", "fewer warps"),
+        (ENC1, "tcwhalo_b128x8_w2x1_r2_p3_s8_bf16", "--warpgrid"),
+        (ENC1, "tcwhalo_b128x8_w8x1_r40_p3_s8_bf16", "output rows"),
+        (ENC1, "tcwhalo_b128x8_w8x1_r2_p9_s8_bf16", "2 to 8"),
+        (DEC3, "tcwhalo_b16x128_w1x8_r32_p8_s8_bf16", "shared memory"),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name(name))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- GPU tier ----
+
+
+@st.composite
+def few_channel_problems(draw):
+    """wgrad of channels-last 16-bit layers with few channels or few maps per group (or
+    both, or neither): stride, dilation, every padding, groups, db, both dtypes."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 24]))
+    mg = draw(st.sampled_from([1, 3, 4, 6, 8, 16, 24, 40]))
+    R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    H, W = draw(st.integers(R, 19)), draw(st.integers(S, 23))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
+        f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op=wgrad"
+    )
+    if draw(st.booleans()):
+        spec += ",bias=1"
+    try:
+        return parse_shape(spec)
+    except SpecError:
+        assume(False)
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(p=few_channel_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default and one variant of tune's space against the float64 reference: the
+    halo's zero-fill at every edge, the element-wise gathers, maps and channels past
+    the group, rows past the image in the last chunk, empty slices."""
+    from specgen.parallel import precompile
+    from specgen.runtime import device_arch
+    from specgen.verify import verify_variant
+
+    arch = device_arch()
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    variants = []
+    try:
+        variants.append(Tcwhalo.default(p, precision))
+        make_plan(p, variants[0])
+    except SpecError:
+        assume(False)
+    space = []
+    for v in Tcwhalo.space(p, precision):
+        try:
+            make_plan(p, v)
+            space.append(v)
+        except SpecError:
+            pass
+    if space:
+        variants.append(space[pick % len(space)])
+    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (p.spec, v.name, row.problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [ENC1, DEC3])
+def test_three_channel_layers_at_the_models_batch(spec):
+    """The long reduction (131072 pixels a weight) where the error shows."""
+    from specgen.runtime import device_arch
+    from specgen.verify import verify_variant
+
+    p = parse_shape(spec)
+    v = Tcwhalo.default(p, Precision.BF16)
+    row = verify_variant(p, v, arch=device_arch(), batch=128, numbers=True)
+    assert row.status == "PASS", (v.name, row.problems)
