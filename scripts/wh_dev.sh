@@ -18,3 +18,12 @@ for which in enc1 dec3; do
   timeout 120 python3 -m specgen bench --shape "$spec" --batch 128 $args 2>&1 | tail -14 | cut -c1-130
 done > $out/bench-tcwhalo.log 2>&1
 cat $out/bench-tcwhalo.log
+# PROFILE="<spec-name>:<variant> ..." (spec-name enc1 or dec3, variant without dtype):
+# stall reasons, pipes, DRAM and occupancy of one launch after warm-up.
+for pv in ${PROFILE:-}; do
+  which=${pv%%:*}; v=${pv#*:}; spec=${!which}
+  ncu --clock-control none -k "regex:${v}_bf16_wgrad_iobf16_nhwc$" -s 3 -c 1 \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem" \
+    python3 -m specgen bench --shape "$spec" --batch 128 --variant ${v}_bf16 > $out/prof-$which-$v.log 2>&1
+  echo "== $which $v"; grep -E "stalled|hmma|issue_active|duration|wavefronts|dram__|warps_active|conflicts|hit_rate|launch__" $out/prof-$which-$v.log | awk '$NF+0 > 0.1 || /hmma|duration|issue_active|wavefronts|launch__|hit_rate/' | sed 's/  */ /g'
+done

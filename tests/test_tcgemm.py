@@ -233,7 +233,8 @@ def test_wgrad_of_ae_enc2_bf16_reads_fragments_transposed():
         ),
         (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b32x128_w1x2_k32_p4_s8_bf16", "64, 128 or 256"),
         (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w1x1_k32_p4_s8_bf16", "--warpgrid"),
-        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k48_p4_s8_bf16", "16, 32 or 64"),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k48_p4_s8_bf16", "32 or 64"),
+        (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k16_p4_s8_bf16", "even number"),
         (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b256x256_w4x4_k64_p8_s8_bf16", "--stages"),
     ],
 )

@@ -79,7 +79,8 @@ def test_tune_space_plans_or_refuses_in_one_line(spec):
         (ENC1, "tcwhalo_b128x8_w2x1_r2_p3_s8_bf16", "--warpgrid"),
         (ENC1, "tcwhalo_b128x8_w8x1_r40_p3_s8_bf16", "output rows"),
         (ENC1, "tcwhalo_b128x8_w8x1_r2_p9_s8_bf16", "2 to 8"),
-        (DEC3, "tcwhalo_b16x128_w1x8_r32_p8_s8_bf16", "shared memory"),
+        (DEC3, "tcwhalo_b16x128_w1x8_r4_p3_s8_bf16", "registers"),
+        (DEC3.replace("W=32", "W=200"), "tcwhalo_b16x64_w1x8_r1_p3_s8_bf16", "shared memory"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -167,3 +168,15 @@ def test_three_channel_layers_at_the_models_batch(spec):
     v = Tcwhalo.default(p, Precision.BF16)
     row = verify_variant(p, v, arch=device_arch(), batch=128, numbers=True)
     assert row.status == "PASS", (v.name, row.problems)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=few_channel_problems())
+def test_drawn_defaults_compile_without_spills(p):
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    try:
+        plan = make_plan(p, Tcwhalo.default(p, precision))
+    except SpecError:
+        assume(False)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (p.spec, plan.name, binary.resources)

@@ -135,8 +135,11 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     threads = 32 * wm_count * wn_count
     if threads > 512:
         raise SpecError(f"tcwgrad w{wm_count}x{wn_count}: {threads} threads, over 512")
-    if v.chunk not in (16, 32, 64):
-        raise SpecError(f"tcwgrad k{v.chunk}: a chunk is 16, 32 or 64 pixels")
+    if v.chunk not in (32, 64):
+        raise SpecError(
+            f"tcwgrad k{v.chunk}: a chunk is 32 or 64 pixels (an even number of k16 steps: "
+            "the fragments' two register sets alternate across chunks)"
+        )
     ua, ub = bm // VECTOR, bn // VECTOR  # 16-byte units per tile row
     for what, units in (("dy", ua), ("x", ub)):
         if threads % units or v.chunk * units % threads:

@@ -34,6 +34,7 @@ MAPS_TILES = (16, 32, 64, 128, 256)
 CHANNEL_TILES = (8, 16, 32, 64, 128)
 CHUNK_PIXELS = 64  # the default's rows: at most this many pixels a chunk
 WARPS = 8
+REGISTERS = 256  # _registers' estimate: ptxas fit 255 without spills, spilled from 262
 SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most
 
 
@@ -57,7 +58,9 @@ class Tcwhalo(Variant):
     warpgrid: tuple[int, int] = param((1, 8), Pair("w"), "tcwhalo: warps along maps x channels")
     rows: int = param(2, Count("r"), "tcwhalo: output rows of one image per chunk")
     stages: int = param(3, Count("p"), "tcwhalo: chunks in the shared-memory ring")
-    splits: int = param(64, Count("s"), "tcwhalo: slices of the batch's chunks, one block plane each")
+    splits: int = param(
+        64, Count("s"), "tcwhalo: slices of the batch's chunks, one block plane each"
+    )
 
     def plan(self, problem):
         return plan_tcwhalo(problem, self)
@@ -86,7 +89,10 @@ class Tcwhalo(Variant):
             bm //= 2
         rows = max(1, min(problem.Ho, CHUNK_PIXELS // max(1, problem.Wo)))
         stages = seed.stages
-        while rows > 1 and stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT // 2:
+        while rows > 1 and (
+            stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT // 2
+            or _registers(problem, bm, bc, (wm, wc), rows) > REGISTERS
+        ):
             rows -= 1
         tiles = _tiles(problem, bm, bc)
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
@@ -139,9 +145,39 @@ def _halo(p, rows: int) -> tuple[int, int]:
     return (rows - 1) * sh + (p.R - 1) * dh + 1, (p.Wo - 1) * sw + (p.S - 1) * dw + 1
 
 
+def _per_thread(p, bm: int, bc: int, rows: int, threads: int) -> int:
+    """Copies (or gathered elements) a thread issues per chunk, of dy and of x."""
+    hin, slots = _halo(p, rows)
+    pixels = rows * p.Wo
+    if p.Mg % VECTOR:
+        dy = ceil_div(pixels * min(bm, p.Mg), threads)
+    else:
+        dy = ceil_div(pixels, threads // (bm // VECTOR))
+    if p.Cg % VECTOR:
+        x = ceil_div(hin * slots * min(bc, p.Cg), threads)
+    else:
+        x = ceil_div(hin * slots, threads // (bc // VECTOR))
+    return dy, x
+
+
+def _registers(p, bm: int, bc: int, warps: tuple[int, int], rows: int) -> int:
+    """What a thread holds, fitted to ptxas' counts on drawn problems and the
+    autoencoder's layers: the sums, two sets of fragments, the ldmatrix addresses of
+    each k16 step (hoisted out of the chunk loop), two registers per 16-byte copy and
+    six per gathered element (value, address, bounds), and 40 more."""
+    threads = 32 * warps[0] * warps[1]
+    fm, frags = bm // warps[0] // 16, (bc // warps[1] // 8) * p.R * p.S
+    ksteps = ceil_div(rows * p.Wo, 32) * 2
+    held = fm * frags * 4 + 2 * frags * 2 + 2 * fm * 4
+    addresses = ksteps * (ceil_div(frags, 2) + fm)
+    dy, x = _per_thread(p, bm, bc, rows, threads)
+    copies = (2 if p.Mg % VECTOR == 0 else 6) * dy + (2 if p.Cg % VECTOR == 0 else 6) * x
+    return held + addresses + copies + 40
+
+
 def _stage_bytes(p, bm: int, bc: int, rows: int) -> int:
     hin, slots = _halo(p, rows)
-    return ceil_div(rows * p.Wo, 16) * 16 * bm * 2 + hin * slots * bc * 2
+    return ceil_div(rows * p.Wo, 32) * 32 * bm * 2 + hin * slots * bc * 2
 
 
 def _copies(wide: bool, what: str) -> str:
@@ -209,15 +245,23 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
             f"memory, over the {STAGE_LIMIT} B a block may opt in to; choose "
             + (f"--stages {fits}" if fits >= 2 else "fewer --rows or a smaller --blocktile")
         )
+    need = _registers(p, bm, bc, v.warpgrid, v.rows)
+    if need > REGISTERS:
+        raise SpecError(
+            f"tcwhalo r{v.rows} w{wm_count}x{wc_count}: a thread would hold about {need} "
+            f"registers (sums, fragments, the chunk's addresses and copies), over "
+            f"{REGISTERS}; choose fewer --rows or more warps"
+        )
 
     # 2. work
     hin, slots = _halo(p, v.rows)
     pixels = v.rows * p.Wo  # a chunk's pixels
-    kc = ceil_div(pixels, 16) * 16  # padded to the mma's k16
+    # padded to an even number of k16 steps: the fragments' two register sets alternate
+    kc = ceil_div(pixels, 32) * 32
     ua, ub = bm // VECTOR, bc // VECTOR  # 16-byte units per dy row and per x slot
     wide_dy, wide_x = p.Mg % VECTOR == 0, p.Cg % VECTOR == 0
     (sh, sw), (dh, dw) = p.stride, p.dil
-    (pt, _, pl, _) = p.pads
+    pt, _, pl, _ = p.pads
     row_blocks = ceil_div(p.Ho, v.rows)
     # fragments of a warp: tap-major, then the warp's 8-channel groups
     frags = [(t // p.S, t % p.S, j) for t in range(taps) for j in range(fc)]
@@ -325,7 +369,8 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
     sizes = (
         Size(
             "GEMM",
-            f"{p.Mg} x {CgRS} x (B*{p.Ho * p.Wo})" + (f", {p.groups} groups" if p.groups > 1 else ""),
+            f"{p.Mg} x {CgRS} x (B*{p.Ho * p.Wo})"
+            + (f", {p.groups} groups" if p.groups > 1 else ""),
             "maps x (r, s, c) columns x every output pixel of the batch",
         ),
         Size(
