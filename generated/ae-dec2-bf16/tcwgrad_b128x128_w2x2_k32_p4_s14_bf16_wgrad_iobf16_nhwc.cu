@@ -219,7 +219,6 @@ tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __
     }
 }
 
-
 // ws[0..13][j] added in order, j < 294912: column (r, s, c) of map m to
 // dw[m][c][r][s].
 extern "C" __global__ void __launch_bounds__(256)

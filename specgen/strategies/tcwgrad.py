@@ -10,7 +10,8 @@ the fragments (the rows XOR-swizzled in 16-byte units, conflict-free), and the w
 multiply on ``mma.sync`` m16n8k16 with fp32 sums.  The batch's pixels are cut into
 ``splits`` contiguous slices, one block plane each; every slice writes its fp32 sums to
 a workspace row and ``backward/reduce.j2`` adds the rows in order, so the result is
-deterministic.  db is a kernel of its own over the same slices.
+deterministic.  db rides along: dy's fragments times a fragment of ones, on the
+warps of the first column tile.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
-DB_MAPS, DB_LANES = 32, 8  # the db kernel's block: 32 maps x 8 pixel lanes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,8 +198,6 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         map_tiles=map_tiles,
         guard_maps=p.Mg % bm != 0,
         guard_cols=CgRS % bn != 0,
-        db_maps=DB_MAPS,
-        db_lanes=DB_LANES,
         min_blocks=max(1, 256 // threads),
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
     )
@@ -215,15 +213,6 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         smem,
     )
     outs = (Role.DW, *((Role.DB,) if with_db else ()))
-    db = Launch(
-        f"{name}_db",
-        (Role.DY, Role.WORKSPACE, Role.BATCH),
-        (DB_MAPS * DB_LANES, 1, 1),
-        (ceil_div(p.M, DB_MAPS), v.splits, 1),
-        1,
-        0,
-        1,
-    )
     reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
     sizes = (
         Size(
@@ -259,7 +248,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         shape=p,
         variant=v,
         template="backward/tcwgrad.cu.j2",
-        launches=(main, db, reduce) if with_db else (main, reduce),
+        launches=(main, reduce),
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
@@ -268,6 +257,6 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         context=ctx,
         workspace_bytes=workspace,
         # a slice holds at most ceil(batch / splits) images' pixels plus a chunk; then
-        # the slices in order; db's lanes and its tree are shorter
+        # the slices in order (db sums along with dw)
         sum_depth=(P, v.splits, v.splits + v.chunk),
     )

@@ -13,7 +13,8 @@ registers, one chunk ahead; the wide one comes by 16-byte ``cp.async`` with zero
 Products on ``mma.sync`` m16n8k16 with fp32 sums: dy's maps are the m16 side, each tap's
 8 channels an n8 fragment.  The batch's chunks are cut into ``splits`` contiguous slices,
 one block plane each; the slices' rows are added in order by the kernel tcwgrad uses
-(``backward/tc_sums.j2``), so the result is deterministic.
+(``backward/tc_sums.j2``), so the result is deterministic.  db rides along: dy's
+fragments times a fragment of ones, on the warps of the first channel tile.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
-from .tcwgrad import DB_LANES, DB_MAPS, TARGET_BLOCKS
+from .tcwgrad import TARGET_BLOCKS
 from .wsplit import per_slice, sums_context
 
 MAPS_TILES = (16, 32, 64, 128, 256)
@@ -162,13 +163,13 @@ def _per_thread(p, bm: int, bc: int, rows: int, threads: int) -> int:
 
 def _registers(p, bm: int, bc: int, warps: tuple[int, int], rows: int) -> int:
     """What a thread holds, fitted to ptxas' counts on drawn problems and the
-    autoencoder's layers: the sums, two sets of fragments, the ldmatrix addresses of
+    autoencoder's layers: the sums (db's too), two sets of fragments, the ldmatrix addresses of
     each k16 step (hoisted out of the chunk loop), two registers per 16-byte copy and
     six per gathered element (value, address, bounds), and 40 more."""
     threads = 32 * warps[0] * warps[1]
     fm, frags = bm // warps[0] // 16, (bc // warps[1] // 8) * p.R * p.S
     ksteps = ceil_div(rows * p.Wo, 32) * 2
-    held = fm * frags * 4 + 2 * frags * 2 + 2 * fm * 4
+    held = fm * frags * 4 + 2 * frags * 2 + 2 * fm * 4 + (fm * 4 if p.bias else 0)
     addresses = ksteps * (ceil_div(frags, 2) + fm)
     dy, x = _per_thread(p, bm, bc, rows, threads)
     copies = (2 if p.Mg % VECTOR == 0 else 6) * dy + (2 if p.Cg % VECTOR == 0 else 6) * x
@@ -338,8 +339,6 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         map_tiles=ceil_div(p.Mg, bm),
         guard_maps=p.Mg % bm != 0,
         guard_channels=p.Cg % bc != 0,
-        db_maps=DB_MAPS,
-        db_lanes=DB_LANES,
         min_blocks=max(1, 256 // threads),
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
     )
@@ -356,15 +355,6 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         smem,
     )
     outs = (Role.DW, *((Role.DB,) if with_db else ()))
-    db = Launch(
-        f"{name}_db",
-        (Role.DY, Role.WORKSPACE, Role.BATCH),
-        (DB_MAPS * DB_LANES, 1, 1),
-        (ceil_div(p.M, DB_MAPS), v.splits, 1),
-        1,
-        0,
-        1,
-    )
     reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
     sizes = (
         Size(
@@ -407,7 +397,7 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         shape=p,
         variant=v,
         template="backward/tcwhalo.cu.j2",
-        launches=(main, db, reduce) if with_db else (main, reduce),
+        launches=(main, reduce),
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
@@ -415,7 +405,7 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         sizes=sizes,
         context=ctx,
         workspace_bytes=workspace,
-        # a slice holds at most ceil(batch / splits) images' chunks; then the slices in
-        # order; db's slices and lanes are shorter
-        sum_depth=(row_blocks * pixels, v.splits, v.splits + 2 * DB_LANES),
+        # a slice holds at most ceil(batch / splits) images' chunks (db's sums too); then
+        # the slices in order
+        sum_depth=(row_blocks * pixels, v.splits, v.splits),
     )
