@@ -5,14 +5,18 @@
 set -u
 export PYTHONPATH=.
 out=${OUT:-/tmp}
-timeout ${TEST_LIMIT:-300} python3 -m pytest -q -m gpu tests/test_tcwhalo.py -p no:cacheprovider > $out/pytest-tcwhalo.log 2>&1
+timeout ${TEST_LIMIT:-300} python3 -m pytest -q -m gpu tests/test_tcwhalo.py ${TESTS:-} -p no:cacheprovider > $out/pytest-tcwhalo.log 2>&1
 echo "tests rc=$?"; tail -3 $out/pytest-tcwhalo.log | cut -c1-300; grep -E "^E .*(assert|Error)" $out/pytest-tcwhalo.log | head -5 | cut -c1-300
 enc1="C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
 dec3="C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
-for which in enc1 dec3; do
+# the wide layers' wgrad with db (tcwgrad), as the autoencoder runs them
+enc2="C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+dec2="C=128,M=256,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+for which in enc1 dec3 ${WIDE:-}; do
   spec=${!which}
   if [ $which = enc1 ]; then V="wband_t32_m8_p4_w1_s11_fp32 tcwhalo_b128x8_w8x1_r2_p3_s132 ${ENC1:-}"
-  else V="wband_t32_m3_p4_w1_s4_fp32 tcwhalo_b16x64_w1x8_r2_p3_s66 ${DEC3:-}"; fi
+  elif [ $which = dec3 ]; then V="wband_t32_m3_p4_w1_s4_fp32 tcwhalo_b16x64_w1x8_r2_p3_s66 ${DEC3:-}"
+  else V="tcwgrad_b128x128_w2x2_k32_p4_s14"; fi
   args=""; for v in $V; do [[ $v == *_fp32 ]] && args="$args --variant $v" || args="$args --variant ${v}_bf16"; done
   echo "== $which"
   timeout 120 python3 -m specgen bench --shape "$spec" --batch 128 $args 2>&1 | tail -14 | cut -c1-130
