@@ -35,7 +35,8 @@ MAPS_TILES = (16, 32, 64, 128, 256)
 CHANNEL_TILES = (8, 16, 32, 64, 128)
 CHUNK_PIXELS = 64  # the default's rows: at most this many pixels a chunk
 WARPS = 8
-REGISTERS = 256  # _registers' estimate: ptxas fit 255 without spills, spilled from 262
+REGISTERS = 262  # _registers' estimate: ptxas fit up to 261 without spills, spilled from 267
+GATHERS = 16  # elements a thread gathers per chunk (ptxas spilled at 24)
 SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most
 
 
@@ -69,7 +70,7 @@ class Tcwhalo(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The tensors' own math; the smallest tiles that hold a group's maps and
-        channels (up to 128 and 64), the maps' cut first while a warp would keep more
+        channels (up to 128 each), the maps' cut first while a warp would keep more
         than SUMS_PER_WARP sums; eight warps, along the channels first (each warp reads
         every tap of its channels); rows for at most 64 pixels a chunk (the k16 steps
         of a chunk are unrolled, and their ldmatrix addresses held); slices for about
@@ -81,18 +82,24 @@ class Tcwhalo(Variant):
                 f"take --precision {own.value}"
             )
         bm = next((t for t in MAPS_TILES if t >= min(problem.Mg, 128)), 128)
-        bc = next((t for t in CHANNEL_TILES if t >= min(problem.Cg, 64)), 64)
+        bc = next((t for t in CHANNEL_TILES if t >= min(problem.Cg, 128)), 128)
         while True:
             wc = min(WARPS, bc // 8)
             wm = min(WARPS // wc, bm // 16)
-            if _accumulators(problem, bm // wm, bc // wc) <= SUMS_PER_WARP or bm == 16:
+            if _accumulators(problem, bm // wm, bc // wc) <= SUMS_PER_WARP:
                 break
-            bm //= 2
+            if bm // wm > 16:
+                bm //= 2
+            elif bc // wc > 8:
+                bc //= 2
+            else:
+                break  # a warp's 16 maps x 8 channels hold every tap's sums
         rows = max(1, min(problem.Ho, CHUNK_PIXELS // max(1, problem.Wo)))
         stages = seed.stages
         while rows > 1 and (
             stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT // 2
             or _registers(problem, bm, bc, (wm, wc), rows) > REGISTERS
+            or _gathers(problem, bm, bc, (wm, wc), rows) > GATHERS
         ):
             rows -= 1
         tiles = _tiles(problem, bm, bc)
@@ -103,12 +110,14 @@ class Tcwhalo(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        """Around the default: twice the maps or the channels, half and twice the rows,
+        """Around the default: half and twice the maps or the channels, half and twice the rows,
         2 to 4 stages, as many and twice the slices."""
         base = cls.fit(problem, cls(precision=precision))
         bm, bc = base.blocktile
         out = []
-        for tile in dict.fromkeys([(bm, bc), (bm, min(128, 2 * bc)), (min(256, 2 * bm), bc)]):
+        tiles = [(bm, bc), (bm, min(128, 2 * bc)), (min(256, 2 * bm), bc)]
+        tiles += [(bm, max(8, bc // 2)), (max(16, bm // 2), bc)]
+        for tile in dict.fromkeys(tiles):
             wc = min(WARPS, tile[1] // 8)
             wm = min(WARPS // wc, tile[0] // 16)
             for rows in sorted({max(1, base.rows // 2), base.rows, base.rows * 2}):
@@ -161,18 +170,23 @@ def _per_thread(p, bm: int, bc: int, rows: int, threads: int) -> int:
     return dy, x
 
 
+def _gathers(p, bm: int, bc: int, warps: tuple[int, int], rows: int) -> int:
+    dy, x = _per_thread(p, bm, bc, rows, 32 * warps[0] * warps[1])
+    return (dy if p.Mg % VECTOR else 0) + (x if p.Cg % VECTOR else 0)
+
+
 def _registers(p, bm: int, bc: int, warps: tuple[int, int], rows: int) -> int:
     """What a thread holds, fitted to ptxas' counts on drawn problems and the
     autoencoder's layers: the sums (db's too), two sets of fragments, the ldmatrix addresses of
     each k16 step (hoisted out of the chunk loop), two registers per 16-byte copy and
-    six per gathered element (value, address, bounds), and 40 more."""
+    seven per gathered element (value, address, bounds), and 40 more."""
     threads = 32 * warps[0] * warps[1]
     fm, frags = bm // warps[0] // 16, (bc // warps[1] // 8) * p.R * p.S
     ksteps = ceil_div(rows * p.Wo, 32) * 2
     held = fm * frags * 4 + 2 * frags * 2 + 2 * fm * 4 + (fm * 4 if p.bias else 0)
     addresses = ksteps * (ceil_div(frags, 2) + fm)
     dy, x = _per_thread(p, bm, bc, rows, threads)
-    copies = (2 if p.Mg % VECTOR == 0 else 6) * dy + (2 if p.Cg % VECTOR == 0 else 6) * x
+    copies = (2 if p.Mg % VECTOR == 0 else 7) * dy + (2 if p.Cg % VECTOR == 0 else 7) * x
     return held + addresses + copies + 40
 
 
@@ -245,6 +259,13 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
             f"tcwhalo's ring of {v.stages} chunks of {v.rows} rows needs {smem} B of shared "
             f"memory, over the {STAGE_LIMIT} B a block may opt in to; choose "
             + (f"--stages {fits}" if fits >= 2 else "fewer --rows or a smaller --blocktile")
+        )
+    gathers = _gathers(p, bm, bc, v.warpgrid, v.rows)
+    if gathers > GATHERS:
+        raise SpecError(
+            f"tcwhalo r{v.rows} w{wm_count}x{wc_count}: a thread would gather {gathers} "
+            f"elements a chunk, over {GATHERS} (their values and addresses spill); choose "
+            "fewer --rows or more warps"
         )
     need = _registers(p, bm, bc, v.warpgrid, v.rows)
     if need > REGISTERS:
