@@ -28,13 +28,14 @@ from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
-from .tcwgrad import TARGET_BLOCKS
 from .wsplit import per_slice, sums_context
 
 MAPS_TILES = (16, 32, 64, 128, 256)
 CHANNEL_TILES = (8, 16, 32, 64, 128)
 CHUNK_PIXELS = 64  # the default's rows: at most this many pixels a chunk
 WARPS = 8
+SMS = 132  # the H200's (and H100's) SMs
+SM_SHARED = 228 * 1024
 REGISTERS = 262  # _registers' estimate: ptxas fit up to 261 without spills, spilled from 267
 GATHERS = 16  # elements a thread gathers per chunk (ptxas spilled at 24)
 SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most
@@ -59,7 +60,7 @@ class Tcwhalo(Variant):
     )
     warpgrid: tuple[int, int] = param((1, 8), Pair("w"), "tcwhalo: warps along maps x channels")
     rows: int = param(2, Count("r"), "tcwhalo: output rows of one image per chunk")
-    stages: int = param(3, Count("p"), "tcwhalo: chunks in the shared-memory ring")
+    stages: int = param(4, Count("p"), "tcwhalo: chunks in the shared-memory ring")
     splits: int = param(
         64, Count("s"), "tcwhalo: slices of the batch's chunks, one block plane each"
     )
@@ -73,8 +74,8 @@ class Tcwhalo(Variant):
         channels (up to 128 each), the maps' cut first while a warp would keep more
         than SUMS_PER_WARP sums; eight warps, along the channels first (each warp reads
         every tap of its channels); rows for at most 64 pixels a chunk (the k16 steps
-        of a chunk are unrolled, and their ldmatrix addresses held); slices for about
-        two blocks per SM."""
+        of a chunk are unrolled, and their ldmatrix addresses held); four stages; slices
+        for one wave of blocks."""
         own = _own(problem)
         if own is not None and seed.precision is not own:
             raise SpecError(
@@ -94,16 +95,30 @@ class Tcwhalo(Variant):
                 bc //= 2
             else:
                 break  # a warp's 16 maps x 8 channels hold every tap's sums
+        # fewer warps with more maps each while four remain: each warp reads every tap's
+        # fragments, so a warp of 32 maps reads them once for twice the products
+        while wm * wc > 4 and wm > 1:
+            if _accumulators(problem, bm // (wm // 2), bc // wc) > SUMS_PER_WARP:
+                break
+            wm //= 2
         rows = max(1, min(problem.Ho, CHUNK_PIXELS // max(1, problem.Wo)))
         stages = seed.stages
         while rows > 1 and (
-            stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT // 2
+            stages * _stage_bytes(problem, bm, bc, rows) > STAGE_LIMIT
             or _registers(problem, bm, bc, (wm, wc), rows) > REGISTERS
             or _gathers(problem, bm, bc, (wm, wc), rows) > GATHERS
         ):
             rows -= 1
+        # one block per SM where two do not fit (registers or shared memory), then one
+        # wave of blocks: a second wave would pay the ring's start again
+        threads = 32 * wm * wc
+        regs = min(255, _registers(problem, bm, bc, (wm, wc), rows))
+        two = (
+            threads * regs <= 32768
+            and 2 * stages * _stage_bytes(problem, bm, bc, rows) <= SM_SHARED
+        )
         tiles = _tiles(problem, bm, bc)
-        splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        splits = max(1, min(SMS * (2 if two else 1) // tiles, 65535))
         return replace(
             seed, blocktile=(bm, bc), warpgrid=(wm, wc), rows=rows, stages=stages, splits=splits
         )
