@@ -1,0 +1,88 @@
+"""Host time of the autoencoder's training step (examples/autoencoder.py, B=128,
+channels_last), specgen beside PyTorch+cuDNN, per math: the CPU time a step takes to
+enqueue (process time, so waiting on the GPU does not count), then where specgen's goes
+(cProfile, sorted by own time).
+
+    PYTHONPATH=. python3 scripts/step_host.py [--math bf16]
+"""
+
+import argparse
+import copy
+import cProfile
+import pstats
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, "examples")
+import autoencoder as ae  # noqa: E402
+
+import specgen.torch as sg  # noqa: E402
+
+MATHS = {"fp32": (False, None), "tf32": (True, None), "bf16": (True, torch.bfloat16)}
+
+
+def stepper(model, x, autocast):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def step():
+        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+            loss = F.mse_loss(model(x), x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def host_ms(step, steps=30):
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    used = []
+    for _ in range(steps):
+        t = time.process_time()
+        step()
+        used.append(time.process_time() - t)
+        torch.cuda.synchronize()  # the next step starts on an idle queue
+    return 1e3 * float(np.median(used))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--math", choices=list(MATHS), action="append")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    x = ae.photographs_as_patches(128, np.random.default_rng(0)).cuda()
+    x = x.contiguous(memory_format=torch.channels_last)
+    base = ae.autoencoder().cuda()
+    print(f"{torch.cuda.get_device_name()}: host (CPU) time to enqueue one step, ms")
+    print(f"{'math':<6} {'cuDNN':>8} {'specgen':>8}")
+    profiles = []
+    for math in args.math or list(MATHS):
+        tf32, autocast = MATHS[math]
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
+        cu = copy.deepcopy(base).to(memory_format=torch.channels_last)
+        ours = sg.convert(copy.deepcopy(base)).to(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+            sg.warmup(ours, x)
+        step = stepper(ours, x, autocast)
+        print(f"{math:<6} {host_ms(stepper(cu, x, autocast)):>8.3f} {host_ms(step):>8.3f}")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(20):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
+        profiles.append((math, prof))
+    for math, prof in profiles:
+        print(f"\nspecgen {math}: 20 steps, by own time")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+
+
+if __name__ == "__main__":
+    main()
