@@ -126,6 +126,44 @@ def time_steps(model, x, lr, steps, warmup, autocast=None):
     )
 
 
+def time_graphed(model, x, lr, steps, autocast=None) -> float:
+    """The step captured once in a CUDA graph and replayed ``steps`` times back to back:
+    ms per step with no host work between the kernels, so the figure is the GPU's alone
+    (PyTorch's recipe for whole-network capture: warm up on a side stream, capture
+    forward, backward and the optimizer's step, replay)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    static_x = x.clone()
+
+    def step():
+        # autocast's cache of cast weights must be off under capture (PyTorch's docs)
+        on = autocast is not None
+        with torch.autocast("cuda", dtype=autocast, enabled=on, cache_enabled=False):
+            loss = F.mse_loss(model(static_x), static_x)
+        loss.backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def plot_losses(losses: dict, gpu: str, path: str) -> None:
     """The loss per step of each copy, and each fp32 copy's drift from float64."""
     import matplotlib
@@ -251,6 +289,8 @@ def main() -> int:
         torch.backends.cudnn.benchmark = True
         t_cu = time_steps(cu, x, args.lr, args.timed, 10, autocast)
         t_sg = time_steps(ours, x, args.lr, args.timed, 10, autocast)
+        g_cu = time_graphed(cu, x, args.lr, args.timed, autocast)
+        g_sg = time_graphed(ours, x, args.lr, args.timed, autocast)
         if args.profile:
             for who, model in (("cuDNN", cu), ("specgen", ours)):
                 print(f"\n{who}, {label}: GPU time of 5 steps by kernel")
@@ -264,23 +304,26 @@ def main() -> int:
                 specgen_loop_ms=t_sg[1],
                 cudnn_p10_p90=t_cu[2:],
                 specgen_p10_p90=t_sg[2:],
+                cudnn_graph_ms=g_cu,
+                specgen_graph_ms=g_sg,
             )
         )
     print(
         f"\ntraining step at B={args.batch} on {torch.cuda.get_device_name()}"
         f"{', channels_last' if args.channels_last else ''}, ms: the median "
-        f"of {args.timed} single steps, and the mean of {args.timed} steps back to back"
+        f"of {args.timed} single steps, the mean of {args.timed} steps back to back, and "
+        f"the mean of {args.timed} replays of the step captured in a CUDA graph"
     )
-    print(
-        f"{'math':<14} {'cuDNN':>8} {'specgen':>8} {'speedup':>8} {'cuDNN':>8} {'specgen':>8} {'speedup':>8}"
-    )
-    print(f"{'':<14} {'single steps':>26} {'back to back':>26}")
+    head = f"{'cuDNN':>8} {'specgen':>8} {'speedup':>8}"
+    print(f"{'math':<14} {head} {head} {head}")
+    print(f"{'':<14} {'single steps':>26} {'back to back':>26} {'CUDA graph':>26}")
     for r in rows:
-        print(
-            f"{r['math']:<14} {r['cudnn_ms']:>8.3f} {r['specgen_ms']:>8.3f} "
-            f"{r['cudnn_ms'] / r['specgen_ms']:>7.2f}x {r['cudnn_loop_ms']:>8.3f} "
-            f"{r['specgen_loop_ms']:>8.3f} {r['cudnn_loop_ms'] / r['specgen_loop_ms']:>7.2f}x"
-        )
+        cells = []
+        for cu, sg_ in (("cudnn_ms", "specgen_ms"), ("cudnn_loop_ms", "specgen_loop_ms")):
+            cells.append(f"{r[cu]:>8.3f} {r[sg_]:>8.3f} {r[cu] / r[sg_]:>7.2f}x")
+        g = r["cudnn_graph_ms"], r["specgen_graph_ms"]
+        cells.append(f"{g[0]:>8.3f} {g[1]:>8.3f} {g[0] / g[1]:>7.2f}x")
+        print(f"{r['math']:<14} " + " ".join(cells))
     if args.plot:
         plot_losses(
             dict(float64=l64, cudnn=lcu, specgen=lsg), torch.cuda.get_device_name(), args.plot
