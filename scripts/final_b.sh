@@ -1,7 +1,7 @@
 #!/bin/bash
 # verify over every preset and op, the 16-bit wide layers' bench beside cuDNN, the
-# 3-channel layers' wgrad,
-# operator's tests and the autoencoder in channels_last.  Logs under $OUT.
+# 3-channel layers' wgrad, the operator's tests and the autoencoder in channels_last.
+# Logs under $OUT.
 export PYTHONPATH=.
 timeout 200 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
 echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep -E "FAIL|ERROR" $OUT/verify-all.log | head -5
