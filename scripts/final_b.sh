@@ -14,8 +14,8 @@ done
 # the 3-channel layers' wgrad with db (tcwhalo) beside cuDNN and the rest of the default set
 for spec in "C=3,M=256" "C=256,M=3"; do
   timeout 90 python3 -m specgen bench --shape "$spec,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad" \
-    --batch 128 > $OUT/bench-wgrad-$spec.log 2>&1
-  grep -E "cudnn|tcwhalo|wband" $OUT/bench-wgrad-$spec.log | cut -c1-110
+    --batch 128 > $OUT/bench-wgrad-${spec//[=,]/}.log 2>&1
+  grep -E "cudnn|tcwhalo|wband" $OUT/bench-wgrad-${spec//[=,]/}.log | cut -c1-110
 done
 timeout 100 python3 -m pytest -q tests/test_torch.py -p no:cacheprovider > $OUT/torch-tests.log 2>&1
 echo "torch rc=$?"; tail -1 $OUT/torch-tests.log
