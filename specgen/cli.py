@@ -25,7 +25,7 @@ from .strategies import (
     readers,
     strategy_class,
 )
-from .variants import Count, Variant, parse_precision
+from .variants import Count, Precision, Variant, parse_precision
 
 SIZE = click.IntRange(1, INDEX_LIMIT)
 
@@ -503,12 +503,22 @@ def run(shape_text, batch, streams, segment, name):
         raise SystemExit(1)
 
 
+def _tune_math(shape, strat) -> str:
+    """fp32, unless the strategy has no fp32 math: then the tensors' own 16-bit math
+    where it has that, else its first."""
+    if strat is None or Precision.FP32 in strat.precisions:
+        return "fp32"
+    own = shape.dtype.value
+    return own if own in {p.value for p in strat.precisions} else strat.precisions[0].value
+
+
 @main.command()
 @click.option("--shape", "shape_text", required=True, help="a preset name or an inline spec")
 @click.option(
     "--precision",
-    default="fp32",
-    help="fp32, tf32, fp16 or bf16 (the math; the tensors' dtype is the shape's)",
+    default=None,
+    help="fp32, tf32, fp16 or bf16 (the math; the tensors' dtype is the shape's; default "
+    "fp32, or for a --strategy without fp32 math the tensors' own 16-bit one)",
 )
 @click.option(
     "--budget",
@@ -522,10 +532,10 @@ def run(shape_text, batch, streams, segment, name):
 def tune(shape_text, precision, budget, batch, strategy, op_text):
     """Search the variant space of every strategy for the fastest verified kernel."""
     shape = _with_op(parse_shape(shape_text), op_text)
-    prec = parse_precision(precision)
     strat = strategy_class(strategy) if strategy else None
     if strat is not None:
         strat.problem_for(shape)  # a strategy that does not compute the op: say so first
+    prec = parse_precision(precision or _tune_math(shape, strat))
     _need_gpu("tune")
     from .tune import run_tune
 

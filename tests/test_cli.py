@@ -146,3 +146,19 @@ def test_an_option_read_by_several_strategies_parses_alike_for_all(tmp_path):
     assert [f.name for f in (tmp_path / "ae-enc2").iterdir()] == [
         "wgemm_b64x128_k8_s29_fp32_wgrad.cu"
     ]
+
+
+def test_tune_takes_a_tensor_core_strategy_in_the_tensors_own_math():
+    """tune --strategy tcwgrad on a bf16 preset searches bf16, not fp32 (which the
+    strategy has not, so every candidate would be refused)."""
+    from specgen.cli import _tune_math
+    from specgen.shapes import PRESETS, parse_shape
+    from specgen.strategies import Stream, Tcwgrad
+
+    assert _tune_math(PRESETS["ae-enc2-bf16"], Tcwgrad) == "bf16"
+    assert (
+        _tune_math(parse_shape(PRESETS["ae-enc2-bf16"].spec.replace("bf16", "fp16")), Tcwgrad)
+        == "fp16"
+    )
+    assert _tune_math(PRESETS["ae-enc2-bf16"], Stream) == "fp32"
+    assert _tune_math(PRESETS["ae-enc2-bf16"], None) == "fp32"
