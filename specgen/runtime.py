@@ -34,7 +34,8 @@ def device_arch() -> str:
 def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
     """The host-side layout each plan asks for: plain fp32, fp32 transposed to
     [C][K][K][M] (a tap's maps adjacent, for 16-byte copies), [M][R][S][C/g] in a
-    16-bit dtype (``mrsc.bf16``: a tap's channels adjacent, as tensor cores read them),
+    16-bit dtype or fp32 (``mrsc.bf16``, ``mrsc.fp32``: a tap's channels adjacent, as
+    tensor cores read them),
     or each weight as the half2 pair (w, w) in one 32-bit word for half2 arithmetic.  Integer arrays pass
     through f32 and ckkm unchanged: packing the weights' own indices gives the gather
     that the PyTorch operator packs with on the device."""
@@ -45,7 +46,9 @@ def pack_weights(w: np.ndarray, fmt: str) -> np.ndarray:
         return np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(-1)
     if fmt.startswith("mrsc."):
         w = np.ascontiguousarray(w.transpose(0, 2, 3, 1)).reshape(-1)
-        return w if w.dtype.kind != "f" else to_bits16(w, fmt.split(".")[1])
+        if w.dtype.kind != "f" or fmt == "mrsc.fp32":
+            return w
+        return to_bits16(w, fmt.split(".")[1])
     w = np.ascontiguousarray(w).reshape(-1)
     if fmt == "f32":
         return w
@@ -63,8 +66,8 @@ def to_bits16(w: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def weight_dtype(fmt: str) -> str:
-    """The storage dtype of a packed weight format: fp32, or the 16-bit dtype named
-    after the dot (``mrsc.bf16``)."""
+    """The storage dtype of a packed weight format: fp32, or the dtype named after the
+    dot (``mrsc.bf16``, ``mrsc.fp32``)."""
     return fmt.split(".")[1] if "." in fmt else "fp32"
 
 

@@ -49,6 +49,26 @@ def test_ae_enc2_bf16_nhwc_compiles_without_spills_and_pipelines():
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
 
 
+def test_fp32_channels_last_compiles_to_tf32_mma_without_spills():
+    """fp32 NHWC tensors on tcgemm: the same ring and ldmatrix reads (a 16-byte unit is
+    4 channels), each fragment word rounded to tf32, m16n8k8 products, fp32 stores."""
+    for spec in (
+        "C=256,M=128,H=16,W=16,K=3,pad=1,layout=nhwc",
+        "C=128,M=256,H=16,W=16,K=3,pad=1,layout=nhwc,op=dgrad",
+    ):
+        p = parse_shape(spec)
+        v = Tcgemm.default(Tcgemm.problem_for(p), Precision.TF32)
+        plan = make_plan(p, v)
+        assert plan.weight_format == "mrsc.fp32"
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+        assert binary.spills == 0, (plan.name, binary.resources)
+        ptx = ptx_of(plan)
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+        assert "cvt.rna.tf32.f32" in ptx
+        assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)
+        assert f"cp.async.wait_group {v.stages - 2};" in ptx
+
+
 def test_default_set_of_16_bit_channels_last_holds_tcgemm_in_the_tensors_dtype():
     for dtype in ("bf16", "fp16"):
         p = parse_shape(f"C=128,M=256,H=16,W=16,K=3,pad=1,dtype={dtype},layout=nhwc")
@@ -60,7 +80,22 @@ def test_default_set_of_16_bit_channels_last_holds_tcgemm_in_the_tensors_dtype()
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        ("C=256,M=128,H=16,W=16,K=3,pad=1", "tcgemm_b128x128_w2x2_k32_p4_bf16", "16-bit"),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "tcgemm_b128x128_w2x2_k32_p4_tf32", "nhwc"),
+        (
+            "C=256,M=128,H=16,W=16,K=3,pad=1,layout=nhwc",
+            "tcgemm_b128x128_w2x2_k32_p4_bf16",
+            "--precision tf32",
+        ),
+        (
+            "C=254,M=128,H=16,W=16,K=3,pad=1,layout=nhwc",
+            "tcgemm_b128x128_w2x2_k32_p4_tf32",
+            "multiple of 4",
+        ),
+        (
+            "C=256,M=128,H=16,W=16,K=3,pad=1,layout=nhwc",
+            "tcgemm_b128x128_w2x2_k64_p4_tf32",
+            "16 or 32",
+        ),
         (AE_ENC2_BF16.replace("nhwc", "nchw"), "tcgemm_b128x128_w2x2_k32_p4_bf16", "nhwc"),
         (AE_ENC2_BF16, "tcgemm_b128x128_w2x2_k32_p4_fp16", "--precision bf16"),
         (AE_ENC2_BF16.replace("C=256", "C=12"), "tcgemm_b128x128_w2x2_k32_p4_bf16", "8"),
@@ -124,12 +159,13 @@ def strategy_for(p):
 
 @st.composite
 def tc_problems(draw):
-    """Problems tcgemm serves: channels a multiple of 8 per group, any maps, stride,
-    dilation, every padding, bias and relu, both 16-bit dtypes; forward, dgrad and
-    wgrad (with db where the layer has a bias)."""
+    """Problems tcgemm serves: channels a multiple of 8 per group (4 in fp32), any maps, stride,
+    dilation, every padding, bias and relu, both 16-bit dtypes and fp32 (tf32 math);
+    forward, dgrad and wgrad (16-bit, with db where the layer has a bias)."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
-    cg = 8 * draw(st.integers(1, 9))
     op = draw(st.sampled_from(["fprop", "fprop", "dgrad", "wgrad"]))
+    dtype = draw(st.sampled_from(["bf16", "fp16"] + (["fp32"] if op != "wgrad" else [])))
+    cg = (4 if dtype == "fp32" else 8) * draw(st.integers(1, 9))  # a 16-byte copy's channels
     # dgrad's forward view reads dy's maps as its channels; wgrad copies 8 maps at once
     mg = 8 * draw(st.integers(1, 9)) if op != "fprop" else draw(st.integers(1, 72))
     R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
@@ -140,7 +176,7 @@ def tc_problems(draw):
     spec = (
         f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
         f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
-        f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op={op}"
+        f"dtype={dtype},layout=nhwc,op={op}"
     )
     if op != "dgrad" and draw(st.booleans()):
         spec += ",bias=1"  # wgrad's db
@@ -173,10 +209,10 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     arch = device_arch()
     cls = strategy_for(p)
     view = cls.problem_for(p)
-    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
-    variants = [cls.default(view, precision)]
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
+    variants = [cls.default(view, precision or Precision.TF32)]
     space = []
-    for v in cls.space(view, precision):
+    for v in cls.space(view, precision or Precision.TF32):
         try:
             make_plan(p, v)
             space.append(v)

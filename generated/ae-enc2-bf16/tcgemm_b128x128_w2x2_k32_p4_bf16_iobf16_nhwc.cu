@@ -4,7 +4,7 @@
 // Shape    ae-enc2-bf16: C=256 M=128 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc
 //          bf16 x[B][16][16][256] * w[128][256][3][3] -> y[B][16][16][128] (nhwc), fp32 sums, B at launch
 // Variant  tcgemm_b128x128_w2x2_k32_p4_bf16_iobf16_nhwc
-//          pipelined implicit GEMM on tensor cores: NHWC 16-bit tensors, 16-byte cp.async into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16, fp32 sums
+//          pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16 (fp16, bf16) or m16n8k8 (tf32 for fp32 tensors), fp32 sums
 //          precision bf16: x and w rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -28,6 +28,8 @@ from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, para
 from .mma import ROUNDING
 
 VECTOR = 8  # 16-bit elements per 16-byte copy
+# The math each tensor dtype is multiplied in on the tensor cores: its own, tf32 for fp32.
+MATH = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16, DType.FP32: Precision.TF32}
 KSTEP = 16  # mma.m16n8k16
 STAGE_LIMIT = 227 * 1024  # dynamic shared memory per block, with the opt-in
 MAX_ACCUMULATORS = 128  # fp32 sums per thread (a 64x64 warp tile)
@@ -39,11 +41,12 @@ class Tcgemm(Variant):
     key = "tcgemm"
     family = "gemm"
     description = (
-        "pipelined implicit GEMM on tensor cores: NHWC 16-bit tensors, 16-byte cp.async "
-        "into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16, fp32 sums"
+        "pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a "
+        "multistage swizzled ring, ldmatrix, mma.sync m16n8k16 (fp16, bf16) or m16n8k8 "
+        "(tf32 for fp32 tensors), fp32 sums"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
-    precisions = (Precision.BF16, Precision.FP16)
+    precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
     tensor_core = True
 
     blocktile: tuple[int, int] = param(
@@ -64,15 +67,16 @@ class Tcgemm(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The math of the tensors' own dtype; a map tile no wider than the group's maps
-        need (16 to 128), a pixel tile small enough to give every SM a block, and warps of
-        64 pixels x 64 maps (on the H200, 128x128 blocks of 2x2 such warps and chunks of
-        32 channels four deep were the fastest on ae-enc2 and ae-dec2)."""
-        precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(problem.dtype)
-        if precision is not None and seed.precision is not precision:
+        """The math of the tensors' own dtype (tf32 for fp32 tensors); a map tile no
+        wider than the group's maps need (16 to 128), a pixel tile small enough to give
+        every SM a block, and warps of 64 pixels x 64 maps (on the H200, 128x128 blocks of
+        2x2 such warps and chunks of 32 channels four deep were the fastest on ae-enc2 and
+        ae-dec2)."""
+        precision = MATH[problem.dtype]
+        if seed.precision is not precision:
             raise SpecError(
-                f"tcgemm multiplies the tensors' own dtype: {problem.dtype.value} tensors "
-                f"take --precision {precision.value}"
+                f"tcgemm multiplies {problem.dtype.value} tensors in "
+                f"{precision.value}: take --precision {precision.value}"
             )
         bn = min(seed.blocktile[1], max(16, 1 << (problem.Mg - 1).bit_length()))
         bm = seed.blocktile[0]
@@ -98,7 +102,7 @@ class Tcgemm(Variant):
             (256, 128, 4, 4),
             (128, 256, 2, 8),
         ):
-            for chunk in (32, 64):
+            for chunk in (32, 64) if precision is not Precision.TF32 else (16, 32):
                 for stages in (3, 4, 5):
                     out.append(
                         cls(
@@ -114,21 +118,23 @@ class Tcgemm(Variant):
 
 def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     # 1. limits
-    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+    if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "tcgemm reads channels-last 16-bit tensors (16-byte copies along the channels): "
-            "use --dtype bf16 or fp16 with --layout nhwc, or --strategy mma"
+            "tcgemm reads channels-last tensors (16-byte copies along the channels): use "
+            "--layout nhwc, or --strategy mma"
         )
-    want = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    want = MATH[p.dtype]
     if v.precision is not want:
         raise SpecError(
-            f"tcgemm multiplies the tensors' own dtype: {p.dtype.value} tensors take "
-            f"--precision {want.value}"
+            f"tcgemm multiplies {p.dtype.value} tensors in {want.value}: take --precision "
+            f"{want.value}"
         )
-    if p.Cg % VECTOR:
+    size = p.dtype.bytes
+    vec = 16 // size  # elements per 16-byte copy
+    if p.Cg % vec:
         raise SpecError(
-            f"tcgemm copies {VECTOR} channels at a time: the {p.Cg} channels per group are "
-            "not a multiple of 8; use --strategy mma"
+            f"tcgemm copies {vec} channels at a time: the {p.Cg} channels per group are "
+            f"not a multiple of {vec}; use --strategy mma"
         )
     bm, bn = v.blocktile
     wm_count, wn_count = v.warpgrid
@@ -158,12 +164,14 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
             f"about {need} registers a thread, over the {budget} that {threads} threads get; "
             "choose fewer warps or a smaller block tile"
         )
-    if v.chunk not in (32, 64):
+    chunks = (64 // size, 128 // size)  # rows of 64 or 128 bytes
+    if v.chunk not in chunks:
         raise SpecError(
-            f"tcgemm k{v.chunk}: a chunk is 32 or 64 channels (the swizzle keeps 16 rows of "
-            "a k column in distinct banks only for rows of 64 or 128 bytes)"
+            f"tcgemm k{v.chunk}: a chunk is {chunks[0]} or {chunks[1]} channels of "
+            f"{p.dtype.value} (the swizzle keeps 16 rows of a k column in distinct banks only "
+            "for rows of 64 or 128 bytes)"
         )
-    per_row = v.chunk // VECTOR  # 16-byte units per tile row
+    per_row = v.chunk // vec  # 16-byte units per tile row
     for what, rows in (("pixel", bm), ("map", bn)):
         if rows * per_row % threads:
             raise SpecError(
@@ -172,7 +180,7 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
             )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"tcgemm p{v.stages}: the ring holds 2 to 8 chunks")
-    a_stage, b_stage = bm * v.chunk * 2, bn * v.chunk * 2
+    a_stage, b_stage = bm * v.chunk * size, bn * v.chunk * size
     smem = v.stages * (a_stage + b_stage)
     if smem > STAGE_LIMIT:
         fit = STAGE_LIMIT // (a_stage + b_stage)
@@ -187,9 +195,15 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     map_tiles = ceil_div(p.Mg, bn)
     ctx = shape_context(p)
     (sh, sw), (dh, dw) = p.stride, p.dil
+    tf32 = v.precision is Precision.TF32
     ctx.update(
         fp16=p.dtype is DType.FP16,
-        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        tf32=tf32,
+        elem={Precision.FP16: "f16", Precision.BF16: "bf16", Precision.TF32: "tf32"}[v.precision],
+        mma_shape="m16n8k8" if tf32 else "m16n8k16",
+        io="float" if tf32 else "unsigned short",
+        vec=vec,
+        ksteps=per_row // 2,  # an mma k step reads two 16-byte units of a row
         R=p.R,
         S=p.S,
         sh=sh,
@@ -251,7 +265,7 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
-            f"{v.stages} stages x ({bm} + {bn}) rows x {v.chunk * 2} B, XOR-swizzled in 16-byte units",
+            f"{v.stages} stages x ({bm} + {bn}) rows x {v.chunk * size} B, XOR-swizzled in 16-byte units",
         ),
         Size(
             "copies",

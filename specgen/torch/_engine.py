@@ -246,7 +246,7 @@ def _gather(conv: Conv, index: int):
     from ..runtime import pack_weights as host_pack
 
     plan, p = conv.plan, conv.shape
-    if plan.weight_format not in ("f32", "ckkm", "mrsc.fp16", "mrsc.bf16"):
+    if plan.weight_format not in ("f32", "ckkm", "mrsc.fp16", "mrsc.bf16", "mrsc.fp32"):
         raise SpecError(
             f"{plan.name} packs weights as {plan.weight_format}, which the PyTorch operator "
             "does not serve"
