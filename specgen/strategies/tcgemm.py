@@ -69,9 +69,10 @@ class Tcgemm(Variant):
     def fit(cls, problem, seed):
         """The math of the tensors' own dtype (tf32 for fp32 tensors); a map tile no
         wider than the group's maps need (16 to 128), a pixel tile small enough to give
-        every SM a block, and warps of 64 pixels x 64 maps (on the H200, 128x128 blocks of
-        2x2 such warps and chunks of 32 channels four deep were the fastest on ae-enc2 and
-        ae-dec2)."""
+        every SM a block, warps of 64 pixels x 64 maps, and chunks of 64-byte rows (on the
+        H200, 128x128 blocks of 2x2 such warps and chunks of 32 bf16 channels four deep were
+        the fastest on ae-enc2 and ae-dec2; in tf32, 16 channels: 0.119 ms against a
+        32-channel chunk that spilled)."""
         precision = MATH[problem.dtype]
         if seed.precision is not precision:
             raise SpecError(
@@ -88,7 +89,8 @@ class Tcgemm(Variant):
         warps = (max(1, bm // 64), max(1, bn // 64))
         if warps[0] * warps[1] < 4 and bn >= 32:
             warps = (max(1, bm // 32), warps[1])  # few warps' copy addresses spill
-        return replace(seed, blocktile=(bm, bn), warpgrid=warps)
+        chunk = 64 // problem.dtype.bytes  # rows of 64 bytes: two mma k steps a chunk
+        return replace(seed, blocktile=(bm, bn), warpgrid=warps, chunk=chunk)
 
     @classmethod
     def space(cls, problem, precision):
@@ -129,8 +131,7 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
             f"tcgemm multiplies {p.dtype.value} tensors in {want.value}: take --precision "
             f"{want.value}"
         )
-    size = p.dtype.bytes
-    vec = 16 // size  # elements per 16-byte copy
+    vec = 16 // p.dtype.bytes  # elements per 16-byte copy
     if p.Cg % vec:
         raise SpecError(
             f"tcgemm copies {vec} channels at a time: the {p.Cg} channels per group are "
@@ -154,16 +155,7 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     threads = 32 * warps
     if threads > 512:
         raise SpecError(f"tcgemm w{wm_count}x{wn_count}: {threads} threads, over 512")
-    # Registers: the sums, two sets of fragments and about 30 for addresses and the walk
-    # (ptxas on sm_90: b128x128 w2x2 234; a 64x32 warp tile at 512 threads spilled).
-    budget = min(255, 65536 // threads // 8 * 8)
-    need = fm * fn * 4 + 2 * (fm * 4 + fn * 2) + 30
-    if need > budget:
-        raise SpecError(
-            f"tcgemm b{bm}x{bn} w{wm_count}x{wn_count}: a {warp_m}x{warp_n} warp tile needs "
-            f"about {need} registers a thread, over the {budget} that {threads} threads get; "
-            "choose fewer warps or a smaller block tile"
-        )
+    size = p.dtype.bytes
     chunks = (64 // size, 128 // size)  # rows of 64 or 128 bytes
     if v.chunk not in chunks:
         raise SpecError(
@@ -187,6 +179,21 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
         raise SpecError(
             f"tcgemm's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
             f"{STAGE_LIMIT} B a block may opt in to; choose --stages {fit} or a smaller tile"
+        )
+
+    # Registers: the sums, two sets of fragments, about 30 for addresses and the walk,
+    # and 20 for each mma k step of a chunk past two (its ldmatrix addresses and the
+    # unrolled step's temporaries).  ptxas on sm_90: b128x128 w2x2 k32 bf16 234, k64
+    # spilled, and so did tf32 k32 (four k8 steps); a 64x32 warp tile at 512 threads
+    # spilled.
+    ksteps = v.chunk * size // 32
+    budget = min(255, 65536 // threads // 8 * 8)
+    need = fm * fn * 4 + 2 * (fm * 4 + fn * 2) + 30 + 20 * max(0, ksteps - 2)
+    if need > budget:
+        raise SpecError(
+            f"tcgemm b{bm}x{bn} w{wm_count}x{wn_count}: a {warp_m}x{warp_n} warp tile needs "
+            f"about {need} registers a thread, over the {budget} that {threads} threads get; "
+            "choose fewer warps, a smaller block tile or a shorter chunk"
         )
 
     # 2. work
