@@ -33,6 +33,10 @@ SMALL_WEIGHTS = 16384
 # layer 3.4x faster than stream (0.076 against 0.256 ms, H200); on wide layers stream's
 # fp32 math beat it (ae-dec1 0.058 against 0.087 ms), and its tf32 too.
 FEW_CHANNELS_16_BIT = {"mma"}
+# Not tried in tf32 for fewer than 16 maps a group: tcgemm re-reads x for every tap and
+# shares each read among the block's maps, so with 3 maps its tf32 ran the autoencoder's
+# last layer (256 -> 3 channels) at 0.31 ms (H200), where stream's fp32 takes 0.09.
+FEW_MAPS_TF32 = {"tcgemm"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),
@@ -154,6 +158,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key in FEW_CHANNELS_16_BIT and (
                     math in (Precision.FP32, Precision.TF32) or view.Cg % 8 == 0
                 ):
+                    continue
+                if key in FEW_MAPS_TF32 and math is Precision.TF32 and view.Mg < 16:
                     continue
                 v = cls.default(view, math)
             except SpecError:

@@ -8,6 +8,8 @@ repeated or interrupted run resumes and a result from another GPU is never reuse
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import datetime
 import hashlib
 import statistics
@@ -42,12 +44,28 @@ def environment() -> dict:
     )
 
 
+def defaults(
+    shape: ConvProblem, precision: Precision, strategy: type[Variant] | None = None
+) -> list[Variant]:
+    """Each strategy's default variant in ``precision`` for ``shape``, where it has one."""
+    out = []
+    for cls in [strategy] if strategy else TABLE:
+        if precision in cls.precisions:
+            try:
+                out.append(cls.default(cls.problem_for(shape), precision))
+            except SpecError:
+                continue
+    return out
+
+
 def candidates(
     shape: ConvProblem, precision: Precision, strategy: type[Variant] | None = None
 ) -> list[Variant]:
     """Every variant of the strategies' spaces that the planner accepts, in a stable
-    order; only ``strategy``'s when one is named."""
-    out = []
+    order, each strategy's default first (fitted to ``shape``'s batch: a space need not
+    hold it, and a tuned winner slower than the default would be a loss); only
+    ``strategy``'s when one is named."""
+    out = defaults(shape, precision, strategy)
     for cls in [strategy] if strategy else TABLE:
         if precision in cls.precisions:
             try:
@@ -91,11 +109,14 @@ def run_tune(
     env = environment()
     arch = device_arch()
     batch = batch or shape.batch
-    space = candidates(shape, precision, strategy)
+    sized = replace(shape, batch=batch)  # the defaults' tiles follow the batch
+    space = candidates(sized, precision, strategy)
     if not space:
         what = f"{strategy.key} in {precision.value}" if strategy else precision.value
         raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
-    seeds = [v for v in default_set(shape) if v.precision is precision and v in space]
+    seeds = defaults(sized, precision, strategy)
+    seeds += [v for v in default_set(shape) if v.precision is precision]
+    seeds = [v for v in dict.fromkeys(seeds) if v in space]
     if budget and len(space) > budget:
         rest = [v for v in space if v not in seeds]
         space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specgen import tunedb
-from specgen.choose import allowed, choose, maths, preset_of
+from specgen.choose import allowed, choose, maths, planned, preset_of
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout, parse_shape
@@ -161,3 +161,12 @@ def test_a_layer_with_a_bias_gets_the_winner_tuned_for_its_bare_convolution():
     assert (c.source, c.variant.name) == ("tuned", "wgemm_b128x128_k8_s58_fp32")
     assert "without its epilogue" in c.why
     make_plan(with_bias, c.variant)
+
+
+def test_fp32_channels_last_goes_to_tf32_tensor_cores_only_where_allowed_and_wide():
+    wide = parse_shape("C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc")
+    assert planned(wide, allow_tf32=True).variant.name.startswith("tcgemm_")
+    assert planned(wide, allow_tf32=True).variant.precision is Precision.TF32
+    assert planned(wide, allow_tf32=False).variant.precision is Precision.FP32
+    three_maps = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc")
+    assert planned(three_maps, allow_tf32=True).variant.key == "stream"
