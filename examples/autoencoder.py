@@ -87,11 +87,9 @@ def train(model, batches, lr, dtype=torch.float32):
     return losses
 
 
-def time_steps(model, x, lr, steps, warmup, autocast=None):
-    """Two figures of one training step (forward, MSE, backward, SGD), by CUDA events:
-    the median of single steps, each waited for (the host's launch latency shows), and
-    the mean over ``steps`` steps queued back to back (the throughput of a training
-    loop, where the host runs ahead of the GPU); plus the p10 and p90 of the first."""
+def training_step(model, x, lr, autocast=None):
+    """One training step as a function: forward (under autocast where given), MSE
+    against the input, backward, SGD."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
     def step():
@@ -101,6 +99,15 @@ def time_steps(model, x, lr, steps, warmup, autocast=None):
         loss.backward()
         opt.step()
 
+    return step
+
+
+def time_steps(model, x, lr, steps, warmup, autocast=None):
+    """Two figures of one training step (forward, MSE, backward, SGD), by CUDA events:
+    the median of single steps, each waited for (the host's launch latency shows), and
+    the mean over ``steps`` steps queued back to back (the throughput of a training
+    loop, where the host runs ahead of the GPU); plus the p10 and p90 of the first."""
+    step = training_step(model, x, lr, autocast)
     for _ in range(warmup):
         step()
     times = []

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, "examples")
 import autoencoder as ae  # noqa: E402
@@ -23,19 +22,6 @@ import autoencoder as ae  # noqa: E402
 import specgen.torch as sg  # noqa: E402
 
 MATHS = {"fp32": (False, None), "tf32": (True, None), "bf16": (True, torch.bfloat16)}
-
-
-def stepper(model, x, autocast):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-    def step():
-        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
-            loss = F.mse_loss(model(x), x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
 
 
 def host_ms(step, steps=30):
@@ -70,8 +56,10 @@ def main():
         ours = sg.convert(copy.deepcopy(base)).to(memory_format=torch.channels_last)
         with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
             sg.warmup(ours, x)
-        step = stepper(ours, x, autocast)
-        print(f"{math:<6} {host_ms(stepper(cu, x, autocast)):>8.3f} {host_ms(step):>8.3f}")
+        step = ae.training_step(ours, x, 0.05, autocast)
+        print(
+            f"{math:<6} {host_ms(ae.training_step(cu, x, 0.05, autocast)):>8.3f} {host_ms(step):>8.3f}"
+        )
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(20):
