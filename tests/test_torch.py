@@ -450,3 +450,25 @@ def test_a_second_derivative_is_refused_not_silently_wrong():
     (dx,) = torch.autograd.grad(sg.conv2d(x, w).square().sum(), [x], create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dx.sum(), [w])
+
+
+@pytest.mark.parametrize(
+    "dtype,tf32",
+    [("fp32", False), ("fp32", True), ("bf16", False), ("fp16", False)],
+)
+def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtype, tf32):
+    """channels_last weights are packed from their storage as it lies (for an untransformed
+    mrsc kernel, read in place): the same kernel must give the same bits, forward and
+    through dgrad's flipped weights, as with the weights contiguous."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    x = torch.randn(4, 16, 12, 12, device="cuda", dtype=DT[dtype])
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(32, 16, 3, 3, device="cuda", dtype=DT[dtype])
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    assert not w_cl.is_contiguous()
+    outs = []
+    for weights in (w, w_cl):
+        y = sg.conv2d(x, weights, padding=1)
+        (dx,) = torch.autograd.grad(y, [x], torch.ones_like(y))
+        outs.append((y, dx))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

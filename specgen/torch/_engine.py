@@ -45,6 +45,10 @@ class Kernel:
     choice: Choice
     conv: Conv
     gather: torch.Tensor | None = None  # pack_weights' indices, for the ops that read w
+    # the same gather read from channels_last weights' storage ([M][R][S][C/g]), and
+    # whether it is the identity there (mrsc, untransformed: the storage itself serves)
+    gather_cl: torch.Tensor | None = None
+    storage_order: bool = False
 
 
 _kernels: dict[tuple, Kernel] = {}
@@ -173,7 +177,12 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
         reads_w = p.op in (Op.FPROP, Op.DGRAD)
         gather = _gather(conv, index) if reads_w else None
     log.info("specgen: %s %s -> %s (%s)", p.op.value, p.spec, conv.plan.name, choice.why)
-    return Kernel(p, choice, conv, gather)
+    k = Kernel(p, choice, conv, gather)
+    if gather is not None:
+        at = torch.as_tensor(channels_last_offsets(p), device=f"cuda:{index}")
+        k.gather_cl = at[gather]
+        k.storage_order = bool(torch.equal(k.gather_cl.cpu(), torch.arange(len(gather))))
+    return k
 
 
 def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
@@ -233,8 +242,24 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     dtype = STORED[weight_dtype(k.conv.plan.weight_format)]
     if k.gather is None:
         return w.to(dtype).contiguous()  # already the layout the kernel reads
+    if k.gather_cl is not None and w.is_contiguous(memory_format=torch.channels_last):
+        # channels_last weights: their storage read as it lies (a view, no copy), and
+        # for mrsc, untransformed, that storage is the packed layout itself
+        storage = w.permute(0, 2, 3, 1).reshape(-1)
+        packed = storage if k.storage_order else storage.index_select(0, k.gather_cl)
+        return packed.to(dtype)
     packed = w.reshape(-1).index_select(0, k.gather)
     return packed.to(dtype)
+
+
+def channels_last_offsets(p: ConvProblem):
+    """Where each weight of PyTorch's [M][C/g][R][S] lies in a channels_last tensor's
+    storage ([M][R][S][C/g]), by its flat logical index (a NumPy array)."""
+    import numpy as np
+
+    M, Cg, R, S = w_shape(p)
+    at = np.arange(M * R * S * Cg, dtype=np.int64).reshape(M, R, S, Cg).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(at).reshape(-1)
 
 
 def _gather(conv: Conv, index: int):
