@@ -39,7 +39,7 @@ def emit_command(plan: Plan) -> str:
 def _grid_text(launch) -> str:
     axes = []
     for axis, n in enumerate(launch.grid):
-        if axis != launch.axis:
+        if axis != launch.axis or not launch.per_image:  # a fixed grid: it walks the batch
             axes.append(str(n))
             continue
         if launch.per_image == launch.per_block:

@@ -14,8 +14,8 @@
 //   band          8 rows x 2 units               1 band(s) per image; 16 units over 32 lanes of each tap row
 //   __shared__    6528 B                         x [10][11] (1-way) + dy [8][8][11] (1-way), zero padding written in
 //   workspace     589824 B                       1 slices x 147456 sums; the second kernel adds the slices in order
-// Kernel   wband_t8_m8_p4_w1_s1_fp32_wgrad: block 96x1x1, grid (2048, B*0, 1)
-// Kernel   wband_t8_m8_p4_w1_s1_fp32_wgrad_reduce: block 256x1x1, grid (576, B*0, 1)
+// Kernel   wband_t8_m8_p4_w1_s1_fp32_wgrad: block 96x1x1, grid (2048, 1, 1)
+// Kernel   wband_t8_m8_p4_w1_s1_fp32_wgrad_reduce: block 256x1x1, grid (576, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

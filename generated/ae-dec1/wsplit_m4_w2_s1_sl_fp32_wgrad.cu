@@ -13,8 +13,8 @@
 //   block         256 threads = 4 item(s)        2 warp(s) per item: 64 lanes over the 64 output pixels, 1 each
 //   grid          3072 x 1                       item blocks x slices of the batch (slice k: images k, k+1, ...)
 //   workspace     589824 B                       1 slices x 147456 partial sums of dw; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w2_s1_sl_fp32_wgrad: block 256x1x1, grid (3072, B*0, 1)
-// Kernel   wsplit_m4_w2_s1_sl_fp32_wgrad_reduce: block 256x1x1, grid (576, B*0, 1)
+// Kernel   wsplit_m4_w2_s1_sl_fp32_wgrad: block 256x1x1, grid (3072, 1, 1)
+// Kernel   wsplit_m4_w2_s1_sl_fp32_wgrad_reduce: block 256x1x1, grid (576, 1, 1)
 
 // Slice k of the batch (images k, k + 1, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w2_s1_sl_fp32_wgrad_reduce adds the 1 slices in order.

@@ -13,8 +13,8 @@
 //   block         256 threads = 8 item(s)        1 warp(s) per item: 32 lanes over the 256 output pixels, 8 each
 //   grid          3072 x 1                       item blocks x slices of the batch (slice k: images k, k+1, ...)
 //   workspace     1179648 B                      1 slices x 294912 partial sums of dw; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w1_s1_sl_fp32_wgrad_iobf16_nhwc: block 256x1x1, grid (3072, B*0, 1)
-// Kernel   wsplit_m4_w1_s1_sl_fp32_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, B*0, 1)
+// Kernel   wsplit_m4_w1_s1_sl_fp32_wgrad_iobf16_nhwc: block 256x1x1, grid (3072, 1, 1)
+// Kernel   wsplit_m4_w1_s1_sl_fp32_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.

@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 256 output pixels, 1 each
 //   grid          64 x 16                        item blocks x slices of the batch (slice k: images k, k+16, ...)
 //   workspace     16384 B                        16 slices x 256 partial sums of db; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w8_s16_sl_fp32_bgrad_iobf16_nhwc: block 256x1x1, grid (64, B*0, 1)
-// Kernel   wsplit_m4_w8_s16_sl_fp32_bgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wsplit_m4_w8_s16_sl_fp32_bgrad_iobf16_nhwc: block 256x1x1, grid (64, 16, 1)
+// Kernel   wsplit_m4_w8_s16_sl_fp32_bgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.

@@ -14,8 +14,8 @@
 //   band          32 rows x 8 units              1 band(s) per image; 256 units over 32 lanes of each tap row
 //   __shared__    34880 B                        x [34][35] (1-way) + dy [3][32][33] (1-way), zero padding written in
 //   workspace     110592 B                       4 slices x 6912 sums; the second kernel adds the slices in order
-// Kernel   wband_t32_m3_p4_w1_s4_fp32_wgrad: block 96x1x1, grid (256, B*0, 1)
-// Kernel   wband_t32_m3_p4_w1_s4_fp32_wgrad_reduce: block 256x1x1, grid (27, B*0, 1)
+// Kernel   wband_t32_m3_p4_w1_s4_fp32_wgrad: block 96x1x1, grid (256, 4, 1)
+// Kernel   wband_t32_m3_p4_w1_s4_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

@@ -13,8 +13,8 @@
 //   shared        19200 B                        3 buffers x 8 pixels x (64 + 4 maps of dy, 128 + 4 columns of x), filled by cp.async
 //   grid          18 x 1 x 29                    column tiles x map tiles x slices of the batch (slice k: images k, k+29, ...)
 //   workspace     801792 B                       29 slices x 6912 partial sums; the second kernel adds the slices in order
-// Kernel   wgemm_b64x128_k8_s29_fp32_wgrad: block 128x1x1, grid (18, 1, B*0)
-// Kernel   wgemm_b64x128_k8_s29_fp32_wgrad_reduce: block 256x1x1, grid (27, B*0, 1)
+// Kernel   wgemm_b64x128_k8_s29_fp32_wgrad: block 128x1x1, grid (18, 1, 29)
+// Kernel   wgemm_b64x128_k8_s29_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS

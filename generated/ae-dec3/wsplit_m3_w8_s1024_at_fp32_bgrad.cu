@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 1024 output pixels, 4 each
 //   grid          1 x 1024                       item blocks x slices of the batch (slice k: images k, k+1024, ...)
 //   workspace     0 B                            none: each block atomicAdds its sums into db, cleared by the first kernel
-// Kernel   wsplit_m3_w8_s1024_at_fp32_bgrad_zero: block 256x1x1, grid (1, B*0, 1)
-// Kernel   wsplit_m3_w8_s1024_at_fp32_bgrad: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wsplit_m3_w8_s1024_at_fp32_bgrad_zero: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m3_w8_s1024_at_fp32_bgrad: block 256x1x1, grid (1, 1024, 1)
 
 // Slice k of the batch (images k, k + 1024, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m3_w8_s1024_at_fp32_bgrad_reduce adds the 1024 slices in order.

@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 1024 output pixels, 4 each
 //   grid          64 x 16                        item blocks x slices of the batch (slice k: images k, k+16, ...)
 //   workspace     0 B                            none: each block atomicAdds its sums into db, cleared by the first kernel
-// Kernel   wsplit_m4_w8_s16_at_fp32_bgrad_zero: block 256x1x1, grid (1, B*0, 1)
-// Kernel   wsplit_m4_w8_s16_at_fp32_bgrad: block 256x1x1, grid (64, B*0, 1)
+// Kernel   wsplit_m4_w8_s16_at_fp32_bgrad_zero: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m4_w8_s16_at_fp32_bgrad: block 256x1x1, grid (64, 16, 1)
 
 // Slice k of the batch (images k, k + 16, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s16_at_fp32_bgrad_reduce adds the 16 slices in order.

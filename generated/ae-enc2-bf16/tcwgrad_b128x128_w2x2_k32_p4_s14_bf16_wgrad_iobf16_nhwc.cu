@@ -13,8 +13,8 @@
 //   __shared__    65536 B (dynamic)              4 stages x 32 pixels x (128 maps + 128 columns) x 2 B, XOR-swizzled in 16-byte units
 //   grid          18 x 1 x 14                    column tiles x map tiles x slices of the batch's pixels (contiguous, chunk-aligned)
 //   workspace     16515072 B                     14 slices x 294912 fp32 partial sums; the reduce kernel adds them in order
-// Kernel   tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc: block 128x1x1, grid (18, 1, B*0), 65536 B dynamic shared memory (opt-in)
-// Kernel   tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, B*0, 1)
+// Kernel   tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc: block 128x1x1, grid (18, 1, 14), 65536 B dynamic shared memory (opt-in)
+// Kernel   tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.

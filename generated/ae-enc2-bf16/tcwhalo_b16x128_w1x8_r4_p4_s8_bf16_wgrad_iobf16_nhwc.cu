@@ -14,8 +14,8 @@
 //   __shared__    118784 B (dynamic)             4 stages x (64 pixels x 16 maps + 6 x 18 x 128 channels) x 2 B, XOR-swizzled in 16-byte units
 //   grid          2 x 8 x 8                      channel tiles x map tiles x slices of the batch's 4 chunks an image
 //   workspace     9437184 B                      8 slices x 294912 fp32 partial sums; the reduce kernel adds them in order
-// Kernel   tcwhalo_b16x128_w1x8_r4_p4_s8_bf16_wgrad_iobf16_nhwc: block 256x1x1, grid (2, 8, B*0), 118784 B dynamic shared memory (opt-in)
-// Kernel   tcwhalo_b16x128_w1x8_r4_p4_s8_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, B*0, 1)
+// Kernel   tcwhalo_b16x128_w1x8_r4_p4_s8_bf16_wgrad_iobf16_nhwc: block 256x1x1, grid (2, 8, 8), 118784 B dynamic shared memory (opt-in)
+// Kernel   tcwhalo_b16x128_w1x8_r4_p4_s8_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (1152, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.

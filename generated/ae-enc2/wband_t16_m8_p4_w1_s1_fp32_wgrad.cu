@@ -14,8 +14,8 @@
 //   band          16 rows x 4 units              1 band(s) per image; 64 units over 32 lanes of each tap row
 //   __shared__    20000 B                        x [18][18] (2-way) + dy [8][16][17] (2-way), zero padding written in
 //   workspace     1179648 B                      1 slices x 294912 sums; the second kernel adds the slices in order
-// Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad: block 96x1x1, grid (4096, B*0, 1)
-// Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad_reduce: block 256x1x1, grid (1152, B*0, 1)
+// Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad: block 96x1x1, grid (4096, 1, 1)
+// Kernel   wband_t16_m8_p4_w1_s1_fp32_wgrad_reduce: block 256x1x1, grid (1152, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

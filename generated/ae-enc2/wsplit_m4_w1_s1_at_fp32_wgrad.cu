@@ -13,8 +13,8 @@
 //   block         256 threads = 8 item(s)        1 warp(s) per item: 32 lanes over the 256 output pixels, 8 each
 //   grid          3072 x 1                       item blocks x slices of the batch (slice k: images k, k+1, ...)
 //   workspace     0 B                            none: each block atomicAdds its sums into dw, cleared by the first kernel
-// Kernel   wsplit_m4_w1_s1_at_fp32_wgrad_zero: block 256x1x1, grid (1152, B*0, 1)
-// Kernel   wsplit_m4_w1_s1_at_fp32_wgrad: block 256x1x1, grid (3072, B*0, 1)
+// Kernel   wsplit_m4_w1_s1_at_fp32_wgrad_zero: block 256x1x1, grid (1152, 1, 1)
+// Kernel   wsplit_m4_w1_s1_at_fp32_wgrad: block 256x1x1, grid (3072, 1, 1)
 
 // Slice k of the batch (images k, k + 1, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w1_s1_at_fp32_wgrad_reduce adds the 1 slices in order.

@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 256 output pixels, 1 each
 //   grid          32 x 32                        item blocks x slices of the batch (slice k: images k, k+32, ...)
 //   workspace     16384 B                        32 slices x 128 partial sums of db; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w8_s32_sl_fp32_bgrad: block 256x1x1, grid (32, B*0, 1)
-// Kernel   wsplit_m4_w8_s32_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wsplit_m4_w8_s32_sl_fp32_bgrad: block 256x1x1, grid (32, 32, 1)
+// Kernel   wsplit_m4_w8_s32_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, 1, 1)
 
 // Slice k of the batch (images k, k + 32, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s32_sl_fp32_bgrad_reduce adds the 32 slices in order.

@@ -14,8 +14,8 @@
 //   band          20 rows x 20 units             4 band(s) per image; 400 units over 32 lanes of each tap row
 //   __shared__    73760 B                        x [26][93] (1-way) + dy [4][20][85] (1-way), zero padding written in
 //   workspace     827904 B                       1056 slices x 196 sums; the second kernel adds the slices in order
-// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad: block 224x1x1, grid (1, B*0, 1), 73760 B dynamic shared memory (opt-in)
-// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad: block 224x1x1, grid (1, 1056, 1), 73760 B dynamic shared memory (opt-in)
+// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

@@ -13,8 +13,8 @@
 //   shared        13056 B                        3 buffers x 8 pixels x (64 + 4 maps of dy, 64 + 4 columns of x), filled by cp.async
 //   grid          1 x 1 x 528                    column tiles x map tiles x slices of the batch (slice k: images k, k+528, ...)
 //   workspace     413952 B                       528 slices x 196 partial sums; the second kernel adds the slices in order
-// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad: block 64x1x1, grid (1, 1, B*0)
-// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad: block 64x1x1, grid (1, 1, 528)
+// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad_reduce: block 256x1x1, grid (1, 1, 1)
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS

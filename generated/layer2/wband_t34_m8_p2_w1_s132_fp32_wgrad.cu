@@ -14,8 +14,8 @@
 //   band          34 rows x 17 units             1 band(s) per image; 578 units over 32 lanes of each tap row
 //   __shared__    89280 B                        x [40][41] (1-way) + dy [8][34][35] (1-way), zero padding written in
 //   workspace     1655808 B                      132 slices x 3136 sums; the second kernel adds the slices in order
-// Kernel   wband_t34_m8_p2_w1_s132_fp32_wgrad: block 224x1x1, grid (8, B*0, 1), 89280 B dynamic shared memory (opt-in)
-// Kernel   wband_t34_m8_p2_w1_s132_fp32_wgrad_reduce: block 256x1x1, grid (13, B*0, 1)
+// Kernel   wband_t34_m8_p2_w1_s132_fp32_wgrad: block 224x1x1, grid (8, 132, 1), 89280 B dynamic shared memory (opt-in)
+// Kernel   wband_t34_m8_p2_w1_s132_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

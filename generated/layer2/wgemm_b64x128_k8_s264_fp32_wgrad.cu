@@ -13,8 +13,8 @@
 //   shared        19200 B                        3 buffers x 8 pixels x (64 + 4 maps of dy, 128 + 4 columns of x), filled by cp.async
 //   grid          2 x 1 x 264                    column tiles x map tiles x slices of the batch (slice k: images k, k+264, ...)
 //   workspace     3311616 B                      264 slices x 3136 partial sums; the second kernel adds the slices in order
-// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad: block 128x1x1, grid (2, 1, B*0)
-// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad_reduce: block 256x1x1, grid (13, B*0, 1)
+// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad: block 128x1x1, grid (2, 1, 264)
+// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS

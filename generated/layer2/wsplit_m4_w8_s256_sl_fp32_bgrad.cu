@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 1156 output pixels, 5 each
 //   grid          4 x 256                        item blocks x slices of the batch (slice k: images k, k+256, ...)
 //   workspace     16384 B                        256 slices x 16 partial sums of db; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad: block 256x1x1, grid (4, B*0, 1)
-// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad: block 256x1x1, grid (4, 256, 1)
+// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, 1, 1)
 
 // Slice k of the batch (images k, k + 256, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s256_sl_fp32_bgrad_reduce adds the 256 slices in order.

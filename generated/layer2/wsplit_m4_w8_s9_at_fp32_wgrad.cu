@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 1156 output pixels, 5 each
 //   grid          112 x 9                        item blocks x slices of the batch (slice k: images k, k+9, ...)
 //   workspace     0 B                            none: each block atomicAdds its sums into dw, cleared by the first kernel
-// Kernel   wsplit_m4_w8_s9_at_fp32_wgrad_zero: block 256x1x1, grid (13, B*0, 1)
-// Kernel   wsplit_m4_w8_s9_at_fp32_wgrad: block 256x1x1, grid (112, B*0, 1)
+// Kernel   wsplit_m4_w8_s9_at_fp32_wgrad_zero: block 256x1x1, grid (13, 1, 1)
+// Kernel   wsplit_m4_w8_s9_at_fp32_wgrad: block 256x1x1, grid (112, 9, 1)
 
 // Slice k of the batch (images k, k + 9, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s9_at_fp32_wgrad_reduce adds the 9 slices in order.

@@ -14,8 +14,8 @@
 //   band          17 rows x 17 units             4 band(s) per image; 289 units over 32 lanes of each tap row
 //   __shared__    70144 B                        x [23][75] (2-way) + dy [6][17][69] (2-way), zero padding written in
 //   workspace     1241856 B                      528 slices x 588 sums; the second kernel adds the slices in order
-// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad: block 224x1x1, grid (2, B*0, 1), 70144 B dynamic shared memory (opt-in)
-// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad_reduce: block 256x1x1, grid (3, B*0, 1)
+// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad: block 224x1x1, grid (2, 528, 1), 70144 B dynamic shared memory (opt-in)
+// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 4356 output pixels, 18 each
 //   grid          21 x 48                        item blocks x slices of the batch (slice k: images k, k+48, ...)
 //   workspace     112896 B                       48 slices x 588 partial sums of dw; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w8_s48_sl_fp32_wgrad: block 256x1x1, grid (21, B*0, 1)
-// Kernel   wsplit_m4_w8_s48_sl_fp32_wgrad_reduce: block 256x1x1, grid (3, B*0, 1)
+// Kernel   wsplit_m4_w8_s48_sl_fp32_wgrad: block 256x1x1, grid (21, 48, 1)
+// Kernel   wsplit_m4_w8_s48_sl_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)
 
 // Slice k of the batch (images k, k + 48, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s48_sl_fp32_wgrad_reduce adds the 48 slices in order.

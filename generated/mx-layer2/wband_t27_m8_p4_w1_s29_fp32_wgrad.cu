@@ -14,8 +14,8 @@
 //   band          27 rows x 7 units              1 band(s) per image; 189 units over 32 lanes of each tap row
 //   __shared__    59360 B                        x [33][35] (2-way) + dy [8][27][29] (2-way), zero padding written in
 //   workspace     1636992 B                      29 slices x 14112 sums; the second kernel adds the slices in order
-// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad: block 224x1x1, grid (36, B*0, 1), 59360 B dynamic shared memory (opt-in)
-// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad_reduce: block 256x1x1, grid (56, B*0, 1)
+// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad: block 224x1x1, grid (36, 29, 1), 59360 B dynamic shared memory (opt-in)
+// Kernel   wband_t27_m8_p4_w1_s29_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)

@@ -13,8 +13,8 @@
 //   shared        19200 B                        3 buffers x 8 pixels x (64 + 4 maps of dy, 128 + 4 columns of x), filled by cp.async
 //   grid          5 x 1 x 105                    column tiles x map tiles x slices of the batch (slice k: images k, k+105, ...)
 //   workspace     5927040 B                      105 slices x 14112 partial sums; the second kernel adds the slices in order
-// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad: block 128x1x1, grid (5, 1, B*0)
-// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad_reduce: block 256x1x1, grid (56, B*0, 1)
+// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad: block 128x1x1, grid (5, 1, 105)
+// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS

@@ -13,8 +13,8 @@
 //   block         256 threads = 1 item(s)        8 warp(s) per item: 256 lanes over the 729 output pixels, 3 each
 //   grid          6 x 170                        item blocks x slices of the batch (slice k: images k, k+170, ...)
 //   workspace     16320 B                        170 slices x 24 partial sums of db; the second kernel adds the slices in order
-// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad: block 256x1x1, grid (6, B*0, 1)
-// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, B*0, 1)
+// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad: block 256x1x1, grid (6, 170, 1)
+// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, 1, 1)
 
 // Slice k of the batch (images k, k + 170, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s170_sl_fp32_bgrad_reduce adds the 170 slices in order.
