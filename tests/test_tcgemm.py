@@ -50,23 +50,28 @@ def test_ae_enc2_bf16_nhwc_compiles_without_spills_and_pipelines():
 
 
 def test_fp32_channels_last_compiles_to_tf32_mma_without_spills():
-    """fp32 NHWC tensors on tcgemm: the same ring and ldmatrix reads (a 16-byte unit is
-    4 channels), each fragment word rounded to tf32, m16n8k8 products, fp32 stores."""
+    """fp32 NHWC tensors on tcgemm and tcwgrad: the same rings (a 16-byte unit is 4
+    channels), each fragment word rounded to tf32, m16n8k8 products, fp32 stores."""
     for spec in (
         "C=256,M=128,H=16,W=16,K=3,pad=1,layout=nhwc",
         "C=128,M=256,H=16,W=16,K=3,pad=1,layout=nhwc,op=dgrad",
+        "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc,op=wgrad",
     ):
         p = parse_shape(spec)
-        v = Tcgemm.default(Tcgemm.problem_for(p), Precision.TF32)
+        cls = strategy_for(p)
+        v = cls.default(cls.problem_for(p), Precision.TF32)
         plan = make_plan(p, v)
-        assert plan.weight_format == "mrsc.fp32"
         binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
         assert binary.spills == 0, (plan.name, binary.resources)
         ptx = ptx_of(plan)
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
         assert "cvt.rna.tf32.f32" in ptx
-        assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)
         assert f"cp.async.wait_group {v.stages - 2};" in ptx
+        if cls is Tcgemm:
+            assert plan.weight_format == "mrsc.fp32"
+            assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)
+        else:  # wgrad's transposed reads: one 32-bit word at a time
+            assert "ld.shared.f32" in ptx
 
 
 def test_default_set_of_16_bit_channels_last_holds_tcgemm_in_the_tensors_dtype():
@@ -161,10 +166,10 @@ def strategy_for(p):
 def tc_problems(draw):
     """Problems tcgemm serves: channels a multiple of 8 per group (4 in fp32), any maps, stride,
     dilation, every padding, bias and relu, both 16-bit dtypes and fp32 (tf32 math);
-    forward, dgrad and wgrad (16-bit, with db where the layer has a bias)."""
+    forward, dgrad and wgrad (with db where the layer has a bias)."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     op = draw(st.sampled_from(["fprop", "fprop", "dgrad", "wgrad"]))
-    dtype = draw(st.sampled_from(["bf16", "fp16"] + (["fp32"] if op != "wgrad" else [])))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
     cg = (4 if dtype == "fp32" else 8) * draw(st.integers(1, 9))  # a 16-byte copy's channels
     # dgrad's forward view reads dy's maps as its channels; wgrad copies 8 maps at once
     mg = 8 * draw(st.integers(1, 9)) if op != "fprop" else draw(st.integers(1, 72))
@@ -258,8 +263,13 @@ def test_wgrad_of_ae_enc2_bf16_reads_fragments_transposed():
     [
         (
             "C=256,M=128,H=16,W=16,K=3,pad=1,op=wgrad",
+            "tcwgrad_b128x128_w2x2_k32_p4_s8_tf32",
+            "nhwc",
+        ),
+        (
+            "C=256,M=128,H=16,W=16,K=3,pad=1,layout=nhwc,op=wgrad",
             "tcwgrad_b128x128_w2x2_k32_p4_s8_bf16",
-            "16-bit",
+            "--precision tf32",
         ),
         (AE_ENC2_BF16 + ",op=wgrad", "tcwgrad_b128x128_w2x2_k32_p4_s8_fp16", "bf16"),
         (

@@ -472,3 +472,38 @@ def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtyp
         (dx,) = torch.autograd.grad(y, [x], torch.ones_like(y))
         outs.append((y, dx))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_tf32_wgrad_of_channels_last_fp32_on_tensor_cores_within_its_bound():
+    """With tf32 allowed, fp32 channels_last wgrad runs tcwgrad in tf32 on the tensors
+    as they lie (no NCHW copies): dw and db against float64 autograd, within tf32's
+    rounding of x and dy (2 u of 2^-11 a product) plus fp32 sums, of the magnitudes."""
+    torch.backends.cudnn.allow_tf32 = True
+    cl = torch.channels_last
+    x = torch.randn(6, 16, 12, 12, device="cuda").contiguous(memory_format=cl)
+    w = torch.randn(32, 16, 3, 3, device="cuda").contiguous(memory_format=cl)
+    b = torch.randn(32, device="cuda")
+    x.requires_grad_()
+    w.requires_grad_()
+    b.requires_grad_()
+    y = sg.conv2d(x, w, b, padding=1)
+    g = torch.randn_like(y)
+    dx, dw, db = torch.autograd.grad(y, [x, w, b], g)
+    p = E.problem(
+        Op.WGRAD,
+        x.shape,
+        w.shape,
+        True,
+        [1, 1],
+        [1, 1, 1, 1],
+        [1, 1],
+        1,
+        E.DType.FP32,
+        TensorLayout.NHWC,
+    )
+    assert kernel(p).choice.variant.name.startswith("tcwgrad_")
+    x64, g64 = x.detach().double(), g.double()
+    ref = torch.nn.grad.conv2d_weight(x64, w.shape, g64, padding=1)
+    mag = torch.nn.grad.conv2d_weight(x64.abs(), w.shape, g64.abs(), padding=1)
+    assert bool(((dw.double() - ref).abs() <= 4 * 2**-11 * mag + 1e-5).all())
+    assert torch.allclose(db.double(), g64.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)

@@ -4,7 +4,7 @@
 // Shape    ae-dec2-bf16: C=128 M=256 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc op=wgrad
 //          bf16 x[B][16][16][128] * dy[B][16][16][256] -> dw[256][128][3][3], summed over the batch (nhwc), fp32 sums, B at launch
 // Variant  tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc
-//          wgrad on tensor cores for channels-last 16-bit tensors: pixels as the reduction, cp.async ring, ldmatrix.trans, mma.sync m16n8k16, batch slices added in order
+//          wgrad on tensor cores for channels-last tensors: pixels as the reduction, cp.async ring, transposed fragment reads, mma.sync in the tensors' 16-bit dtype or tf32, batch slices added in order
 //          precision bf16: x and dy rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -150,10 +150,10 @@ tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __
     __syncthreads();
 
     // Fragments of step kk + 1 are read while the tensor cores multiply those of kk.
+    unsigned a[2][4][4], b[2][8][2];
     // A (dy^T, maps x pixels): matrix q of an x4 is maps 8*(q%2).., pixels 8*(q/2)..;
     // B (im2col, pixels x columns): matrix q is pixels 8*(q%2).., columns 8*(q/2)...
     const int q = lane / 8;
-    unsigned a[2][4][4], b[2][8][2];
     auto load_fragments = [&](int set, unsigned a_at, unsigned b_at, int kk) {
         const int ka = kk * 16 + q / 2 * 8 + lane % 8;
         const int kb = kk * 16 + q % 2 * 8 + lane % 8;

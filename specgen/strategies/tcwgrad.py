@@ -1,17 +1,19 @@
-"""``tcwgrad``: wgrad (and db) of channels-last 16-bit layers on tensor cores.
+"""``tcwgrad``: wgrad (and db) of channels-last layers on tensor cores: 16-bit tensors
+in their own dtype, fp32 tensors in tf32.
 
 Per group dw is one matrix product whose reduction runs over every output pixel of the
 batch: dw[m][(r, s, c)] = sum over p of dy[p][m] * X[p][(r, s, c)], X the implicit
 im2col matrix of x.  With NHWC tensors both operands are rows of the pixels: dy's row
 holds the maps, X's row of one tap holds the channels, so 16-byte ``cp.async`` copies
 fill both tiles (a zero-fill where the tap leaves the image) in a ring of ``stages``
-chunks of pixels.  The reduction runs down the tiles' rows, so ``ldmatrix.trans`` reads
-the fragments (the rows XOR-swizzled in 16-byte units, conflict-free), and the warps
-multiply on ``mma.sync`` m16n8k16 with fp32 sums.  The batch's pixels are cut into
-``splits`` contiguous slices, one block plane each; every slice writes its fp32 sums to
-a workspace row and ``backward/reduce.j2`` adds the rows in order, so the result is
-deterministic.  db rides along: dy's fragments times a fragment of ones, on the
-warps of the first column tile.
+chunks of pixels.  The reduction runs down the tiles' rows, so the fragments are read
+transposed: ``ldmatrix.trans`` for 16-bit elements, one 32-bit load a word for fp32
+(rounded to tf32), the rows XOR-swizzled in 16-byte units; the warps multiply on
+``mma.sync`` (m16n8k16, or m16n8k8 in tf32) with fp32 sums.  The batch's pixels are cut
+into ``splits`` contiguous slices, one block plane each; every slice writes its fp32
+sums to a workspace row and ``backward/tc_sums.j2`` adds the rows in order, so the
+result is deterministic.  db rides along: dy's fragments times a fragment of ones, on
+the warps of the first column tile.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
-from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
+from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
@@ -35,11 +37,12 @@ class Tcwgrad(Variant):
     key = "tcwgrad"
     family = "backward"
     description = (
-        "wgrad on tensor cores for channels-last 16-bit tensors: pixels as the reduction, "
-        "cp.async ring, ldmatrix.trans, mma.sync m16n8k16, batch slices added in order"
+        "wgrad on tensor cores for channels-last tensors: pixels as the reduction, cp.async "
+        "ring, transposed fragment reads, mma.sync in the tensors' 16-bit dtype or tf32, "
+        "batch slices added in order"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
-    precisions = (Precision.BF16, Precision.FP16)
+    precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
     tensor_core = True
     ops = frozenset({Op.WGRAD})
 
@@ -60,15 +63,17 @@ class Tcwgrad(Variant):
     def fit(cls, problem, seed):
         """The tensors' own math; tiles of 64 where a group's maps or columns are 64 or
         fewer; as many slices as give the GPU about two blocks per SM."""
-        own = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(problem.dtype)
-        if own is not None and seed.precision is not own:
+        own = MATH[problem.dtype]
+        if seed.precision is not own:
             raise SpecError(
-                f"tcwgrad multiplies the tensors' own dtype: {problem.dtype.value} tensors "
-                f"take --precision {own.value}"
+                f"tcwgrad multiplies {problem.dtype.value} tensors in {own.value}: take "
+                f"--precision {own.value}"
             )
         bm = 64 if problem.Mg <= 64 else seed.blocktile[0]
         bn = 64 if problem.Cg * problem.R * problem.S <= 64 else seed.blocktile[1]
-        warps = (max(1, bm // 64), max(1, bn // 64))
+        # warps of 64x64 (tf32: 64x32, whose word-by-word reads need more registers: a
+        # 64x64 warp took 254 of them with db)
+        warps = (max(1, bm // 64), max(1, bn // (32 if own is Precision.TF32 else 64)))
         if warps[0] * warps[1] < 4:
             warps = (max(1, bm // 32), warps[1])  # two warps' copy addresses spill
         tiles = _tiles(problem, bm, bn)
@@ -77,6 +82,8 @@ class Tcwgrad(Variant):
 
     @classmethod
     def space(cls, problem, precision):
+        if precision is not MATH[problem.dtype]:
+            return []  # it multiplies each dtype in one math only
         out = []
         for bm, bn, wm, wn in ((128, 128, 2, 2), (64, 128, 2, 2), (128, 64, 2, 2), (64, 64, 2, 1)):
             for stages in (3, 4):
@@ -96,21 +103,24 @@ def _tiles(p, bm: int, bn: int) -> int:
 
 def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     # 1. limits
-    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+    if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "tcwgrad reads channels-last 16-bit tensors (16-byte copies along the channels "
-            "and maps): use --dtype bf16 or fp16 with --layout nhwc, or --strategy wgemm"
+            "tcwgrad reads channels-last tensors (16-byte copies along the channels and "
+            "maps): use --layout nhwc, or --strategy wgemm"
         )
-    own = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    own = MATH[p.dtype]
     if v.precision is not own:
         raise SpecError(
-            f"tcwgrad multiplies the tensors' own dtype: {p.dtype.value} tensors take "
-            f"--precision {own.value}"
+            f"tcwgrad multiplies {p.dtype.value} tensors in {own.value}: take --precision "
+            f"{own.value}"
         )
-    if p.Cg % VECTOR or p.Mg % VECTOR:
+    size = p.dtype.bytes
+    vec = 16 // size  # elements per 16-byte copy
+    if p.Cg % vec or p.Mg % vec:
         raise SpecError(
-            f"tcwgrad copies {VECTOR} channels and {VECTOR} maps at a time: a group's "
-            f"{p.Cg} channels and {p.Mg} maps must be multiples of 8; use --strategy wsplit"
+            f"tcwgrad copies {vec} channels and {vec} maps at a time: a group's {p.Cg} "
+            f"channels and {p.Mg} maps must be multiples of {vec}; use --strategy tcwhalo "
+            "or wsplit"
         )
     bm, bn = v.blocktile
     wm_count, wn_count = v.warpgrid
@@ -140,7 +150,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
             f"tcwgrad k{v.chunk}: a chunk is 32 or 64 pixels (an even number of k16 steps: "
             "the fragments' two register sets alternate across chunks)"
         )
-    ua, ub = bm // VECTOR, bn // VECTOR  # 16-byte units per tile row
+    ua, ub = bm // vec, bn // vec  # 16-byte units per tile row
     for what, units in (("dy", ua), ("x", ub)):
         if threads % units or v.chunk * units % threads:
             raise SpecError(
@@ -151,7 +161,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         raise SpecError(f"tcwgrad p{v.stages}: the ring holds 2 to 8 chunks")
     if v.splits > 65535:
         raise SpecError(f"tcwgrad s{v.splits}: at most 65535 slices (grid z)")
-    a_stage, b_stage = v.chunk * bm * 2, v.chunk * bn * 2
+    a_stage, b_stage = v.chunk * bm * size, v.chunk * bn * size
     smem = v.stages * (a_stage + b_stage)
     if smem > STAGE_LIMIT:
         raise SpecError(
@@ -169,8 +179,14 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     row = ctx["row"]
     workspace = 4 * v.splits * row
     (sh, sw), (pt, _, pl, _) = p.stride, p.pads
+    tf32 = v.precision is Precision.TF32
     ctx.update(
-        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        elem={Precision.FP16: "f16", Precision.BF16: "bf16", Precision.TF32: "tf32"}[v.precision],
+        mma_shape="m16n8k8" if tf32 else "m16n8k16",
+        tf32=tf32,
+        io="float" if tf32 else "unsigned short",
+        vec=vec,
+        ksteps=v.chunk // (8 if tf32 else 16),
         BM=bm,
         BN=bn,
         BK=v.chunk,
@@ -229,7 +245,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
-            f"{v.stages} stages x {v.chunk} pixels x ({bm} maps + {bn} columns) x 2 B, "
+            f"{v.stages} stages x {v.chunk} pixels x ({bm} maps + {bn} columns) x {size} B, "
             "XOR-swizzled in 16-byte units",
         ),
         Size(

@@ -314,6 +314,7 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
     workspace = 4 * v.splits * row
     ctx.update(
         elem="f16" if p.dtype is DType.FP16 else "bf16",
+        mma_shape="m16n8k16",
         BM=bm,
         BC=bc,
         WM=warp_m,

@@ -70,13 +70,19 @@ def layout_of(x: torch.Tensor) -> TensorLayout:
     return TensorLayout.NHWC if x.stride() == last and last != first else TensorLayout.NCHW
 
 
-def computed_layout(op: Op, layout: TensorLayout, dtype: DType) -> TensorLayout:
+def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1):
     """The layout a problem is computed in: the tensors' own, except fp32 wgrad, whose
-    NHWC strategies lose to the NCHW ones on every layer measured (the autoencoder in
-    channels_last on the H200: wide layers 17 ms a call in ``wsplit`` against 0.6 ms in
-    ``wgemm``, the 3-channel ones 1.0-1.2 ms in NHWC ``wband`` against 0.2-0.3 ms): its
-    channels_last x and dy are copied to NCHW first."""
+    NHWC strategies in fp32 math lose to the NCHW ones on every layer measured (the
+    autoencoder in channels_last on the H200: wide layers 17 ms a call in ``wsplit``
+    against 0.6 ms in ``wgemm``, the 3-channel ones 1.0-1.2 ms in NHWC ``wband`` against
+    0.2-0.3 ms): its channels_last x and dy are copied to NCHW first, unless tf32 is
+    allowed and ``tcwgrad`` can take the layer (channels and maps per group multiples of
+    4, ``w_size`` [M][C/g][R][S])."""
     if layout is TensorLayout.NHWC and op is Op.WGRAD and dtype is DType.FP32:
+        if allow_tf32() and w_size is not None:
+            M, Cg = w_size[0], w_size[1]
+            if Cg % 4 == 0 and (M // groups) % 4 == 0:
+                return layout
         return TensorLayout.NCHW
     return layout
 

@@ -160,7 +160,7 @@ def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
 
 def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
     _check(x, dy)
-    layout = E.computed_layout(Op.WGRAD, E.layout_of(x), E.dtype_of(x))
+    layout = E.computed_layout(Op.WGRAD, E.layout_of(x), E.dtype_of(x), w_size, groups)
     x, dy = E.dense(x, layout), E.dense(dy, layout)
     args = (stride, padding, dilation, groups, E.dtype_of(x), layout, x.device)
     k = E.kernel(Op.WGRAD, x.shape, w_size, bias, *args)
