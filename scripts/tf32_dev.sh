@@ -12,7 +12,7 @@ for spec in ${SPECS:-"C=256,M=128,H=16,W=16,K=3,pad=1" "C=128,M=256,H=16,W=16,K=
   [[ $spec == *wgrad* ]] && args=""  # fp32 NHWC wgrad has no fast fp32 strategy (the operator copies to NCHW)
   for v in ${V:-tcgemm_b128x128_w2x2_k16_p4 tcgemm_b128x128_w2x4_k16_p4 tcgemm_b128x128_w4x2_k16_p3 tcgemm_b64x128_w2x2_k16_p4}; do args="$args --variant ${v}_tf32"; done
   echo "== $s"
-  timeout 90 python3 -m specgen bench --shape "$s" --batch 128 $args 2>&1 | grep -E "cudnn|tcgemm|stream|floor|error" | cut -c1-120
+  timeout 90 python3 -m specgen bench --shape "$s" --batch 128 $args 2>&1 | grep -E "cudnn|tcgemm|tcwgrad|stream|floor|error" | cut -c1-120
 done > $OUT/bench-tf32.log 2>&1
 cat $OUT/bench-tf32.log
 [ -n "${NO_AE:-}" ] && exit 0
