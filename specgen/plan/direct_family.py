@@ -32,6 +32,11 @@ UNROLL_LOADS = 128
 # The shared-memory strategies at m7 and m8 did not spill.
 GLOBAL_WEIGHTS_PER_CHANNEL = 196
 DIRECT_FMAS_PER_CHANNEL = 800
+# ...and across the unrolled channels, direct's global loads: 6 channels x 4 rows x 14
+# columns (C=18 M=3 groups=3, K=4, stride 3x2, dil 3, bf16 NHWC, x4) spilled at 255
+# registers under NVRTC 13 on the H200 (GPU tier, 2026-11-22), where layer1's dgrad view
+# (4 x 7 x 10 = 280) fits; with the channel loop kept, each channel's loads come and go.
+DIRECT_UNROLL_LOADS = 300
 TUNE_MAX_FMAS = 3200  # keeps each tune candidate's compile under ~20 s
 
 
@@ -190,7 +195,8 @@ def complete(
         channels = shape.Cg // v.channel_splits
         body = channels * shape.R * shape.S * cx * cy * cm
         unroll = channels <= UNROLL_CHANNELS_MAX and body <= DEFAULT_FMAS
-        if unroll and v.staging is not None:  # the body is small: cx too
+        if unroll:  # the body is small: its loads too
             rows, cols = footprint(shape, v.coarsening)
-            unroll = channels * len(rows) * len(cols) <= UNROLL_LOADS
+            most = UNROLL_LOADS if v.staging is not None else DIRECT_UNROLL_LOADS
+            unroll = channels * len(rows) * len(cols) <= most
     return replace(v, unroll=unroll)
