@@ -52,3 +52,42 @@ def problem_specs(draw, largest: int = 24):
         return parse_shape(spec)
     except SpecError:
         assume(False)  # a window larger than the padded image: PyTorch refuses it too
+
+
+def default_and_drawn(p, cls, precision, pick: int) -> list:
+    """The strategy's default for ``p`` and the ``pick``-th member (modulo) of its tune
+    space that plans: what the tensor-core strategies' GPU tests verify on each drawn
+    problem."""
+    from specgen.plan import make_plan
+
+    view = cls.problem_for(p)
+    variants = [cls.default(view, precision)]
+    space = []
+    for v in cls.space(view, precision):
+        try:
+            make_plan(p, v)
+            space.append(v)
+        except SpecError:
+            pass
+    if space:
+        variants.append(space[pick % len(space)])
+    return variants
+
+
+def verify_on_the_gpu(p, variants, batch: int) -> None:
+    """Compile the variants in parallel, then check each against the float64 reference
+    with fresh random inputs."""
+    import os
+
+    import numpy as np
+
+    from specgen.parallel import precompile
+    from specgen.runtime import device_arch
+    from specgen.verify import verify_variant
+
+    arch = device_arch()
+    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
+    rng = np.random.default_rng()
+    for v in variants:
+        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
+        assert row.status == "PASS", (p.spec, v.name, row.problems)

@@ -1,7 +1,6 @@
 """tcgemm, the pipelined tensor-core implicit GEMM: what the compiler makes of it (CPU
 tier), its limits, its weight packing, and its numbers on drawn problems (GPU tier)."""
 
-import os
 import re
 
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from problems import default_and_drawn, verify_on_the_gpu
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -207,28 +207,10 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: the tails of every tile (pixels past the batch, maps past the group,
     channels past the chunk) and the window's zero-fill."""
-    from specgen.parallel import precompile
-    from specgen.runtime import device_arch
-    from specgen.verify import verify_variant
-
-    arch = device_arch()
-    cls = strategy_for(p)
-    view = cls.problem_for(p)
     precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
-    variants = [cls.default(view, precision or Precision.TF32)]
-    space = []
-    for v in cls.space(view, precision or Precision.TF32):
-        try:
-            make_plan(p, v)
-            space.append(v)
-        except SpecError:
-            pass
-    variants.append(space[pick % len(space)])
-    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
-    rng = np.random.default_rng()
-    for v in variants:
-        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
-        assert row.status == "PASS", (p.spec, v.name, row.problems)
+    verify_on_the_gpu(
+        p, default_and_drawn(p, strategy_for(p), precision or Precision.TF32, pick), batch
+    )
     assert p.layout is TensorLayout.NHWC
 
 

@@ -2,14 +2,13 @@
 for sm_90a (CPU tier), its limits and architecture, the planner's choice, and its
 numbers on drawn problems (GPU tier)."""
 
-import os
 import re
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from problems import default_and_drawn, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
@@ -224,27 +223,8 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: pixels past the batch, maps past the tile, channels past the chunk,
     the window's zero-fill, and the staged epilogue's bias and relu."""
-    from specgen.parallel import precompile
-    from specgen.runtime import device_arch
-    from specgen.verify import verify_variant
-
-    arch = device_arch()
-    view = Wgmma.problem_for(p)
     precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
-    variants = [Wgmma.default(view, precision)]
-    space = []
-    for v in Wgmma.space(view, precision):
-        try:
-            make_plan(p, v)
-            space.append(v)
-        except SpecError:
-            pass
-    variants.append(space[pick % len(space)])
-    precompile([(p, v) for v in variants], arch, jobs=os.cpu_count() or 1)
-    rng = np.random.default_rng()
-    for v in variants:
-        row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
-        assert row.status == "PASS", (p.spec, v.name, row.problems)
+    verify_on_the_gpu(p, default_and_drawn(p, Wgmma, precision, pick), batch)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
