@@ -27,7 +27,7 @@ from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
-from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
+from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
 from .wsplit import per_slice, sums_context
 
 MAPS_TILES = (16, 32, 64, 128, 256)
@@ -154,7 +154,9 @@ class Tcwhalo(Variant):
 
 
 def _own(p):
-    return {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
+    """The tensors' own 16-bit math (tcgemm's MATH), or None for fp32 tensors, which
+    tcwhalo does not take."""
+    return None if p.dtype is DType.FP32 else MATH[p.dtype]
 
 
 def _tiles(p, bm: int, bc: int) -> int:
