@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from . import tunedb
 from .errors import SpecError
 from .plan import make_plan
-from .shapes import PRESETS, Act, ConvProblem, DType, Op
+from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
 from .variants import Precision, Variant, split_problem_tags
 
@@ -28,6 +28,8 @@ from .variants import Precision, Variant, split_problem_tags
 # few (the 7x7 presets, 3-channel layers); wgemm's register-tiled GEMM suits wide
 # layers; wsplit serves what neither does (NHWC wide layers).
 SMALL_WEIGHTS = 16384
+# wgemm's smallest map tile is 32: fewer maps a group than this waste over half of it.
+WGEMM_MIN_MAPS = 16
 # Tried only in the tensors' own 16-bit math and for channels per group that are not a
 # multiple of 8 (which wgmma and tcgemm copy): mma's bf16 ran the 3-channel autoencoder
 # layer 3.4x faster than stream (0.076 against 0.256 ms, H200); on wide layers stream's
@@ -44,6 +46,16 @@ PREFERENCE = {
     Op.WGRAD: ("tcwgrad", "tcwhalo", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
+
+
+def wide_wgrad(problem: ConvProblem) -> bool:
+    """Whether wgemm's register-tiled GEMM leads the wgrad strategies: for many weights,
+    and for channels-last layers with maps enough to fill its tiles, where wband's
+    per-pixel reads of a channels-last x fall apart (the 3-channel autoencoder layer's
+    wgrad: 1.0-1.2 ms in NHWC wband against 0.2 in NCHW, H200)."""
+    if problem.weight_count > SMALL_WEIGHTS:
+        return True
+    return problem.layout is TensorLayout.NHWC and problem.Mg >= WGEMM_MIN_MAPS
 
 
 @dataclass(frozen=True)
@@ -145,7 +157,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
 
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
-    if problem.op is Op.WGRAD and problem.weight_count > SMALL_WEIGHTS:
+    if problem.op is Op.WGRAD and wide_wgrad(problem):
         keys = ("tcwgrad", "tcwhalo", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]

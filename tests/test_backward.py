@@ -20,7 +20,7 @@ from specgen.reference import (
 )
 from specgen.render import render
 from specgen.runtime import dgrad_weights
-from specgen.shapes import PRESETS, Act, Op, parse_shape
+from specgen.shapes import PRESETS, Act, DType, Op, TensorLayout, parse_shape
 from specgen.strategies import default_set
 from specgen.strategies.phased import Phased
 from specgen.strategies.tiled import Tiled
@@ -442,6 +442,60 @@ def _replay_wgemm(p, x, dy, plan):
     return dw, (total[c["weights"] :] if p.bias else None)
 
 
+def _replay_wgemm_nhwc(p, x, dy, plan):
+    """The same for NHWC tensors: each thread copies a group of VA maps of dy and VB
+    channels of one tap of x (columns ordered (r, s, c)) at its pixels of each chunk,
+    and the second kernel turns (r, s, c) back into dw's [M][C/g][R][S]."""
+    c = plan.context
+    B = x.shape[0]
+    BM, BN, BK, T = c["BM"], c["BN"], c["BK"], c["threads"]
+    VA, VB, P, Wo, cpi, splits = c["VA"], c["VB"], c["P"], c["Wo"], c["cpi"], c["splits"]
+    CgRS, Cg = c["CgRS"], p.Cg
+    sh, sw, dh, dw_, pt, pl = c["sh"], c["sw"], c["dh"], c["dw"], c["pt"], c["pl"]
+    xf = x.transpose(0, 2, 3, 1).reshape(B, -1)  # as NHWC memory holds them
+    dyf = dy.transpose(0, 2, 3, 1).reshape(B, -1)
+    ws = np.full((splits, c["row"]), np.nan)
+    for bx, by, split in np.ndindex(-(-CgRS // BN), c["map_blocks"] * p.groups, splits):
+        g, m0, n0 = by // c["map_blocks"], by % c["map_blocks"] * BM, bx * BN
+        acc = np.zeros((BM, BN))
+        images = -(-(B - split) // splits) if B > split else 0
+        for j in range(images * cpi):
+            n = split + j // cpi * splits
+            As, Bs = np.full((BK, BM), np.nan), np.full((BK, BN), np.nan)
+            for t in range(T):
+                av, ka = t % (BM // VA), t // (BM // VA)
+                bv, kb = t % (BN // VB), t // (BN // VB)
+                for e in range(c["EA"]):
+                    kk = ka + e * c["a_rows"]
+                    pq = j % cpi * BK + kk
+                    ok = pq < P and m0 + av * VA < p.Mg
+                    for i in range(VA):
+                        at = pq * p.M + g * p.Mg + m0 + av * VA + i
+                        As[kk, av * VA + i] = dyf[n, at] if ok else 0.0
+                col = n0 + bv * VB
+                tap, ch = divmod(col, Cg)
+                for e in range(c["EB"]):
+                    kk = kb + e * c["b_rows"]
+                    pq = j % cpi * BK + kk
+                    h = pq // Wo * sh + tap // p.S * dh - pt
+                    w = pq % Wo * sw + tap % p.S * dw_ - pl
+                    ok = pq < P and col < CgRS and 0 <= h < p.H and 0 <= w < p.W
+                    for i in range(VB):
+                        at = (h * p.W + w) * p.C + g * Cg + ch + i
+                        Bs[kk, bv * VB + i] = xf[n, at] if ok else 0.0
+            acc += As.T @ Bs  # NaN here: an element of a chunk no thread loaded
+        mm, cc = min(BM, p.Mg - m0), min(BN, CgRS - n0)
+        for i in range(mm):
+            start = (g * p.Mg + m0 + i) * CgRS + n0
+            ws[split, start : start + cc] = acc[i, :cc]
+    if p.bias:
+        for m, split in np.ndindex(p.M, splits):
+            ws[split, c["weights"] + m] = dy[split::splits, m].sum()
+    total = ws.sum(axis=0)
+    dw = total[: c["weights"]].reshape(p.M, p.R, p.S, p.Cg).transpose(0, 3, 1, 2)
+    return dw, (total[c["weights"] :] if p.bias else None)
+
+
 def test_wgemm_thread_tiles_cover_the_block_tile_once():
     """The 8x8 sums of the threads (rows ty*4.. and +BM/2, columns tx*4.. and +BN/2)
     tile the block's BM x BN exactly, for every block tile the planner accepts."""
@@ -459,7 +513,7 @@ def test_wgemm_thread_tiles_cover_the_block_tile_once():
         assert (cover == 1).all(), (bm, bn)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(p=problem_specs(largest=8))
 def test_wgemm_replay_gives_the_weight_gradient(p):
     """wgemm's loaders, padding and tiles on drawn problems (stride, dilation, groups,
@@ -467,12 +521,40 @@ def test_wgemm_replay_gives_the_weight_gradient(p):
     from specgen.strategies.wgemm import Wgemm
 
     p = p.with_op(Op.WGRAD)
-    try:
-        plan = make_plan(p, Wgemm(blocktile=(32, 32), chunk=8, splits=3))
+    nhwc = p.layout is TensorLayout.NHWC
+    try:  # NHWC: a thread keeps one group of 64 maps or columns (32 threads cannot)
+        plan = make_plan(p, Wgemm(blocktile=(64, 64) if nhwc else (32, 32), chunk=8, splits=3))
     except SpecError:
-        return  # NHWC: wgemm reads pixels contiguous
+        assert nhwc and p.dtype is not DType.FP32  # 16-bit NHWC: the tensor cores' work
+        return
     x, _, dy = _operands(p, 2, np.random.default_rng())
-    dw, db = _replay_wgemm(p, x, dy, plan)
+    dw, db = (_replay_wgemm_nhwc if nhwc else _replay_wgemm)(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    if p.bias:
+        np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=8,M=12,H=7,W=9,K=3,pad=1,bias=1,layout=nhwc",  # 16-byte copies both sides
+        "C=3,M=8,H=9,W=6,K=3x2,pad=2x0,stride=2,bias=1,layout=nhwc",  # 4-byte x
+        "C=8,M=6,H=8,W=8,K=3,dil=2,pad=same,groups=2,layout=nhwc",  # 4-byte dy, groups
+    ],
+)
+def test_wgemm_nhwc_replay_gives_the_weight_gradient(spec):
+    """wgemm's NHWC loaders where 16-byte copies apply and where they do not, replayed
+    at a tile with partial map and column tiles, against the float64 reference."""
+    from specgen.strategies.wgemm import Wgemm
+
+    p = parse_shape(spec).with_op(Op.WGRAD)
+    plan = make_plan(p, Wgemm(blocktile=(64, 64), chunk=8, splits=3))
+    assert (plan.context["VA"], plan.context["VB"]) == (
+        4 if p.Mg % 4 == 0 else 1,
+        4 if p.Cg % 4 == 0 else 1,
+    )
+    x, _, dy = _operands(p, 4, np.random.default_rng())
+    dw, db = _replay_wgemm_nhwc(p, x, dy, plan)
     np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
     if p.bias:
         np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)

@@ -115,7 +115,11 @@ def test_wgrad_default_follows_the_weight_count():
     assert choose(narrow, "some GPU").variant.key == "wband"
     assert choose(wide, "some GPU").variant.key == "wgemm"
     nhwc = replace(wide, layout=TensorLayout.NHWC)
-    assert choose(nhwc, "some GPU").variant.key == "wsplit"  # wgemm reads NCHW
+    assert choose(nhwc, "some GPU").variant.key == "wgemm"
+    # channels-last: wgemm as soon as its map tiles fill, wband below that
+    assert choose(replace(narrow, layout=TensorLayout.NHWC), "some GPU").variant.key == "wgemm"
+    few_maps = replace(narrow, C=256, M=3, layout=TensorLayout.NHWC)
+    assert choose(few_maps, "some GPU").variant.key == "wband"
 
 
 def _hold(key, seconds, path):

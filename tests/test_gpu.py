@@ -151,6 +151,19 @@ def test_wgrad_at_the_default_batch(preset, arch):
     verify_default_set(shape, shape.batch, arch)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc",  # 16-byte copies
+        "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc",  # 4-byte copies of x
+    ],
+)
+def test_channels_last_fp32_wgrad_at_batch_128(spec, arch):
+    """The autoencoder's channels-last fp32 wgrad, read in place by wgemm (the PyTorch
+    operator's path for them), over the step's whole batch."""
+    verify_default_set(parse_shape(spec).with_op(Op.WGRAD), 128, arch)
+
+
 @pytest.mark.parametrize("streams", [1, 3])
 def test_streamed_host_batch_equals_the_serial_one(streams):
     """Segments of a pinned host batch through several streams (the last one short) give

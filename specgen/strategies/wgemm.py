@@ -25,12 +25,14 @@ from dataclasses import dataclass, replace
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, shape_context
 from ..shapes import DType, Feature, Op
+from ..shapes import TensorLayout as Layout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Variant, param
 from .wsplit import per_slice, sums_context
 
 MICRO = 8  # a thread's register tile: 8 maps x 8 columns
 DB_THREADS = 128
+DB_LANES = 32  # NHWC db: maps a block, one a lane (a warp reads 128 contiguous bytes)
 MAX_THREADS = 512
 TARGET_BLOCKS = 528  # about 4 blocks of work for each of the H200's 132 SMs
 SMEM_LIMIT = 48 * 1024  # static shared memory
@@ -44,7 +46,7 @@ class Wgemm(Variant):
         "wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered "
         "shared tiles of dy and im2col(x), split over the batch, an ordered second pass"
     )
-    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16}
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
     ops = frozenset({Op.WGRAD})
 
     blocktile: tuple[int, int] = param(
@@ -90,8 +92,12 @@ def _tiles(p, bm: int, bn: int) -> int:
 def plan_wgemm(p, v: Wgemm) -> Plan:
     # 1. limits
     bm, bn = v.blocktile
-    if p.layout.value != "nchw":
-        raise SpecError("wgemm reads NCHW tensors (pixels contiguous); choose wsplit for NHWC")
+    nhwc = p.layout is Layout.NHWC
+    if nhwc and p.dtype is not DType.FP32:
+        raise SpecError(
+            f"wgemm reads NHWC tensors in fp32 only; {p.dtype.value} channels-last layers go "
+            "on the tensor cores: choose tcwgrad or tcwhalo"
+        )
     for what, n in (("maps", bm), ("columns", bn)):
         if n not in (32, 64, 128, 256):
             raise SpecError(f"wgemm b{bm}x{bn}: {what} per block must be 32, 64, 128 or 256")
@@ -106,6 +112,20 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
             f"wgemm k{v.chunk}: pixels per chunk must be 4, 8, 16 or 32 and divide the "
             f"{threads} threads"
         )
+    # NHWC: a copy takes VA maps of dy or VB channels of x, 16 bytes where the channels'
+    # counts keep every pixel's group aligned; each thread keeps one group, so a tile's
+    # groups must divide the threads and a chunk's copies be a multiple of them.
+    VA = 4 if nhwc and p.M % 4 == 0 and p.Mg % 4 == 0 else 1
+    VB = 4 if nhwc and p.C % 4 == 0 and p.Cg % 4 == 0 else 1
+    if nhwc:
+        for what, n, vec in (("maps", bm, VA), ("columns", bn, VB)):
+            groups_ = n // vec
+            if threads % groups_ or (v.chunk * groups_) % threads:
+                raise SpecError(
+                    f"wgemm b{bm}x{bn} k{v.chunk} on NHWC: {groups_} copies of {vec} {what} a "
+                    f"pixel do not share out over {threads} threads; choose a chunk of "
+                    f"{max(1, threads // groups_)} pixels or more, or a squarer tile"
+                )
     if v.splits > 65535:
         raise SpecError(f"wgemm s{v.splits}: at most 65535 slices of the batch (grid z)")
     # fp32 tensors copy into a ring of three buffers with cp.async; 16-bit ones go through
@@ -144,7 +164,7 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         f"{name}_db",
         (Role.DY, Role.WORKSPACE, Role.BATCH),
         (DB_THREADS, 1, 1),
-        (p.M, v.splits, 1),
+        (ceil_div(p.M, DB_LANES) if nhwc else p.M, v.splits, 1),
         1,
         0,
         1,
@@ -152,7 +172,16 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
     reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
     launches = (main, db, reduce) if with_db else (main, reduce)
     min_blocks = max(1, 512 // threads)
+    if nhwc:
+        ctx.update(
+            VA=VA,
+            VB=VB,
+            a_rows=threads // (bm // VA),
+            b_rows=threads // (bn // VB),
+            db_lanes=DB_LANES,
+        )
     ctx.update(
+        nhwc=nhwc,
         BM=bm,
         BN=bn,
         BK=v.chunk,
@@ -160,8 +189,8 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         async_copy=async_copy,
         TX=bn // MICRO,
         threads=threads,
-        EA=bm * v.chunk // threads,
-        EB=bn * v.chunk // threads,
+        EA=bm * v.chunk // threads // (VA if nhwc else 1),
+        EB=bn * v.chunk // threads // (VB if nhwc else 1),
         rows_per_pass=threads // v.chunk,
         CgRS=CgRS,
         P=P,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import tunedb
-from ..choose import Choice, choose, maths
+from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
 from ..runtime import Conv, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
@@ -70,18 +70,18 @@ def layout_of(x: torch.Tensor) -> TensorLayout:
 
 
 def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1):
-    """The layout a problem is computed in: the tensors' own, except fp32 wgrad, whose
-    NHWC strategies in fp32 math lose to the NCHW ones on every layer measured (the
-    autoencoder in channels_last on the H200: wide layers 17 ms a call in ``wsplit``
-    against 0.6 ms in ``wgemm``, the 3-channel ones 1.0-1.2 ms in NHWC ``wband`` against
-    0.2-0.3 ms): its channels_last x and dy are copied to NCHW first, unless tf32 is
-    allowed and ``tcwgrad`` can take the layer (channels and maps per group multiples of
-    4, ``w_size`` [M][C/g][R][S])."""
+    """The layout a problem is computed in: the tensors' own, except fp32 wgrad of a
+    channels_last layer with few maps a group (``w_size`` [M][C/g][R][S]): there x and
+    dy are copied to NCHW for ``wband`` (the autoencoder's 3-map layer: 1.0-1.2 ms in
+    NHWC against 0.3 in NCHW, H200), unless tf32 is allowed and ``tcwgrad`` takes the
+    layer (channels and maps per group multiples of 4).  Layers with maps enough stay
+    in NHWC for ``wgemm``, which reads them in place."""
     if layout is TensorLayout.NHWC and op is Op.WGRAD and dtype is DType.FP32:
-        if allow_tf32() and w_size is not None:
-            M, Cg = w_size[0], w_size[1]
-            if Cg % 4 == 0 and (M // groups) % 4 == 0:
-                return layout
+        if w_size is None:
+            return TensorLayout.NCHW
+        Mg, Cg = w_size[0] // groups, w_size[1]
+        if Mg >= WGEMM_MIN_MAPS or (allow_tf32() and Cg % 4 == 0 and Mg % 4 == 0):
+            return layout
         return TensorLayout.NCHW
     return layout
 
