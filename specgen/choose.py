@@ -30,11 +30,22 @@ from .variants import Precision, Variant, split_problem_tags
 SMALL_WEIGHTS = 16384
 # wgemm's smallest map tile is 32: fewer maps a group than this waste over half of it.
 WGEMM_MIN_MAPS = 16
-# Tried only in the tensors' own 16-bit math and for channels per group that are not a
-# multiple of 8 (which wgmma and tcgemm copy): mma's bf16 ran the 3-channel autoencoder
-# layer 3.4x faster than stream (0.076 against 0.256 ms, H200); on wide layers stream's
-# fp32 math beat it (ae-dec1 0.058 against 0.087 ms), and its tf32 too.
-FEW_CHANNELS_16_BIT = {"mma"}
+# Tried only for channels per group that wgmma and tcgemm cannot copy: in the tensors'
+# own 16-bit math where they are not a multiple of 8, and in tf32 on NHWC where they are
+# not a multiple of 4.  mma's bf16 ran the 3-channel autoencoder layer 3.4x faster than
+# stream (0.076 against 0.256 ms, H200), and its tf32 in channels-last 0.078 against
+# stream's fp32 0.350 and cuDNN's tf32 0.198 (2026-11-23); on wide layers stream's fp32
+# math beat it (ae-dec1 0.058 against 0.087 ms), and its tf32 too.
+FEW_CHANNELS = {"mma"}
+
+
+def few_channels(view: ConvProblem, math: Precision) -> bool:
+    """Whether a strategy of FEW_CHANNELS is tried for the view in this math."""
+    if math is Precision.TF32:
+        return view.layout is TensorLayout.NHWC and view.Cg % 4 != 0
+    return math is not Precision.FP32 and view.Cg % 8 != 0
+
+
 # Not tried in tf32 for fewer than 16 maps a group: tcgemm re-reads x for every tap and
 # shares each read among the block's maps, so with 3 maps its tf32 ran the autoencoder's
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
@@ -168,9 +179,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 continue
             try:
                 view = cls.problem_for(problem)
-                if key in FEW_CHANNELS_16_BIT and (
-                    math in (Precision.FP32, Precision.TF32) or view.Cg % 8 == 0
-                ):
+                if key in FEW_CHANNELS and not few_channels(view, math):
                     continue
                 if key in FEW_MAPS_TF32 and math is Precision.TF32 and view.Mg < 16:
                     continue

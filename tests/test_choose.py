@@ -174,3 +174,18 @@ def test_fp32_channels_last_goes_to_tf32_tensor_cores_only_where_allowed_and_wid
     assert planned(wide, allow_tf32=False).variant.precision is Precision.FP32
     three_maps = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc")
     assert planned(three_maps, allow_tf32=True).variant.key == "stream"
+
+
+def test_few_channels_in_channels_last_fp32():
+    """The autoencoder's 3-channel layer in channels-last fp32: mma's tf32 where tf32 is
+    allowed (tcgemm cannot copy 3 channels), else stream shaped for few channels; its
+    dgrad view (dy of 3 channels) the same."""
+    enc1 = parse_shape("C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc")
+    c = choose(enc1, "some GPU", True)
+    assert (c.variant.key, c.variant.precision) == ("mma", Precision.TF32)
+    c = choose(enc1, "some GPU", False)
+    assert c.variant.key == "stream" and (c.variant.maps, c.variant.chunk) == (16, 1)
+    dec3 = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,layout=nhwc,op=dgrad")
+    assert choose(dec3, "some GPU", True).variant.key == "mma"
+    nchw = replace(enc1, layout=TensorLayout.NCHW)
+    assert choose(nchw, "some GPU", True).variant.key != "mma"  # measured in NHWC only
