@@ -49,8 +49,8 @@ def few_channels(view: ConvProblem, math: Precision) -> bool:
 # Not tried in tf32 for fewer than 16 maps a group: tcgemm re-reads x for every tap and
 # shares each read among the block's maps, so with 3 maps its tf32 ran the autoencoder's
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
-# fp32 takes 0.20.
-FEW_MAPS_TF32 = {"tcgemm"}
+# fp32 takes 0.20.  wgmma shares that walk (and its 64-map warpgroups would idle).
+FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),

@@ -158,7 +158,7 @@ def error_coefficient(variant: Variant, problem, terms: int | None = None) -> fl
     fp32: n roundings of the running sum, n = C/groups*R*S (+1 for the bias; an FMA
     rounds once).
     tf32, fp16, bf16 inputs: each input rounded once (2 u per product, u of the input
-    format), then fp32 sums.
+    format; twice u for tf32 that the tensor cores truncate), then fp32 sums.
     fp16 arithmetic (direct family): inputs and each product rounded to half, S-term
     half sums along a window row, then fp32 sums across rows and channels.
     """
@@ -167,6 +167,8 @@ def error_coefficient(variant: Variant, problem, terms: int | None = None) -> fl
         gamma = n * U_FP32
     elif variant.tensor_core:
         u = U_BF16 if variant.precision is Precision.BF16 else U_HALF
+        if variant.precision is Precision.TF32 and getattr(variant, "tf32_truncated", False):
+            u = 2 * U_HALF  # fp32 words read as tf32 with no cvt.rna: truncated, at worst
         gamma = 2 * u + n * U_FP32
     else:
         gamma = (3 + problem.S - 1) * U_HALF + n * U_FP32

@@ -169,7 +169,8 @@ def test_a_layer_with_a_bias_gets_the_winner_tuned_for_its_bare_convolution():
 
 def test_fp32_channels_last_goes_to_tf32_tensor_cores_only_where_allowed_and_wide():
     wide = parse_shape("C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc")
-    assert planned(wide, allow_tf32=True).variant.name.startswith("tcgemm_")
+    assert planned(wide, allow_tf32=True, arch="sm_90").variant.name.startswith("wgmma_")
+    assert planned(wide, allow_tf32=True, arch="sm_80").variant.name.startswith("tcgemm_")
     assert planned(wide, allow_tf32=True).variant.precision is Precision.TF32
     assert planned(wide, allow_tf32=False).variant.precision is Precision.FP32
     three_maps = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc")

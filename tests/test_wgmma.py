@@ -16,9 +16,11 @@ from specgen.plan import make_plan
 from specgen.render import render
 from specgen.shapes import PRESETS, DType, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
+from specgen.strategies.tcgemm import MATH
 from specgen.variants import Precision
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
+AE_ENC2_TF32 = "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc"  # fp32 tensors
 SERIALIZED = "C7514"  # ptxas: wgmma.mma_async instructions are serialized
 
 
@@ -58,6 +60,28 @@ def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
     if v.producer:  # the producer warpgroup and the consumers meet at mbarriers
         assert "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64" in ptx
         assert "mbarrier.arrive.release.cta.shared::cta.b64" in ptx
+
+
+@pytest.mark.parametrize("op", [Op.FPROP, Op.DGRAD])
+def test_ae_enc2_fp32_channels_last_runs_wgmma_in_tf32(op):
+    """fp32 channels-last tensors: 32 channels a 128-byte row, m64nNk8 tf32 products
+    read from the same swizzled ring, fp32 stored whole; the planner takes it where tf32
+    is allowed, and the bound counts the operands truncated."""
+    from specgen.reference import U_HALF, error_coefficient
+
+    p = parse_shape(AE_ENC2_TF32).with_op(op)
+    v = planned(p, True).variant
+    assert (v.key, v.precision) == ("wgmma", Precision.TF32)
+    assert planned(p, False).variant.key != "wgmma"  # fp32 math where tf32 is not allowed
+    plan = make_plan(p, v)
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    assert f"wgmma.mma_async.sync.aligned.m64n{v.blocktile[0]}k8.f32.tf32.tf32" in ptx
+    assert "cvt.rn" not in ptx and "cvt.rna" not in ptx  # nothing rounded on the way
+    assert plan.weight_format == "mrsc.fp32"
+    gamma = error_coefficient(v, Wgmma.problem_for(p), 1)
+    assert gamma >= 4 * U_HALF
 
 
 def _deadlocks(stages: int, inflight: int, lag: int, chunks: int) -> bool:
@@ -144,7 +168,9 @@ def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_gr_ws_bf16", "16-bit"),
+        ("C=256,M=128,H=16,W=16,K=3,pad=1", "wgmma_b256x128_p4_q2_gr_ws_bf16", "nhwc"),
+        (AE_ENC2_TF32, "wgmma_b256x128_p4_q2_gr_ws_bf16", "--precision tf32"),
+        (AE_ENC2_TF32.replace("C=256", "C=6"), "wgmma_b128x128_p4_q1_gr_sy_tf32", "multiple of 4"),
         (AE_ENC2_BF16.replace("nhwc", "nchw"), "wgmma_b256x128_p4_q2_gr_ws_bf16", "nhwc"),
         (AE_ENC2_BF16, "wgmma_b256x128_p4_q2_gr_ws_fp16", "--precision bf16"),
         (AE_ENC2_BF16.replace("C=256", "C=12"), "wgmma_b256x128_p4_q2_gr_ws_bf16", "multiple of 8"),
@@ -183,11 +209,14 @@ def test_the_plan_names_its_architecture():
 
 @st.composite
 def wgmma_problems(draw):
-    """Problems wgmma serves: channels and maps multiples of 8 per group, stride,
-    dilation, every padding, bias and relu, both 16-bit dtypes; forward and dgrad."""
+    """Problems wgmma serves: channels and maps multiples of 8 per group (4 in fp32,
+    multiplied as tf32), stride, dilation, every padding, bias and relu, the three
+    dtypes; forward and dgrad."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
-    cg = 8 * draw(st.integers(1, 20))
-    mg = 8 * draw(st.integers(1, 24))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec = 4 if dtype == "fp32" else 8
+    cg = vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 192 // vec))
     op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
     R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
@@ -197,7 +226,7 @@ def wgmma_problems(draw):
     spec = (
         f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
         f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
-        f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op={op}"
+        f"dtype={dtype},layout=nhwc,op={op}"
     )
     if op == "fprop" and draw(st.booleans()):
         spec += ",bias=1"
@@ -223,7 +252,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: pixels past the batch, maps past the tile, channels past the chunk,
     the window's zero-fill, and the staged epilogue's bias and relu."""
-    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
+    precision = MATH[p.dtype]
     verify_on_the_gpu(p, default_and_drawn(p, Wgmma, precision, pick), batch)
 
 

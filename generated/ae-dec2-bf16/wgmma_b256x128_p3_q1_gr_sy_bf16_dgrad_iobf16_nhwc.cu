@@ -57,9 +57,10 @@ __device__ __forceinline__ void pin(float* acc)
         asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// acc[64 maps x 256 pixels] += A[64 maps x 16 channels] * B[16 channels x 256 pixels], both
-// read by the tensor cores from shared memory; the sums stay in this warpgroup's registers.
-__device__ __forceinline__ void wgmma_k16(float* acc, unsigned long long a, unsigned long long b)
+// acc[64 maps x 256 pixels] += A[64 maps x 16 channels] * B[16 channels x 256 pixels] (32 bytes
+// of each row), both read by the tensor cores from shared memory; the sums stay in this
+// warpgroup's registers.
+__device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, unsigned long long b)
 {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -214,7 +215,7 @@ wgmma_b256x128_p3_q1_gr_sy_bf16_dgrad_iobf16_nhwc(const unsigned short* __restri
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // 16 channels, 32 bytes into each swizzled row
-            wgmma_k16(acc, operand(a_at + kk * 32), operand(b_at + kk * 32));
+            wgmma_step(acc, operand(a_at + kk * 32), operand(b_at + kk * 32));
         wgmma_commit();
 
 
@@ -236,8 +237,8 @@ wgmma_b256x128_p3_q1_gr_sy_bf16_dgrad_iobf16_nhwc(const unsigned short* __restri
             const int ml = wg * 64 + warp % 4 * 16 + lane / 4 + 8 * h;
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
-                const unsigned pair = pack2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                 unsigned short* two = tile + (8 * j + 2 * (lane % 4)) * 136 + ml;
+                const unsigned pair = pack2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                 two[0] = (unsigned short)(pair & 0xffff);
                 two[136] = (unsigned short)(pair >> 16);
             }

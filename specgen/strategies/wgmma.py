@@ -41,9 +41,9 @@ from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Switch, Variant, param
 from .mma import ROUNDING
-from .tcgemm import STAGE_LIMIT, VECTOR
+from .tcgemm import MATH, STAGE_LIMIT, VECTOR
 
-CHUNK = 64  # channels per stage: one 128-byte swizzled row per map and per pixel
+CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM
 SM_SHARED = 228 * 1024  # shared memory per SM, of which each block's driver part takes 1 KiB
@@ -60,8 +60,11 @@ class Wgmma(Variant):
         "fp32 sums"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
-    precisions = (Precision.BF16, Precision.FP16)
+    precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
     tensor_core = True
+    # tf32 operands are fp32 words read by the tensor cores from shared memory, with no
+    # cvt.rna on the way: the error bound takes them truncated (2^-10 relative).
+    tf32_truncated = True
 
     blocktile: tuple[int, int] = param(
         (256, 128),
@@ -153,31 +156,34 @@ class Wgmma(Variant):
 
 
 def _math_of(p: ConvProblem, v: Wgmma) -> None:
-    want = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
-    if want is not None and v.precision is not want:
+    want = MATH[p.dtype]
+    if v.precision is not want:
         raise SpecError(
-            f"wgmma multiplies the tensors' own dtype: {p.dtype.value} tensors take "
-            f"--precision {want.value}"
+            f"wgmma multiplies the tensors' own dtype (fp32 as tf32): {p.dtype.value} "
+            f"tensors take --precision {want.value}"
         )
 
 
 def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     # 1. limits
-    if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
+    if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "wgmma reads channels-last 16-bit tensors (16-byte copies along the channels): "
-            "use --dtype bf16 or fp16 with --layout nhwc, or --strategy mma"
+            "wgmma reads channels-last tensors (16-byte copies along the channels): "
+            "use --layout nhwc, or --strategy mma"
         )
     _math_of(p, v)
-    if p.Cg % VECTOR:
+    tf32 = p.dtype is DType.FP32
+    vec = 4 if tf32 else VECTOR  # elements of a 16-byte copy
+    chunk = CHUNK_BYTES // (4 if tf32 else 2)  # channels of a 128-byte row
+    if p.Cg % vec:
         raise SpecError(
-            f"wgmma copies {VECTOR} channels at a time: the {p.Cg} channels per group are "
-            "not a multiple of 8; use --strategy mma"
+            f"wgmma copies {vec} channels at a time: the {p.Cg} channels per group are "
+            f"not a multiple of {vec}; use --strategy mma"
         )
-    if p.Mg % VECTOR or p.M % VECTOR:
+    if p.Mg % vec or p.M % vec:
         raise SpecError(
-            f"wgmma stores 8 maps at a time: {p.Mg} maps per group ({p.M} in all) are not a "
-            "multiple of 8; use --strategy tcgemm"
+            f"wgmma stores {vec} maps at a time: {p.Mg} maps per group ({p.M} in all) are not "
+            f"a multiple of {vec}; use --strategy tcgemm"
         )
     bn, bm = v.blocktile
     if bn not in PIXEL_TILES:
@@ -221,10 +227,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma p{v.stages} q{v.inflight}: the ring holds {v.inflight + 1} to 8 chunks "
             f"({v.inflight} being multiplied, the rest in flight)"
         )
-    a_stage, b_stage = bm * CHUNK * 2, bn * CHUNK * 2
+    a_stage, b_stage = bm * CHUNK_BYTES, bn * CHUNK_BYTES
     ring = v.stages * (a_stage + b_stage)
-    pitch = bm + 8  # elements of a staged output row
-    staging = bn * pitch * 2
+    # elements of a staged output row: the pad puts the rows a store touches in distinct banks
+    pitch = bm + (4 if tf32 else 8)
+    staging = bn * pitch * (4 if tf32 else 2)
     # The staged output tile: in the ring once it is free, or after it where the next
     # tile's copies fill the ring meanwhile.
     staging_at = ring if v.persistent else 0
@@ -245,13 +252,17 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and nacc <= 64 and threads <= 256 else 1
 
     # 2. work
-    chunks_per_tap = ceil_div(p.Cg, CHUNK)
+    chunks_per_tap = ceil_div(p.Cg, chunk)
     kt = p.R * p.S * chunks_per_tap
     map_tiles = ceil_div(p.Mg, bm)
     ctx = shape_context(p)
     (sh, sw), (dh, dw) = p.stride, p.dil
     ctx.update(
-        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        elem={DType.FP16: "f16", DType.BF16: "bf16", DType.FP32: "tf32"}[p.dtype],
+        etype="float" if tf32 else "unsigned short",
+        kstep=8 if tf32 else 16,
+        VEC=vec,
+        CHUNK=chunk,
         R=p.R,
         S=p.S,
         sh=sh,
@@ -281,14 +292,19 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         a_stage=a_stage,
         b_stage=b_stage,
         pitch=pitch,
-        out_vecs=bn * bm // 8 // consumers,
+        out_vecs=bn * bm // vec // consumers,
         kt=kt,
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bm != 0,
-        guard_chans=p.Cg % CHUNK != 0,
+        guard_chans=p.Cg % chunk != 0,
         x_image=p.H * p.W * p.C,
-        precision_note=ROUNDING[v.precision],
+        precision_note=(
+            "x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), "
+            "products accumulated in fp32"
+            if tf32
+            else ROUNDING[v.precision]
+        ),
     )
     sizes = (
         Size(
@@ -300,15 +316,15 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         Size(
             "block tile",
             f"{bm} maps x {bn} pixels",
-            f"{warpgroups} warpgroup(s) of 64 maps x {bn} pixels: wgmma m64n{bn}k16, "
+            f"{warpgroups} warpgroup(s) of 64 maps x {bn} pixels: wgmma m64n{bn}k{8 if tf32 else 16}, "
             f"{nacc} fp32 sums per thread"
             + ("; a producer warpgroup copies" if v.producer else "; every warp copies"),
         ),
         Size(
             "k walk",
-            f"{kt} chunks of {CHUNK} channels",
+            f"{kt} chunks of {chunk} channels",
             f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
-            + ("; the last zero-filled past them" if p.Cg % CHUNK else ""),
+            + ("; the last zero-filled past them" if p.Cg % chunk else ""),
         ),
         Size(
             "__shared__",
@@ -346,7 +362,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
-        weight_format="mrsc." + p.dtype.value,
+        weight_format="mrsc." + p.dtype.value,  # mrsc.fp32 for tf32
         sizes=sizes,
         context=ctx,
         arch="sm_90a",
