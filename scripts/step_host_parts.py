@@ -39,7 +39,12 @@ class Bare(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         db = torch.empty(weight.shape[0], dtype=dy.dtype, device=dy.device)
-        return torch.empty_like(x), torch.empty_like(weight), db if ctx.has_bias else None, *[None] * 4
+        return (
+            torch.empty_like(x),
+            torch.empty_like(weight),
+            db if ctx.has_bias else None,
+            *[None] * 4,
+        )
 
 
 def main():

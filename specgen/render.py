@@ -31,6 +31,11 @@ _env = jinja2.Environment(
 )
 
 
+def render_template(path: str, **context) -> str:
+    """A template that is not a plan's (the operator's helpers), with its literals."""
+    return _env.get_template(path).render(context)
+
+
 def emit_command(plan: Plan) -> str:
     shape = plan.shape.name or plan.shape.spec
     return f"specgen emit --shape {shape} --variant {plan.name}"

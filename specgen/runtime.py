@@ -339,6 +339,17 @@ class _Step:
                 self.fill.append((i, role, value))
 
 
+def launch_words(func: int, grid, block, words, stream: int) -> None:
+    """One launch of ``func`` whose parameters are 8-byte words (device addresses) or
+    ints (read from the low four bytes), with its argument slots made for the call."""
+    from cupy.cuda import driver as drv
+
+    slots = (ctypes.c_uint64 * len(words))(*words)
+    base = ctypes.addressof(slots)
+    params = (ctypes.c_void_p * len(words))(*(base + 8 * i for i in range(len(words))))
+    drv.launchKernel(func, *grid, *block, 0, stream, ctypes.addressof(params), 0)
+
+
 class Launcher:
     """A plan's launches at one batch, in order.  The argument slots are shared, so a
     call fills and launches them under a lock (the driver copies them at the launch)."""

@@ -221,3 +221,15 @@ def test_drawn_backward_problems_compile_for_sm90_without_spills(p):
             binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
             stats, problems = check_resources(plan, binary)
             assert not problems, (q.spec, v.name, problems)
+
+
+@pytest.mark.parametrize("bits,word", [(16, "unsigned short"), (32, "unsigned")])
+def test_the_operators_weight_gather_compiles_and_reads_one_word_a_thread(bits, word):
+    """The PyTorch operator's own gather (channels_last weights into a plan's layout):
+    it compiles for sm_90 without spills and moves one word of the weights' width."""
+    from specgen.render import render_template
+
+    source = render_template("torch/gather.cu.j2", bits=bits, word=word)
+    binary = compile_source(source, f"gather{bits}", "sm_90")
+    assert binary.spills == 0 and set(binary.resources) == {f"gather{bits}"}
+    assert f"const {word}* __restrict__ src" in source and "out[i] = src[at[i]]" in source

@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv, device_arch, weight_dtype
+from ..runtime import Conv, device_arch, launch_words, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role, w_shape
 
@@ -49,6 +49,7 @@ class Kernel:
     # whether it is the identity there (mrsc, untransformed: the storage itself serves)
     gather_cl: torch.Tensor | None = None
     storage_order: bool = False
+    at_cl: torch.Tensor | None = None  # gather_cl as int32, for the operator's own gather
 
 
 _kernels: dict[tuple, Kernel] = {}
@@ -187,6 +188,8 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
         at = torch.as_tensor(channels_last_offsets(p), device=f"cuda:{index}")
         k.gather_cl = at[gather]
         k.storage_order = bool(torch.equal(k.gather_cl.cpu(), torch.arange(len(gather))))
+        if len(gather) < 2**31:
+            k.at_cl = k.gather_cl.to(torch.int32)
     return k
 
 
@@ -230,10 +233,50 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
         # untransformed, that storage is the packed layout itself
         if k.storage_order:
             return w if w.dtype is dtype else w.to(dtype)
+        if k.at_cl is not None and w.dtype is dtype:
+            return gather(w, k.at_cl)
         packed = w.as_strided((w.numel(),), (1,)).index_select(0, k.gather_cl)
     else:
         packed = w.reshape(-1).index_select(0, k.gather)
     return packed if packed.dtype is dtype else packed.to(dtype)
+
+
+_gathers: dict[tuple[int, int], int] = {}  # (device, bits) -> the gather kernel
+
+
+def gather(w: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """w's storage read at ``at`` (int32 indices, on w's device) by specgen's own gather
+    kernel (``templates/torch/gather.cu.j2``), on the current stream: the same values as
+    ``index_select``, in one launch and one allocation."""
+    index = w.device.index
+    bits = 8 * w.element_size()
+    func = _gathers.get((index, bits))
+    if func is None:
+        func = _gathers[(index, bits)] = _gather_kernel(index, bits)
+    out = torch.empty(at.numel(), dtype=w.dtype, device=w.device)
+    n = at.numel()
+    words = (w.data_ptr(), at.data_ptr(), out.data_ptr(), n)
+    launch_words(func, (-(-n // 256), 1, 1), (256, 1, 1), words, raw_stream(index))
+    return out
+
+
+def _gather_kernel(index: int, bits: int) -> int:
+    import cupy
+
+    from ..compile import compile_source
+    from ..render import render_template
+
+    word = {16: "unsigned short", 32: "unsigned"}[bits]
+    source = render_template("torch/gather.cu.j2", bits=bits, word=word)
+    with cupy.cuda.Device(index):
+        binary = compile_source(source, f"gather{bits}", device_arch())
+        module = cupy.cuda.function.Module()
+        module.load(binary.cubin)
+        _modules.append(module)  # the function lives as long as its module
+        return module.get_function(f"gather{bits}").ptr
+
+
+_modules: list = []
 
 
 def channels_last_offsets(p: ConvProblem):
