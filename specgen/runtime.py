@@ -350,6 +350,23 @@ def launch_words(func: int, grid, block, words, stream: int) -> None:
     drv.launchKernel(func, *grid, *block, 0, stream, ctypes.addressof(params), 0)
 
 
+def gather_source(source: str, target: str) -> tuple[str, str]:
+    """The gather kernel's name and CUDA source from dtype ``source`` to ``target``."""
+    from .render import render_template
+
+    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}
+    name = f"gather_{source}_{target}"
+    text = render_template(
+        "torch/gather.cu.j2",
+        name=name,
+        source=source,
+        target=target,
+        word_in=word[source],
+        word_out=word[target],
+    )
+    return name, text
+
+
 class Launcher:
     """A plan's launches at one batch, in order.  The argument slots are shared, so a
     call fills and launches them under a lock (the driver copies them at the launch)."""

@@ -455,18 +455,20 @@ def test_a_second_derivative_is_refused_not_silently_wrong():
         torch.autograd.grad(dx.sum(), [w])
 
 
+@pytest.mark.parametrize("C,M", [(16, 32), (3, 16), (16, 3)])
 @pytest.mark.parametrize(
     "dtype,tf32",
     [("fp32", False), ("fp32", True), ("bf16", False), ("fp16", False)],
 )
-def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtype, tf32):
+def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtype, tf32, C, M):
     """channels_last weights are packed from their storage as it lies (for an untransformed
-    mrsc kernel, read in place): the same kernel must give the same bits, forward and
-    through dgrad's flipped weights, as with the weights contiguous."""
+    mrsc kernel, read in place; else by specgen's gather, widened to fp32 where the kernel
+    reads fp32, as mma does for 3 channels): the same kernel must give the same bits,
+    forward and through dgrad's flipped weights, as with the weights contiguous."""
     torch.backends.cudnn.allow_tf32 = tf32
-    x = torch.randn(4, 16, 12, 12, device="cuda", dtype=DT[dtype])
+    x = torch.randn(4, C, 12, 12, device="cuda", dtype=DT[dtype])
     x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
-    w = torch.randn(32, 16, 3, 3, device="cuda", dtype=DT[dtype])
+    w = torch.randn(M, C, 3, 3, device="cuda", dtype=DT[dtype])
     w_cl = w.contiguous(memory_format=torch.channels_last)
     assert not w_cl.is_contiguous()
     outs = []

@@ -226,54 +226,56 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     host packers (``runtime.dgrad_weights``, ``runtime.pack_weights``) applied once to
     the weights' own indices, so the two paths cannot disagree."""
     dtype = STORED[weight_dtype(k.conv.plan.weight_format)]
-    if k.gather is None:
-        return w.to(dtype).contiguous()  # already the layout the kernel reads
+    if k.gather is None:  # PyTorch's own layout: at most one copy, cast and all
+        if w.dtype is dtype and w.is_contiguous():
+            return w
+        return w.to(dtype, memory_format=torch.contiguous_format)
     if k.gather_cl is not None and w.is_contiguous(memory_format=torch.channels_last):
         # channels_last weights: their storage read as it lies, and for mrsc,
         # untransformed, that storage is the packed layout itself
         if k.storage_order:
             return w if w.dtype is dtype else w.to(dtype)
-        if k.at_cl is not None and w.dtype is dtype:
-            return gather(w, k.at_cl)
+        if k.at_cl is not None and (w.dtype is dtype or dtype is torch.float32):
+            return gather(w, k.at_cl, dtype)
         packed = w.as_strided((w.numel(),), (1,)).index_select(0, k.gather_cl)
     else:
         packed = w.reshape(-1).index_select(0, k.gather)
     return packed if packed.dtype is dtype else packed.to(dtype)
 
 
-_gathers: dict[tuple[int, int], int] = {}  # (device, bits) -> the gather kernel
+_gathers: dict[tuple, int] = {}  # (device, (source dtype, target dtype)) -> the gather kernel
 
 
-def gather(w: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-    """w's storage read at ``at`` (int32 indices, on w's device) by specgen's own gather
-    kernel (``templates/torch/gather.cu.j2``), on the current stream: the same values as
-    ``index_select``, in one launch and one allocation."""
+def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """w's storage read at ``at`` (int32 indices, on w's device) into ``dtype`` (w's
+    own, or fp32 from a 16-bit w) by specgen's own gather kernel
+    (``templates/torch/gather.cu.j2``), on the current stream: the values of
+    ``index_select`` and a cast, in one launch and one allocation."""
     index = w.device.index
-    bits = 8 * w.element_size()
-    func = _gathers.get((index, bits))
+    kind = (DTYPES[w.dtype].value, DTYPES[dtype].value)
+    func = _gathers.get((index, kind))
     if func is None:
-        func = _gathers[(index, bits)] = _gather_kernel(index, bits)
-    out = torch.empty(at.numel(), dtype=w.dtype, device=w.device)
+        func = _gathers[(index, kind)] = _gather_kernel(index, *kind)
+    out = torch.empty(at.numel(), dtype=dtype, device=w.device)
     n = at.numel()
     words = (w.data_ptr(), at.data_ptr(), out.data_ptr(), n)
     launch_words(func, (-(-n // 256), 1, 1), (256, 1, 1), words, raw_stream(index))
     return out
 
 
-def _gather_kernel(index: int, bits: int) -> int:
+def _gather_kernel(index: int, source: str, target: str) -> int:
     import cupy
 
     from ..compile import compile_source
-    from ..render import render_template
+    from ..runtime import gather_source
 
-    word = {16: "unsigned short", 32: "unsigned"}[bits]
-    source = render_template("torch/gather.cu.j2", bits=bits, word=word)
+    name, text = gather_source(source, target)
     with cupy.cuda.Device(index):
-        binary = compile_source(source, f"gather{bits}", device_arch())
+        binary = compile_source(text, name, device_arch())
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
         _modules.append(module)  # the function lives as long as its module
-        return module.get_function(f"gather{bits}").ptr
+        return module.get_function(name).ptr
 
 
 _modules: list = []
