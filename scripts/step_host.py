@@ -37,36 +37,52 @@ def host_ms(step, steps=30):
     return 1e3 * float(np.median(used))
 
 
+def profiled(step, steps=20) -> cProfile.Profile:
+    """cProfile's record of ``steps`` steps (the GPU drained after)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    return prof
+
+
+def setup():
+    """The batch (B=128, channels_last) and the model's initial weights, on the GPU."""
+    torch.manual_seed(0)
+    x = ae.photographs_as_patches(128, np.random.default_rng(0)).cuda()
+    return x.contiguous(memory_format=torch.channels_last), ae.autoencoder().cuda()
+
+
+def models(base, x, math):
+    """cuDNN's model and specgen's (its kernels chosen and compiled), both channels_last,
+    with PyTorch set for ``math``; and the autocast dtype of that math."""
+    tf32, autocast = MATHS[math]
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    cu = copy.deepcopy(base).to(memory_format=torch.channels_last)
+    ours = sg.convert(copy.deepcopy(base)).to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+        sg.warmup(ours, x)
+    return cu, ours, autocast
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--math", choices=list(MATHS), action="append")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    x = ae.photographs_as_patches(128, np.random.default_rng(0)).cuda()
-    x = x.contiguous(memory_format=torch.channels_last)
-    base = ae.autoencoder().cuda()
+    x, base = setup()
     print(f"{torch.cuda.get_device_name()}: host (CPU) time to enqueue one step, ms")
     print(f"{'math':<6} {'cuDNN':>8} {'specgen':>8}")
     profiles = []
     for math in args.math or list(MATHS):
-        tf32, autocast = MATHS[math]
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = True
-        cu = copy.deepcopy(base).to(memory_format=torch.channels_last)
-        ours = sg.convert(copy.deepcopy(base)).to(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
-            sg.warmup(ours, x)
+        cu, ours, autocast = models(base, x, math)
         step = ae.training_step(ours, x, 0.05, autocast)
         print(
             f"{math:<6} {host_ms(ae.training_step(cu, x, 0.05, autocast)):>8.3f} {host_ms(step):>8.3f}"
         )
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(20):
-            step()
-        prof.disable()
-        torch.cuda.synchronize()
-        profiles.append((math, prof))
+        profiles.append((math, profiled(step)))
     for math, prof in profiles:
         print(f"\nspecgen {math}: 20 steps, by own time")
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)

@@ -9,18 +9,15 @@ timed, never checked.
 """
 
 import argparse
-import copy
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
 import autoencoder as ae  # noqa: E402
-from step_host import MATHS, host_ms  # noqa: E402
+from step_host import MATHS, host_ms, models, setup  # noqa: E402
 
-import specgen.torch as sg  # noqa: E402
 from specgen.torch import _engine as E  # noqa: E402
 from specgen.torch import _ops  # noqa: E402
 
@@ -52,22 +49,13 @@ def main():
     ap.add_argument("--math", choices=list(MATHS), action="append")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    x = ae.photographs_as_patches(128, np.random.default_rng(0)).cuda()
-    x = x.contiguous(memory_format=torch.channels_last)
-    base = ae.autoencoder().cuda()
+    x, base = setup()
     print(f"{torch.cuda.get_device_name()}: host (CPU) ms to enqueue one step, median of 30")
     cols = ("cuDNN", "specgen", "no launch", "bare Function")
     print(f"{'math':<6} " + " ".join(f"{c:>13}" for c in cols))
     real_launch, real_apply = E.launch, _ops.Conv2dFunction.apply
     for math in args.math or list(MATHS):
-        tf32, autocast = MATHS[math]
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = True
-        cu = copy.deepcopy(base).to(memory_format=torch.channels_last)
-        ours = sg.convert(copy.deepcopy(base)).to(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
-            sg.warmup(ours, x)
+        cu, ours, autocast = models(base, x, math)
         rows = {c: [] for c in cols}
         for _ in range(args.rounds):
             rows["cuDNN"].append(host_ms(ae.training_step(cu, x, 0.05, autocast)))

@@ -399,45 +399,27 @@ def _replay_wgemm(p, x, dy, plan):
     im2col(x), zeros where the window meets the padding), multiplied, written to its
     slice's workspace row at the planned offsets, then the slices added in order."""
     c = plan.context
-    B = x.shape[0]
-    BM, BN, BK, T, rows = c["BM"], c["BN"], c["BK"], c["threads"], c["rows_per_pass"]
-    P, Wo, cpi, splits, CgRS = c["P"], c["Wo"], c["cpi"], c["splits"], c["CgRS"]
+    BK, rows, P, Wo = c["BK"], c["rows_per_pass"], c["P"], c["Wo"]
     sh, sw, dh, dw_, pt, pl = c["sh"], c["sw"], c["dh"], c["dw"], c["pt"], c["pl"]
-    xf, dyf = x.reshape(B, -1), dy.reshape(B, -1)
-    ws = np.full((splits, c["row"]), np.nan)
-    for bx, by, split in np.ndindex(-(-CgRS // BN), c["map_blocks"] * p.groups, splits):
-        g, m0, n0 = by // c["map_blocks"], by % c["map_blocks"] * BM, bx * BN
-        acc = np.zeros((BM, BN))
-        images = -(-(B - split) // splits) if B > split else 0
-        for j in range(images * cpi):
-            n = split + j // cpi * splits
-            As, Bs = np.full((BK, BM), np.nan), np.full((BK, BN), np.nan)
-            for t in range(T):
-                kk = t % BK
-                pq = j % cpi * BK + kk
-                live, (pp, q) = pq < P, divmod(pq, Wo)
-                for e in range(c["EA"]):
-                    m = t // BK + e * rows
-                    ok = live and m0 + m < p.Mg
-                    As[kk, m] = dyf[n, (g * p.Mg + m0 + m) * P + pq] if ok else 0.0
-                for e in range(c["EB"]):
-                    col = n0 + t // BK + e * rows
-                    ch, tap = divmod(col, p.R * p.S)
-                    h = pp * sh + tap // p.S * dh - pt
-                    w = q * sw + tap % p.S * dw_ - pl
-                    ok = live and col < CgRS and 0 <= h < p.H and 0 <= w < p.W
-                    Bs[kk, t // BK + e * rows] = (
-                        xf[n, ((g * p.Cg + ch) * p.H + h) * p.W + w] if ok else 0.0
-                    )
-            acc += As.T @ Bs  # NaN here: an element of a chunk no thread loaded
-        mm, cc = min(BM, p.Mg - m0), min(BN, CgRS - n0)
-        for i in range(mm):
-            start = (g * p.Mg + m0 + i) * CgRS + n0
-            ws[split, start : start + cc] = acc[i, :cc]
-    if p.bias:  # the db kernel: one block per map and slice
-        for m, split in np.ndindex(p.M, splits):
-            ws[split, c["weights"] + m] = dy[split::splits, m].sum()
-    total = ws.sum(axis=0)  # NaN where no slice wrote
+    xf, dyf = x.reshape(x.shape[0], -1), dy.reshape(dy.shape[0], -1)
+
+    def load(t, n, pq0, g, m0, n0, As, Bs):
+        kk = t % BK
+        pq = pq0 + kk
+        live, (pp, q) = pq < P, divmod(pq, Wo)
+        for e in range(c["EA"]):
+            m = t // BK + e * rows
+            ok = live and m0 + m < p.Mg
+            As[kk, m] = dyf[n, (g * p.Mg + m0 + m) * P + pq] if ok else 0.0
+        for e in range(c["EB"]):
+            col = n0 + t // BK + e * rows
+            ch, tap = divmod(col, p.R * p.S)
+            h = pp * sh + tap // p.S * dh - pt
+            w = q * sw + tap % p.S * dw_ - pl
+            ok = live and col < c["CgRS"] and 0 <= h < p.H and 0 <= w < p.W
+            Bs[kk, t // BK + e * rows] = xf[n, ((g * p.Cg + ch) * p.H + h) * p.W + w] if ok else 0.0
+
+    total = _replay_wgemm_blocks(p, dy, plan, load)
     dw = total[: c["weights"]].reshape(p.M, p.Cg, p.R, p.S)
     return dw, (total[c["weights"] :] if p.bias else None)
 
@@ -447,13 +429,46 @@ def _replay_wgemm_nhwc(p, x, dy, plan):
     channels of one tap of x (columns ordered (r, s, c)) at its pixels of each chunk,
     and the second kernel turns (r, s, c) back into dw's [M][C/g][R][S]."""
     c = plan.context
-    B = x.shape[0]
-    BM, BN, BK, T = c["BM"], c["BN"], c["BK"], c["threads"]
-    VA, VB, P, Wo, cpi, splits = c["VA"], c["VB"], c["P"], c["Wo"], c["cpi"], c["splits"]
-    CgRS, Cg = c["CgRS"], p.Cg
+    BM, BN, VA, VB, P, Wo = c["BM"], c["BN"], c["VA"], c["VB"], c["P"], c["Wo"]
     sh, sw, dh, dw_, pt, pl = c["sh"], c["sw"], c["dh"], c["dw"], c["pt"], c["pl"]
-    xf = x.transpose(0, 2, 3, 1).reshape(B, -1)  # as NHWC memory holds them
-    dyf = dy.transpose(0, 2, 3, 1).reshape(B, -1)
+    xf = x.transpose(0, 2, 3, 1).reshape(x.shape[0], -1)  # as NHWC memory holds them
+    dyf = dy.transpose(0, 2, 3, 1).reshape(dy.shape[0], -1)
+
+    def load(t, n, pq0, g, m0, n0, As, Bs):
+        av, ka = t % (BM // VA), t // (BM // VA)
+        bv, kb = t % (BN // VB), t // (BN // VB)
+        for e in range(c["EA"]):
+            kk = ka + e * c["a_rows"]
+            pq = pq0 + kk
+            ok = pq < P and m0 + av * VA < p.Mg
+            for i in range(VA):
+                at = pq * p.M + g * p.Mg + m0 + av * VA + i
+                As[kk, av * VA + i] = dyf[n, at] if ok else 0.0
+        col = n0 + bv * VB
+        tap, ch = divmod(col, p.Cg)
+        for e in range(c["EB"]):
+            kk = kb + e * c["b_rows"]
+            pq = pq0 + kk
+            h = pq // Wo * sh + tap // p.S * dh - pt
+            w = pq % Wo * sw + tap % p.S * dw_ - pl
+            ok = pq < P and col < c["CgRS"] and 0 <= h < p.H and 0 <= w < p.W
+            for i in range(VB):
+                at = (h * p.W + w) * p.C + g * p.Cg + ch + i
+                Bs[kk, bv * VB + i] = xf[n, at] if ok else 0.0
+
+    total = _replay_wgemm_blocks(p, dy, plan, load)
+    dw = total[: c["weights"]].reshape(p.M, p.R, p.S, p.Cg).transpose(0, 3, 1, 2)
+    return dw, (total[c["weights"] :] if p.bias else None)
+
+
+def _replay_wgemm_blocks(p, dy, plan, load):
+    """wgemm's blocks, slices and chunks, each chunk's shared tiles filled by ``load``
+    (thread, image, first pixel, group, first map, first column, As, Bs) and multiplied;
+    each slice's workspace row as the main kernel writes it, db's rows as its own kernel
+    does, and the slices added in order (NaN where nothing was written)."""
+    c = plan.context
+    B = dy.shape[0]
+    BM, BN, BK, cpi, splits, CgRS = c["BM"], c["BN"], c["BK"], c["cpi"], c["splits"], c["CgRS"]
     ws = np.full((splits, c["row"]), np.nan)
     for bx, by, split in np.ndindex(-(-CgRS // BN), c["map_blocks"] * p.groups, splits):
         g, m0, n0 = by // c["map_blocks"], by % c["map_blocks"] * BM, bx * BN
@@ -462,38 +477,17 @@ def _replay_wgemm_nhwc(p, x, dy, plan):
         for j in range(images * cpi):
             n = split + j // cpi * splits
             As, Bs = np.full((BK, BM), np.nan), np.full((BK, BN), np.nan)
-            for t in range(T):
-                av, ka = t % (BM // VA), t // (BM // VA)
-                bv, kb = t % (BN // VB), t // (BN // VB)
-                for e in range(c["EA"]):
-                    kk = ka + e * c["a_rows"]
-                    pq = j % cpi * BK + kk
-                    ok = pq < P and m0 + av * VA < p.Mg
-                    for i in range(VA):
-                        at = pq * p.M + g * p.Mg + m0 + av * VA + i
-                        As[kk, av * VA + i] = dyf[n, at] if ok else 0.0
-                col = n0 + bv * VB
-                tap, ch = divmod(col, Cg)
-                for e in range(c["EB"]):
-                    kk = kb + e * c["b_rows"]
-                    pq = j % cpi * BK + kk
-                    h = pq // Wo * sh + tap // p.S * dh - pt
-                    w = pq % Wo * sw + tap % p.S * dw_ - pl
-                    ok = pq < P and col < CgRS and 0 <= h < p.H and 0 <= w < p.W
-                    for i in range(VB):
-                        at = (h * p.W + w) * p.C + g * Cg + ch + i
-                        Bs[kk, bv * VB + i] = xf[n, at] if ok else 0.0
+            for t in range(c["threads"]):
+                load(t, n, j % cpi * BK, g, m0, n0, As, Bs)
             acc += As.T @ Bs  # NaN here: an element of a chunk no thread loaded
         mm, cc = min(BM, p.Mg - m0), min(BN, CgRS - n0)
         for i in range(mm):
             start = (g * p.Mg + m0 + i) * CgRS + n0
             ws[split, start : start + cc] = acc[i, :cc]
-    if p.bias:
+    if p.bias:  # the db kernel: each slice's images, every pixel
         for m, split in np.ndindex(p.M, splits):
             ws[split, c["weights"] + m] = dy[split::splits, m].sum()
-    total = ws.sum(axis=0)
-    dw = total[: c["weights"]].reshape(p.M, p.R, p.S, p.Cg).transpose(0, 3, 1, 2)
-    return dw, (total[c["weights"] :] if p.bias else None)
+    return ws.sum(axis=0)
 
 
 def test_wgemm_thread_tiles_cover_the_block_tile_once():

@@ -14,7 +14,7 @@ from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
-from specgen.shapes import PRESETS, DType, Op, parse_shape
+from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
 from specgen.variants import Precision

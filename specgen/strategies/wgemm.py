@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, ceil_div, shape_context
+from ..plan.common import Launch, Plan, Size, ceil_div
 from ..shapes import DType, Feature, Op
 from ..shapes import TensorLayout as Layout
 from ..tensors import Role
