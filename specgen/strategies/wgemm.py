@@ -13,6 +13,12 @@ loads per pixel for 64 FMAs.  Each slice writes a workspace row; the second kern
 bias, db comes from a small kernel of its own (one block per map and slice): summed in
 the main kernel its registers cost a block per SM.
 
+fp32 NHWC tensors are read in place: a copy takes 4 maps of dy or 4 channels of one tap of
+x (16 bytes) where the channel counts keep every pixel's group aligned, else one; the
+im2col columns run (r, s, c), the reduce kernel (``backward/tc_sums.j2``) turns them back
+into [M][C/g][R][S], and db sums 32 maps a block, one a lane, so a warp reads 128
+contiguous bytes of each pixel.
+
 Where ``wsplit`` gives each thread a few maps and taps and so reloads dy and x per
 FMA-handful, this reuses every value loaded into shared memory 64 times from registers:
 it is the strategy for layers whose weights are many (C*R*S and M in the hundreds).

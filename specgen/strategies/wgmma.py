@@ -27,6 +27,12 @@ epilogue rounds pairs, and the compile test reads ptxas's report for that.  The 
 (bias, activation, rounding) stages the tile through shared memory as [pixel][map] rows
 and stores it in 16-byte pieces along the maps, as NHWC y lies.
 
+fp32 NHWC tensors are multiplied in tf32: a 128-byte row holds 32 fp32 channels and an
+m64nNk8 tf32 step reads 32 bytes of it, as a k16 step does, so the ring, swizzle and
+descriptors are the same; the sums are stored whole.  The tensor cores read the fp32
+words as tf32 with no cvt on the way, so the error bound takes them truncated
+(``tf32_truncated``).
+
 ``wgmma`` exists on sm_90a only: the plan says so and the compile step targets it.
 dgrad at stride 1 comes through the forward view, as for every forward strategy.
 """
