@@ -188,8 +188,12 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
         at = torch.as_tensor(channels_last_offsets(p), device=f"cuda:{index}")
         k.gather_cl = at[gather]
         k.storage_order = bool(torch.equal(k.gather_cl.cpu(), torch.arange(len(gather))))
-        if len(gather) < 2**31:
+        stored = weight_dtype(conv.plan.weight_format)
+        if len(gather) < 2**31 and stored in (p.dtype.value, "fp32"):
+            # the gather compiled now, outside any graph capture: its weights' dtype is
+            # the problem's (the ops check it), so this is the one it will run
             k.at_cl = k.gather_cl.to(torch.int32)
+            gather_kernel(index, p.dtype.value, stored)
     return k
 
 
@@ -243,7 +247,7 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     return packed if packed.dtype is dtype else packed.to(dtype)
 
 
-_gathers: dict[tuple, int] = {}  # (device, (source dtype, target dtype)) -> the gather kernel
+_gathers: dict[tuple, int] = {}  # (device, source dtype, target dtype) -> the gather kernel
 
 
 def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -252,10 +256,7 @@ def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     (``templates/torch/gather.cu.j2``), on the current stream: the values of
     ``index_select`` and a cast, in one launch and one allocation."""
     index = w.device.index
-    kind = (DTYPES[w.dtype].value, DTYPES[dtype].value)
-    func = _gathers.get((index, kind))
-    if func is None:
-        func = _gathers[(index, kind)] = _gather_kernel(index, *kind)
+    func = gather_kernel(index, DTYPES[w.dtype].value, DTYPES[dtype].value)
     out = torch.empty(at.numel(), dtype=dtype, device=w.device)
     n = at.numel()
     words = (w.data_ptr(), at.data_ptr(), out.data_ptr(), n)
@@ -263,7 +264,16 @@ def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     return out
 
 
-def _gather_kernel(index: int, source: str, target: str) -> int:
+def gather_kernel(index: int, source: str, target: str) -> int:
+    """The gather from dtype ``source`` to ``target`` on device ``index``, compiled and
+    loaded on first use."""
+    func = _gathers.get((index, source, target))
+    if func is None:
+        func = _gathers[(index, source, target)] = _load_gather(index, source, target)
+    return func
+
+
+def _load_gather(index: int, source: str, target: str) -> int:
     import cupy
 
     from ..compile import compile_source
