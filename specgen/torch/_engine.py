@@ -260,8 +260,22 @@ def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     out = torch.empty(at.numel(), dtype=dtype, device=w.device)
     n = at.numel()
     words = (w.data_ptr(), at.data_ptr(), out.data_ptr(), n)
-    launch_words(func, (-(-n // 256), 1, 1), (256, 1, 1), words, raw_stream(index))
+    on_device(
+        index, launch_words, func, (-(-n // 256), 1, 1), (256, 1, 1), words, raw_stream(index)
+    )
     return out
+
+
+def on_device(index: int, fn, *args) -> None:
+    """``fn(*args)`` with device ``index`` current, as a driver launch needs its
+    function's context (switched only where another device is current)."""
+    import cupy
+
+    if cupy.cuda.runtime.getDevice() == index:
+        fn(*args)
+    else:
+        with cupy.cuda.Device(index):
+            fn(*args)
 
 
 def gather_kernel(index: int, source: str, target: str) -> int:
@@ -326,8 +340,6 @@ def _gather(conv: Conv, index: int):
 def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
     on the current stream; ``w`` and ``bias`` for the ops that read them."""
-    import cupy
-
     if batch == 0:
         return
     stream = raw_stream(device.index)
@@ -349,9 +361,4 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
     if need:
         scratch = torch.empty(need, dtype=torch.uint8, device=device)
         ptrs[Role.WORKSPACE] = scratch.data_ptr()
-    run = k.conv.launcher(batch)
-    if cupy.cuda.runtime.getDevice() == device.index:
-        run(ptrs, stream)
-    else:
-        with cupy.cuda.Device(device.index):
-            run(ptrs, stream)
+    on_device(device.index, k.conv.launcher(batch), ptrs, stream)
