@@ -67,6 +67,13 @@ def test_wheel_installs_and_works_outside_the_tree(tmp_path):
     _run(specgen, "emit", "--shape", "layer2", "--op", "all", "--out", "ALL", cwd=elsewhere)
     for f in (elsewhere / "ALL" / "layer2").iterdir():
         assert f.read_text() == (REPO / "generated" / "layer2" / f.name).read_text(), f.name
+    # The operator's own template (its weight gather) ships, renderable without PyTorch.
+    _run(
+        python,
+        "-c",
+        "from specgen.runtime import gather_source; assert 'gather_bf16_fp32' in gather_source('bf16', 'fp32')[1]",
+        cwd=elsewhere,
+    )
     # The PyTorch operator's package ships (importing it needs PyTorch, an extra).
     _run(
         python,
@@ -74,3 +81,15 @@ def test_wheel_installs_and_works_outside_the_tree(tmp_path):
         "import importlib.util as u; assert u.find_spec('specgen.torch')",
         cwd=elsewhere,
     )
+
+
+def test_every_template_folder_is_a_package_that_ships():
+    """A template folder missing from pyproject's packages is left out of an install
+    (templates/torch was, for a commit)."""
+    import tomllib
+
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    folders = {d.name for d in (REPO / "templates").iterdir() if d.is_dir() and any(d.glob("*.j2"))}
+    assert {f"specgen.templates.{f}" for f in folders} <= set(packages)
