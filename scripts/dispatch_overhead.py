@@ -61,12 +61,8 @@ def main():
     y = sg.conv2d(xd, wd, bd, 1, 1)
     dy = torch.ones_like(y)
     args = ([1, 1], [1, 1, 1, 1], [1, 1], 1)
-    k = E.kernel(
-        Op.FPROP, xd.shape, wd.shape, True, *args, E.DType.FP32, E.layout_of(xd), xd.device
-    )
-    kd = E.kernel(
-        Op.DGRAD, xd.shape, wd.shape, False, *args, E.DType.FP32, E.layout_of(xd), xd.device
-    )
+    lay, _ = E.layer(xd, wd, bd, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    k, kd = lay.kernel(Op.FPROP, True), lay.kernel(Op.DGRAD, False)
     parts = [
         ("op conv2d", lambda: ops.conv2d(xd, wd, bd, *args)),
         ("op conv2d_input", lambda: ops.conv2d_input(dy, wd, list(x.shape), *args, False)),

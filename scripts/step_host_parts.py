@@ -26,10 +26,10 @@ class Bare(torch.autograd.Function):
     """Outputs allocated, nothing computed: the Python Function machinery alone."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+    def forward(ctx, x, weight, bias, lay):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        size = _ops.out_size(x.shape, weight.shape, stride, padding, dilation)
+        size = (x.shape[0], *lay.y_rest)
         return torch.empty(size, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
 
     @staticmethod
@@ -40,7 +40,7 @@ class Bare(torch.autograd.Function):
             torch.empty_like(x),
             torch.empty_like(weight),
             db if ctx.has_bias else None,
-            *[None] * 4,
+            None,
         )
 
 

@@ -277,6 +277,10 @@ class Conv:
             )
         return bound
 
+    def forget_launchers(self) -> None:
+        """Drop the launches bound so far (a caller that meets many batch sizes)."""
+        self._launchers.clear()
+
     def _segments(self, batch: int):
         """(first image, images): im2col unrolls and multiplies a segment at a time;
         every other plan takes the batch whole."""
@@ -337,17 +341,6 @@ class _Step:
                 self.slots[i] = value
             else:
                 self.fill.append((i, role, value))
-
-
-def launch_words(func: int, grid, block, words, stream: int) -> None:
-    """One launch of ``func`` whose parameters are 8-byte words (device addresses) or
-    ints (read from the low four bytes), with its argument slots made for the call."""
-    from cupy.cuda import driver as drv
-
-    slots = (ctypes.c_uint64 * len(words))(*words)
-    base = ctypes.addressof(slots)
-    params = (ctypes.c_void_p * len(words))(*(base + 8 * i for i in range(len(words))))
-    drv.launchKernel(func, *grid, *block, 0, stream, ctypes.addressof(params), 0)
 
 
 def gather_source(source: str, target: str) -> tuple[str, str]:

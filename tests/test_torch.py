@@ -409,6 +409,43 @@ def test_the_eager_path_and_the_registered_op_agree_bit_for_bit():
         assert torch.equal(g, h)
 
 
+def test_a_call_that_finds_its_layer_builds_and_checks_nothing(monkeypatch):
+    """The eager path looks up its layer by the tensors' sizes, strides, dtypes and
+    devices: the first call builds the problem and checks the tensors, a repeat does
+    neither (forward and backward), and a call that differs in any of those (here the
+    bias's shape) is checked again and refused."""
+    x = torch.randn(2, 4, 9, 7, device="cuda", requires_grad=True)
+    w = torch.randn(6, 4, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(6, device="cuda", requires_grad=True)
+    torch.autograd.grad(sg.conv2d(x, w, b, padding=1).sum(), [x, w, b])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a repeated call built a problem or checked its tensors")
+
+    with monkeypatch.context() as m:
+        m.setattr(E, "problem", refuse)
+        m.setattr(E, "check_tensors", refuse)
+        y = sg.conv2d(x, w, b, padding=1)
+        dy = torch.randn_like(y)
+        grads = torch.autograd.grad(y, [x, w, b], dy)
+    doubles = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    refs = torch.autograd.grad(F.conv2d(*doubles, padding=1), doubles, dy.double())
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
+    with pytest.raises(SpecError, match="bias of shape"):
+        sg.conv2d(x, w, torch.randn(5, device="cuda"), padding=1)
+
+
+def test_many_batch_sizes_of_one_layer():
+    """A loader of ragged batches: more batch sizes than a kernel keeps bound launches
+    for (``BATCHES_KEPT``), each still computed in full."""
+    w = torch.randn(5, 3, 3, 3, device="cuda")
+    for batch in range(1, E.BATCHES_KEPT + 4):
+        x = torch.randn(batch, 3, 8, 6, device="cuda")
+        ref = F.conv2d(x.double(), w.double(), padding=1)
+        torch.testing.assert_close(sg.conv2d(x, w, padding=1).double(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_autotune_tunes_a_new_problem_once_and_keeps_its_winner(tmp_path, monkeypatch):
     """SPECGEN_AUTOTUNE: the first call of a new problem tunes it (a small budget here),
     records the winner in specgen's database and runs it; a later process would find it

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecError
-from . import _ops  # registers torch.ops.specgen.*
+from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._engine import autotune, autotuning
 
 __all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]
@@ -63,18 +63,27 @@ def _padding(padding, weight, stride, dilation) -> list[int]:
     return [ph, ph, pw, pw]
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.nn.functional.conv2d`` on specgen's kernels."""
-    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
-    pads = _padding(padding, weight, stride, dilation)
-    if input.dim() not in (3, 4) or weight.dim() != 4:
-        raise SpecError(
-            f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
-            f"{weight.dim()}-D"
-        )
-    unbatched = input.dim() == 3
-    if unbatched:
-        input = input.unsqueeze(0)
+_normal: dict = {}  # (stride, padding, dilation, window) as given -> as the ops take them
+
+
+def _arguments(stride, padding, dilation, weight) -> tuple:
+    """(stride, pads, dilation) as tuples, pads (top, bottom, left, right), memoized by
+    the arguments as given where they are hashable (a module's always are)."""
+    try:
+        key = (stride, padding, dilation, weight.shape[2:])
+        found = _normal.get(key)
+    except TypeError:  # lists
+        key = found = None
+    if found is None:
+        stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        pads = _padding(padding, weight, stride, dilation)
+        found = (tuple(stride), tuple(pads), tuple(dilation))
+        if key is not None and len(_normal) < 4096:
+            _normal[key] = found
+    return found
+
+
+def _check_shapes(input, weight, bias, groups) -> None:
     if input.shape[1] != weight.shape[1] * groups:
         raise SpecError(
             f"input of {input.shape[1]} channels for weights {tuple(weight.shape)} in "
@@ -84,15 +93,34 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise SpecError(f"groups={groups} must divide the {weight.shape[0]} output channels")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv2d`` on specgen's kernels."""
+    if input.dim() not in (3, 4) or weight.dim() != 4:
+        raise SpecError(
+            f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
+            f"{weight.dim()}-D"
+        )
+    stride, pads, dilation = _arguments(stride, padding, dilation, weight)
+    unbatched = input.dim() == 3
+    if unbatched:
+        input = input.unsqueeze(0)
     if input.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         input, weight = input.to(dt), weight.to(dt)
         if bias is not None and bias.dtype is not torch.float32:
             bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
     if torch.compiler.is_compiling():
-        y = torch.ops.specgen.conv2d(input, weight, bias, stride, pads, dilation, groups)
+        _check_shapes(input, weight, bias, groups)
+        y = torch.ops.specgen.conv2d(
+            input, weight, bias, list(stride), list(pads), list(dilation), groups
+        )
     else:
-        y = _ops.Conv2dFunction.apply(input, weight, bias, stride, pads, dilation, groups)
+        lay, input = _engine.layer(
+            input, weight, bias, stride, pads, dilation, groups, _check_shapes
+        )
+        y = _ops.Conv2dFunction.apply(input, weight, bias, lay)
     return y.squeeze(0) if unbatched else y
 
 

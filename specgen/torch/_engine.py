@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv, device_arch, launch_words, weight_dtype
+from ..runtime import Conv, Launcher, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role, w_shape
 
@@ -22,6 +22,10 @@ log = logging.getLogger("specgen.torch")
 
 DTYPES = {torch.float32: DType.FP32, torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
 AUTOTUNE_BUDGET = int(os.environ.get("SPECGEN_AUTOTUNE_BUDGET", "24"))
+
+# the batch sizes whose bound launches one kernel keeps (past these, it starts over)
+BATCHES_KEPT = 16
+LAYERS_KEPT = 4096  # the eager path's lookups kept (past these, it starts over)
 
 _state = dict(autotune=os.environ.get("SPECGEN_AUTOTUNE", "") not in ("", "0"))
 _lock = threading.Lock()
@@ -50,10 +54,23 @@ class Kernel:
     gather_cl: torch.Tensor | None = None
     storage_order: bool = False
     at_cl: torch.Tensor | None = None  # gather_cl as int32, for the operator's own gather
+    # memos of the calls: batch -> (launcher, scratch bytes), and (weights' dtype,
+    # strides) -> how pack_weights packs such weights
+    runs: dict = field(default_factory=dict)
+    packs: dict = field(default_factory=dict)
+
+    def run(self, batch: int):
+        """The launches bound at this batch and the scratch bytes they need."""
+        r = self.runs.get(batch)
+        if r is None:
+            if len(self.runs) >= BATCHES_KEPT:  # a loader of ragged batches: start over
+                self.runs.clear()
+                self.conv.forget_launchers()
+            r = self.runs[batch] = (self.conv.launcher(batch), self.conv.scratch_bytes(batch))
+        return r
 
 
 _kernels: dict[tuple, Kernel] = {}
-_by_args: dict[tuple, Kernel] = {}
 _gpu_names: dict[int, str] = {}
 
 
@@ -70,7 +87,7 @@ def layout_of(x: torch.Tensor) -> TensorLayout:
     return TensorLayout.NHWC if x.stride() == last and last != first else TensorLayout.NCHW
 
 
-def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1):
+def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1, tf32=None):
     """The layout a problem is computed in: the tensors' own, except fp32 wgrad of a
     channels_last layer with few maps a group (``w_size`` [M][C/g][R][S]): there x and
     dy are copied to NCHW for ``wband`` (the autoencoder's 3-map layer: 1.0-1.2 ms in
@@ -81,7 +98,8 @@ def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, gro
         if w_size is None:
             return TensorLayout.NCHW
         Mg, Cg = w_size[0] // groups, w_size[1]
-        if Mg >= WGEMM_MIN_MAPS or (allow_tf32() and Cg % 4 == 0 and Mg % 4 == 0):
+        tf32 = allow_tf32() if tf32 is None else tf32
+        if Mg >= WGEMM_MIN_MAPS or (tf32 and Cg % 4 == 0 and Mg % 4 == 0):
             return layout
         return TensorLayout.NCHW
     return layout
@@ -139,20 +157,152 @@ def allow_tf32() -> bool:
     return bool(torch.backends.cudnn.allow_tf32)
 
 
-def kernel(op, x_size, w_size, bias, stride, pads, dilation, groups, dtype, layout, device):
-    """The memoized kernel of the problem these arguments describe (``problem``'s),
-    looked up by the arguments themselves: a call that hits builds no problem."""
-    tf32 = allow_tf32()
-    key = (op, *x_size[1:], *w_size, bias, *stride, *pads, *dilation, groups, dtype, layout)
-    k = _by_args.get((key, device.index, tf32))
-    if k is None:
-        p = problem(op, x_size, w_size, bias, stride, pads, dilation, groups, dtype, layout)
-        k = _by_args[(key, device.index, tf32)] = kernel_for(p, device)
-    return k
+class Layer:
+    """One convolution's arguments on one device under one math: the problem of each
+    op it runs (fprop, and dgrad, wgrad and bgrad for its gradients), their kernels
+    chosen and compiled on first use, and what every call needs already worked out
+    (the output's size and memory format, the device, the layout wgrad computes in),
+    so that a call looks up nothing but its layer.  ``layer`` and ``layer_of`` find
+    it; building one validates the arguments, so a call that finds one checks nothing."""
+
+    def __init__(self, x_rest, layout, dtype, index, w_size, w_stride, args, tf32):
+        self.stride, self.pads, self.dilation, self.groups = args
+        self.x_rest, self.layout, self.dtype = tuple(x_rest), layout, dtype
+        self.w_size, self.w_stride, self.index, self.tf32 = tuple(w_size), w_stride, index, tf32
+        self.device = torch.device("cuda", index)
+        self.fmt = FORMATS[layout]
+        self.y_rest = tuple(out_size((1, *x_rest), w_size, *args[:3])[1:])
+        # the layout wgrad computes in: the tensors' own but for fp32 few-map layers
+        self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32)
+        self.kernels: dict = {}
+        self.problem(Op.FPROP, False, 1)  # a problem no convolution has fails here, once
+
+    def problem(self, op: Op, bias: bool, batch: int) -> ConvProblem:
+        layout = self.wgrad_layout if op is Op.WGRAD else self.layout
+        return problem(
+            op,
+            (batch, *self.x_rest),
+            self.w_size,
+            bias,
+            self.stride,
+            self.pads,
+            self.dilation,
+            self.groups,
+            self.dtype,
+            layout,
+        )
+
+    def kernel(self, op: Op, bias: bool, batch: int) -> Kernel:
+        """The op's kernel, chosen for the batch of its first call (as ``kernel_for``)."""
+        k = self.kernels.get((op, bias))
+        if k is None:
+            k = self.kernels[(op, bias)] = kernel_for(
+                self.problem(op, bias, batch), self.device, self.tf32
+            )
+        return k
 
 
-def kernel_for(p: ConvProblem, device: torch.device) -> Kernel:
+FORMATS = {TensorLayout.NCHW: torch.contiguous_format, TensorLayout.NHWC: torch.channels_last}
+
+_layers: dict[tuple, Layer] = {}  # layer_of's arguments -> the layer
+_eager: dict[tuple, tuple] = {}  # the eager path's key -> (layer, whether x is dense)
+
+
+def layer_of(x_size, layout, dtype, index, w_size, w_stride, stride, pads, dilation, groups):
+    """The layer of these arguments (sizes, ``dtype`` a DType) under the math that
+    ``allow_tf32`` allows now."""
+    args = (tuple(stride), tuple(pads), tuple(dilation), groups)
     tf32 = allow_tf32()
+    key = (tuple(x_size[1:]), layout, dtype, index, tuple(w_size), w_stride, args, tf32)
+    found = _layers.get(key)
+    if found is None:
+        found = _layers[key] = Layer(x_size[1:], layout, dtype, index, w_size, w_stride, args, tf32)
+    return found
+
+
+def layer(x, weight, bias, stride, pads, dilation, groups, check=None):
+    """The layer of these tensors and arguments (tuples), and x made dense in its
+    layout, keyed by what PyTorch reads off the tensors in well under a microsecond
+    each (sizes, strides, dtypes, devices): a miss checks the tensors (``check(x,
+    weight, bias, groups)`` first where given, then ``check_tensors``: one clear
+    SpecError for what no kernel serves) and finds the layer; a hit checks nothing."""
+    key = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        weight.shape,
+        weight.stride(),
+        weight.dtype,
+        weight.get_device(),
+        None if bias is None else (bias.shape, bias.dtype, bias.get_device()),
+        stride,
+        pads,
+        dilation,
+        groups,
+        torch.backends.cudnn.allow_tf32,
+    )
+    found = _eager.get(key)
+    if found is None:
+        if check is not None:
+            check(x, weight, bias, groups)
+        check_tensors(x, weight, bias)
+        lay = layout_of(x)
+        found = layer_of(
+            x.shape,
+            lay,
+            DTYPES[x.dtype],
+            x.get_device(),
+            weight.shape,
+            weight.stride(),
+            stride,
+            pads,
+            dilation,
+            groups,
+        )
+        if len(_eager) >= LAYERS_KEPT:  # a stream of new shapes: start over
+            _eager.clear()
+        found = _eager[key] = (found, x.is_contiguous(memory_format=FORMATS[lay]))
+    lay, is_dense = found
+    return lay, (x if is_dense else x.contiguous(memory_format=lay.fmt))
+
+
+def check_tensors(x, weight=None, bias=None) -> None:
+    """One clear SpecError for tensors no kernel takes together: not on CUDA, on two
+    devices, of two dtypes, of a dtype specgen has no kernels for; a bias in fp32 or
+    the tensors' dtype, on their device."""
+    for t in (x, weight):
+        if t is None:
+            continue
+        if not t.is_cuda:
+            raise SpecError(f"specgen's convolution runs on CUDA tensors, got one on {t.device}")
+        if t.device != x.device:
+            raise SpecError(f"tensors on {x.device} and {t.device}: put them on one device")
+        if t.dtype != x.dtype:
+            raise SpecError(
+                f"tensors of {x.dtype} and {t.dtype}: specgen's convolution takes one "
+                "dtype for all (autocast casts them for you)"
+            )
+    dtype_of(x)
+    if bias is not None:
+        if bias.dtype != x.dtype and bias.dtype != torch.float32:
+            raise SpecError(f"a bias of {bias.dtype} for tensors of {x.dtype}: give it in either")
+        if bias.device != x.device:
+            raise SpecError(
+                f"tensors on {x.device} and a bias on {bias.device}: put them on one device"
+            )
+
+
+def out_size(x_size, w_size, stride, padding, dilation) -> list:
+    N, _, H, W = x_size
+    M, _, R, S = w_size
+    Ho = (H + padding[0] + padding[1] - dilation[0] * (R - 1) - 1) // stride[0] + 1
+    Wo = (W + padding[2] + padding[3] - dilation[1] * (S - 1) - 1) // stride[1] + 1
+    return [N, M, Ho, Wo]
+
+
+def kernel_for(p: ConvProblem, device: torch.device, tf32: bool | None = None) -> Kernel:
+    tf32 = allow_tf32() if tf32 is None else tf32
     key = (replace(p, batch=1), device.index, tf32)
     k = _kernels.get(key)
     if k is not None:
@@ -228,47 +378,81 @@ def pack_weights(k: Kernel, w: torch.Tensor) -> torch.Tensor:
     kernels, flipped and transposed for dgrad's forward view, laid out as the kernel
     reads them.  The gather's indices are the
     host packers (``runtime.dgrad_weights``, ``runtime.pack_weights``) applied once to
-    the weights' own indices, so the two paths cannot disagree."""
+    the weights' own indices, so the two paths cannot disagree.  How is decided once
+    per dtype and strides of the weights (``_packing``)."""
+    key = (w.dtype, w.stride())
+    how = k.packs.get(key)
+    if how is None:
+        how = k.packs[key] = _packing(k, w)
+    return how(w)
+
+
+def _packing(k: Kernel, w: torch.Tensor):
+    """How pack_weights packs weights of w's dtype and strides for k: a function of them."""
     dtype = STORED[weight_dtype(k.conv.plan.weight_format)]
     if k.gather is None:  # PyTorch's own layout: at most one copy, cast and all
         if w.dtype is dtype and w.is_contiguous():
-            return w
-        return w.to(dtype, memory_format=torch.contiguous_format)
+            return _as_they_are
+        return lambda w: w.to(dtype, memory_format=torch.contiguous_format)
     if k.gather_cl is not None and w.is_contiguous(memory_format=torch.channels_last):
         # channels_last weights: their storage read as it lies, and for mrsc,
         # untransformed, that storage is the packed layout itself
         if k.storage_order:
-            return w if w.dtype is dtype else w.to(dtype)
+            return _as_they_are if w.dtype is dtype else (lambda w: w.to(dtype))
         if k.at_cl is not None and (w.dtype is dtype or dtype is torch.float32):
-            return gather(w, k.at_cl, dtype)
-        packed = w.as_strided((w.numel(),), (1,)).index_select(0, k.gather_cl)
-    else:
-        packed = w.reshape(-1).index_select(0, k.gather)
-    return packed if packed.dtype is dtype else packed.to(dtype)
+            return Gather(k.at_cl, w.dtype, dtype)
+        at = k.gather_cl
+        return lambda w: w.as_strided((w.numel(),), (1,)).index_select(0, at).to(dtype)
+    at = k.gather
+    return lambda w: w.reshape(-1).index_select(0, at).to(dtype)
+
+
+def _as_they_are(w: torch.Tensor) -> torch.Tensor:
+    return w
 
 
 _gathers: dict[tuple, int] = {}  # (device, source dtype, target dtype) -> the gather kernel
 
 
-def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """w's storage read at ``at`` (int32 indices, on w's device) into ``dtype`` (w's
-    own, or fp32 from a 16-bit w) by specgen's own gather kernel
+class Gather:
+    """Weights' storage read at ``at`` (int32 indices, on their device) into ``dtype``
+    (their own, or fp32 from 16-bit weights) by specgen's own gather kernel
     (``templates/torch/gather.cu.j2``), on the current stream: the values of
-    ``index_select`` and a cast, in one launch and one allocation."""
-    index = w.device.index
-    func = gather_kernel(index, DTYPES[w.dtype].value, DTYPES[dtype].value)
-    out = torch.empty(at.numel(), dtype=dtype, device=w.device)
-    n = at.numel()
-    words = (w.data_ptr(), at.data_ptr(), out.data_ptr(), n)
-    on_device(
-        index, launch_words, func, (-(-n // 256), 1, 1), (256, 1, 1), words, raw_stream(index)
-    )
-    return out
+    ``index_select`` and a cast, in one launch and one allocation, its arguments bound
+    once."""
+
+    def __init__(self, at: torch.Tensor, source: torch.dtype, dtype: torch.dtype):
+        index = at.device.index
+        func = gather_kernel(index, DTYPES[source].value, DTYPES[dtype].value)
+        n = at.numel()
+        binding = [(Role.W, 0), (None, at.data_ptr()), (Role.Y, 0), (None, n)]
+        self.launcher = Launcher([_Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)])
+        self.at, self.n, self.dtype, self.device, self.index = at, n, dtype, at.device, index
+
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.n, dtype=self.dtype, device=self.device)
+        ptrs = {Role.W: w.data_ptr(), Role.Y: out.data_ptr()}
+        on_device(self.index, self.launcher, ptrs, raw_stream(self.index))
+        return out
+
+
+def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One gather of w's storage at ``at`` into ``dtype`` (``Gather``, bound for the call)."""
+    return Gather(at, w.dtype, dtype)(w)
+
+
+_devices: list = []  # the process's CUDA device count, once read
 
 
 def on_device(index: int, fn, *args) -> None:
     """``fn(*args)`` with device ``index`` current, as a driver launch needs its
-    function's context (switched only where another device is current)."""
+    function's context (switched only where another device is current; with one
+    device in the process, it always is)."""
+    if not _devices:
+        _devices.append(torch.cuda.device_count())
+    if _devices[0] == 1:
+        fn(*args)
+        return
     import cupy
 
     if cupy.cuda.runtime.getDevice() == index:
@@ -339,10 +523,12 @@ def _gather(conv: Conv, index: int):
 
 def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
-    on the current stream; ``w`` and ``bias`` for the ops that read them."""
+    on the current stream of ``device`` (a torch.device); ``w`` and ``bias`` for the
+    ops that read them."""
     if batch == 0:
         return
-    stream = raw_stream(device.index)
+    index = device.index
+    stream = raw_stream(index)
     ptrs = {role: t.data_ptr() for role, t in tensors.items()}
     keep = []  # what must outlive the enqueue: PyTorch frees it in stream order
     if w is not None:
@@ -357,8 +543,59 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
             bias = bias.to(torch.float32).contiguous()
             keep.append(bias)
         ptrs[Role.BIAS] = bias.data_ptr()
-    need = k.conv.scratch_bytes(batch)
+    launcher, need = k.run(batch)
     if need:
         scratch = torch.empty(need, dtype=torch.uint8, device=device)
         ptrs[Role.WORKSPACE] = scratch.data_ptr()
-    on_device(device.index, k.conv.launcher(batch), ptrs, stream)
+    on_device(index, launcher, ptrs, stream)
+
+
+# The operator's four ops on a layer's dense tensors (``Layer``): each allocates its
+# outputs (through ``empty``) and launches its kernel; the eager Function and the
+# registered ops both call these, so the two paths run the same kernels.
+
+
+def forward(lay: Layer, x, w, bias):
+    """y of the convolution (x dense in the layer's layout)."""
+    N = x.shape[0]
+    k = lay.kernel(Op.FPROP, bias is not None, N)
+    y = empty((N, *lay.y_rest), x, lay.layout)
+    launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
+    return y
+
+
+def input_grad(lay: Layer, dy, w):
+    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense)."""
+    N = dy.shape[0]
+    k = lay.kernel(Op.DGRAD, False, N)
+    dx = empty((N, *lay.x_rest), dy, lay.layout)
+    launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w)
+    return dx
+
+
+def weight_grads(lay: Layer, x, dy, bias: bool):
+    """dw, and db with it where ``bias`` (wgrad, db fused), in the layout the layer
+    computes them in (x and dy copied there where it is not theirs)."""
+    N = x.shape[0]
+    k = lay.kernel(Op.WGRAD, bias, N)
+    x, dy = dense(x, lay.wgrad_layout), dense(dy, lay.wgrad_layout)
+    dw = empty(lay.w_size, x, TensorLayout.NCHW)
+    out = {Role.X: x, Role.DY: dy, Role.DW: dw}
+    if bias:
+        out[Role.DB] = empty((lay.w_size[0],), x, TensorLayout.NCHW)
+    if N == 0:  # an empty sum
+        dw.zero_()
+        out.get(Role.DB, dw).zero_()
+    launch(k, out, N, lay.device)
+    return (dw, out[Role.DB]) if bias else dw
+
+
+def bias_grad(lay: Layer, dy):
+    """db: dy summed over the batch and the output pixels (bgrad; dy dense)."""
+    N = dy.shape[0]
+    k = lay.kernel(Op.BGRAD, True, N)
+    db = empty((lay.w_size[0],), dy, TensorLayout.NCHW)
+    if N == 0:  # an empty sum
+        db.zero_()
+    launch(k, {Role.DY: dy, Role.DB: db}, N, lay.device)
+    return db

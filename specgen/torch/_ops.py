@@ -9,16 +9,13 @@ tensors, stride and dilation as 2 ints, padding as 4 (top, bottom, left, right).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import List, Optional
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..errors import SpecError
-from ..shapes import Op, TensorLayout
-from ..tensors import Role
+from ..shapes import TensorLayout
 from . import _engine as E
 
 # The ops are defined on a Library and their Python kernels registered for the CUDA
@@ -44,46 +41,15 @@ def _fake(name: str):
     return torch.library.register_fake(f"specgen::{name}", lib=_lib)
 
 
-def out_size(x_size, w_size, stride, padding, dilation) -> list:
-    N, _, H, W = x_size
-    M, _, R, S = w_size
-    Ho = (H + padding[0] + padding[1] - dilation[0] * (R - 1) - 1) // stride[0] + 1
-    Wo = (W + padding[2] + padding[3] - dilation[1] * (S - 1) - 1) // stride[1] + 1
-    return [N, M, Ho, Wo]
+out_size = E.out_size
 
 
 def _fmt(channels_last: bool):
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
-def _nhwc(layout: TensorLayout) -> bool:
-    return layout is TensorLayout.NHWC
-
-
-def _check(*tensors: Tensor) -> None:
-    first = tensors[0]
-    for t in tensors:
-        if not t.is_cuda:
-            raise SpecError(f"specgen's convolution runs on CUDA tensors, got one on {t.device}")
-        if t.device != first.device:
-            raise SpecError(f"tensors on {first.device} and {t.device}: put them on one device")
-        if t.dtype != first.dtype:
-            raise SpecError(
-                f"tensors of {first.dtype} and {t.dtype}: specgen's convolution takes one "
-                "dtype for all (autocast casts them for you)"
-            )
-    E.dtype_of(first)
-
-
-def _check_bias(bias: Tensor, x: Tensor) -> None:
-    """The bias in the tensors' dtype or in fp32, which the kernels add in (autocast
-    leaves an fp32 bias as it is: casting it would cost two copies a call)."""
-    if bias.dtype != x.dtype and bias.dtype != torch.float32:
-        raise SpecError(f"a bias of {bias.dtype} for tensors of {x.dtype}: give it in either")
-    if bias.device != x.device:
-        raise SpecError(
-            f"tensors on {x.device} and a bias on {bias.device}: put them on one device"
-        )
+def _layout(channels_last: bool) -> TensorLayout:
+    return TensorLayout.NHWC if channels_last else TensorLayout.NCHW
 
 
 @_op(
@@ -99,34 +65,22 @@ def conv2d(
     dilation: List[int],
     groups: int,
 ) -> Tensor:
-    _check(x, weight)
-    if bias is not None:
-        _check_bias(bias, x)
-    layout = E.layout_of(x)
-    x = E.dense(x, layout)
-    k = E.kernel(
-        Op.FPROP,
-        x.shape,
-        weight.shape,
-        bias is not None,
-        stride,
-        padding,
-        dilation,
-        groups,
-        E.dtype_of(x),
-        layout,
-        x.device,
-    )
-    y = E.empty(out_size(x.shape, weight.shape, stride, padding, dilation), x, layout)
-    E.launch(k, {Role.X: x, Role.Y: y}, x.shape[0], x.device, w=weight, bias=bias)
-    return y
+    lay, x = E.layer(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return E.forward(lay, x, weight, bias)
 
 
 @_fake("conv2d")
 def _(x, weight, bias, stride, padding, dilation, groups):
     size = out_size(x.shape, weight.shape, stride, padding, dilation)
-    fmt = _fmt(_nhwc(E.layout_of(x)))
+    fmt = _fmt(E.layout_of(x) is TensorLayout.NHWC)
     return torch.empty(size, dtype=x.dtype, device=x.device, memory_format=fmt)
+
+
+def _layer(t: Tensor, weight: Optional[Tensor], x_size, layout, w_size, args):
+    """The layer a gradient op of the registered path runs on (its tensors checked)."""
+    E.check_tensors(t, weight)
+    w_stride = None if weight is None else weight.stride()
+    return E.layer_of(x_size, layout, E.dtype_of(t), t.get_device(), w_size, w_stride, *args)
 
 
 @_op(
@@ -144,25 +98,10 @@ def conv2d_input(
     channels_last: bool,
 ) -> Tensor:
     """dx: the adjoint of the convolution applied to dy (dgrad)."""
-    _check(dy, weight)
-    layout = TensorLayout.NHWC if channels_last else TensorLayout.NCHW
-    dy = E.dense(dy, layout)
-    k = E.kernel(
-        Op.DGRAD,
-        x_size,
-        weight.shape,
-        False,
-        stride,
-        padding,
-        dilation,
-        groups,
-        E.dtype_of(dy),
-        layout,
-        dy.device,
-    )
-    dx = E.empty(x_size, dy, layout)
-    E.launch(k, {Role.DY: dy, Role.DX: dx}, x_size[0], dy.device, w=weight)
-    return dx
+    layout = _layout(channels_last)
+    args = (stride, padding, dilation, groups)
+    lay = _layer(dy, weight, x_size, layout, weight.shape, args)
+    return E.input_grad(lay, E.dense(dy, layout), weight)
 
 
 @_fake("conv2d_input")
@@ -172,20 +111,8 @@ def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
 
 
 def _weight_grads(x, dy, w_size, stride, padding, dilation, groups, bias: bool):
-    _check(x, dy)
-    layout = E.computed_layout(Op.WGRAD, E.layout_of(x), E.dtype_of(x), w_size, groups)
-    x, dy = E.dense(x, layout), E.dense(dy, layout)
-    args = (stride, padding, dilation, groups, E.dtype_of(x), layout, x.device)
-    k = E.kernel(Op.WGRAD, x.shape, w_size, bias, *args)
-    dw = E.empty(w_size, x, TensorLayout.NCHW)
-    out = {Role.X: x, Role.DY: dy, Role.DW: dw}
-    if bias:
-        out[Role.DB] = E.empty([w_size[0]], x, TensorLayout.NCHW)
-    if x.shape[0] == 0:  # an empty sum
-        dw.zero_()
-        out.get(Role.DB, dw).zero_()
-    E.launch(k, out, x.shape[0], x.device)
-    return (dw, out[Role.DB]) if bias else dw
+    lay = _layer(x, None, x.shape, E.layout_of(x), w_size, (stride, padding, dilation, groups))
+    return E.weight_grads(lay, x, dy, bias)
 
 
 @_op(
@@ -246,16 +173,9 @@ def conv2d_bias(
     groups: int,
 ) -> Tensor:
     """db: dy summed over the batch and the output pixels (bgrad)."""
-    _check(dy)
     layout = E.layout_of(dy)
-    dy = E.dense(dy, layout)
-    args = (stride, padding, dilation, groups, E.dtype_of(dy), layout, dy.device)
-    k = E.kernel(Op.BGRAD, x_size, w_size, True, *args)
-    db = E.empty([w_size[0]], dy, TensorLayout.NCHW)
-    if dy.shape[0] == 0:  # an empty sum
-        db.zero_()
-    E.launch(k, {Role.DY: dy, Role.DB: db}, dy.shape[0], dy.device)
-    return db
+    lay = _layer(dy, None, x_size, layout, w_size, (stride, padding, dilation, groups))
+    return E.bias_grad(lay, E.dense(dy, layout))
 
 
 @_fake("conv2d_bias")
@@ -270,57 +190,61 @@ def _setup(ctx, inputs, output):
     ctx.args = (stride, padding, dilation, groups)
 
 
-def _gradients(ctx, dy, call):
-    """dx, dw and db where asked, from specgen's dgrad, wgrad (db fused) and bgrad
-    kernels; ``call``: the registered ops (traced) or their kernels (eager)."""
+def _backward(ctx, dy):
+    """dx, dw and db where asked, from the registered dgrad, wgrad (db fused) and bgrad
+    ops, which torch.compile traces."""
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.args
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    nhwc = _nhwc(E.layout_of(x))
+    need_b = need_b and ctx.has_bias
+    nhwc = E.layout_of(x) is TensorLayout.NHWC
     dy = dy.contiguous(memory_format=_fmt(nhwc))
+    ops = torch.ops.specgen
     dx = dw = db = None
     if need_x:
-        dx = call.conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
+        dx = ops.conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
     w_size = list(weight.shape)
-    if need_w and ctx.has_bias and need_b:
-        dw, db = call.conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
+    if need_w and need_b:
+        dw, db = ops.conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
     elif need_w:
-        dw = call.conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
-    elif ctx.has_bias and need_b:
-        db = call.conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
+        dw = ops.conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
+    elif need_b:
+        db = ops.conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
     return dx, dw, db, None, None, None, None
-
-
-def _backward(ctx, dy):
-    return _gradients(ctx, dy, torch.ops.specgen)
 
 
 torch.library.register_autograd("specgen::conv2d", _backward, setup_context=_setup, lib=_lib)
 
-# The kernels themselves, for the eager path.
-kernels = SimpleNamespace(
-    conv2d_input=conv2d_input,
-    conv2d_weight=conv2d_weight,
-    conv2d_weight_bias=conv2d_weight_bias,
-    conv2d_bias=conv2d_bias,
-)
-
 
 class Conv2dFunction(torch.autograd.Function):
-    """The eager path: the same kernels and gradients as ``torch.ops.specgen.conv2d``,
-    without a trip through the dispatcher for each op (a third of the host time of a
-    small layer's forward and backward).  ``specgen.torch.conv2d`` takes it unless
-    torch.compile is tracing, which needs the registered op."""
+    """The eager path: the same kernels and gradients as ``torch.ops.specgen.conv2d``
+    (both run ``_engine``'s ops on the same layers), without a trip through the
+    dispatcher for each op and with the layer found once, in the forward:
+    ``specgen.torch.conv2d`` takes it unless torch.compile is tracing, which needs the
+    registered op.  ``x`` comes dense in the layer's layout (``_engine.layer``)."""
 
     # forward takes ctx itself: with a separate setup_context, every apply binds the
     # arguments through inspect.signature, a fifth of the eager path's host time.
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
-        y = conv2d(x, weight, bias, stride, padding, dilation, groups)
-        _setup(ctx, (x, weight, bias, stride, padding, dilation, groups), y)
-        return y
+    def forward(ctx, x, weight, bias, lay):
+        ctx.save_for_backward(x, weight)
+        ctx.lay, ctx.has_bias = lay, bias is not None
+        return E.forward(lay, x, weight, bias)
 
     @staticmethod
     @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
-        return _gradients(ctx, dy, kernels)
+        x, weight = ctx.saved_tensors
+        lay = ctx.lay
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        need_b = need_b and ctx.has_bias
+        dy = E.dense(dy, lay.layout)
+        dx = dw = db = None
+        if need_x:
+            dx = E.input_grad(lay, dy, weight)
+        if need_w:
+            grads = E.weight_grads(lay, x, dy, need_b)
+            dw, db = grads if need_b else (grads, None)
+        elif need_b:
+            db = E.bias_grad(lay, dy)
+        return dx, dw, db, None
