@@ -26,6 +26,7 @@ from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
 from .wgmma import Wgmma
+from .wlane import Wlane
 from .wsplit import Wsplit
 
 # The order of the default set and of the CLI's help.
@@ -48,6 +49,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgemm,
     Tcwgrad,
     Tcwhalo,
+    Wlane,
     Wsplit,
 )
 BY_KEY = {s.key: s for s in TABLE}

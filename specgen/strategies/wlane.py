@@ -1,0 +1,174 @@
+"""``wlane``: wgrad of channels-last layers with few maps a group (the autoencoder's
+256 -> 3 output layer), one input channel a lane.
+
+In NHWC a pixel's channels are adjacent, so a warp of 32 consecutive channels reads
+one pixel's x in a single coalesced load, and every lane of a group reads the same dy
+values (one broadcast).  Each thread keeps the sums of its channel for every map of its
+group and every tap (maps x R x S in registers) over its slice of the (image, output
+row) walk; a row is cut into runs of ``pixels`` adjacent outputs, unrolled with literal
+offsets, so that the x values under a run's window are loaded once per tap row and
+feed maps x S x pixels FMAs.  Loads that fall in the padding are not emitted.  The
+slices' partial sums are added in order by the kernel wband and wsplit use
+(``backward/reduce.j2``), so the result is deterministic; db rides along, kept by the
+first channel of each group.
+
+wband, which owns one channel a block, reads a channels-last x one element every C;
+wgemm's smallest map tile is 32.  Neither suits three maps in NHWC, where the operator
+copied both tensors to NCHW for wband (0.33 ms of wband and a tenth of the fp32 step's
+copies, H200)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div
+from ..shapes import Op, TensorLayout
+from ..tensors import Role
+from ..variants import EVERY_FEATURE, Count, Variant, param
+from .wsplit import per_slice, sums_context
+
+TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
+MAX_ACCUMULATORS = 64  # maps x R x S sums a thread keeps (db's beside them)
+MAX_RUN_VALUES = 32  # dy values of a run held at once (maps x pixels)
+THREADS = (32, 64, 128, 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wlane(Variant):
+    key = "wlane"
+    family = "backward"
+    description = (
+        "wgrad of channels-last layers with few maps: one input channel a lane, every map "
+        "and tap of it in registers over a slice of the rows, runs of outputs unrolled"
+    )
+    serves = EVERY_FEATURE
+    ops = frozenset({Op.WGRAD})
+
+    threads: int = param(128, Count("t"), "wlane: threads (channels) per block")
+    pixels: int = param(8, Count("p"), "wlane: adjacent outputs of a row per unrolled run")
+    splits: int = param(
+        64, Count("s"), "wlane: slices of the (image, row) walk, one block row each"
+    )
+
+    def plan(self, problem):
+        return plan_wlane(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """A block of the channels up to 64 (a warp at least: its tune on the autoencoder's
+        256 -> 3 layer, B=128, found 64 0.126 ms against 128's 0.129, H200); runs of up to
+        8 outputs, fewer where the maps would hold over 32 dy values; slices for eight
+        blocks a SM."""
+        p = problem
+        threads = next((t for t in THREADS if t >= min(p.C, 64)), 64)
+        pixels = max(1, min(8, p.Wo, MAX_RUN_VALUES // max(1, p.Mg)))
+        tiles = ceil_div(p.C, threads)
+        # Not capped by the problem's default batch: an inline spec's is 1, and the same
+        # kernel runs at any batch (a slice without rows adds zeros).
+        splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        return replace(seed, threads=threads, pixels=pixels, splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        base = cls.default(problem, precision)
+        out = []
+        for threads in sorted({64, 128, base.threads}):
+            for pixels in sorted({4, 8, base.pixels}):
+                for splits in sorted({base.splits // 2, base.splits, base.splits * 2}):
+                    v = replace(base, threads=threads, pixels=min(pixels, problem.Wo))
+                    out.append(replace(v, splits=max(1, min(splits, 65535))))
+        return list(dict.fromkeys(out))
+
+
+def _runs(p, pixels: int):
+    """(first output, outputs) of each unrolled run of a row."""
+    return [(w0, min(pixels, p.Wo - w0)) for w0 in range(0, p.Wo, pixels)]
+
+
+def plan_wlane(p, v: Wlane) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC:
+        raise SpecError(
+            "wlane reads channels-last tensors (a lane a channel): use --layout nhwc, or "
+            "--strategy wband for NCHW"
+        )
+    if v.threads not in THREADS:
+        raise SpecError(f"wlane t{v.threads}: threads per block must be one of {THREADS}")
+    taps = p.R * p.S
+    sums = p.Mg * taps
+    if sums > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"wlane keeps a channel's {sums} sums per thread ({p.Mg} maps x {taps} taps), "
+            f"over {MAX_ACCUMULATORS}; use --strategy wgemm or wsplit"
+        )
+    if v.pixels > p.Wo:
+        raise SpecError(f"wlane p{v.pixels}: a row has only Wo={p.Wo} outputs")
+    if v.pixels * p.Mg > MAX_RUN_VALUES:
+        raise SpecError(
+            f"wlane p{v.pixels} holds {v.pixels * p.Mg} dy values a run ({p.Mg} maps), over "
+            f"{MAX_RUN_VALUES}; choose --pixels {max(1, MAX_RUN_VALUES // p.Mg)}"
+        )
+    if v.splits > 65535:
+        raise SpecError(f"wlane s{v.splits}: at most 65535 slices (grid y)")
+
+    # 2. work
+    tiles = ceil_div(p.C, v.threads)
+    ctx = sums_context(p, p.Mg, v.splits, bgrad=False, with_db=p.bias)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    dw, sw = p.dil[1], p.stride[1]
+    nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1
+    name = v.kernel_name(p)
+    launches = (
+        Launch(
+            name,
+            (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+            (v.threads, 1, 1),
+            (tiles, v.splits, 1),
+            1,
+            0,
+            1,
+        ),
+        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
+    )
+    ctx.update(threads=v.threads, runs=_runs(p, v.pixels), nx=nx, WC=p.W * p.C)
+    sizes = (
+        Size(
+            "block",
+            f"{v.threads} threads",
+            f"one input channel a thread: {tiles} block(s) across C={p.C}, x {v.splits} slices",
+        ),
+        Size(
+            "thread",
+            f"{sums + (p.Mg if p.bias else 0)} fp32 sums",
+            f"{p.Mg} maps x {taps} taps" + (" + db" if p.bias else "") + ", kept over its slice",
+        ),
+        Size(
+            "run",
+            f"{v.pixels} adjacent outputs",
+            f"{nx} x loads a tap row and {v.pixels * p.Mg} dy loads feed "
+            f"{v.pixels * sums} FMAs",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} sums; the second kernel adds the slices in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wlane.cu.j2",
+        launches=launches,
+        static_smem=0,
+        dynamic_smem=0,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a slice's rows are contiguous in the (image, row) walk: at most Ho of them per
+        # image it covers, each Wo terms; then the slices added in order
+        sum_depth=(p.Ho * p.Wo, v.splits, v.splits),
+    )
