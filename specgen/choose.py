@@ -23,7 +23,10 @@ from .variants import Precision, Variant, split_problem_tags
 
 # The strategies tried for the planner's default, in order, per op.  wgrad: 16-bit
 # channels-last layers go on tensor cores, tcwhalo taking those whose channels or maps
-# are not multiples of 8 (tcwgrad copies 8 at a time); wband
+# are not multiples of 8 (tcwgrad copies 8 at a time); wlane takes channels-last layers
+# whose maps a group are few (it refuses more than its registers hold: the
+# autoencoder's 256 -> 3 layer in 0.144 ms against wband's 0.50 in NHWC and 0.34 in
+# NCHW, cuDNN's fp32 0.56 and tf32 0.34, H200); wband
 # keeps a block's whole weight tile in registers, which pays where the weights are
 # few (the 7x7 presets, 3-channel layers); wgemm's register-tiled GEMM suits wide
 # layers; wsplit serves what neither does (NHWC wide layers).
@@ -51,10 +54,13 @@ def few_channels(view: ConvProblem, math: Precision) -> bool:
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
 # fp32 takes 0.20.  wgmma shares that walk (and its 64-map warpgroups would idle).
 FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
+# Tried only for fewer than WGEMM_MIN_MAPS maps a group: with more, each lane's dy
+# loads match its FMAs (a 1x1 window), where wgemm's tiles reuse every load.
+FEW_MAPS = {"wlane"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "direct"),
     Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),
-    Op.WGRAD: ("tcwgrad", "tcwhalo", "wband", "wgemm", "wsplit"),
+    Op.WGRAD: ("tcwgrad", "tcwhalo", "wlane", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -169,7 +175,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and wide_wgrad(problem):
-        keys = ("tcwgrad", "tcwhalo", "wgemm", "wsplit", "wband")
+        keys = ("tcwgrad", "tcwhalo", "wlane", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and
@@ -182,6 +188,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key in FEW_CHANNELS and not few_channels(view, math):
                     continue
                 if key in FEW_MAPS_TF32 and math is Precision.TF32 and view.Mg < 16:
+                    continue
+                if key in FEW_MAPS and view.Mg >= WGEMM_MIN_MAPS:
                     continue
                 v = cls.default(view, math)
             except SpecError:

@@ -383,6 +383,9 @@ PRESETS: dict[str, ConvProblem] = {
         # channels_last tensors: what the tensor-core strategies are measured on.
         _preset("ae-enc2-bf16", 256, 128, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
         _preset("ae-dec2-bf16", 128, 256, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
+        # The output layer (3 maps) as the fp32 and tf32 channels_last step runs it:
+        # where wlane, its channels-last wgrad, is generated, verified and benched.
+        _preset("ae-dec3-nhwc", 256, 3, 32, 3, 1, 128, DType.FP32, TensorLayout.NHWC),
     )
 }
 

@@ -119,7 +119,15 @@ def test_wgrad_default_follows_the_weight_count():
     # channels-last: wgemm as soon as its map tiles fill, wband below that
     assert choose(replace(narrow, layout=TensorLayout.NHWC), "some GPU").variant.key == "wgemm"
     few_maps = replace(narrow, C=256, M=3, layout=TensorLayout.NHWC)
-    assert choose(few_maps, "some GPU").variant.key == "wband"
+    assert choose(few_maps, "some GPU").variant.key == "wlane"
+    assert choose(few_maps, "some GPU", True).variant.key == "wlane"  # tcwgrad: 3 maps
+    assert choose(replace(few_maps, layout=TensorLayout.NCHW), "some GPU").variant.key == "wband"
+    # wlane's sums are a channel's maps x taps: past its registers, and for maps enough
+    # to fill wgemm's tiles even where they would fit (a 1x1 window), it is passed over
+    wide_window = replace(few_maps, M=12, R=5, S=5, pads=(2, 2, 2, 2))
+    assert choose(wide_window, "some GPU").variant.key != "wlane"
+    pointwise = replace(few_maps, M=32, R=1, S=1, pads=(0, 0, 0, 0))
+    assert choose(pointwise, "some GPU").variant.key == "wgemm"
 
 
 def _hold(key, seconds, path):

@@ -156,11 +156,12 @@ def test_wgrad_at_the_default_batch(preset, arch):
     [
         "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc",  # 16-byte copies
         "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc",  # 4-byte copies of x
+        "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc",  # wlane: 3 maps
     ],
 )
 def test_channels_last_fp32_wgrad_at_batch_128(spec, arch):
-    """The autoencoder's channels-last fp32 wgrad, read in place by wgemm (the PyTorch
-    operator's path for them), over the step's whole batch."""
+    """The autoencoder's channels-last fp32 wgrad, read in place by wgemm and wlane (the
+    PyTorch operator's path for them), over the step's whole batch."""
     verify_default_set(parse_shape(spec).with_op(Op.WGRAD), 128, arch)
 
 

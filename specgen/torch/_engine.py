@@ -16,6 +16,7 @@ from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
 from ..runtime import Conv, Launcher, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
+from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..tensors import Role, w_shape
 
 log = logging.getLogger("specgen.torch")
@@ -89,17 +90,20 @@ def layout_of(x: torch.Tensor) -> TensorLayout:
 
 def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1, tf32=None):
     """The layout a problem is computed in: the tensors' own, except fp32 wgrad of a
-    channels_last layer with few maps a group (``w_size`` [M][C/g][R][S]): there x and
-    dy are copied to NCHW for ``wband`` (the autoencoder's 3-map layer: 1.0-1.2 ms in
-    NHWC against 0.3 in NCHW, H200), unless tf32 is allowed and ``tcwgrad`` takes the
-    layer (channels and maps per group multiples of 4).  Layers with maps enough stay
-    in NHWC for ``wgemm``, which reads them in place."""
+    channels-last layer whose maps a group are too many for ``wlane`` and too few for
+    ``wgemm`` (``w_size`` [M][C/g][R][S]): there x and dy are copied to NCHW for
+    ``wband``, unless tf32 is allowed and ``tcwgrad`` takes the layer (channels and maps
+    per group multiples of 4).  Layers with maps enough stay in NHWC for wgemm, and
+    those with few (the autoencoder's 3-map layer) for wlane, both of which read them
+    in place."""
     if layout is TensorLayout.NHWC and op is Op.WGRAD and dtype is DType.FP32:
         if w_size is None:
             return TensorLayout.NCHW
-        Mg, Cg = w_size[0] // groups, w_size[1]
+        Mg, Cg, taps = w_size[0] // groups, w_size[1], w_size[2] * w_size[3]
         tf32 = allow_tf32() if tf32 is None else tf32
-        if Mg >= WGEMM_MIN_MAPS or (tf32 and Cg % 4 == 0 and Mg % 4 == 0):
+        if Mg >= WGEMM_MIN_MAPS or Mg * taps <= LANE_SUMS:
+            return layout
+        if tf32 and Cg % 4 == 0 and Mg % 4 == 0:
             return layout
         return TensorLayout.NCHW
     return layout
