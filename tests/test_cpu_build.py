@@ -169,6 +169,8 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # 30 k steps of a C=19 3x3 window as straight-line code spilled (GPU tier draws)
         ("C=19,M=28,H=10,W=27,K=3,pad=0,bias=1", "mmapersist_t8_r24x32_tf32"),
         ("C=19,M=8,H=17,W=16,K=3,pad=1,bias=1,act=relu", "mmapersist_t17_r8x64_tf32"),
+        # x's address summed in 64 bits: ptxas kept the gather in 32 registers and spilled
+        ("C=4,M=2,H=11,W=14,K=4,pad=1,stride=3,dil=2x1,dtype=bf16", "implicit_t64_r1x1_fp32"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

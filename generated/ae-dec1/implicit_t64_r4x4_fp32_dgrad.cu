@@ -62,7 +62,7 @@ implicit_t64_r4x4_fp32_dgrad(const float* __restrict__ x, const float* __restric
                 const int ih = oh + (kdyx[k] >> 16);
                 const int iw = ow + (short)(kdyx[k] & 0xffff);
                 if ((unsigned)ih < 8u && (unsigned)iw < 8u)
-                    v = __ldg(&x[(size_t)n * 8192 + (oh - 1) * 8 + (ow - 1) + off]);
+                    v = __ldg(x + (size_t)n * 8192 + ((oh - 1) * 8 + (ow - 1) + off));
             }
             xs[e / 64][e % 64] = v;
         }

@@ -75,7 +75,7 @@ implicit_t64_r4x4_fp32_iobf16_nhwc(const unsigned short* __restrict__ x, const f
                 const int ih = oh + (kdyx[k] >> 16);
                 const int iw = ow + (short)(kdyx[k] & 0xffff);
                 if ((unsigned)ih < 16u && (unsigned)iw < 16u)
-                    v = bf16_to_float(__ldg(&x[(size_t)n * 32768 + ((oh - 1) * 16 + (ow - 1)) * 128 + off]));
+                    v = bf16_to_float(__ldg(x + (size_t)n * 32768 + (((oh - 1) * 16 + (ow - 1)) * 128 + off)));
             }
             xs[e / 64][e % 64] = v;
         }

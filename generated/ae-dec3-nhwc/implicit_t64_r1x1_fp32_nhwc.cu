@@ -61,7 +61,7 @@ implicit_t64_r1x1_fp32_nhwc(const float* __restrict__ x, const float* __restrict
                 const int ih = oh + (kdyx[k] >> 16);
                 const int iw = ow + (short)(kdyx[k] & 0xffff);
                 if ((unsigned)ih < 32u && (unsigned)iw < 32u)
-                    v = __ldg(&x[(size_t)n * 262144 + ((oh - 1) * 32 + (ow - 1)) * 256 + off]);
+                    v = __ldg(x + (size_t)n * 262144 + (((oh - 1) * 32 + (ow - 1)) * 256 + off));
             }
             xs[e / 64][e % 64] = v;
         }

@@ -61,7 +61,7 @@ implicit_t64_r4x4_fp32(const float* __restrict__ x, const float* __restrict__ w,
                 const int ih = oh + (kdyx[k] >> 16);
                 const int iw = ow + (short)(kdyx[k] & 0xffff);
                 if ((unsigned)ih < 16u && (unsigned)iw < 16u)
-                    v = __ldg(&x[(size_t)n * 65536 + (oh - 1) * 16 + (ow - 1) + off]);
+                    v = __ldg(x + (size_t)n * 65536 + ((oh - 1) * 16 + (ow - 1) + off));
             }
             xs[e / 64][e % 64] = v;
         }

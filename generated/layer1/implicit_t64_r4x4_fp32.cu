@@ -56,7 +56,7 @@ implicit_t64_r4x4_fp32(const float* __restrict__ x, const float* __restrict__ w,
                 const int n = col / 6400;
                 const int oh = col % 6400 / 80;
                 const int ow = col % 80;
-                v = __ldg(&x[(size_t)n * 7396 + oh * 86 + ow + off]);
+                v = __ldg(x + (size_t)n * 7396 + (oh * 86 + ow + off));
             }
             xs[e / 64][e % 64] = v;
         }

@@ -56,7 +56,7 @@ implicit_t64_r1x1_fp32(const float* __restrict__ x, const float* __restrict__ w,
                 const int n = col / 1156;
                 const int oh = col % 1156 / 34;
                 const int ow = col % 34;
-                v = __ldg(&x[(size_t)n * 6400 + oh * 40 + ow + off]);
+                v = __ldg(x + (size_t)n * 6400 + (oh * 40 + ow + off));
             }
             xs[e / 64][e % 64] = v;
         }

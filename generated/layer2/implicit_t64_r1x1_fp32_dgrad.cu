@@ -62,7 +62,7 @@ implicit_t64_r1x1_fp32_dgrad(const float* __restrict__ x, const float* __restric
                 const int ih = oh + (kdyx[k] >> 16);
                 const int iw = ow + (short)(kdyx[k] & 0xffff);
                 if ((unsigned)ih < 34u && (unsigned)iw < 34u)
-                    v = __ldg(&x[(size_t)n * 18496 + (oh - 6) * 34 + (ow - 6) + off]);
+                    v = __ldg(x + (size_t)n * 18496 + ((oh - 6) * 34 + (ow - 6) + off));
             }
             xs[e / 64][e % 64] = v;
         }

@@ -56,7 +56,7 @@ implicit_t64_r4x4_fp32(const float* __restrict__ x, const float* __restrict__ w,
                 const int n = col / 4356;
                 const int oh = col % 4356 / 66;
                 const int ow = col % 66;
-                v = __ldg(&x[(size_t)n * 5184 + oh * 72 + ow + off]);
+                v = __ldg(x + (size_t)n * 5184 + (oh * 72 + ow + off));
             }
             xs[e / 64][e % 64] = v;
         }

@@ -56,7 +56,7 @@ implicit_t64_r4x4_fp32(const float* __restrict__ x, const float* __restrict__ w,
                 const int n = col / 729;
                 const int oh = col % 729 / 27;
                 const int ow = col % 27;
-                v = __ldg(&x[(size_t)n * 13068 + oh * 33 + ow + off]);
+                v = __ldg(x + (size_t)n * 13068 + (oh * 33 + ow + off));
             }
             xs[e / 64][e % 64] = v;
         }
