@@ -46,7 +46,7 @@ wlane_t64_p8_s264_fp32_wgrad_nhwc(const float* __restrict__ x, const float* __re
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
-                    d[j][m] = __ldg(dr + (0 + j) * 3 + m);
+                    d[j][m] = __ldg(dr + 0 + j * 3 + m);
             {
                 const int hi = ho * 1 + -1;  // tap row 0
                 if ((unsigned)hi < 32u) {
@@ -178,7 +178,7 @@ wlane_t64_p8_s264_fp32_wgrad_nhwc(const float* __restrict__ x, const float* __re
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
-                    d[j][m] = __ldg(dr + (8 + j) * 3 + m);
+                    d[j][m] = __ldg(dr + 24 + j * 3 + m);
             {
                 const int hi = ho * 1 + -1;  // tap row 0
                 if ((unsigned)hi < 32u) {
@@ -316,7 +316,7 @@ wlane_t64_p8_s264_fp32_wgrad_nhwc(const float* __restrict__ x, const float* __re
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
-                    d[j][m] = __ldg(dr + (16 + j) * 3 + m);
+                    d[j][m] = __ldg(dr + 48 + j * 3 + m);
             {
                 const int hi = ho * 1 + -1;  // tap row 0
                 if ((unsigned)hi < 32u) {
@@ -454,7 +454,7 @@ wlane_t64_p8_s264_fp32_wgrad_nhwc(const float* __restrict__ x, const float* __re
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
-                    d[j][m] = __ldg(dr + (24 + j) * 3 + m);
+                    d[j][m] = __ldg(dr + 72 + j * 3 + m);
             {
                 const int hi = ho * 1 + -1;  // tap row 0
                 if ((unsigned)hi < 32u) {

@@ -81,9 +81,25 @@ class Wlane(Variant):
         return list(dict.fromkeys(out))
 
 
-def _runs(p, pixels: int):
-    """(first output, outputs) of each unrolled run of a row."""
-    return [(w0, min(pixels, p.Wo - w0)) for w0 in range(0, p.Wo, pixels)]
+def _runs(p, pixels: int) -> list[dict]:
+    """Each unrolled run of a row: its first output ``w0``, its ``count`` outputs, the
+    x values it loads under its window (``loads``: (q, offset from the row's first
+    pixel), q = j * sw + s * dw for output j and tap column s) and the products that
+    read them (``fmas``: (j, s, q)); a column in the padding is neither loaded nor
+    multiplied."""
+    (sw, dw), out = (p.stride[1], p.dil[1]), []
+    for w0 in range(0, p.Wo, pixels):
+        count = min(pixels, p.Wo - w0)
+        left = w0 * sw - p.pads[2]  # the input column of q = 0
+        fmas = [
+            (j, s, j * sw + s * dw)
+            for j in range(count)
+            for s in range(p.S)
+            if 0 <= left + j * sw + s * dw < p.W
+        ]
+        loads = [(q, (left + q) * p.C) for q in sorted({q for _, _, q in fmas})]
+        out.append(dict(w0=w0, count=count, dy_at=w0 * p.M, loads=loads, fmas=fmas))
+    return out
 
 
 def plan_wlane(p, v: Wlane) -> Plan:
@@ -132,7 +148,15 @@ def plan_wlane(p, v: Wlane) -> Plan:
         ),
         per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
     )
-    ctx.update(threads=v.threads, runs=_runs(p, v.pixels), nx=nx, WC=p.W * p.C)
+    ctx.update(
+        threads=v.threads,
+        runs=_runs(p, v.pixels),
+        # tap row r reads input row ho * sh + r * dh - pt
+        tap_rows=[(r, r * p.dil[0] - p.pads[0]) for r in range(p.R)],
+        x_row=p.W * p.C,
+        dy_row=p.Wo * p.M,
+        last_channel=p.C - 1,
+    )
     sizes = (
         Size(
             "block",

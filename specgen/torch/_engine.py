@@ -440,11 +440,6 @@ class Gather:
         return out
 
 
-def gather(w: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One gather of w's storage at ``at`` into ``dtype`` (``Gather``, bound for the call)."""
-    return Gather(at, w.dtype, dtype)(w)
-
-
 _devices: list = []  # the process's CUDA device count, once read
 
 

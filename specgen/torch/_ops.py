@@ -190,26 +190,42 @@ def _setup(ctx, inputs, output):
     ctx.args = (stride, padding, dilation, groups)
 
 
-def _backward(ctx, dy):
-    """dx, dw and db where asked, from the registered dgrad, wgrad (db fused) and bgrad
-    ops, which torch.compile traces."""
-    x, weight = ctx.saved_tensors
-    stride, padding, dilation, groups = ctx.args
+def _gradients(ctx, input_grad, weight_grads, bias_grad):
+    """dx, dw and db where autograd asks for them: dgrad, wgrad with db fused where
+    both are wanted, bgrad alone; each passed in as a function of no arguments
+    (``weight_grads`` of whether db comes with it), by either path."""
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     need_b = need_b and ctx.has_bias
+    dx = input_grad() if need_x else None
+    dw = db = None
+    if need_w:
+        grads = weight_grads(need_b)
+        dw, db = grads if need_b else (grads, None)
+    elif need_b:
+        db = bias_grad()
+    return dx, dw, db
+
+
+def _backward(ctx, dy):
+    """The registered path: the gradients from the registered dgrad, wgrad (db fused)
+    and bgrad ops, which torch.compile traces."""
+    x, weight = ctx.saved_tensors
+    args = ctx.args
     nhwc = E.layout_of(x) is TensorLayout.NHWC
     dy = dy.contiguous(memory_format=_fmt(nhwc))
     ops = torch.ops.specgen
-    dx = dw = db = None
-    if need_x:
-        dx = ops.conv2d_input(dy, weight, list(x.shape), stride, padding, dilation, groups, nhwc)
-    w_size = list(weight.shape)
-    if need_w and need_b:
-        dw, db = ops.conv2d_weight_bias(x, dy, w_size, stride, padding, dilation, groups)
-    elif need_w:
-        dw = ops.conv2d_weight(x, dy, w_size, stride, padding, dilation, groups)
-    elif need_b:
-        db = ops.conv2d_bias(dy, w_size, list(x.shape), stride, padding, dilation, groups)
+    x_size, w_size = list(x.shape), list(weight.shape)
+
+    def weight_grads(bias):
+        op = ops.conv2d_weight_bias if bias else ops.conv2d_weight
+        return op(x, dy, w_size, *args)
+
+    dx, dw, db = _gradients(
+        ctx,
+        lambda: ops.conv2d_input(dy, weight, x_size, *args, nhwc),
+        weight_grads,
+        lambda: ops.conv2d_bias(dy, w_size, x_size, *args),
+    )
     return dx, dw, db, None, None, None, None
 
 
@@ -236,15 +252,11 @@ class Conv2dFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         lay = ctx.lay
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        need_b = need_b and ctx.has_bias
         dy = E.dense(dy, lay.layout)
-        dx = dw = db = None
-        if need_x:
-            dx = E.input_grad(lay, dy, weight)
-        if need_w:
-            grads = E.weight_grads(lay, x, dy, need_b)
-            dw, db = grads if need_b else (grads, None)
-        elif need_b:
-            db = E.bias_grad(lay, dy)
+        dx, dw, db = _gradients(
+            ctx,
+            lambda: E.input_grad(lay, dy, weight),
+            lambda bias: E.weight_grads(lay, x, dy, bias),
+            lambda: E.bias_grad(lay, dy),
+        )
         return dx, dw, db, None
