@@ -358,6 +358,62 @@ def test_wlane_replay_gives_the_weight_gradient(p):
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
+def _replay_flane(p, x, w, b, plan):
+    """y the way the flane kernel computes it (the forward counterpart of wlane, on the
+    same planned runs): every run of every row, each lane's channels, the weights as
+    staged (zero past C), the lanes added, the epilogue."""
+    c = plan.context
+    B = x.shape[0]
+    y = np.full((B, p.M, p.Ho, p.Wo), np.nan)
+    ws = np.zeros((c["taps"], c["cpad"], 4))
+    ws[:, : p.C, : p.M] = w.reshape(p.M, p.C, c["taps"]).transpose(2, 1, 0)
+    for orow in range(B * p.Ho):
+        n, ho = divmod(orow, p.Ho)
+        for run in c["runs"]:
+            acc = np.zeros((32, run["count"], p.M))  # each lane's sums
+            for lane in range(32):
+                for i in range(c["lanes"]):
+                    ch = lane + 32 * i
+                    for r, hi_at in c["tap_rows"]:
+                        hi = ho * c["sh"] + hi_at
+                        if not 0 <= hi < p.H:
+                            continue
+                        xs = {
+                            q: (x[n, ch, hi, at // p.C] if ch < p.C else 0.0)
+                            for q, at in run["loads"]
+                        }
+                        for j, s, q in run["fmas"]:
+                            acc[lane, j] += xs[q] * ws[r * p.S + s, ch, : p.M]
+            out = acc.sum(0)
+            if p.bias:
+                out = out + b
+            if p.act is Act.RELU:
+                out = np.maximum(out, 0.0)
+            y[n, :, ho, run["w0"] : run["w0"] + run["count"]] = out.T
+    return y
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=8))
+def test_flane_replay_gives_the_forward_pass(p):
+    """Stride, dilation, padding of every form, bias and relu: flane's planned runs,
+    lanes and staged weights give y."""
+    from specgen.strategies.flane import Flane
+
+    p = replace(p, layout=TensorLayout.NHWC, groups=1, M=min(p.M, 4), C=p.Cg)
+    try:
+        plan = make_plan(p, Flane.default(p, Flane().precision))
+    except SpecError:
+        return
+    rng = np.random.default_rng()
+    x, w, _ = _operands(p, 2, rng)
+    b = rng.standard_normal(p.M)
+    y = _replay_flane(p, x, w, b, plan)
+    np.testing.assert_allclose(
+        y, conv2d(x, w, p, bias=b if p.bias else None), rtol=1e-11, atol=1e-11
+    )
+
+
 def test_wsplit_atomic_adds_into_fp32_gradients_only():
     """The atomic variant needs no workspace and clears dw and db first; 16-bit tensors
     are refused (each block's sum would be rounded), in one line."""

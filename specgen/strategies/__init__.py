@@ -9,6 +9,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, split_problem_tags
 from .direct import Direct
+from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
 from .inputtile import Inputtile
@@ -41,6 +42,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmatile,
     Persist,
     Stream,
+    Flane,
     Mmapersist,
     Tcgemm,
     Wgmma,

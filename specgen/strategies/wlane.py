@@ -81,7 +81,7 @@ class Wlane(Variant):
         return list(dict.fromkeys(out))
 
 
-def _runs(p, pixels: int) -> list[dict]:
+def row_runs(p, pixels: int) -> list[dict]:
     """Each unrolled run of a row: its first output ``w0``, its ``count`` outputs, the
     x values it loads under its window (``loads``: (q, offset from the row's first
     pixel), q = j * sw + s * dw for output j and tap column s) and the products that
@@ -150,7 +150,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
     )
     ctx.update(
         threads=v.threads,
-        runs=_runs(p, v.pixels),
+        runs=row_runs(p, v.pixels),
         # tap row r reads input row ho * sh + r * dh - pt
         tap_rows=[(r, r * p.dil[0] - p.pads[0]) for r in range(p.R)],
         x_row=p.W * p.C,
