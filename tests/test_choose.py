@@ -182,7 +182,12 @@ def test_fp32_channels_last_goes_to_tf32_tensor_cores_only_where_allowed_and_wid
     assert planned(wide, allow_tf32=True).variant.precision is Precision.TF32
     assert planned(wide, allow_tf32=False).variant.precision is Precision.FP32
     three_maps = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc")
-    assert planned(three_maps, allow_tf32=True).variant.key == "stream"
+    assert planned(three_maps, allow_tf32=True).variant.key == "flane"
+    assert planned(three_maps, allow_tf32=False).variant.key == "flane"
+    # a lane a channel: with fewer than 32 channels, or in NCHW, stream keeps the layer
+    assert planned(replace(three_maps, C=16), allow_tf32=False).variant.key == "stream"
+    nchw = replace(three_maps, layout=TensorLayout.NCHW)
+    assert planned(nchw, allow_tf32=False).variant.key == "stream"
 
 
 def test_few_channels_in_channels_last_fp32():
