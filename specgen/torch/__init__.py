@@ -108,7 +108,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         input = input.unsqueeze(0)
     if input.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
-        input, weight = input.to(dt), weight.to(dt)
+        if input.dtype is not dt:  # a layer's output is in it already: no call
+            input = input.to(dt)
+        weight = weight.to(dt)
         if bias is not None and bias.dtype is not torch.float32:
             bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
     if torch.compiler.is_compiling():
