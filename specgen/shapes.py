@@ -383,6 +383,13 @@ PRESETS: dict[str, ConvProblem] = {
         # channels_last tensors: what the tensor-core strategies are measured on.
         _preset("ae-enc2-bf16", 256, 128, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
         _preset("ae-dec2-bf16", 128, 256, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
+        # The seeds' 7x7 layers in bf16 (NCHW, as the courses store them): where the
+        # 16-bit tensor-core kernels for few channels (mmastrip, mmapersist) are
+        # generated, verified and benched against the issue's 16-bit targets.
+        _preset("layer1-bf16", 1, 4, 86, 7, 0, 10000, DType.BF16),
+        _preset("layer2-bf16", 4, 16, 40, 7, 0, 10000, DType.BF16),
+        _preset("mx-layer1-bf16", 1, 12, 72, 7, 0, 10000, DType.BF16),
+        _preset("mx-layer2-bf16", 12, 24, 33, 7, 0, 10000, DType.BF16),
         # The output layer (3 maps) as the fp32 and tf32 channels_last step runs it:
         # where wlane, its channels-last wgrad, is generated, verified and benched.
         _preset("ae-dec3-nhwc", 256, 3, 32, 3, 1, 128, DType.FP32, TensorLayout.NHWC),

@@ -184,6 +184,31 @@ def test_variants_that_once_spilled_do_not(spec, name):
     assert not problems and stats["spills"] == 0, problems
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=1,M=4,H=86,W=86,K=7,dtype=bf16",
+        "C=4,M=16,H=40,W=40,K=7,dtype=fp16",
+        "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
+        "C=12,M=24,H=33,W=33,K=7,dtype=bf16",
+        "C=1,M=4,H=86,W=86,K=7,dtype=fp16,op=dgrad",
+    ],
+)
+def test_16bit_seven_by_seven_layers_compile_clean_on_their_tensor_core_kernels(spec):
+    """The planner's mmastrip and mmapersist kernels for the seeds' 7x7 layers in 16 bits
+    (and a dgrad view) compile for sm_90 with no spills."""
+    from specgen.choose import planned
+    from specgen.shapes import parse_shape
+
+    p = parse_shape(spec)
+    v = planned(p, allow_tf32=False).variant
+    assert v.key in ("mmastrip", "mmapersist"), v.name
+    plan = make_plan(p, v)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    stats, problems = check_resources(plan, binary)
+    assert not problems and stats["spills"] == 0, problems
+
+
 def test_direct_keeps_the_channel_loop_where_unrolled_loads_would_spill():
     """6 channels x 4 rows x 14 columns of global loads unrolled spilled under NVRTC 13
     (GPU tier draw, H200): the default keeps the channel loop there, and compiles clean."""

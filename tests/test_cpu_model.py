@@ -430,6 +430,210 @@ def test_mmapersist_fragment_indexing_computes_the_convolution(shape, variant):
     np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
 
 
+def _band16(shape, ctx, x, n, oy0, planes, elements):
+    """The band of templates/gemm/band16.j2's spread, flat: zeros, then channel c's
+    input rows oy0 - pad .. at [c][r][col] (stride ctx["stride"], plane ctx["plane"])."""
+    band = np.zeros(elements)
+    for cc in range(shape.C):
+        for r in range(ctx["ih"]):
+            for col in range(ctx["iw"]):
+                iy, ix = oy0 + r - shape.pad, col - shape.pad
+                if 0 <= iy < shape.H and 0 <= ix < shape.W:
+                    band[cc * ctx["plane"] + r * ctx["stride"] + col] = x[n, cc, iy, ix]
+    return band
+
+
+def _b16(shape, ctx, w, slot_of):
+    """B words as the 16-bit kernels stage them: [word // map_tiles][lane][half][2 taps]
+    from the flat word index e = ((step * map_tiles + j) * 32 + l) * 2 + h; slot_of(step,
+    h) gives (channel, window row, octet) or None for a slot of zero weights."""
+    mt, K = ctx["map_tiles"], shape.K
+    words = ctx["b_words"]
+    out = np.zeros((words // 64, 32, 2, 2))
+    for e in range(words):
+        l, h, step = e // 2 % 32, e % 2, e // (64 * mt)
+        m = e // 64 % mt * 8 + l // 4
+        where = slot_of(step, h)
+        if where is None or m >= shape.M:
+            continue
+        c, ky, o = where
+        for k in range(2):
+            kx = 8 * o + 2 * (l % 4) + k
+            if kx < K:
+                out[e // 64, l, h, k] = w[m, c, ky, kx]
+    return out
+
+
+def _mma16(a_words, b_words):
+    """One m16n8k16 from its words: a_words[reg][g][t][2] (regs: rows g, g+8 at k 0..7,
+    then at k 8..15), b_words[g][t][h][2]: D[16][8]."""
+    g, t = np.arange(8)[:, None], np.arange(4)[None, :]
+    a = np.empty((16, 16))
+    b = np.empty((16, 8))
+    for k in range(2):
+        a[g, 2 * t + k] = a_words[0][..., k]
+        a[g + 8, 2 * t + k] = a_words[1][..., k]
+        a[g, 8 + 2 * t + k] = a_words[2][..., k]
+        a[g + 8, 8 + 2 * t + k] = a_words[3][..., k]
+        b[2 * t + k, g] = b_words[:, :, 0, k]
+        b[8 + 2 * t + k, g] = b_words[:, :, 1, k]
+    return a @ b
+
+
+def _emulate_mmastrip(shape, plan, x, w):
+    """The arithmetic of templates/gemm/mmastrip.cu.j2 in numpy, from the plan's numbers:
+    the padded band, the B words, each strip's input rows read once a channel, the k
+    steps' picks of rows r + ky, fragment rows as columns 0, 2, .., 14, 1, .., 15, and the
+    guarded stores.  Exact products, so only the indexing is under test."""
+    ctx = plan.context
+    C, M, Ho, Wo, rows, R = shape.C, shape.M, shape.Ho, shape.Wo, ctx["rows"], ctx["R"]
+    steps, octets, slots = ctx["steps"], ctx["octets"], ctx["slots"]
+
+    def slot_of(step, h):
+        c, s = divmod(step, steps)
+        q = 2 * s + h
+        return None if q >= slots else (c, q // octets, q % octets)
+
+    ws = _b16(shape, ctx, w, slot_of).reshape(C, steps, ctx["map_tiles"], 32, 2, 2)
+    g, t = np.arange(8)[:, None], np.arange(4)[None, :]
+    y = np.full((x.shape[0], M, Ho, Wo), np.nan)
+    elements = C * ctx["plane"] + 64
+    for n in range(x.shape[0]):
+        for oy0 in range(0, Ho, rows):
+            band = _band16(shape, ctx, x, n, oy0, C, elements)
+            valid = min(rows, Ho - oy0)
+            for u in range(ctx["strips"], ctx["units"]):  # 2 columns x 8 rows, a row a lane
+                row8 = (u - ctx["strips"]) // ctx["rem_pairs"] * 8
+                col = ctx["rem_col0"] + (u - ctx["strips"]) % ctx["rem_pairs"] * 2
+                acc = np.zeros((ctx["map_tiles"], 16, 8))
+                for c in range(C):
+                    for s in ctx["body"]:
+                        regs = []
+                        for ky, o in (s["a"], s["b"]):
+                            a = c * ctx["plane"] + (row8 + g + ky) * ctx["stride"] + col + 8 * o
+                            a = a + 2 * t
+                            regs += [np.stack([band[a], band[a + 1]], -1)]
+                            regs += [np.stack([band[a + 1], band[a + 2]], -1)]
+                        for j in range(ctx["map_tiles"]):
+                            frag = ws[c, s["s"], j].reshape(8, 4, 2, 2)
+                            acc[j] += _mma16(regs, frag)
+                for j in range(ctx["map_tiles"]):
+                    for row in range(16):
+                        yy, xx = row8 + row % 8, col + row // 8
+                        for mm in range(8):
+                            if yy < valid and 8 * j + mm < M:
+                                y[n, 8 * j + mm, oy0 + yy, xx] = acc[j, row, mm]
+            for u in range(ctx["strips"]):
+                row0, col0 = u // ctx["col_tiles"] * R, u % ctx["col_tiles"] * 16
+                acc = np.zeros((R, ctx["map_tiles"], 16, 8))
+                for c in range(C):
+                    # word of octet o of input row i: even column 2g, odd column 2g+1
+                    words = {}
+                    for i in range(ctx["span"]):
+                        for o in range(octets):
+                            a = c * ctx["plane"] + (row0 + i) * ctx["stride"] + col0 + 8 * o
+                            a = a + 2 * g + 2 * t
+                            words[i, o] = (
+                                np.stack([band[a], band[a + 1]], -1),
+                                np.stack([band[a + 1], band[a + 2]], -1),
+                            )
+                    for s in ctx["body"]:
+                        for r in range(R):
+                            (ea, oa), (eb, ob) = (
+                                words[r + s["a"][0], s["a"][1]],
+                                words[r + s["b"][0], s["b"][1]],
+                            )
+                            for j in range(ctx["map_tiles"]):
+                                frag = ws[c, s["s"], j].reshape(8, 4, 2, 2)
+                                acc[r, j] += _mma16((ea, oa, eb, ob), frag)
+                for r in range(R):
+                    if row0 + r >= valid:
+                        continue
+                    for j in range(ctx["map_tiles"]):
+                        for row in range(16):
+                            col = col0 + (2 * row if row < 8 else 2 * (row - 8) + 1)
+                            for mm in range(8):
+                                if col < Wo and 8 * j + mm < M:
+                                    y[n, 8 * j + mm, oy0 + row0 + r, col] = acc[r, j, row, mm]
+    return y
+
+
+def _emulate_mmapersist16(shape, plan, x, w):
+    """templates/gemm/mmapersist16.cu.j2 in numpy: flat m16 tiles, octet slots two a k
+    step (the loop over channel groups, the slot of zero weights), B words, stores."""
+    ctx = plan.context
+    C, M, Ho, Wo, rows = shape.C, shape.M, shape.Ho, shape.Wo, ctx["rows"]
+    per_channel, octets, slots = ctx["per_channel"], ctx["octets"], ctx["slots"]
+
+    def slot_of(step, h):
+        q = 2 * step + h
+        return None if q >= slots else (q // per_channel, q % per_channel // octets, q % octets)
+
+    ws = _b16(shape, ctx, w, slot_of).reshape(-1, ctx["map_tiles"], 32, 2, 2)
+    g, t = np.arange(8)[:, None], np.arange(4)[None, :]
+    y = np.full((x.shape[0], M, Ho, Wo), np.nan)
+    elements = ctx["c_pad"] * ctx["plane"] + 64
+    body_steps = len(ctx["body"])
+    for n in range(x.shape[0]):
+        for oy0 in range(0, Ho, rows):
+            band = _band16(shape, ctx, x, n, oy0, C, elements)
+            valid = min(rows, Ho - oy0) * Wo
+            for tile in range(ctx["tiles"]):
+                px = tile * 16 + g + 8 * np.arange(2)[:, None, None]  # [h][g][1]
+                px = np.where(px < ctx["pixels"], px, 0)
+                pa = px // Wo * ctx["stride"] + px % Wo + 2 * t
+                acc = np.zeros((ctx["map_tiles"], 16, 8))
+                for it in range(1 if ctx["unrolled"] else ctx["iterations"]):
+                    for s in ctx["body"]:
+                        regs = []
+                        for off, h in ((s["a"], 0), (s["a"], 1), (s["b"], 0), (s["b"], 1)):
+                            a = 2 * (it * ctx["group_words"] + off) + pa[h]
+                            regs.append(np.stack([band[a], band[a + 1]], -1))
+                        for j in range(ctx["map_tiles"]):
+                            frag = ws[it * body_steps + s["s"], j].reshape(8, 4, 2, 2)
+                            acc[j] += _mma16(regs, frag)
+                for j in range(ctx["map_tiles"]):
+                    for row in range(16):
+                        p = tile * 16 + row
+                        for mm in range(8):
+                            if p < valid and 8 * j + mm < M:
+                                y[n, 8 * j + mm, oy0 + p // Wo, p % Wo] = acc[j, row, mm]
+    return y
+
+
+@pytest.mark.parametrize(
+    "spec,variant",
+    [
+        ("C=1,M=4,H=30,W=30,K=7", "mmastrip_t24_r8x8_yd"),
+        ("C=4,M=16,H=20,W=20,K=7", "mmastrip_t7_r16x4_ys"),  # a band cut short, 2 map tiles
+        ("C=2,M=9,H=12,W=21,K=3,pad=1", "mmastrip_t5_r16x2_yd"),  # odd slots, ragged columns
+        ("C=3,M=5,H=11,W=14,K=9,pad=4", "mmastrip_t11_r8x3_yd"),  # two octets a row
+        ("C=7,M=12,H=15,W=16,K=5,pad=2", "mmastrip_t15_r8x5_ys"),  # the channel loop
+        ("C=4,M=16,H=40,W=40,K=7", "mmastrip_t34_r8x4_yd"),  # 2 remainder columns
+        ("C=2,M=11,H=24,W=22,K=5,pad=1", "mmastrip_t11_r16x3_ys"),  # 4 remainder columns
+        ("C=1,M=4,H=30,W=30,K=7", "mmapersist_t24_r8x64"),
+        ("C=3,M=10,H=13,W=11,K=5,pad=2", "mmapersist_t5_r16x32"),  # odd slots
+        ("C=5,M=20,H=15,W=13,K=9,pad=4", "mmapersist_t15_r24x32"),  # channel loop, octets
+        ("C=7,M=3,H=9,W=10,K=7,pad=1", "mmapersist_t4_r8x48"),  # channel groups of 2
+    ],
+)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_16bit_fragment_indexing_computes_the_convolution(spec, variant, dtype):
+    """Every output written, each equal to the float64 convolution: the strips' and the
+    flat tiles' band offsets, octet slots, padding slots, channel loops and B words."""
+    shape = parse_shape(f"{spec},dtype={dtype}")
+    plan = make_plan(shape, parse_variant_name(f"{variant}_{dtype}"))
+    if "strip" in variant:
+        assert plan.context["unrolled"] == (shape.C * plan.context["steps"] <= 28)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, shape.C, shape.H, shape.W))
+    w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K))
+    emulate = _emulate_mmastrip if "strip" in variant else _emulate_mmapersist16
+    y = emulate(shape, plan, x, w)
+    assert not np.isnan(y).any()
+    np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
+
+
 def _emulate_stream(shape, plan, x, w):
     """The copies and arithmetic of templates/direct/stream.cu.j2 in numpy, thread by
     thread (vectorized over threadIdx), from the plan's numbers: each thread's band and

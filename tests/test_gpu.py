@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
-from specgen.shapes import PRESETS, Act, Op, parse_shape, square
+from specgen.shapes import PRESETS, Act, DType, Op, parse_shape, square
 from specgen.strategies import default_set
 from specgen.verify import verify_variant
 
@@ -78,6 +78,57 @@ def test_random_shapes(K, C, M, H, W, padfrac, batch, bias, relu, arch):
     act = Act.RELU if relu else Act.NONE
     shape = square(C, M, H, W, K, min(pad, K // 2), bias=bias, act=act)
     verify_default_set(shape, batch, arch)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(
+    K=st.sampled_from([5, 7, 9]),
+    C=st.integers(1, 16),
+    M=st.integers(1, 30),
+    H=st.integers(9, 40),
+    W=st.integers(9, 40),
+    padfrac=st.floats(0, 1),
+    batch=st.integers(1, 3),
+    bias=st.booleans(),
+    relu=st.booleans(),
+    dtype=st.sampled_from([DType.FP16, DType.BF16]),
+)
+def test_random_16bit_windows(K, C, M, H, W, padfrac, batch, bias, relu, dtype, arch):
+    """The 7x7 presets' kind of problem in fp16 and bf16 tensors, where mmastrip's strips
+    and mmapersist's m16n8k16 tiles join the default set: odd and even widths, bands cut
+    short, maps past a whole tile, octets of 8 taps a window row (two for K=9)."""
+    pad = int(padfrac * (K // 2) + 0.5)
+    act = Act.RELU if relu else Act.NONE
+    shape = square(C, M, H, W, K, pad, bias=bias, act=act, dtype=dtype)
+    verify_default_set(shape, batch, arch)
+
+
+# The seeds' 7x7 layers in 16-bit tensors, and the dgrad view of the first.
+SEVEN_BY_SEVEN_16 = [
+    "C=1,M=4,H=86,W=86,K=7,dtype=bf16",
+    "C=4,M=16,H=40,W=40,K=7,dtype=fp16",
+    "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
+    "C=12,M=24,H=33,W=33,K=7,dtype=fp16",
+    "C=1,M=4,H=86,W=86,K=7,dtype=bf16,op=dgrad",
+]
+
+
+@pytest.mark.parametrize("spec", SEVEN_BY_SEVEN_16)
+def test_16bit_seven_by_seven_layers_at_batch_1000(spec, arch):
+    """The planner's tensor-core kernel for each layer (mmastrip or mmapersist), over a
+    thousand images: every persistent block walks many (image, band) items."""
+    from specgen.choose import planned
+
+    p = parse_shape(spec)
+    v = planned(p, allow_tf32=False).variant
+    assert v.key in ("mmastrip", "mmapersist"), v.name
+    row = verify_variant(p, v, arch=arch, batch=1000, numbers=True)
+    assert row.status == "PASS", (spec, v.name, row.problems)
 
 
 # No shrinking: on the GPU machine it can take longer than the whole tier, and the

@@ -15,6 +15,7 @@ from .implicit import Implicit
 from .inputtile import Inputtile
 from .mma import Mma
 from .mmapersist import Mmapersist
+from .mmastrip import Mmastrip
 from .mmatile import Mmatile
 from .persist import Persist
 from .phased import Phased
@@ -44,6 +45,7 @@ TABLE: tuple[type[Variant], ...] = (
     Stream,
     Flane,
     Mmapersist,
+    Mmastrip,
     Tcgemm,
     Wgmma,
     Phased,

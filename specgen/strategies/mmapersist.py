@@ -31,7 +31,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SpecError
-from ..shapes import ConvProblem
+from ..shapes import ConvProblem, DType, Feature
 from ..tensors import Role
 from ..variants import EPILOGUE, Precision, Variant
 from .persist import BAND, REGTILE, tallest_band
@@ -54,6 +54,8 @@ MIN_WARPS = 8
 # groups whose body is straight-line (NVRTC's time grows fast with the body).  28 is
 # layer2's count; 30 (C=19, 3x3) spilled on drawn problems, its loads hoisted too far.
 FULL_UNROLL_STEPS = 28
+FRAGMENT16 = (Precision.FP16, Precision.BF16)  # m16n8k16 from 16-bit tensors
+BLOCKS16 = 2  # blocks an SM the 16-bit kernel is sized for
 SLACK = 8  # floats after the last plane: the quad padding of the last row reads there
 
 
@@ -77,14 +79,16 @@ def _row_stride(iw: int, wo: int) -> tuple[int, int]:
     return best
 
 
-def _warp_grid(tiles: int, p: int, map_groups: int, registers: int) -> tuple[int, int]:
+def _warp_grid(
+    tiles: int, p: int, map_groups: int, registers: int, blocks: int = 1
+) -> tuple[int, int]:
     """(pixel groups per block, passes per item).  The block's warps are map_groups x
     pixel groups.  Each of the 4 schedulers of an SM has 16384 registers and gets every
     4th warp, so at `registers` per thread at most 4 * 16384 // (32 * registers) warps
     fit.  At least MIN_WARPS where the item has the tiles (a warp waits on its shared
     loads and mma; the others fill the gaps); among those, the fewest tile slots
     (passes * groups * P) that cover the item's tiles, then the most warps."""
-    fit = 4 * (16384 // (32 * min(255, ceil_div(registers, 8) * 8)))
+    fit = 4 * (16384 // (32 * min(255, ceil_div(registers, 8) * 8))) // blocks
     most = max(1, min(MAX_WARPS, fit) // map_groups)
     least = min(most, max(1, ceil_div(MIN_WARPS, map_groups)), ceil_div(tiles, p))
     best = None
@@ -96,9 +100,9 @@ def _warp_grid(tiles: int, p: int, map_groups: int, registers: int) -> tuple[int
     return best[1], best[2]
 
 
-def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
-    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
-    Ho, Wo = shape.Ho, shape.Wo
+def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
+    """(rows, n8 map tiles, m16 pixel tiles) of a warp, checked against the problem."""
+    M, Ho = shape.M, shape.Ho
     rows = v.tile
     mw, pw = v.regtile
     if rows < 1 or rows > Ho:
@@ -120,6 +124,21 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
             f"register tile {mw}x{pw} = {4 * nt * p} accumulators per thread, over "
             f"{MAX_ACCUMULATORS}; choose fewer maps or pixels per warp"
         )
+    return rows, nt, p
+
+
+def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
+    if v.precision in FRAGMENT16:
+        return plan_mmapersist16(shape, v)
+    if shape.dtype is not DType.FP32:
+        raise SpecError(
+            f"mmapersist's tf32 kernel reads fp32 tensors; for {shape.dtype.value} tensors "
+            f"take --precision {shape.dtype.value}"
+        )
+    C, M, H, K, pad = shape.C, shape.M, shape.H, shape.K, shape.pad
+    Ho, Wo = shape.Ho, shape.Wo
+    rows, nt, p = _tiles(shape, v)
+    map_tiles = ceil_div(M, 8)
     quads_per_row = ceil_div(K, 4)
     kx_pad = 4 * quads_per_row
     per_channel = K * quads_per_row  # quads of one channel
@@ -226,7 +245,7 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
         Size(
             "warp",
             f"{p} x {nt} mma per k step",
-            f"register tile {pw} pixels x {mw} maps = {4 * nt * p} accumulators per thread",
+            f"register tile {16 * p} pixels x {8 * nt} maps = {4 * nt * p} accumulators per thread",
         ),
         Size(
             "block",
@@ -277,6 +296,234 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     )
 
 
+def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
+    """(stride, conflict degree) of the 16-bit band: the even row length, iw to iw+14,
+    with the fewest bank conflicts over a warp's A loads of a band's first rows.  Lane
+    (g, t) reads the word of taps 2t, 2t+1 at its pixel's band offset a + 2t: from the
+    even copy at word a/2 + t when a is even, else from the odd copy (16 banks over) at
+    (a-1)/2 + t."""
+    best = None
+    for stride in range(iw + iw % 2, iw + 16, 2):
+        worst = 1
+        for tile in range(max(1, ceil_div(4 * wo, 16))):
+            for half in (0, 8):
+                words = []
+                for lane in range(32):
+                    px = tile * 16 + half + lane // 4
+                    a = px // wo * stride + px % wo
+                    odd = a % 2
+                    words.append(odd * (32 * 2**20 + 16) + (a - odd) // 2 + lane % 4)
+                worst = max(worst, bank_conflict_degree(words))
+        if best is None or worst < best[1]:
+            best = (stride, worst)
+    return best
+
+
+def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, int, int]:
+    """Shared words of templates/gemm/band16.j2's buffers: (a channel's raw chunk, a raw
+    band, the even copy, the odd copy) for bands of ih input rows whose copies hold
+    ``elements`` 16-bit values each.  A chunk starts at the even element at or before
+    its channel's first; the odd copy starts 16 banks after the even one, so that a
+    warp's loads from the two never meet in a bank."""
+    chunk_words = ceil_div(ih * shape.W + 1, 2)
+    raw_words = ceil_div(shape.C * chunk_words, 4) * 4
+    even_words = ceil_div(ceil_div(elements, 2), 32) * 32 + 16
+    odd_words = ceil_div(ceil_div(elements, 2) + 1, 4) * 4
+    return chunk_words, raw_words, even_words, odd_words
+
+
+def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
+    """The fp16/bf16 kernel: m16n8k16, window rows padded to octets of 8 taps, a k step
+    two octets.  A lane's A word is two neighbouring taps of one pixel, which sit at an
+    odd 16-bit offset for every other pixel: the band is kept twice, as it is and
+    shifted by one element, and each pixel reads the copy where its pair is one aligned
+    word.  The input arrives by cp.async in x's own order (a raw band, double-buffered)
+    and is spread into the two copies, with the padding, by the block."""
+    if shape.dtype.value != v.precision.value:
+        raise SpecError(
+            f"mmapersist multiplies {v.precision.value} only from {v.precision.value} "
+            f"tensors, not {shape.dtype.value}; for these take --precision "
+            + ("tf32" if shape.dtype is DType.FP32 else shape.dtype.value)
+        )
+    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
+    Ho, Wo = shape.Ho, shape.Wo
+    rows, nt, p = _tiles(shape, v)
+    octets = ceil_div(K, 8)
+    per_channel = K * octets  # octets of one channel, a k step two of them
+    slots = C * per_channel
+    unrolled = ceil_div(slots, 2) <= FULL_UNROLL_STEPS
+    if unrolled:  # an odd count gets one slot of zero weights over finite data
+        c_pad, group = C, C
+    else:  # a loop over channel groups of whole k steps
+        group = 1 if per_channel % 2 == 0 else 2
+        c_pad = ceil_div(C, group) * group
+    steps = ceil_div(c_pad * per_channel, 2)
+    map_tiles = ceil_div(M, 8)
+    map_groups = ceil_div(map_tiles, nt)
+    map_tiles = map_groups * nt
+    pixels = rows * Wo
+    tiles = ceil_div(pixels, 16)
+    # Two blocks an SM, so that one block's barriers, copies and stores run under the
+    # other's multiplies: registers for accumulators, A words, the 2p copy pointers
+    # (64-bit) and about 40 for the rest.
+    pg, passes = _warp_grid(tiles, p, map_groups, 4 * nt * p + 8 * p + 40, BLOCKS16)
+    warps = map_groups * pg
+    threads = 32 * warps
+
+    iw, ih = Wo + K - 1, rows + K - 1
+    stride, degree = _row_stride16(iw, Wo)
+    plane = ih * stride
+    slack = 8 * octets + 2  # the last row's octets read past its plane
+    # Shared memory in 32-bit words: B fragments [step][map tile][lane] of uint2, two
+    # raw bands [C][chunk] in x's order, then the even copy and the odd copy of the band
+    # [c_pad][ih][stride], the odd copy 16 banks after the even one.
+    b_words = steps * map_tiles * 64
+    chunk_words, raw_words, even_words, odd_words = band16_words(shape, ih, c_pad * plane + slack)
+    words = b_words + 2 * raw_words + even_words + odd_words
+    nbytes = 4 * words
+    if nbytes > OPTIN_SMEM_BYTES:
+        raise SpecError(
+            f"mmapersist needs {nbytes} bytes of shared memory (B fragments {4 * b_words} B, "
+            f"two raw bands of {4 * raw_words} B, the band twice in {4 * (even_words + odd_words)} "
+            f"B), over the sm_90 limit of {OPTIN_SMEM_BYTES} bytes per block; "
+            f"choose --tile {max(1, rows // 2)}"
+        )
+
+    def slot_offset(q: int) -> int:
+        if q >= c_pad * per_channel:
+            return 0  # the padding slot: zero weights over the band's first words
+        c, rest = divmod(q, per_channel)
+        ky, o = divmod(rest, octets)
+        return c * plane + ky * stride + 8 * o
+
+    body_steps = steps if unrolled else group * per_channel // 2
+    body = [
+        dict(s=s, a=slot_offset(2 * s) // 2, b=slot_offset(2 * s + 1) // 2, w=s * map_tiles * 32)
+        for s in range(body_steps)
+    ]
+    bands_per_image = ceil_div(Ho, rows)
+    ctx = dict(
+        shape_context(shape),
+        elem="f16" if shape.dtype is DType.FP16 else "bf16",
+        rows=rows,
+        ih=ih,
+        iw=iw,
+        stride=stride,
+        plane=plane,
+        octets=octets,
+        per_channel=per_channel,
+        slots=slots,
+        c_pad=c_pad,
+        steps=steps,
+        unrolled=unrolled,
+        body=body,
+        iterations=c_pad // group,
+        group_words=group * plane // 2,
+        group_w=body_steps * map_tiles * 32,
+        chunk_words=chunk_words,
+        copy_words=C * chunk_words,
+        band_total=C * ih * iw,
+        band_pixels=ih * iw,
+        b_words=b_words,
+        raw_at=b_words,
+        raw_words=raw_words,
+        even_at=b_words + 2 * raw_words,
+        odd_at=b_words + 2 * raw_words + even_words,
+        zero_words=even_words + odd_words,
+        map_tiles=map_tiles,
+        nt=nt,
+        p=p,
+        map_groups=map_groups,
+        pixel_groups=pg,
+        pass_tiles=pg * p,
+        warp_maps=8 * nt,
+        warp_fragments=32 * nt,
+        accumulators=4 * nt * p,
+        threads=threads,
+        launch_bounds=f"{threads}, {BLOCKS16}",
+        launch_bounds_alt=f"{threads}",
+        pixels=pixels,
+        tiles=tiles,
+        bands_per_image=bands_per_image,
+        guard_rows=Ho % rows != 0,
+        guard_maps=map_tiles * 8 != M,
+        smem_bytes=nbytes,
+        precision_note=f"{shape.dtype.value} products exact, accumulated in fp32",
+    )
+    kpad = 2 * steps * 8
+    sizes = [
+        Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
+        Size(
+            "fragment",
+            f"mma.m16n8k16, {shape.dtype.value}",
+            "16 pixels x 8 maps x 16 taps (two window rows of 8), fp32 accumulators",
+        ),
+        Size(
+            "k padding",
+            f"{shape.reduction} -> {kpad} ({100.0 * (kpad - shape.reduction) / kpad:.1f}% zeros)",
+            f"window rows padded to {8 * octets} taps, two a k step"
+            + (f", C to {c_pad}" if c_pad != C else "")
+            + f": {steps} k steps",
+        ),
+        Size(
+            "warp",
+            f"{p} x {nt} mma per k step",
+            f"register tile {16 * p} pixels x {8 * nt} maps = {4 * nt * p} accumulators per thread",
+        ),
+        Size(
+            "block",
+            f"{threads} threads",
+            f"{map_groups} map group(s) x {pg} pixel group(s) of warps",
+        ),
+        Size(
+            "work item",
+            f"{rows} output rows = {pixels} pixels",
+            f"{tiles} m16 tiles in {passes} pass(es) of {pg * p} "
+            f"({100.0 * (1 - tiles / (passes * pg * p)):.0f}% idle); "
+            f"{bands_per_image} item(s) per image",
+        ),
+        Size(
+            "smem B",
+            f"{4 * b_words} B",
+            f"{steps} k steps x {map_tiles} map tiles x 32 lanes x 8 B",
+        ),
+        Size(
+            "smem raw bands",
+            f"2 x {4 * raw_words} B [{C}][{2 * chunk_words}]",
+            f"{ih} input rows of {W} per channel as x holds them, by 4-byte cp.async",
+        ),
+        Size(
+            "smem band",
+            f"2 copies x [{c_pad}][{ih}][{stride}] {shape.dtype.value}",
+            f"as is and shifted by one element, so every tap pair is one aligned word "
+            f"({degree}-way bank conflicts at worst)",
+        ),
+    ]
+    launch = Launch(
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        bands_per_image,
+        1,
+        nbytes,
+        persistent=True,
+    )
+    return Plan(
+        shape=shape,
+        variant=v,
+        template="gemm/mmapersist16.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=nbytes,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=ctx,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Mmapersist(Variant):
     key = "mmapersist"
@@ -285,8 +532,8 @@ class Mmapersist(Variant):
         "persistent blocks on tensor cores: tf32 B fragments resident in shared memory, "
         "input bands double-buffered with cp.async, each warp pixel tiles x map tiles of mma.sync"
     )
-    serves = EPILOGUE
-    precisions = (Precision.TF32,)
+    serves = EPILOGUE | {Feature.DTYPE16}
+    precisions = (Precision.TF32, *FRAGMENT16)
     tensor_core = True
 
     tile: int = BAND
@@ -297,11 +544,21 @@ class Mmapersist(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """Up to 3 map tiles (24 maps) per warp, pixel tiles up to 32 accumulators per
-        thread, and the tallest band that fits."""
+        """tf32 for fp32 tensors, the tensors' own dtype for 16-bit ones; up to 3 map
+        tiles (24 maps) per warp, pixel tiles up to 32 accumulators per thread, and the
+        tallest band that fits."""
+        own = Precision.TF32 if problem.dtype is DType.FP32 else Precision(problem.dtype.value)
+        if seed.precision is not own:
+            raise SpecError(
+                f"mmapersist multiplies {problem.dtype.value} tensors in {own.value}: "
+                f"take --precision {own.value}"
+            )
         nt = min(-(-problem.M // 8), 3)
         p = max(1, min(4, 8 // nt))
         v = cls(regtile=(8 * nt, 16 * p), precision=seed.precision)
+        # The tallest band, even where a shorter one would let two blocks share an SM:
+        # mx-layer2 in bf16 (B=10000, H200) took 1.13 ms in whole images, one block an
+        # SM, and 1.66 in bands of 19 and 8 rows, two.
         return tallest_band(problem, v, problem.Ho)
 
     @classmethod

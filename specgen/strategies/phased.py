@@ -23,13 +23,16 @@ from ..plan.common import (
     divisors,
     shape_context,
 )
-from ..shapes import Op
+from ..shapes import DType, Op
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, Weights, param
 from .direct import WEIGHTS
 
 COLUMNS = 32  # a warp spans 32 columns of a phase: coalesced dy loads and dx stores
 MAX_FMAS = 4096  # unrolled multiply-adds per m step, past which the m loop is not unrolled
+# With 16-bit dy, each load is widened before its FMAs: the unrolled m loop of the
+# mx-layer1 bf16 dgrad view (12 maps x 49 taps = 588 loads) spilled 16 bytes (NVRTC 12).
+MAX_FMAS_16 = 512
 
 
 def _phase_taps(a: int, pad: int, dil: int, stride: int, taps: int) -> list[tuple[int, int]]:
@@ -153,7 +156,7 @@ def plan_phased(p, v: Phased) -> Plan:
         weight_count=p.weight_count,
         threads=threads,
         rows=v.tile,
-        unroll_m=most * v.maps * p.Mg <= MAX_FMAS,
+        unroll_m=most * v.maps * p.Mg <= (MAX_FMAS if p.dtype is DType.FP32 else MAX_FMAS_16),
         dy_image=p.M * p.Ho * p.Wo,
         dx_image=p.C * p.H * p.W,
     )

@@ -1,0 +1,394 @@
+"""``mmastrip``: fp16/bf16 tensor cores for windows over few channels (the 7x7 presets).
+
+mmapersist's 16-bit kernel gives each warp flat m16 tiles of pixels and loads, for every
+k step, the A words of its two window rows: four shared loads per mma.  With one to a
+dozen channels there are only a few k steps per tile, and the loads, not the multiplies,
+fill the instruction stream (layer1: 37k warp instructions an image for 1600 mma, H200).
+
+Here a warp owns a strip: 16 columns of R output rows.  Output row r at window row ky
+reads input row r + ky, so the R rows of a strip read R + K - 1 input rows between
+them: a warp loads each input row's words (taps 2t, 2t+1 of its pixels g and g+8, each
+octet of 8 taps) once per channel and feeds them to every output row that row serves,
+about (R + K - 1) / (R * K) of mmapersist's loads for the same multiplies.  A k step is
+two window rows of one channel (an odd count gets a slot of zero weights), so the
+fragments of a step are registers picked at compile time: rows r + ky_a and r + ky_b.
+
+The band, its two copies (as is, and shifted by one element so that every tap pair is an
+aligned word) and the persistent walk over (image, band) items are mmapersist's
+(templates/gemm/band16.j2).  The m16 rows of a fragment are the strip's columns in the
+order 0, 2, .., 14, 1, 3, .., 15: a lane's A words are then an even column's, always in the
+band's even copy, and an odd column's, always in the odd copy (no per-lane choice), and
+its sums are two neighbouring pixels of each of its maps, one 32-bit store (where Wo is
+even), each store of a warp four full 32-byte sectors.  With rows g and g+8 as columns g
+and g+8, each store wrote half sectors of eight maps, and the layer with most output
+(mx-layer1, 1 GB) ran at 1.29 ms held by its stores (Nsight Compute: MIO and global
+store-queue stalls, 28% of each written sector used; H200).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan import make_plan
+from ..plan.common import (
+    OPTIN_SMEM_BYTES,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    shape_context,
+    y_args,
+)
+from ..shapes import ConvProblem, DType, Feature
+from ..tensors import Role
+from ..variants import EPILOGUE, Count, Pair, Switch, Variant, param
+from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_words
+from .wgmma import SM_SHARED
+
+MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: R rows x NT map tiles x 4
+# The channels are unrolled up to this many k steps in all (each step R x NT mma);
+# beyond, a loop over channels whose body is one channel.
+FULL_UNROLL_STEPS = 28
+
+
+# Where Wo leaves 2 or 4 columns past its whole 16-column tiles (34, 66), those columns
+# are taken as column pairs down 8 rows a fragment (each lane a row), instead of a
+# strip of 16 columns that would mostly fall past Wo.
+REMAINDER_COLUMNS = (2, 4)
+
+
+def _layout(shape: ConvProblem, rows: int, r: int):
+    """(row groups, column tiles, remainder column pairs, input rows allocated, row
+    stride) of a band."""
+    Wo = shape.Wo
+    remainder = Wo > 16 and Wo % 16 in REMAINDER_COLUMNS and Wo % 2 == 0
+    row_groups = ceil_div(rows, r)
+    col_tiles = Wo // 16 if remainder else ceil_div(Wo, 16)
+    rem_pairs = Wo % 16 // 2 if remainder else 0
+    rows_read = max(row_groups * r, ceil_div(rows, 8) * 8 if remainder else 0)
+    ih_alloc = rows_read + shape.K - 1
+    iw = shape.W + 2 * shape.pad
+    stride = iw + iw % 2
+    return row_groups, col_tiles, rem_pairs, ih_alloc, stride
+
+
+def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
+    if shape.dtype.value != v.precision.value:
+        raise SpecError(
+            f"mmastrip multiplies fp16 or bf16 tensors in their own dtype; for "
+            f"{shape.dtype.value} tensors take --precision "
+            + ("bf16 on bf16 tensors" if shape.dtype is DType.FP32 else shape.dtype.value)
+        )
+    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
+    Ho, Wo = shape.Ho, shape.Wo
+    rows = v.tile
+    mw, r = v.regtile
+    if rows < 1 or rows > Ho:
+        raise SpecError(f"mmastrip's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+    map_tiles = ceil_div(M, 8)
+    if mw < 8 or mw % 8 or mw > 8 * map_tiles:
+        choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
+        raise SpecError(
+            f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
+            f"choose one of {choices}"
+        )
+    nt = mw // 8
+    if r < 1 or 4 * nt * r > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"register tile {mw} maps x {r} rows = {4 * nt * r} accumulators per thread; "
+            f"choose 1 to {MAX_ACCUMULATORS // (4 * nt)} rows for {mw} maps"
+        )
+    octets = ceil_div(K, 8)
+    slots = K * octets  # octets of one channel's window rows
+    steps = ceil_div(slots, 2)  # per channel; an odd count pads one slot of zero weights
+    unrolled = C * steps <= FULL_UNROLL_STEPS
+    map_groups = ceil_div(map_tiles, nt)
+    map_tiles = map_groups * nt
+    row_groups, col_tiles, rem_pairs, ih_alloc, stride = _layout(shape, rows, r)
+    rem_units = rem_pairs * ceil_div(rows, 8)
+    units = row_groups * col_tiles + rem_units
+    span = r + K - 1  # input rows of a strip
+    a_words = 2 * span * octets
+    # Accumulators, a channel's A words, and about 40 for the rest; two blocks an SM.
+    pg, passes = _warp_grid(units, 1, map_groups, 4 * nt * r + a_words + 40, BLOCKS16)
+    warps = map_groups * pg
+    threads = 32 * warps
+
+    ih = rows + K - 1
+    plane = ih_alloc * stride
+    # A strip's last column tile reads up to 15 + 8*octets columns past its first, past
+    # Wo, into the next row or, in the last plane, into this slack.
+    slack = 24 + 8 * octets
+    b_words = C * steps * map_tiles * 64
+    chunk_words, raw_words, even_words, odd_words = band16_words(shape, ih, C * plane + slack)
+    # pixel pairs are one word where Wo, Ho*Wo and the image are even
+    pairs = Wo % 2 == 0 and (M * Ho * Wo) % 2 == 0
+    if v.staged and not pairs:
+        raise SpecError(
+            f"mmastrip's staged output (ys) stores pixel pairs as words: it needs an even "
+            f"Wo and Ho*Wo, not Wo={Wo}; take --store-output"
+        )
+    # The staged band of sums: each map's rows, at the phase of their run in y modulo 8
+    # elements, so that 16-byte chunks of shared memory and of y line up; a map's run
+    # is (rows*Wo + 8) elements rounded up to 4 words past a multiple of 16: one store
+    # of the fragments writes maps 2 apart, 8 banks apart then, and meets in no bank.
+    run_words = ceil_div(rows * Wo + 8, 2)
+    run_words = run_words + (4 - run_words) % 16 if v.staged else 0
+    out_words = M * run_words
+    words = b_words + 2 * raw_words + even_words + odd_words + out_words
+    nbytes = 4 * words
+    if nbytes > OPTIN_SMEM_BYTES:
+        raise SpecError(
+            f"mmastrip needs {nbytes} bytes of shared memory (B fragments {4 * b_words} B, "
+            f"two raw bands of {4 * raw_words} B, the band twice in "
+            f"{4 * (even_words + odd_words)} B), over the sm_90 limit of {OPTIN_SMEM_BYTES} "
+            f"bytes per block; choose --tile {max(1, rows // 2)}"
+        )
+
+    def slot(q: int) -> tuple[int, int]:
+        """(window row, octet) of slot q of a channel; the padding slot reuses slot 0."""
+        return divmod(q, octets) if q < slots else (0, 0)
+
+    body = [
+        dict(s=s, a=slot(2 * s), b=slot(2 * s + 1), pad=2 * s + 1 >= slots, w=s * map_tiles * 32)
+        for s in range(steps)
+    ]
+    bands_per_image = ceil_div(Ho, rows)
+    ctx = dict(
+        shape_context(shape),
+        elem="f16" if shape.dtype is DType.FP16 else "bf16",
+        rows=rows,
+        R=r,
+        span=span,
+        ih=ih,
+        ih_alloc=ih_alloc,
+        iw=W + 2 * pad,
+        stride=stride,
+        row_words=stride // 2,
+        plane=plane,
+        octets=octets,
+        slots=slots,
+        steps=steps,
+        unrolled=unrolled,
+        body=body,
+        channel_words=plane // 2,
+        channel_w=steps * map_tiles * 32,
+        chunk_words=chunk_words,
+        copy_words=C * chunk_words,
+        band_total=C * ih * (W + 2 * pad),
+        band_pixels=ih * (W + 2 * pad),
+        b_words=b_words,
+        raw_at=b_words,
+        raw_words=raw_words,
+        even_at=b_words + 2 * raw_words,
+        odd_at=b_words + 2 * raw_words + even_words,
+        zero_words=even_words + odd_words,
+        staged=v.staged,
+        out_at=b_words + 2 * raw_words + even_words + odd_words,
+        run_words=run_words,
+        map_tiles=map_tiles,
+        nt=nt,
+        map_groups=map_groups,
+        unit_groups=pg,
+        units=units,
+        strips=row_groups * col_tiles,
+        col_tiles=col_tiles,
+        rem_pairs=rem_pairs,
+        rem_col0=16 * col_tiles,
+        warp_maps=8 * nt,
+        warp_fragments=32 * nt,
+        accumulators=4 * nt * r,
+        threads=threads,
+        launch_bounds=f"{threads}, {BLOCKS16}",
+        launch_bounds_alt=f"{threads}",
+        bands_per_image=bands_per_image,
+        guard_rows=Ho % rows != 0 or row_groups * r != rows,
+        guard_cols=not rem_pairs and col_tiles * 16 != Wo,
+        guard_maps=map_tiles * 8 != M,
+        pairs=pairs,
+        smem_bytes=nbytes,
+        precision_note=f"{shape.dtype.value} products exact, accumulated in fp32",
+    )
+    kpad = C * steps * 16
+    loads = 2 * span * octets
+    mmas = r * steps
+    sizes = [
+        Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
+        Size(
+            "fragment",
+            f"mma.m16n8k16, {shape.dtype.value}",
+            "16 pixels of a row x 8 maps x 16 taps (two window rows of 8), fp32 accumulators",
+        ),
+        Size(
+            "k padding",
+            f"{shape.reduction} -> {kpad} ({100.0 * (kpad - shape.reduction) / kpad:.1f}% zeros)",
+            f"window rows padded to {8 * octets} taps, a channel's padded to {2 * steps}: "
+            f"{steps} k steps a channel",
+        ),
+        Size(
+            "warp",
+            f"strip of {r} rows x 16 columns x {8 * nt} maps",
+            f"{4 * nt * r} accumulators per thread; per channel {loads} A loads for "
+            f"{mmas * nt} mma ({loads / (mmas * nt):.2f} a mma; flat tiles: 4)",
+        ),
+        Size(
+            "block",
+            f"{threads} threads",
+            f"{map_groups} map group(s) x {pg} strip group(s) of warps, {BLOCKS16} blocks an SM",
+        ),
+        Size(
+            "work item",
+            f"{rows} output rows",
+            f"{row_groups} row group(s) x {col_tiles} column tile(s)"
+            + (
+                f" + {rem_units} fragments of 2 columns x 8 rows for columns "
+                f"{16 * col_tiles}..{Wo - 1}"
+                if rem_units
+                else ""
+            )
+            + f" = {units} units in {passes} pass(es) of {pg}; {bands_per_image} item(s) "
+            "per image",
+        ),
+        Size("smem B", f"{4 * b_words} B", f"[{C}][{steps}][{map_tiles}][32] uint2"),
+        Size(
+            "smem raw bands",
+            f"2 x {4 * raw_words} B [{C}][{2 * chunk_words}]",
+            f"{ih} input rows of {W} per channel as x holds them, by 4-byte cp.async",
+        ),
+        Size(
+            "smem band",
+            f"2 copies x [{C}][{ih_alloc}][{stride}] {shape.dtype.value}",
+            "as is and shifted by one element, so every tap pair is one aligned word",
+        ),
+        Size(
+            "stores",
+            (
+                f"staged: {M} runs of {rows * Wo} pixels, 16-byte stores"
+                if v.staged
+                else "pixel pairs, 32-bit" if pairs else "single pixels, 16-bit"
+            ),
+            (
+                f"smem [{M}][{2 * run_words}] {shape.dtype.value}, each map's rows one run of y"
+                if v.staged
+                else (
+                    "a lane's two columns are neighbours: one 32-bit store of each map"
+                    if pairs
+                    else f"Wo={Wo} or the image odd: a pair could start at an odd element"
+                )
+            ),
+        ),
+    ]
+    launch = Launch(
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        bands_per_image,
+        1,
+        nbytes,
+        persistent=True,
+    )
+    return Plan(
+        shape=shape,
+        variant=v,
+        template="gemm/mmastrip.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=nbytes,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=ctx,
+    )
+
+
+def _rows_per_strip(rows: int, most: int, k: int) -> int:
+    """The strip height, at most ``most``, that makes the most of its loads: the band's
+    rows over the rows its strips compute (the last may run past the band), times a
+    strip's rows over the input rows it loads (R / (R + K - 1))."""
+    return max(range(1, most + 1), key=lambda r: rows / (ceil_div(rows, r) * r) * r / (r + k - 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mmastrip(Variant):
+    key = "mmastrip"
+    family = "gemm"
+    description = (
+        "persistent blocks on fp16/bf16 tensor cores for few channels: each warp a strip "
+        "of output rows, every input row's fragments loaded once for all the rows it serves"
+    )
+    serves = EPILOGUE | {Feature.DTYPE16}
+    precisions = FRAGMENT16
+    tensor_core = True
+
+    tile: int = param(8, Count("t"), "mmastrip: output rows per band")
+    regtile: tuple[int, int] = param(
+        (8, 8), Pair("r"), "mmastrip: maps x output rows of a warp's strip (16 columns wide)"
+    )
+    staged: bool = param(
+        False,
+        Switch("ys", "yd", ("stage-output", "store-output")),
+        "mmastrip: the band's sums gathered in shared memory and written out as each map's "
+        "run of rows in 16-byte stores, or stored from the fragments in pixel pairs",
+    )
+
+    def plan(self, problem):
+        return plan_mmastrip(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own dtype; two map tiles (16 maps) a warp at most, strips of up
+        to 8 / map tiles rows cut to make the most of their loads, and the tallest band,
+        cut evenly, that lets two blocks share an SM."""
+        if problem.dtype is DType.FP32 or seed.precision.value != problem.dtype.value:
+            raise SpecError(
+                f"mmastrip multiplies fp16 or bf16 tensors in their own dtype, not "
+                f"{problem.dtype.value} in {seed.precision.value}"
+            )
+        nt = min(ceil_div(problem.M, 8), 2)
+        # Strips of at most 10 rows of 8 maps, 4 rows of 16: two blocks then fit an SM's
+        # registers.  layer2 in bf16 took 0.435 ms with 16 maps x 4 rows a warp, and
+        # 16 x 6 spilled (H200, B=10000); layer1's 8 maps x 10 rows took 0.300.
+        most = 10 if nt == 1 else 4
+
+        # Sums staged where each warp store would straddle sectors (rows not whole
+        # 32-byte sectors) and the outputs outweigh the multiplies (few channels):
+        # mx-layer1 in bf16, 0.71 ms staged against 1.04 stored from the fragments; on
+        # layer2 (4 channels) staging lost, 0.57 against 0.52 (H200, B=10000).
+        Wo, K = problem.Wo, problem.K
+        staged = (
+            Wo % 16 != 0
+            and Wo % 2 == 0
+            and (problem.M * problem.Ho * Wo) % 2 == 0
+            and problem.C * ceil_div(K * ceil_div(K, 8), 2) <= 8
+        )
+
+        def variant(rows):
+            r = _rows_per_strip(rows, most, K)
+            return replace(seed, tile=rows, regtile=(8 * nt, r), staged=staged)
+
+        for rows in range(problem.Ho, 0, -1):
+            try:
+                plan = make_plan(problem, variant(rows))
+            except SpecError:
+                continue
+            if BLOCKS16 * (plan.dynamic_smem + 1024) <= SM_SHARED:
+                return variant(ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
+        raise SpecError("mmastrip: no band of this problem fits two blocks an SM")
+
+    @classmethod
+    def space(cls, problem, precision):
+        """1-3 map tiles by strips of 2 to 16 rows (at most 64 accumulators), bands of
+        Ho/k rows, sums staged or stored from the fragments."""
+        map_tiles = min(3, ceil_div(problem.M, 8))
+        bands = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4)}, reverse=True)
+        return [
+            cls(tile=b, regtile=(8 * nt, r), staged=staged, precision=precision)
+            for nt, r, b, staged in itertools.product(
+                range(1, map_tiles + 1), range(2, 17), bands, (False, True)
+            )
+            if 4 * nt * r <= MAX_ACCUMULATORS and r <= b
+        ]
