@@ -47,6 +47,9 @@ implicit_t64_r1x1_fp32(const float* __restrict__ x, const float* __restrict__ w,
         }
 
         // X tile, gathered from x: xs[kk][cc] = pixel k0+kk of the window of column col0+cc.
+        // Not unrolled: ptxas hoisted the unrolled gathers' addresses and spilled 8-16 bytes
+        // on drawn 16-bit problems (C=1 M=10 K=9 fp16; a 3x7 grouped NHWC one).
+#pragma unroll 1
         for (int e = tid; e < 1024; e += 768) {
             const int k = k0 + e / 64;
             const int col = col0 + e % 64;

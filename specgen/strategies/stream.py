@@ -294,7 +294,14 @@ class Stream(Variant):
         segs = -(-problem.Wo // 8)  # the fewest row segments of at most 8 pixels
         tx = -(-problem.Wo // segs)
         per_channel = problem.R * problem.S * tm * tx
-        cb = max(d for d in divisors(problem.C) if d == 1 or d * per_channel <= CHUNK_FMAS)
+        # One map a thread of many (M with no divisor from 2 to 8, a prime such as 29):
+        # one channel a chunk.  With 5 channels of 5x5 taps unrolled, C=5 M=29 spilled
+        # 568 bytes (NVRTC 12 and 13; a GPU-tier draw, 2026-11-23).
+        cb = max(
+            d
+            for d in divisors(problem.C)
+            if d == 1 or (d * per_channel <= CHUNK_FMAS and (tm > 1 or M <= 8))
+        )
         most = max(1, 256 // (bm // tm * segs))
         v = cls(maps=bm, chunk=cb, regtile=(tm, tx), precision=seed.precision)
         return tallest_band(problem, v, most)
