@@ -554,7 +554,9 @@ class Mmapersist(Variant):
                 f"take --precision {own.value}"
             )
         nt = min(-(-problem.M // 8), 3)
-        p = max(1, min(4, 8 // nt))
+        # No more pixel tiles a warp than an image has: with 4 tiles of a 48-pixel image
+        # (C=3 M=9 20x7 K=7 pad=1, a GPU-tier draw) ptxas spilled 488 bytes, with 3 none.
+        p = max(1, min(4, 8 // nt, -(-problem.Ho * problem.Wo // 16)))
         v = cls(regtile=(8 * nt, 16 * p), precision=seed.precision)
         # The tallest band, even where a shorter one would let two blocks share an SM:
         # mx-layer2 in bf16 (B=10000, H200) took 1.13 ms in whole images, one block an
