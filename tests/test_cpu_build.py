@@ -181,6 +181,8 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         ("C=5,M=29,H=26,W=12,K=5,pad=0", "default stream"),
         # mmapersist's fit gave 4 pixel tiles a warp for a 3-tile image: 488 bytes spilled
         ("C=3,M=9,H=20,W=7,K=7,pad=1,bias=1", "default mmapersist"),
+        # persist's fit let a 16-bit problem's block reach 504 threads: 350 bytes spilled
+        ("C=1,M=18,H=35,W=30,K=7,pad=3,dtype=fp16", "default persist"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -549,3 +549,45 @@ def test_tf32_wgrad_of_channels_last_fp32_on_tensor_cores_within_its_bound():
     mag = torch.nn.grad.conv2d_weight(x64.abs(), w.shape, g64.abs(), padding=1)
     assert bool(((dw.double() - ref).abs() <= 4 * 2**-11 * mag + 1e-5).all())
     assert torch.allclose(db.double(), g64.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+def _off_by_one_element(shape, dtype, channels_last):
+    """A dense tensor whose data starts one element into its storage (a view at an
+    offset, as slicing a larger tensor gives): 2 bytes off a 16-byte boundary for 16-bit."""
+    N, C, H, W = shape
+    base = torch.randn(N * C * H * W + 1, device="cuda").to(dtype)[1:]
+    if channels_last:
+        t = base.view(N, H, W, C).permute(0, 3, 1, 2)
+        assert t.is_contiguous(memory_format=torch.channels_last)
+    else:
+        t = base.view(N, C, H, W)
+    assert t.data_ptr() % 16 != 0
+    return t
+
+
+@pytest.mark.parametrize(
+    "xshape,wshape,channels_last",
+    [
+        ((4, 64, 8, 8), (64, 64, 3, 3), True),  # 16-byte cp.async (wgmma, tcgemm)
+        ((3, 1, 30, 30), (4, 1, 7, 7), False),  # 4-byte cp.async of x's rows (mmastrip)
+    ],
+)
+def test_a_tensor_that_starts_off_alignment_is_read_as_an_aligned_one(
+    xshape, wshape, channels_last
+):
+    """Inputs that are dense but start off a 16-byte boundary give the same bits as
+    their aligned copies, forward and backward (the operator copies them; the kernels'
+    vector copies would otherwise read across the boundary or fault)."""
+    dtype = torch.bfloat16
+    x = _off_by_one_element(xshape, dtype, channels_last).requires_grad_()
+    w = torch.randn(wshape, device="cuda").to(dtype).requires_grad_()
+    pad = wshape[-1] // 2
+    y = sg.conv2d(x, w, padding=pad)
+    x2 = x.detach().clone().requires_grad_()
+    y2 = sg.conv2d(x2, w, padding=pad)
+    assert torch.equal(y, y2)
+    dy = _off_by_one_element(tuple(y.shape), dtype, channels_last)
+    for g, h in zip(
+        torch.autograd.grad(y, [x, w], dy), torch.autograd.grad(y2, [x2, w], dy.clone())
+    ):
+        assert torch.equal(g, h)

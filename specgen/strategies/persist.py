@@ -324,11 +324,14 @@ class Persist(Variant):
     def fit(cls, problem, seed):
         """4 maps (or fewer) by a row segment of at most 12 pixels, and the tallest band
         whose buffers fit in a block of at most 512 threads (so that ptxas may use 128
-        registers without spilling)."""
+        registers without spilling), 256 for 16-bit tensors: their widening copies
+        need a few more (C=1 M=18 7x7 fp16 spilled 350 bytes at 504 threads, where fp32
+        took 122 registers; a GPU-tier draw, 2026-11-23)."""
         tm = max(d for d in divisors(problem.M) if d <= 4)
         segs = -(-problem.Wo // 12)  # the fewest row segments of at most 12 pixels
         tx = -(-problem.Wo // segs)
-        most = max(1, 512 // (problem.M // tm * segs))
+        threads = 512 if problem.dtype is DType.FP32 else 256
+        most = max(1, threads // (problem.M // tm * segs))
         return tallest_band(problem, cls(regtile=(tm, tx), precision=seed.precision), most)
 
     @classmethod

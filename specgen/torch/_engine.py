@@ -520,6 +520,21 @@ def _gather(conv: Conv, index: int):
     return torch.as_tensor(host_pack(ids, plan.weight_format), device=f"cuda:{index}")
 
 
+# Bytes: the widest access a kernel makes (16-byte cp.async copies, uint4 stores).
+ALIGNED = 16
+READ = (Role.X, Role.DY)  # the inputs a caller hands in; outputs are allocated here
+
+
+def _aligned(t: torch.Tensor, keep: list) -> torch.Tensor:
+    """t, or a copy of it where its data starts off a 16-byte boundary (a view at an
+    offset into a larger tensor): the kernels' vector copies read whole aligned units.
+    The copy keeps t's strides, so a dense tensor stays dense in its format."""
+    if t.data_ptr() % ALIGNED:
+        t = t.clone()
+        keep.append(t)
+    return t
+
+
 def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
     on the current stream of ``device`` (a torch.device); ``w`` and ``bias`` for the
@@ -528,10 +543,12 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
         return
     index = device.index
     stream = raw_stream(index)
-    ptrs = {role: t.data_ptr() for role, t in tensors.items()}
     keep = []  # what must outlive the enqueue: PyTorch frees it in stream order
+    ptrs = {
+        role: (_aligned(t, keep) if role in READ else t).data_ptr() for role, t in tensors.items()
+    }
     if w is not None:
-        packed = pack_weights(k, w)
+        packed = _aligned(pack_weights(k, w), keep)
         keep.append(packed)
         at = k.conv.upload_weights(
             packed.data_ptr(), packed.numel() * packed.element_size(), stream
@@ -541,7 +558,7 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
         if bias.dtype is not torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
             keep.append(bias)
-        ptrs[Role.BIAS] = bias.data_ptr()
+        ptrs[Role.BIAS] = _aligned(bias, keep).data_ptr()
     launcher, need = k.run(batch)
     if need:
         scratch = torch.empty(need, dtype=torch.uint8, device=device)
