@@ -293,9 +293,19 @@ class Variant:
 
     @classmethod
     def build(cls, problem: ConvProblem, precision: Precision | None, given: dict) -> "Variant":
-        """What the CLI asked for (``given``: field -> value), defaults for the rest."""
-        base = cls.default(problem, precision or cls.precisions[0])
-        return dataclasses.replace(base, **given)
+        """What the CLI asked for (``given``: field -> value), defaults for the rest.
+        Without a precision: the tensors' own dtype where the strategy computes in it,
+        else the strategy's precisions in order, the first whose default it can make."""
+        if precision is not None:
+            return dataclasses.replace(cls.default(problem, precision), **given)
+        own = [p for p in cls.precisions if p.value == problem.dtype.value]
+        error = None
+        for p in own + [p for p in cls.precisions if p not in own]:
+            try:
+                return dataclasses.replace(cls.default(problem, p), **given)
+            except SpecError as e:
+                error = error or e
+        raise error
 
     @classmethod
     def space(cls, problem: ConvProblem, precision: Precision) -> list["Variant"]:

@@ -162,3 +162,22 @@ def test_tune_takes_a_tensor_core_strategy_in_the_tensors_own_math():
     )
     assert _tune_math(PRESETS["ae-enc2-bf16"], Stream) == "fp32"
     assert _tune_math(PRESETS["ae-enc2-bf16"], None) == "fp32"
+
+
+def test_a_strategy_without_precision_takes_the_tensors_own_math(tmp_path):
+    """--strategy alone on 16-bit tensors builds the strategy's variant in their dtype
+    where it computes in it (mmastrip in fp16 or bf16, mma and mmapersist too), else its
+    first precision; a strategy that cannot serve the dtype at all says so in one line."""
+    out = ["--out", str(tmp_path)]
+    r = run("emit", "--shape", "layer1-bf16", "--strategy", "mmastrip", *out)
+    assert r.exit_code == 0 and "mmastrip_t80_r8x10_yd_bf16_iobf16.cu" in r.output, r.output
+    spec = "C=1,M=4,H=86,W=86,K=7,dtype=fp16"
+    r = run("emit", "--shape", spec, "--strategy", "mmastrip", *out)
+    assert r.exit_code == 0 and "_fp16_iofp16.cu" in r.output, r.output
+    r = run("emit", "--shape", "layer2-bf16", "--strategy", "mmapersist", *out)
+    assert r.exit_code == 0 and "mmapersist_t34_r16x64_bf16_iobf16.cu" in r.output, r.output
+    r = run("emit", "--shape", "layer2", "--strategy", "mmapersist", *out)
+    assert r.exit_code == 0 and "_tf32.cu" in r.output, r.output
+    r = run("emit", "--shape", "layer1", "--strategy", "mmastrip", *out)
+    assert r.exit_code == 2 and "fp16 or bf16 tensors" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
