@@ -65,36 +65,26 @@ FEW_MAPS = {"wlane"}
 # Tried only in 16-bit math, for windows of 5 taps a row or more (a row is padded to 8
 # taps) over at most this many channels a group.  On the 16-bit 7x7 layers at B=10000
 # (H200, 2026-11-23, bf16 NCHW): 1 channel, mmastrip 0.30 ms against mmapersist's 0.63
-# and cuDNN's 10.4; 4 channels, 0.53 against 0.55; 12 channels, mmapersist 1.13
+# and cuDNN's 10.4; 4 channels, 0.44 against 0.55; 12 channels, mmapersist 1.13
 # against mmastrip's 1.34 and cuDNN's 4.3.
 FEW_CHANNEL_WINDOWS = {"mmastrip": 4, "mmapersist": 16}
+# The forward strategies, in the order tried; dgrad tries them on its forward view.
+FORWARD = (
+    "wgmma",
+    "tcgemm",
+    "mmastrip",
+    "mmapersist",
+    "mma",
+    "flane",
+    "stream",
+    "persist",
+    "tiled",
+)
 PREFERENCE = {
-    Op.FPROP: (
-        "wgmma",
-        "tcgemm",
-        "mmastrip",
-        "mmapersist",
-        "mma",
-        "flane",
-        "stream",
-        "persist",
-        "tiled",
-        "direct",
-    ),
+    Op.FPROP: (*FORWARD, "direct"),
     # flane's stride-1 dgrad view of a 3-channel, 256-map layer: 0.103 ms against
     # stream's 0.201 and cuDNN's 0.369 (H200, B=128, fp32 NHWC)
-    Op.DGRAD: (
-        "wgmma",
-        "tcgemm",
-        "mmastrip",
-        "mmapersist",
-        "mma",
-        "flane",
-        "stream",
-        "persist",
-        "tiled",
-        "phased",
-    ),
+    Op.DGRAD: (*FORWARD, "phased"),
     Op.WGRAD: ("tcwgrad", "tcwhalo", "wlane", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }

@@ -163,6 +163,37 @@ def shape_context(shape: ConvProblem) -> dict:
     )
 
 
+def band_walk_plan(
+    shape: ConvProblem, v, template: str, threads: int, bands: int, smem: int, sizes, context
+) -> Plan:
+    """The plan of a persistent kernel whose blocks walk (image, band) items, ``bands``
+    of them an image: one launch of ``threads``, as many blocks as the device holds, x,
+    fp32 w, the epilogue's arguments and the batch, ``smem`` dynamic shared bytes."""
+    launch = Launch(
+        v.kernel_name(shape),
+        (Role.X, Role.W, *y_args(shape), Role.BATCH),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        bands,
+        1,
+        smem,
+        persistent=True,
+    )
+    return Plan(
+        shape=shape,
+        variant=v,
+        template=template,
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=tuple(sizes),
+        context=context,
+    )
+
+
 def y_args(shape: ConvProblem) -> tuple[Role, ...]:
     """The kernel arguments that the output's epilogue reads and writes, in order."""
     return (Role.BIAS, Role.Y) if shape.bias else (Role.Y,)

@@ -32,15 +32,13 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, Feature
-from ..tensors import Role
 from ..variants import EPILOGUE, Precision, Variant
 from .persist import BAND, REGTILE, tallest_band
 from ..plan.common import (
-    y_args,
-    Launch,
     OPTIN_SMEM_BYTES,
     Plan,
     Size,
+    band_walk_plan,
     bank_conflict_degree,
     ceil_div,
     launch_bounds,
@@ -271,28 +269,8 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
             "conflicts at worst), double-buffered with cp.async",
         ),
     ]
-    launch = Launch(
-        v.kernel_name(shape),
-        (Role.X, Role.W, *y_args(shape), Role.BATCH),
-        (threads, 1, 1),
-        (0, 1, 1),
-        0,
-        bands_per_image,
-        1,
-        nbytes,
-        persistent=True,
-    )
-    return Plan(
-        shape=shape,
-        variant=v,
-        template="gemm/mmapersist.cu.j2",
-        launches=(launch,),
-        static_smem=0,
-        dynamic_smem=nbytes,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=tuple(sizes),
-        context=ctx,
+    return band_walk_plan(
+        shape, v, "gemm/mmapersist.cu.j2", threads, bands_per_image, nbytes, sizes, ctx
     )
 
 
@@ -499,28 +477,8 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
             f"({degree}-way bank conflicts at worst)",
         ),
     ]
-    launch = Launch(
-        v.kernel_name(shape),
-        (Role.X, Role.W, *y_args(shape), Role.BATCH),
-        (threads, 1, 1),
-        (0, 1, 1),
-        0,
-        bands_per_image,
-        1,
-        nbytes,
-        persistent=True,
-    )
-    return Plan(
-        shape=shape,
-        variant=v,
-        template="gemm/mmapersist16.cu.j2",
-        launches=(launch,),
-        static_smem=0,
-        dynamic_smem=nbytes,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=tuple(sizes),
-        context=ctx,
+    return band_walk_plan(
+        shape, v, "gemm/mmapersist16.cu.j2", threads, bands_per_image, nbytes, sizes, ctx
     )
 
 

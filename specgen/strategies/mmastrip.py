@@ -34,15 +34,13 @@ from ..errors import SpecError
 from ..plan import make_plan
 from ..plan.common import (
     OPTIN_SMEM_BYTES,
-    Launch,
     Plan,
     Size,
+    band_walk_plan,
     ceil_div,
     shape_context,
-    y_args,
 )
 from ..shapes import ConvProblem, DType, Feature
-from ..tensors import Role
 from ..variants import EPILOGUE, Count, Pair, Switch, Variant, param
 from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_words
 from .wgmma import SM_SHARED
@@ -280,28 +278,8 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
             ),
         ),
     ]
-    launch = Launch(
-        v.kernel_name(shape),
-        (Role.X, Role.W, *y_args(shape), Role.BATCH),
-        (threads, 1, 1),
-        (0, 1, 1),
-        0,
-        bands_per_image,
-        1,
-        nbytes,
-        persistent=True,
-    )
-    return Plan(
-        shape=shape,
-        variant=v,
-        template="gemm/mmastrip.cu.j2",
-        launches=(launch,),
-        static_smem=0,
-        dynamic_smem=nbytes,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=tuple(sizes),
-        context=ctx,
+    return band_walk_plan(
+        shape, v, "gemm/mmastrip.cu.j2", threads, bands_per_image, nbytes, sizes, ctx
     )
 
 

@@ -20,16 +20,14 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
-from ..tensors import Role
 from ..plan import first_planned
 from ..variants import EPILOGUE, Count, Pair, Variant, param
 from ..plan.common import (
-    y_args,
-    Launch,
     MAX_THREADS,
     OPTIN_SMEM_BYTES,
     Plan,
     Size,
+    band_walk_plan,
     bank_conflict_degree,
     ceil_div,
     check_threads,
@@ -261,28 +259,8 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
         out_steps=ceil_div(scratch // out_vec, threads),
         out_tail=(scratch // out_vec) % threads != 0,
     )
-    launch = Launch(
-        v.kernel_name(shape),
-        (Role.X, Role.W, *y_args(shape), Role.BATCH),
-        (threads, 1, 1),
-        (0, 1, 1),
-        0,
-        bands_per_image,
-        1,
-        nbytes,
-        persistent=True,
-    )
-    return Plan(
-        shape=shape,
-        variant=v,
-        template="direct/persist.cu.j2",
-        launches=(launch,),
-        static_smem=0,
-        dynamic_smem=nbytes,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=tuple(sizes),
-        context=ctx,
+    return band_walk_plan(
+        shape, v, "direct/persist.cu.j2", threads, bands_per_image, nbytes, sizes, ctx
     )
 
 
