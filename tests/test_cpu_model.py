@@ -855,7 +855,7 @@ def test_gemm_gather_computes_the_convolution(spec, variant):
     x = rng.standard_normal((2, shape.C, shape.H, shape.W))
     w = rng.standard_normal((shape.M, shape.Cg, shape.R, shape.S))
     X = simulate_gather(shape, plan, x)
-    Mg, HoWo = shape.Mg, shape.Ho * shape.Wo
+    Mg = shape.Mg
     y = np.concatenate(
         [w[g * Mg : (g + 1) * Mg].reshape(Mg, -1) @ X[g] for g in range(shape.groups)]
     )

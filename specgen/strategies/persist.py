@@ -119,7 +119,7 @@ def outer_context(
 
 
 def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
-    C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
+    C, M, H, K, pad = shape.C, shape.M, shape.H, shape.K, shape.pad
     Ho, Wo, KK = shape.Ho, shape.Wo, K * K
     rows = v.tile
     tm, tx = v.regtile

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div
-from ..shapes import DType, Feature, Op, TensorLayout
+from ..shapes import Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
