@@ -19,13 +19,14 @@ ROW = re.compile(r"^(\S+)\s+(fp32|tf32|fp16|bf16)\s+([\d.]+)\s+\S+\s+([\d.]+)\s"
 
 
 def main(out: str, tensor_tflops: str, *logs: str) -> int:
-    shapes, ceilings = {}, {}
+    shapes, ceilings, layouts = {}, {}, set()
     for log in logs:
         op = Op.DGRAD if "dgrad" in Path(log).name else Op.FPROP
         current = None
         for line in Path(log).read_text().splitlines():
             if m := HEADER.match(line):
                 slug, batch = m.group(1), int(m.group(2))
+                layouts.add(PRESETS[slug].layout.value.upper())
                 spec = PRESETS[slug].with_op(op).spec if op is Op.DGRAD else slug
                 label = f"{slug} {op.value}"
                 current = shapes.setdefault(spec, dict(batch=batch, rows=[], label=label))
@@ -38,7 +39,8 @@ def main(out: str, tensor_tflops: str, *logs: str) -> int:
                 current["rows"].append(
                     dict(label=m.group(1), precision=m.group(2), tflops=float(m.group(4)))
                 )
-    report = dict(shapes=shapes, ceilings=ceilings, device="NVIDIA H200 (16-bit NHWC)")
+    device = f"NVIDIA H200 (16-bit {' and '.join(sorted(layouts))})"
+    report = dict(shapes=shapes, ceilings=ceilings, device=device)
     roofline(report, Path(out))
     print(f"wrote {out}: {sum(len(d['rows']) for d in shapes.values())} kernels")
     return 0
