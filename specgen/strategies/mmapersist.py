@@ -310,6 +310,18 @@ def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, 
     return chunk_words, raw_words, even_words, odd_words
 
 
+def band16_context(shape: ConvProblem, ih: int, threads: int, chunk_words: int) -> dict:
+    """The numbers templates/gemm/band16.j2's fetch and spread loop over: a warp a row
+    of the band's C x ih rows, a lane a column, in passes of 32 columns."""
+    iw = shape.W + 2 * shape.pad
+    return dict(
+        spread_rows=shape.C * ih,
+        warps=threads // 32,
+        chunk_elems=2 * chunk_words,
+        spread_passes=ceil_div(iw, 32),
+    )
+
+
 def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     """The fp16/bf16 kernel: m16n8k16, window rows padded to octets of 8 taps, a k step
     two octets.  A lane's A word is two neighbouring taps of one pixel, which sit at an
@@ -382,10 +394,12 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     bands_per_image = ceil_div(Ho, rows)
     ctx = dict(
         shape_context(shape),
+        **band16_context(shape, ih, threads, chunk_words),
         elem="f16" if shape.dtype is DType.FP16 else "bf16",
         rows=rows,
         ih=ih,
         iw=iw,
+        step_words=64 * map_tiles,
         stride=stride,
         plane=plane,
         octets=octets,

@@ -42,7 +42,7 @@ from ..plan.common import (
 )
 from ..shapes import ConvProblem, DType, Feature
 from ..variants import EPILOGUE, Count, Pair, Switch, Variant, param
-from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_words
+from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_context, band16_words
 from .wgmma import SM_SHARED
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: R rows x NT map tiles x 4
@@ -149,17 +149,34 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
         """(window row, octet) of slot q of a channel; the padding slot reuses slot 0."""
         return divmod(q, octets) if q < slots else (0, 0)
 
+    def words_at(where: tuple[int, int]) -> int:
+        """Words from a strip's first input row to window row ky's octet o."""
+        ky, o = where
+        return ky * stride // 2 + 4 * o
+
     body = [
-        dict(s=s, a=slot(2 * s), b=slot(2 * s + 1), pad=2 * s + 1 >= slots, w=s * map_tiles * 32)
+        dict(
+            s=s,
+            a=slot(2 * s),
+            b=slot(2 * s + 1),
+            a_at=words_at(slot(2 * s)),
+            b_at=words_at(slot(2 * s + 1)),
+            pad=2 * s + 1 >= slots,
+            w=s * map_tiles * 32,
+        )
         for s in range(steps)
     ]
     bands_per_image = ceil_div(Ho, rows)
     ctx = dict(
         shape_context(shape),
+        **band16_context(shape, ih, threads, chunk_words),
         elem="f16" if shape.dtype is DType.FP16 else "bf16",
         rows=rows,
         R=r,
         span=span,
+        last_row=span - 1,
+        a_words=a_words,
+        step_words=64 * map_tiles,
         ih=ih,
         ih_alloc=ih_alloc,
         iw=W + 2 * pad,
@@ -184,6 +201,11 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
         odd_at=b_words + 2 * raw_words + even_words,
         zero_words=even_words + odd_words,
         staged=v.staged,
+        map_phase=Ho * Wo % 8,  # y's runs modulo 8 elements: a map's step, an image's
+        image_phase=M * Ho * Wo % 8,
+        band_run=rows * Wo,
+        run_chunks=(rows * Wo + 14) // 8,  # 16-byte chunks a run can touch at any phase
+        out_chunks=M * ((rows * Wo + 14) // 8),
         out_at=b_words + 2 * raw_words + even_words + odd_words,
         run_words=run_words,
         map_tiles=map_tiles,
@@ -195,6 +217,7 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
         col_tiles=col_tiles,
         rem_pairs=rem_pairs,
         rem_col0=16 * col_tiles,
+        last_col=Wo - 1,
         warp_maps=8 * nt,
         warp_fragments=32 * nt,
         accumulators=4 * nt * r,
