@@ -297,13 +297,19 @@ def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
     return best
 
 
-def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, int, int]:
+def band16_words(
+    shape: ConvProblem, ih: int, elements: int, fetch16: bool = False
+) -> tuple[int, int, int, int]:
     """Shared words of templates/gemm/band16.j2's buffers: (a channel's raw chunk, a raw
     band, the even copy, the odd copy) for bands of ih input rows whose copies hold
     ``elements`` 16-bit values each.  A chunk starts at the even element at or before
-    its channel's first; the odd copy starts 16 banks after the even one, so that a
-    warp's loads from the two never meet in a bank."""
-    chunk_words = ceil_div(ih * shape.W + 1, 2)
+    its channel's first (with ``fetch16``, at the 16-byte boundary, and is whole 16-byte
+    units); the odd copy starts 16 banks after the even one, so that a warp's loads from
+    the two never meet in a bank."""
+    if fetch16:
+        chunk_words = ceil_div(ih * shape.W + 7, 8) * 4
+    else:
+        chunk_words = ceil_div(ih * shape.W + 1, 2)
     raw_words = ceil_div(shape.C * chunk_words, 4) * 4
     even_words = ceil_div(ceil_div(elements, 2), 32) * 32 + 16
     odd_words = ceil_div(ceil_div(elements, 2) + 1, 4) * 4
@@ -319,6 +325,8 @@ def band16_context(shape: ConvProblem, ih: int, threads: int, chunk_words: int) 
         warps=threads // 32,
         chunk_elems=2 * chunk_words,
         spread_passes=ceil_div(iw, 32),
+        spread_words=ceil_div(iw, 2),  # fetch16's spread: a lane a word of each copy
+        spread_word_passes=ceil_div(ceil_div(iw, 2), 32),
     )
 
 
