@@ -68,10 +68,24 @@ FEW_MAPS = {"wlane"}
 # and cuDNN's 10.4; 4 channels, 0.44 against 0.55; 12 channels, mmapersist 1.13
 # against mmastrip's 1.34 and cuDNN's 4.3.
 FEW_CHANNEL_WINDOWS = {"mmastrip": 4, "mmapersist": 16}
+
+
+# Tried in the same 16-bit math for windows of 5 taps a row or more, where a layer's maps
+# fill at most half of mmastrip's n8 tiles or its channels are more than mmastrip and
+# mmapersist take (16): rows folded beside the maps fill them.  bf16 NCHW at B=10000
+# (H200, 2026-11-24): the dgrad views of the 7x7 layers (1, 4, 1 and 12 maps) 1.08,
+# 1.67, 3.07 and 3.43 ms against mmastrip's 1.74, 2.26 and 4.04 and mmapersist's 3.77;
+# layer1's forward pass (4 maps) 0.264 against 0.302; mx-layer1's (12 maps) 1.00
+# against mmastrip's 0.59.
+def fold_suits(view: ConvProblem) -> bool:
+    return view.S >= 5 and (2 * view.Mg <= 8 * -(-view.Mg // 8) or view.Cg > 16)
+
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
     "wgmma",
     "tcgemm",
+    "mmafold",
     "mmastrip",
     "mmapersist",
     "mma",
@@ -85,7 +99,10 @@ PREFERENCE = {
     # flane's stride-1 dgrad view of a 3-channel, 256-map layer: 0.103 ms against
     # stream's 0.201 and cuDNN's 0.369 (H200, B=128, fp32 NHWC)
     Op.DGRAD: (*FORWARD, "phased"),
-    Op.WGRAD: ("tcwgrad", "tcwhalo", "wlane", "wband", "wgemm", "wsplit"),
+    # wstrip: 16-bit NCHW layers of few channels on tensor cores (the 7x7 layers' bf16
+    # wgrad at B=10000 in 0.38, 0.59, 0.58 and 1.35 ms against wband's 1.67, 5.48, 3.57
+    # and 15.5 and cuDNN's 22.3, 3.70, 15.7 and 3.90, H200 2026-11-24)
+    Op.WGRAD: ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -200,7 +217,7 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
     if problem.op is Op.WGRAD and wide_wgrad(problem):
-        keys = ("tcwgrad", "tcwhalo", "wlane", "wgemm", "wsplit", "wband")
+        keys = ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and
@@ -223,6 +240,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     and view.S >= 5
                     and view.Cg <= FEW_CHANNEL_WINDOWS[key]
                 ):
+                    continue
+                if key == "mmafold" and not fold_suits(view):
                     continue
                 v = cls.default(view, math)
             except SpecError:

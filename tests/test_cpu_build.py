@@ -183,6 +183,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         ("C=3,M=9,H=20,W=7,K=7,pad=1,bias=1", "default mmapersist"),
         # persist's fit let a 16-bit problem's block reach 504 threads: 350 bytes spilled
         ("C=1,M=18,H=35,W=30,K=7,pad=3,dtype=fp16", "default persist"),
+        # mmastrip's 16 maps x 4 rows over a dgrad view's 6 unrolled channels spilled 8
+        # bytes at two blocks an SM (NVRTC 13): its second bound is one block an SM
+        ("C=16,M=6,H=17,W=25,K=5,pad=1,dtype=bf16,op=dgrad", "mmastrip_t17_r16x4_yd_bf16"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):
@@ -208,17 +211,21 @@ def test_variants_that_once_spilled_do_not(spec, name):
         "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
         "C=12,M=24,H=33,W=33,K=7,dtype=bf16",
         "C=1,M=4,H=86,W=86,K=7,dtype=fp16,op=dgrad",
+        "C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad",
+        "C=4,M=16,H=40,W=40,K=7,dtype=bf16,op=wgrad",
+        "C=12,M=24,H=33,W=33,K=7,dtype=fp16,op=wgrad",
     ],
 )
 def test_16bit_seven_by_seven_layers_compile_clean_on_their_tensor_core_kernels(spec):
-    """The planner's mmastrip and mmapersist kernels for the seeds' 7x7 layers in 16 bits
-    (and a dgrad view) compile for sm_90 with no spills."""
+    """The planner's tensor-core kernels for the seeds' 7x7 layers in 16 bits (mmafold,
+    mmastrip, mmapersist; wstrip for wgrad), and dgrad views, compile for sm_90 with no
+    spills."""
     from specgen.choose import planned
     from specgen.shapes import parse_shape
 
     p = parse_shape(spec)
     v = planned(p, allow_tf32=False).variant
-    assert v.key in ("mmastrip", "mmapersist"), v.name
+    assert v.key in ("mmafold", "mmastrip", "mmapersist", "wstrip"), v.name
     plan = make_plan(p, v)
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)

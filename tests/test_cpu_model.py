@@ -488,13 +488,28 @@ def _emulate_mmastrip(shape, plan, x, w):
     ctx = plan.context
     C, M, Ho, Wo, rows, R = shape.C, shape.M, shape.Ho, shape.Wo, ctx["rows"], ctx["R"]
     steps, octets, slots = ctx["steps"], ctx["octets"], ctx["slots"]
+    fold, mpw, nt = ctx["fold"], ctx["mpw"], ctx["nt"]
 
     def slot_of(step, h):
         c, s = divmod(step, steps)
         q = 2 * s + h
         return None if q >= slots else (c, q // octets, q % octets)
 
-    ws = _b16(shape, ctx, w, slot_of).reshape(C, steps, ctx["map_tiles"], 32, 2, 2)
+    if fold == 1:
+        ws = _b16(shape, ctx, w, slot_of).reshape(C, steps, ctx["map_tiles"], 32, 2, 2)
+    else:  # n column of tile j: row n // mpw of a group, map n % mpw; window row u - that row
+        ws = np.zeros((C * steps, ctx["map_tiles"], 32, 2, 2))
+        for step, tile, l, h, k in np.ndindex(C * steps, ctx["map_tiles"], 32, 2, 2):
+            where = slot_of(step, h)
+            n = tile % nt * 8 + l // 4
+            m = tile // nt * mpw + n % mpw
+            if where is None or m >= M:
+                continue
+            c, u, o = where
+            ky, kx = u - n // mpw, 8 * o + 2 * (l % 4) + k
+            if 0 <= ky < shape.K and kx < shape.K:
+                ws[step, tile, l, h, k] = w[m, c, ky, kx]
+        ws = ws.reshape(C, steps, ctx["map_tiles"], 32, 2, 2)
     g, t = np.arange(8)[:, None], np.arange(4)[None, :]
     y = np.full((x.shape[0], M, Ho, Wo), np.nan)
     elements = C * ctx["plane"] + 64
@@ -524,7 +539,7 @@ def _emulate_mmastrip(shape, plan, x, w):
                             if yy < valid and 8 * j + mm < M:
                                 y[n, 8 * j + mm, oy0 + yy, xx] = acc[j, row, mm]
             for u in range(ctx["strips"]):
-                row0, col0 = u // ctx["col_tiles"] * R, u % ctx["col_tiles"] * 16
+                row0, col0 = u // ctx["col_tiles"] * fold * R, u % ctx["col_tiles"] * 16
                 acc = np.zeros((R, ctx["map_tiles"], 16, 8))
                 for c in range(C):
                     # word of octet o of input row i: even column 2g, odd column 2g+1
@@ -540,21 +555,22 @@ def _emulate_mmastrip(shape, plan, x, w):
                     for s in ctx["body"]:
                         for r in range(R):
                             (ea, oa), (eb, ob) = (
-                                words[r + s["a"][0], s["a"][1]],
-                                words[r + s["b"][0], s["b"][1]],
+                                words[fold * r + s["a"][0], s["a"][1]],
+                                words[fold * r + s["b"][0], s["b"][1]],
                             )
                             for j in range(ctx["map_tiles"]):
                                 frag = ws[c, s["s"], j].reshape(8, 4, 2, 2)
                                 acc[r, j] += _mma16((ea, oa, eb, ob), frag)
                 for r in range(R):
-                    if row0 + r >= valid:
-                        continue
                     for j in range(ctx["map_tiles"]):
                         for row in range(16):
                             col = col0 + (2 * row if row < 8 else 2 * (row - 8) + 1)
                             for mm in range(8):
-                                if col < Wo and 8 * j + mm < M:
-                                    y[n, 8 * j + mm, oy0 + row0 + r, col] = acc[r, j, row, mm]
+                                nn = j % nt * 8 + mm  # fold: output row nn // mpw, map nn % mpw
+                                m = j // nt * mpw + nn % mpw if fold > 1 else 8 * j + mm
+                                yy = row0 + fold * r + (nn // mpw if fold > 1 else 0)
+                                if yy < valid and col < Wo and m < M:
+                                    y[n, m, oy0 + yy, col] = acc[r, j, row, mm]
     return y
 
 
@@ -611,6 +627,11 @@ def _emulate_mmapersist16(shape, plan, x, w):
         ("C=7,M=12,H=15,W=16,K=5,pad=2", "mmastrip_t15_r8x5_ys"),  # the channel loop
         ("C=4,M=16,H=40,W=40,K=7", "mmastrip_t34_r8x4_yd"),  # 2 remainder columns
         ("C=2,M=11,H=24,W=22,K=5,pad=1", "mmastrip_t11_r16x3_ys"),  # 4 remainder columns
+        ("C=4,M=1,H=30,W=30,K=7,pad=6", "mmafold_t22_r1x1_yd_j8"),  # layer1's dgrad view
+        ("C=16,M=4,H=20,W=21,K=7,pad=6", "mmafold_t13_r4x3_yd_j2"),  # layer2's, odd width
+        ("C=3,M=12,H=12,W=12,K=7,pad=6", "mmafold_t9_r12x2_ys_j2"),  # 3 tiles, staged
+        ("C=2,M=2,H=14,W=18,K=5,pad=1", "mmafold_t7_r2x1_yd_j4"),  # a band cut short
+        ("C=5,M=3,H=9,W=10,K=9,pad=4", "mmafold_t9_r3x1_yd_j8"),  # two octets, the loop
         ("C=1,M=4,H=30,W=30,K=7", "mmapersist_t24_r8x64"),
         ("C=3,M=10,H=13,W=11,K=5,pad=2", "mmapersist_t5_r16x32"),  # odd slots
         ("C=5,M=20,H=15,W=13,K=9,pad=4", "mmapersist_t15_r24x32"),  # channel loop, octets
@@ -623,12 +644,12 @@ def test_16bit_fragment_indexing_computes_the_convolution(spec, variant, dtype):
     flat tiles' band offsets, octet slots, padding slots, channel loops and B words."""
     shape = parse_shape(f"{spec},dtype={dtype}")
     plan = make_plan(shape, parse_variant_name(f"{variant}_{dtype}"))
-    if "strip" in variant:
+    if "persist" not in variant:
         assert plan.context["unrolled"] == (shape.C * plan.context["steps"] <= 28)
     rng = np.random.default_rng()
     x = rng.standard_normal((1, shape.C, shape.H, shape.W))
     w = rng.standard_normal((shape.M, shape.C, shape.K, shape.K))
-    emulate = _emulate_mmastrip if "strip" in variant else _emulate_mmapersist16
+    emulate = _emulate_mmapersist16 if "persist" in variant else _emulate_mmastrip
     y = emulate(shape, plan, x, w)
     assert not np.isnan(y).any()
     np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)

@@ -108,25 +108,51 @@ def test_random_16bit_windows(K, C, M, H, W, padfrac, batch, bias, relu, dtype, 
     verify_default_set(shape, batch, arch)
 
 
-# The seeds' 7x7 layers in 16-bit tensors, and the dgrad view of the first.
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(
+    K=st.sampled_from([5, 7, 9]),
+    C=st.sampled_from([1, 2, 3, 4, 6, 12, 16]),
+    M=st.sampled_from([1, 2, 3, 4, 6, 12]),
+    H=st.integers(9, 40),
+    W=st.integers(9, 40),
+    padfrac=st.floats(0, 1),
+    batch=st.integers(1, 3),
+    dtype=st.sampled_from([DType.FP16, DType.BF16]),
+)
+def test_random_16bit_dgrad_views(K, C, M, H, W, padfrac, batch, dtype, arch):
+    """dgrad of narrow 16-bit layers through its forward view (dy padded by K - 1 - pad
+    on every side, few output maps: mmafold's rows folded beside 1 to 12 maps, bands of
+    the view's rows, the channel loop), every strategy of the default set."""
+    pad = int(padfrac * (K // 2) + 0.5)
+    shape = square(C, M, H, W, K, pad, dtype=dtype).with_op(Op.DGRAD)
+    verify_default_set(shape, batch, arch)
+
+
+# The seeds' 7x7 layers in 16-bit tensors, and the dgrad views of the first and the last.
 SEVEN_BY_SEVEN_16 = [
     "C=1,M=4,H=86,W=86,K=7,dtype=bf16",
     "C=4,M=16,H=40,W=40,K=7,dtype=fp16",
     "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
     "C=12,M=24,H=33,W=33,K=7,dtype=fp16",
     "C=1,M=4,H=86,W=86,K=7,dtype=bf16,op=dgrad",
+    "C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad",
 ]
 
 
 @pytest.mark.parametrize("spec", SEVEN_BY_SEVEN_16)
 def test_16bit_seven_by_seven_layers_at_batch_1000(spec, arch):
-    """The planner's tensor-core kernel for each layer (mmastrip or mmapersist), over a
-    thousand images: every persistent block walks many (image, band) items."""
+    """The planner's tensor-core kernel for each layer (mmafold, mmastrip or mmapersist),
+    over a thousand images: every persistent block walks many (image, band) items."""
     from specgen.choose import planned
 
     p = parse_shape(spec)
     v = planned(p, allow_tf32=False).variant
-    assert v.key in ("mmastrip", "mmapersist"), v.name
+    assert v.key in ("mmafold", "mmastrip", "mmapersist"), v.name
     row = verify_variant(p, v, arch=arch, batch=1000, numbers=True)
     assert row.status == "PASS", (spec, v.name, row.problems)
 

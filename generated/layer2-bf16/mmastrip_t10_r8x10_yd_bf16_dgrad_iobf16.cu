@@ -137,7 +137,7 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
 #ifndef SPECGEN_ALT_BOUNDS
 #define BOUNDS __launch_bounds__(96, 2)
 #else
-#define BOUNDS __launch_bounds__(96)
+#define BOUNDS __launch_bounds__(96, 1)
 #endif
 extern "C" __global__ void BOUNDS
 mmastrip_t10_r8x10_yd_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ y, int batch)

@@ -15,7 +15,7 @@ from .implicit import Implicit
 from .inputtile import Inputtile
 from .mma import Mma
 from .mmapersist import Mmapersist
-from .mmastrip import Mmastrip
+from .mmastrip import Mmafold, Mmastrip
 from .mmatile import Mmatile
 from .persist import Persist
 from .phased import Phased
@@ -30,6 +30,7 @@ from .wgemm import Wgemm
 from .wgmma import Wgmma
 from .wlane import Wlane
 from .wsplit import Wsplit
+from .wstrip import Wstrip
 
 # The order of the default set and of the CLI's help.
 TABLE: tuple[type[Variant], ...] = (
@@ -46,6 +47,7 @@ TABLE: tuple[type[Variant], ...] = (
     Flane,
     Mmapersist,
     Mmastrip,
+    Mmafold,
     Tcgemm,
     Wgmma,
     Phased,
@@ -53,6 +55,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgemm,
     Tcwgrad,
     Tcwhalo,
+    Wstrip,
     Wlane,
     Wsplit,
 )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from math import gcd
 
 from ..errors import SpecError
 from ..plan import make_plan
@@ -57,11 +58,11 @@ FULL_UNROLL_STEPS = 28
 REMAINDER_COLUMNS = (2, 4)
 
 
-def _layout(shape: ConvProblem, rows: int, r: int):
+def _layout(shape: ConvProblem, rows: int, r: int, remainders: bool = True):
     """(row groups, column tiles, remainder column pairs, input rows allocated, row
-    stride) of a band."""
+    stride) of a band whose strips are r output rows tall."""
     Wo = shape.Wo
-    remainder = Wo > 16 and Wo % 16 in REMAINDER_COLUMNS and Wo % 2 == 0
+    remainder = remainders and Wo > 16 and Wo % 16 in REMAINDER_COLUMNS and Wo % 2 == 0
     row_groups = ceil_div(rows, r)
     col_tiles = Wo // 16 if remainder else ceil_div(Wo, 16)
     rem_pairs = Wo % 16 // 2 if remainder else 0
@@ -82,32 +83,51 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
     rows = v.tile
+    fold = getattr(v, "fold", 1)  # output rows a fragment's n8 side holds, with its maps
     mw, r = v.regtile
+    key = v.key
     if rows < 1 or rows > Ho:
-        raise SpecError(f"mmastrip's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
-    map_tiles = ceil_div(M, 8)
-    if mw < 8 or mw % 8 or mw > 8 * map_tiles:
-        choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
-        raise SpecError(
-            f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
-            f"choose one of {choices}"
-        )
-    nt = mw // 8
+        raise SpecError(f"{key}'s tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+    if fold == 1:
+        map_tiles = ceil_div(M, 8)
+        if mw < 8 or mw % 8 or mw > 8 * map_tiles:
+            choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
+            raise SpecError(
+                f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
+                f"choose one of {choices}"
+            )
+        nt = mw // 8
+        map_groups = ceil_div(map_tiles, nt)
+    else:
+        if mw > M or (mw * fold) % 8:
+            fits = [m for m in range(1, M + 1) if (m * fold) % 8 == 0]
+            raise SpecError(
+                f"register tile maps {mw}: a warp's maps x {fold} folded rows fill whole n8 "
+                f"tiles, at most M={M} maps; choose one of {', '.join(map(str, fits)) or 'none'}"
+                + ("" if fits else f" (fold {8 // gcd(8, M)} or more rows)")
+            )
+        nt = mw * fold // 8
+        map_groups = ceil_div(M, mw)
     if r < 1 or 4 * nt * r > MAX_ACCUMULATORS:
+        what = f"{mw} maps x {r} rows" if fold == 1 else f"{mw} maps x {r} groups of {fold} rows"
         raise SpecError(
-            f"register tile {mw} maps x {r} rows = {4 * nt * r} accumulators per thread; "
-            f"choose 1 to {MAX_ACCUMULATORS // (4 * nt)} rows for {mw} maps"
+            f"register tile {what} = {4 * nt * r} accumulators per thread; "
+            f"choose 1 to {MAX_ACCUMULATORS // (4 * nt)} {'rows' if fold == 1 else 'groups'} "
+            f"for {mw} maps"
         )
     octets = ceil_div(K, 8)
-    slots = K * octets  # octets of one channel's window rows
+    # octets of one channel's window rows; folded, of the input rows under a group's rows
+    slots = (K + fold - 1) * octets
     steps = ceil_div(slots, 2)  # per channel; an odd count pads one slot of zero weights
     unrolled = C * steps <= FULL_UNROLL_STEPS
-    map_groups = ceil_div(map_tiles, nt)
     map_tiles = map_groups * nt
-    row_groups, col_tiles, rem_pairs, ih_alloc, stride = _layout(shape, rows, r)
+    strip_rows = fold * r
+    row_groups, col_tiles, rem_pairs, ih_alloc, stride = _layout(
+        shape, rows, strip_rows, remainders=fold == 1
+    )
     rem_units = rem_pairs * ceil_div(rows, 8)
     units = row_groups * col_tiles + rem_units
-    span = r + K - 1  # input rows of a strip
+    span = strip_rows + K - 1  # input rows of a strip
     a_words = 2 * span * octets
     # Accumulators, a channel's A words, and about 40 for the rest; two blocks an SM.
     pg, passes = _warp_grid(units, 1, map_groups, 4 * nt * r + a_words + 40, BLOCKS16)
@@ -125,7 +145,7 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     pairs = Wo % 2 == 0 and (M * Ho * Wo) % 2 == 0
     if v.staged and not pairs:
         raise SpecError(
-            f"mmastrip's staged output (ys) stores pixel pairs as words: it needs an even "
+            f"{key}'s staged output (ys) stores pixel pairs as words: it needs an even "
             f"Wo and Ho*Wo, not Wo={Wo}; take --store-output"
         )
     # The staged band of sums: each map's rows, at the phase of their run in y modulo 8
@@ -139,14 +159,15 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     nbytes = 4 * words
     if nbytes > OPTIN_SMEM_BYTES:
         raise SpecError(
-            f"mmastrip needs {nbytes} bytes of shared memory (B fragments {4 * b_words} B, "
+            f"{key} needs {nbytes} bytes of shared memory (B fragments {4 * b_words} B, "
             f"two raw bands of {4 * raw_words} B, the band twice in "
             f"{4 * (even_words + odd_words)} B), over the sm_90 limit of {OPTIN_SMEM_BYTES} "
             f"bytes per block; choose --tile {max(1, rows // 2)}"
         )
 
     def slot(q: int) -> tuple[int, int]:
-        """(window row, octet) of slot q of a channel; the padding slot reuses slot 0."""
+        """(window row, octet) of slot q of a channel (folded: input row of the group's
+        band, octet); the padding slot reuses slot 0."""
         return divmod(q, octets) if q < slots else (0, 0)
 
     def words_at(where: tuple[int, int]) -> int:
@@ -223,9 +244,15 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
         accumulators=4 * nt * r,
         threads=threads,
         launch_bounds=f"{threads}, {BLOCKS16}",
-        launch_bounds_alt=f"{threads}",
+        # one block an SM (ptxas may then take 255 registers): a drawn dgrad view's 16 maps
+        # x 4 rows over 6 unrolled channels spilled 8 B at two (NVRTC 13, H200), and the
+        # bare bound left ptxas at 128
+        launch_bounds_alt=f"{threads}, 1",
         bands_per_image=bands_per_image,
-        guard_rows=Ho % rows != 0 or row_groups * r != rows,
+        guard_rows=Ho % rows != 0 or row_groups * strip_rows != rows,
+        fold=fold,
+        mpw=mw if fold > 1 else 8 * nt,
+        strip_rows=strip_rows,
         guard_cols=not rem_pairs and col_tiles * 16 != Wo,
         guard_maps=map_tiles * 8 != M,
         pairs=pairs,
@@ -240,17 +267,28 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
         Size(
             "fragment",
             f"mma.m16n8k16, {shape.dtype.value}",
-            "16 pixels of a row x 8 maps x 16 taps (two window rows of 8), fp32 accumulators",
+            (
+                "16 pixels of a row x 8 maps x 16 taps (two window rows of 8), fp32 accumulators"
+                if fold == 1
+                else f"16 pixels of a row x ({fold} rows x {mw} maps on the n8 side) x 16 taps "
+                f"(two input rows of a group's {fold + K - 1}, the weights banded), fp32 "
+                "accumulators"
+            ),
         ),
         Size(
             "k padding",
             f"{shape.reduction} -> {kpad} ({100.0 * (kpad - shape.reduction) / kpad:.1f}% zeros)",
             f"window rows padded to {8 * octets} taps, a channel's padded to {2 * steps}: "
-            f"{steps} k steps a channel",
+            f"{steps} k steps a channel"
+            + (f" (the {fold + K - 1} input rows under {fold} output rows)" if fold > 1 else ""),
         ),
         Size(
             "warp",
-            f"strip of {r} rows x 16 columns x {8 * nt} maps",
+            (
+                f"strip of {r} rows x 16 columns x {8 * nt} maps"
+                if fold == 1
+                else f"strip of {r} x {fold} rows x 16 columns x {mw} maps"
+            ),
             f"{4 * nt * r} accumulators per thread; per channel {loads} A loads for "
             f"{mmas * nt} mma ({loads / (mmas * nt):.2f} a mma; flat tiles: 4)",
         ),
@@ -392,4 +430,88 @@ class Mmastrip(Variant):
                 range(1, map_tiles + 1), range(2, 17), bands, (False, True)
             )
             if 4 * nt * r <= MAX_ACCUMULATORS and r <= b
+        ]
+
+
+FOLDS = (2, 4, 8)  # output rows a fragment's n8 side may hold
+MAX_FOLD_TILES = 4  # n8 tiles of a warp's maps x folded rows
+
+
+def _fold_for(maps: int) -> int | None:
+    """The fewest rows that, beside ``maps`` maps, fill whole n8 tiles (at most
+    MAX_FOLD_TILES of them), or None."""
+    return next((j for j in FOLDS if (maps * j) % 8 == 0 and maps * j // 8 <= MAX_FOLD_TILES), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mmafold(Mmastrip):
+    """mmastrip for few maps: the n8 side of each mma holds ``fold`` output rows of a
+    warp's maps instead of 8 maps, the k side the input rows under them (the weights,
+    shifted a row for each output row, become a banded B staged once per block), so that
+    a map or four (dgrad's forward views of the 7x7 layers: 1 to 12 maps) fill the n8
+    side.  For one map, 8 rows: 14 input rows of 8 taps a k16 pair of slots, 7 k steps
+    for 8 x 16 outputs where mmastrip's 1-map fragment wastes 7 of its 8 columns."""
+
+    key = "mmafold"
+    description = (
+        "persistent blocks on fp16/bf16 tensor cores for few maps: each mma's n8 side "
+        "output rows x maps, the k side the input rows under them, the weights banded"
+    )
+
+    fold: int = param(2, Count("j"), "mmafold: output rows on a fragment's n8 side, with the maps")
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own dtype; every map of a group in one warp, folded with the
+        fewest rows that fill whole n8 tiles; groups of rows for strips of about 8 output
+        rows; the tallest band, cut evenly, that lets two blocks share an SM."""
+        if problem.dtype is DType.FP32 or seed.precision.value != problem.dtype.value:
+            raise SpecError(
+                f"mmafold multiplies fp16 or bf16 tensors in their own dtype, not "
+                f"{problem.dtype.value} in {seed.precision.value}"
+            )
+        fold = _fold_for(problem.M)
+        if fold is None:
+            raise SpecError(
+                f"mmafold folds rows beside a warp's maps into whole n8 tiles: M={problem.M} "
+                "maps fill none (with 2, 4 or 8 rows, at most 4 tiles); use --strategy mmastrip"
+            )
+        nt = problem.M * fold // 8
+        r = max(1, min(8 // fold, MAX_ACCUMULATORS // (4 * nt)))
+        strip = fold * r
+        Ho = problem.Ho
+
+        def variant(rows):
+            return replace(seed, tile=rows, regtile=(problem.M, r), staged=False, fold=fold)
+
+        def computed(rows):
+            """Output rows the strips compute over an image: the last strip of each band
+            runs past it."""
+            full, last = divmod(Ho, rows)
+            return full * ceil_div(rows, strip) * strip + ceil_div(last, strip) * strip
+
+        # Two blocks an SM where their bands are two strips tall or more, else one; among
+        # the bands that fit, the fewest rows computed past the image, then the tallest.
+        for blocks, least in ((BLOCKS16, min(Ho, 2 * strip)), (1, 1)):
+            fits = []
+            for rows in range(Ho, least - 1, -1):
+                try:
+                    plan = make_plan(problem, variant(rows))
+                except SpecError:
+                    continue
+                if blocks * (plan.dynamic_smem + 1024) <= SM_SHARED:
+                    fits.append(rows)
+            if fits:
+                return variant(min(fits, key=lambda rows: (computed(rows), -rows)))
+        raise SpecError("mmafold: no band of this problem fits an SM")
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Folds of 2, 4 and 8 rows beside every map (where they fill whole tiles), 1 to
+        4 groups a strip, bands of Ho/k rows."""
+        bands = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4)}, reverse=True)
+        return [
+            cls(tile=b, regtile=(problem.M, r), staged=False, fold=j, precision=precision)
+            for j, r, b in itertools.product(FOLDS, (1, 2, 3, 4), bands)
+            if (problem.M * j) % 8 == 0 and problem.M * j // 8 <= MAX_FOLD_TILES and j * r <= b
         ]
