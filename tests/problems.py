@@ -1,11 +1,29 @@
 """Hypothesis strategies for whole problems: what the CPU tier plans and compiles and
 the GPU tier verifies numerically."""
 
-from hypothesis import assume
+from hypothesis import HealthCheck, Phase, assume
 from hypothesis import strategies as st
 
 from specgen.errors import SpecError
 from specgen.shapes import parse_shape
+
+# The settings of the GPU tier's drawn tests: no deadline (a compile takes seconds) and no
+# shrinking (on the GPU machine it can outlast the tier; the failing spec is in the
+# assertion message anyway).
+GPU_DRAWS = dict(
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+
+
+def parsed_or_rejected(spec: str):
+    """The problem of a drawn spec, or the draw rejected where the grammar refuses it (a
+    window larger than the padded image: PyTorch refuses it too)."""
+    try:
+        return parse_shape(spec)
+    except SpecError:
+        assume(False)
 
 
 @st.composite

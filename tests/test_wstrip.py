@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import default_and_drawn, verify_on_the_gpu
+from problems import GPU_DRAWS, default_and_drawn, parsed_or_rejected, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.compile import compile_source
 from specgen.errors import SpecError
@@ -319,19 +319,11 @@ def narrow_problems(draw):
     spec += f",dtype={draw(st.sampled_from(['bf16', 'fp16']))}"
     if draw(st.booleans()):
         spec += ",bias=1"
-    try:
-        return parse_shape(spec)
-    except SpecError:
-        assume(False)
+    return parsed_or_rejected(spec)
 
 
 @pytest.mark.gpu
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=25, **GPU_DRAWS)
 @given(p=narrow_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
 def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: the

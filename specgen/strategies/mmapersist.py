@@ -98,13 +98,8 @@ def _warp_grid(
     return best[1], best[2]
 
 
-def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
-    """(rows, n8 map tiles, m16 pixel tiles) of a warp, checked against the problem."""
-    M, Ho = shape.M, shape.Ho
-    rows = v.tile
-    mw, pw = v.regtile
-    if rows < 1 or rows > Ho:
-        raise SpecError(f"mmapersist's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+def warp_map_tiles(M: int, mw: int) -> int:
+    """The n8 map tiles of a warp's ``mw`` maps, which must be whole tiles of M's."""
     map_tiles = ceil_div(M, 8)
     if mw < 8 or mw % 8 or mw > 8 * map_tiles:
         choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
@@ -112,6 +107,17 @@ def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
             f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
             f"choose one of {choices}"
         )
+    return mw // 8
+
+
+def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
+    """(rows, n8 map tiles, m16 pixel tiles) of a warp, checked against the problem."""
+    M, Ho = shape.M, shape.Ho
+    rows = v.tile
+    mw, pw = v.regtile
+    if rows < 1 or rows > Ho:
+        raise SpecError(f"mmapersist's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+    warp_map_tiles(M, mw)
     if pw < 16 or pw % 16:
         raise SpecError(
             f"register tile pixels {pw}: a warp takes whole m16 pixel tiles; choose 16, 32, 48 or 64"

@@ -43,7 +43,14 @@ from ..plan.common import (
 )
 from ..shapes import ConvProblem, DType, Feature
 from ..variants import EPILOGUE, Count, Pair, Switch, Variant, param
-from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_context, band16_words
+from .mmapersist import (
+    BLOCKS16,
+    FRAGMENT16,
+    _warp_grid,
+    band16_context,
+    band16_words,
+    warp_map_tiles,
+)
 from .wgmma import SM_SHARED
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: R rows x NT map tiles x 4
@@ -89,15 +96,8 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     if rows < 1 or rows > Ho:
         raise SpecError(f"{key}'s tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
     if fold == 1:
-        map_tiles = ceil_div(M, 8)
-        if mw < 8 or mw % 8 or mw > 8 * map_tiles:
-            choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
-            raise SpecError(
-                f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
-                f"choose one of {choices}"
-            )
-        nt = mw // 8
-        map_groups = ceil_div(map_tiles, nt)
+        nt = warp_map_tiles(M, mw)
+        map_groups = ceil_div(ceil_div(M, 8), nt)
     else:
         if mw > M or (mw * fold) % 8:
             fits = [m for m in range(1, M + 1) if (m * fold) % 8 == 0]

@@ -34,7 +34,7 @@ from ..plan.common import OPTIN_SMEM_BYTES, Launch, Plan, Size, ceil_div
 from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import Count, Pair, Variant, param
-from .mmapersist import FRAGMENT16, band16_context, band16_words
+from .mmapersist import FRAGMENT16, band16_context, band16_words, warp_map_tiles
 from .mmastrip import _rows_per_strip
 from .wgmma import SM_SHARED
 from .wsplit import per_slice, sums_context
@@ -157,20 +157,14 @@ def _lane_ones(p) -> bool:
 def plan_wstrip(p, v: Wstrip) -> Plan:
     # 1. limits
     _check_dtype(p, v)
-    C, M, H, W, K, pad = p.C, p.M, p.H, p.W, p.K, p.pad
+    C, M, W, K, pad = p.C, p.M, p.W, p.K, p.pad
     P, Q = p.Ho, p.Wo
     rows = v.tile
     mw, rs = v.regtile
     if not 1 <= rows <= P:
         raise SpecError(f"wstrip's tile is a band of dy rows, 1 to Ho={P}; got {rows}")
+    nt = warp_map_tiles(M, mw)
     map_tiles = ceil_div(M, 8)
-    if mw < 8 or mw % 8 or mw > 8 * map_tiles:
-        choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
-        raise SpecError(
-            f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
-            f"choose one of {choices}"
-        )
-    nt = mw // 8
     tiles = _tiles(p)
     sums = 4 * len(tiles) * nt
     if sums > MAX_ACCUMULATORS:
