@@ -109,3 +109,15 @@ def verify_on_the_gpu(p, variants, batch: int) -> None:
     for v in variants:
         row = verify_variant(p, v, arch=arch, batch=batch, numbers=True, rng=rng)
         assert row.status == "PASS", (p.spec, v.name, row.problems)
+
+
+def assert_one_line_refusal(spec: str, name: str, words: str) -> None:
+    """Planning the named variant for the spec is refused in one line that says ``words``."""
+    import pytest
+
+    from specgen.plan import make_plan
+    from specgen.strategies import parse_variant_name
+
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name(name))
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specgen.parallel import precompile
@@ -13,7 +13,7 @@ from specgen.shapes import PRESETS, Act, DType, Op, parse_shape, square
 from specgen.strategies import default_set
 from specgen.verify import verify_variant
 
-from problems import problem_specs
+from problems import GPU_DRAWS, problem_specs
 
 pytestmark = pytest.mark.gpu
 
@@ -54,12 +54,7 @@ def test_preset_variant(shape, variant, arch, compiled):
     assert row.status == "PASS", row.problems
 
 
-@settings(
-    max_examples=16,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=16, **GPU_DRAWS)
 @given(
     K=st.sampled_from([1, 3, 5, 7]),
     C=st.integers(1, 32),
@@ -80,12 +75,7 @@ def test_random_shapes(K, C, M, H, W, padfrac, batch, bias, relu, arch):
     verify_default_set(shape, batch, arch)
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=12, **GPU_DRAWS)
 @given(
     K=st.sampled_from([5, 7, 9]),
     C=st.integers(1, 16),
@@ -108,12 +98,7 @@ def test_random_16bit_windows(K, C, M, H, W, padfrac, batch, bias, relu, dtype, 
     verify_default_set(shape, batch, arch)
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=12, **GPU_DRAWS)
 @given(
     K=st.sampled_from([5, 7, 9]),
     C=st.sampled_from([1, 2, 3, 4, 6, 12, 16]),
@@ -157,14 +142,7 @@ def test_16bit_seven_by_seven_layers_at_batch_1000(spec, arch):
     assert row.status == "PASS", (spec, v.name, row.problems)
 
 
-# No shrinking: on the GPU machine it can take longer than the whole tier, and the
-# failing problem's spec is in the assertion message anyway.
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=40, **GPU_DRAWS)
 @given(p=problem_specs(largest=29), batch=st.integers(1, 3))
 def test_random_problems(p, batch, arch):
     """Stride, dilation, groups (depthwise too), rectangular windows, every padding
@@ -201,13 +179,7 @@ def test_network_layers(spec, arch):
     verify_default_set(parse_shape(spec), 2, arch)
 
 
-# No shrinking, as above.
-@settings(
-    max_examples=30,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=30, **GPU_DRAWS)
 @given(
     p=problem_specs(largest=23),
     batch=st.integers(1, 3),
