@@ -15,10 +15,10 @@
 //   block         320 threads                    1 map group(s) x 10 strip group(s) of warps, 2 blocks an SM
 //   work item     80 output rows                 10 row group(s) x 5 column tile(s) = 50 units in 5 pass(es) of 10; 1 item(s) per image
 //   smem B        1024 B                         [1][4][1][32] uint2
-//   smem raw bands 2 x 14800 B [1][7398]          86 input rows of 86 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 14816 B [1][7408]          86 input rows of 86 per channel as x holds them, by 4-byte cp.async
 //   smem band     2 copies x [1][86][86] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
-// Kernel   mmafold_t80_r4x4_yd_j2_bf16_iobf16: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 60528 B dynamic shared memory (opt-in)
+// Kernel   mmafold_t80_r4x4_yd_j2_bf16_iobf16: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 60560 B dynamic shared memory (opt-in)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -67,41 +67,51 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16-byte asynchronous copy global -> shared of eight bf16 elements; src_bytes under 16
+// copies that many and zeroes the rest, 0 copies nothing.
+__device__ __forceinline__ void cp_async16(unsigned* dst, const unsigned short* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
 // Offset of x's element (channel c, image row iy, column 0) of image n from image_words(x, n).
 __device__ __forceinline__ int row_start(int n, int c, int iy)
 {
-    return 0 + c * 7396 + iy * 86;
+    return ((n * 4) & 7) + c * 7396 + iy * 86;
 }
 
-// Image n of x from the even element at or before its start, so that its words are
-// 4-byte aligned.
+// Image n of x from the element at or before its start on a 16-byte boundary.
 __device__ __forceinline__ const unsigned short* image_words(const unsigned short* __restrict__ x, int n)
 {
-    return x + (size_t)n * 7396 - 0;
+    return x + (size_t)n * 7396 - ((n * 4) & 7);
 }
 
 // Copy the rows of work item `item` (image item / 1, output rows 80*(item % 1) ..) that lie in
-// the image into a raw band, channel c at word c * 3699: one channel's rows are one
-// run of x, copied in aligned words from the even element at or before its start.
+// the image into a raw band, channel c at word c * 3704: one channel's rows are one
+// run of x, copied in 16-byte chunks from the 16-byte boundary at or before its start.
 __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const unsigned short* __restrict__ x, int item)
 {
     const int n = item / 1;
     const int iy0 = item % 1 * 80 - 0;
     const int lo = max(iy0, 0), hi = min(iy0 + 86, 86);
     const unsigned short* __restrict__ xn = image_words(x, n);
-    for (int e = threadIdx.x; e < 3699; e += 320) {
-        const int c = e / 3699;
+    for (int e = threadIdx.x; e < 926; e += 320) {
+        const int c = e / 926;
         const int start = row_start(n, c, lo), end = start + (hi - lo) * 86;
-        const int at = (start & ~1) + 2 * (e % 3699);
-        const int bytes = min(4, 2 * (end - at));
+        const int at = (start & ~7) + 8 * (e % 926);
+        const int bytes = min(16, 2 * (end - at));
         if (bytes > 0)
-            cp_async_word(raw + e, xn + at, bytes);
+            cp_async16(raw + 4 * e, xn + at, bytes);
     }
 }
 
-// Spread a raw band into the band's two copies, zero outside the image: element
-// (c, r, col) to even[c][r][col] and to odd[c][r][col - 1] (odd[j] = even[j + 1]).  A
-// warp a row, a lane a column: the row's arithmetic is done once.
+// Spread a raw band into the band's two copies, zero outside the image, a word of each at a
+// time: word w of a row holds band columns 2w, 2w+1 in the even copy and 2w+1, 2w+2 in
+// the odd one (odd[j] = even[j + 1]).  Both come from the two raw words under them, one as
+// it is and the other by a byte permutation, as the row starts at an even or odd element of
+// the raw band.  A warp a row, a lane a word: the row's arithmetic is done once.
 __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsigned short* __restrict__ odd,
                                        const unsigned short* __restrict__ raw, int item)
 {
@@ -109,26 +119,38 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
     const int iy0 = item % 1 * 80 - 0;
     const int lo = max(iy0, 0);
     const int lane = threadIdx.x % 32;
+    const unsigned* __restrict__ rw = reinterpret_cast<const unsigned*>(raw);
+    unsigned* __restrict__ ew = reinterpret_cast<unsigned*>(even);
+    unsigned* __restrict__ ow = reinterpret_cast<unsigned*>(odd - 2);  // the odd copy's region: odd[2w] in word w + 1
     for (int row = threadIdx.x / 32; row < 86; row += 10) {
         const int c = row / 86, r = row % 86;
         const int iy = iy0 + r;
         const bool inside = (unsigned)iy < 86u;
         // column col of the row: raw[from + col], where col - 0 is the image column
-        const int from = c * 7398 + row_start(n, c, iy) - 0 - (row_start(n, c, lo) & ~1);
-        unsigned short* __restrict__ er = even + c * 7396 + r * 86;
-        unsigned short* __restrict__ orow = odd + c * 7396 + r * 86 - 1;
+        const int from = c * 7408 + row_start(n, c, iy) - 0 - (row_start(n, c, lo) & ~7);
+        const int base = (c * 7396 + r * 86) / 2;
 #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int col = lane + 32 * k;
-            if (col < 86) {
-                const unsigned short v = inside && (unsigned)(col - 0) < 86u ? raw[from + col] : 0;
-                er[col] = v;
-                orow[col] = v;
+        for (int k = 0; k < 2; ++k) {
+            const int w = lane + 32 * k;
+            if (w < 43) {
+                const int at = from + 2 * w;  // raw element of band column 2w
+                // Below 0 only for columns of the left pad: at -1 (or -2) the word holds band
+                // column 2w (or 2w+1) of the pad and the image's first in its high half; below,
+                // nothing kept.  The word before the raw bands is readable (raw_at >= 1).
+                const int a = max(at >> 1, -1);
+                const unsigned w0 = rw[a], w1 = rw[a + 1];
+                unsigned mid;
+                asm("prmt.b32 %0, %1, %2, 0x5432;" : "=r"(mid) : "r"(w0), "r"(w1));
+                const int x0 = 2 * w - 0;  // image column of band column 2w
+                const unsigned lo0 = inside && (unsigned)x0 < 86u ? 0x0000ffffu : 0u;
+                const unsigned m1 = inside && (unsigned)(x0 + 1) < 86u ? 0xffffffffu : 0u;
+                const unsigned hi2 = inside && (unsigned)(x0 + 2) < 86u ? 0xffff0000u : 0u;
+                ew[base + w] = (at & 1 ? mid : w0) & (lo0 | (m1 & 0xffff0000u));
+                ow[base + w + 1] = (at & 1 ? w1 : mid) & ((m1 & 0x0000ffffu) | hi2);
             }
         }
     }
 }
-
 
 // 320, 2: the 16 accumulators of 4 rows x 1 map tile(s) and a channel's 28 A words, two blocks an SM.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
@@ -141,13 +163,13 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
 extern "C" __global__ void BOUNDS
 mmafold_t80_r4x4_yd_j2_bf16_iobf16(const unsigned short* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ y, int batch)
 {
-    // 60528 B, sized at launch, in words: B fragments [1][4][1][32] of uint2,
-    // two raw bands of 3700 from word 256, the band as is from word 7656
-    // and shifted by one element from word 11416, each [1][86][86] bf16.
+    // 60560 B, sized at launch, in words: B fragments [1][4][1][32] of uint2,
+    // two raw bands of 3704 from word 256, the band as is from word 7664
+    // and shifted by one element from word 11424, each [1][86][86] bf16.
     extern __shared__ __align__(16) unsigned smem[];
-    unsigned short* __restrict__ even = reinterpret_cast<unsigned short*>(smem + 7656);
+    unsigned short* __restrict__ even = reinterpret_cast<unsigned short*>(smem + 7664);
     // odd[j] = even[j + 1]; odd[-1], written by element 0, lands in the region's first word
-    unsigned short* __restrict__ odd = reinterpret_cast<unsigned short*>(smem + 11416) + 2;
+    unsigned short* __restrict__ odd = reinterpret_cast<unsigned short*>(smem + 11424) + 2;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
@@ -183,7 +205,7 @@ mmafold_t80_r4x4_yd_j2_bf16_iobf16(const unsigned short* __restrict__ x, const f
     // spread into, and are read (into sums that are not stored, or against zero weights)
     // as finite numbers.
     for (int e = threadIdx.x; e < 7476; e += 320)
-        smem[7656 + e] = 0u;
+        smem[7664 + e] = 0u;
 
     int item = blockIdx.x;
     if (item < items)
@@ -193,11 +215,11 @@ mmafold_t80_r4x4_yd_j2_bf16_iobf16(const unsigned short* __restrict__ x, const f
         // Prefetch the next item's raw band, then spread this one's (the barrier: every
         // warp is done with the copies, and this raw band has landed).
         if (item + gridDim.x < items)
-            fetch(smem + 256 + (buf ^ 1) * 3700, x, item + gridDim.x);
+            fetch(smem + 256 + (buf ^ 1) * 3704, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
-        spread(even, odd, reinterpret_cast<const unsigned short*>(smem + 256 + buf * 3700), item);
+        spread(even, odd, reinterpret_cast<const unsigned short*>(smem + 256 + buf * 3704), item);
         __syncthreads();
 
         const int oy0 = item % 1 * 80;

@@ -16,10 +16,10 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     32 output rows                 4 row group(s) x 3 column tile(s) = 12 units in 2 pass(es) of 8; 2 item(s) per image
 //   smem B        16384 B                        [16][4][1][32] uint2
-//   smem raw bands 2 x 41408 B [16][1294]         38 input rows of 34 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 41728 B [16][1304]         38 input rows of 34 per channel as x holds them, by 4-byte cp.async
 //   smem band     2 copies x [16][38][46] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
-// Kernel   mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 211344 B dynamic shared memory (opt-in)
+// Kernel   mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 211984 B dynamic shared memory (opt-in)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -68,41 +68,51 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16-byte asynchronous copy global -> shared of eight bf16 elements; src_bytes under 16
+// copies that many and zeroes the rest, 0 copies nothing.
+__device__ __forceinline__ void cp_async16(unsigned* dst, const unsigned short* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
 // Offset of x's element (channel c, image row iy, column 0) of image n from image_words(x, n).
 __device__ __forceinline__ int row_start(int n, int c, int iy)
 {
     return 0 + c * 1156 + iy * 34;
 }
 
-// Image n of x from the even element at or before its start, so that its words are
-// 4-byte aligned.
+// Image n of x from the element at or before its start on a 16-byte boundary.
 __device__ __forceinline__ const unsigned short* image_words(const unsigned short* __restrict__ x, int n)
 {
     return x + (size_t)n * 18496 - 0;
 }
 
 // Copy the rows of work item `item` (image item / 2, output rows 32*(item % 2) ..) that lie in
-// the image into a raw band, channel c at word c * 647: one channel's rows are one
-// run of x, copied in aligned words from the even element at or before its start.
+// the image into a raw band, channel c at word c * 652: one channel's rows are one
+// run of x, copied in 16-byte chunks from the 16-byte boundary at or before its start.
 __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const unsigned short* __restrict__ x, int item)
 {
     const int n = item / 2;
     const int iy0 = item % 2 * 32 - 6;
     const int lo = max(iy0, 0), hi = min(iy0 + 38, 34);
     const unsigned short* __restrict__ xn = image_words(x, n);
-    for (int e = threadIdx.x; e < 10352; e += 256) {
-        const int c = e / 647;
+    for (int e = threadIdx.x; e < 2608; e += 256) {
+        const int c = e / 163;
         const int start = row_start(n, c, lo), end = start + (hi - lo) * 34;
-        const int at = (start & ~1) + 2 * (e % 647);
-        const int bytes = min(4, 2 * (end - at));
+        const int at = (start & ~7) + 8 * (e % 163);
+        const int bytes = min(16, 2 * (end - at));
         if (bytes > 0)
-            cp_async_word(raw + e, xn + at, bytes);
+            cp_async16(raw + 4 * e, xn + at, bytes);
     }
 }
 
-// Spread a raw band into the band's two copies, zero outside the image: element
-// (c, r, col) to even[c][r][col] and to odd[c][r][col - 1] (odd[j] = even[j + 1]).  A
-// warp a row, a lane a column: the row's arithmetic is done once.
+// Spread a raw band into the band's two copies, zero outside the image, a word of each at a
+// time: word w of a row holds band columns 2w, 2w+1 in the even copy and 2w+1, 2w+2 in
+// the odd one (odd[j] = even[j + 1]).  Both come from the two raw words under them, one as
+// it is and the other by a byte permutation, as the row starts at an even or odd element of
+// the raw band.  A warp a row, a lane a word: the row's arithmetic is done once.
 __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsigned short* __restrict__ odd,
                                        const unsigned short* __restrict__ raw, int item)
 {
@@ -110,26 +120,38 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
     const int iy0 = item % 2 * 32 - 6;
     const int lo = max(iy0, 0);
     const int lane = threadIdx.x % 32;
+    const unsigned* __restrict__ rw = reinterpret_cast<const unsigned*>(raw);
+    unsigned* __restrict__ ew = reinterpret_cast<unsigned*>(even);
+    unsigned* __restrict__ ow = reinterpret_cast<unsigned*>(odd - 2);  // the odd copy's region: odd[2w] in word w + 1
     for (int row = threadIdx.x / 32; row < 608; row += 8) {
         const int c = row / 38, r = row % 38;
         const int iy = iy0 + r;
         const bool inside = (unsigned)iy < 34u;
         // column col of the row: raw[from + col], where col - 6 is the image column
-        const int from = c * 1294 + row_start(n, c, iy) - 6 - (row_start(n, c, lo) & ~1);
-        unsigned short* __restrict__ er = even + c * 1748 + r * 46;
-        unsigned short* __restrict__ orow = odd + c * 1748 + r * 46 - 1;
+        const int from = c * 1304 + row_start(n, c, iy) - 6 - (row_start(n, c, lo) & ~7);
+        const int base = (c * 1748 + r * 46) / 2;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int col = lane + 32 * k;
-            if (col < 46) {
-                const unsigned short v = inside && (unsigned)(col - 6) < 34u ? raw[from + col] : 0;
-                er[col] = v;
-                orow[col] = v;
+        for (int k = 0; k < 1; ++k) {
+            const int w = lane + 32 * k;
+            if (w < 23) {
+                const int at = from + 2 * w;  // raw element of band column 2w
+                // Below 0 only for columns of the left pad: at -1 (or -2) the word holds band
+                // column 2w (or 2w+1) of the pad and the image's first in its high half; below,
+                // nothing kept.  The word before the raw bands is readable (raw_at >= 1).
+                const int a = max(at >> 1, -1);
+                const unsigned w0 = rw[a], w1 = rw[a + 1];
+                unsigned mid;
+                asm("prmt.b32 %0, %1, %2, 0x5432;" : "=r"(mid) : "r"(w0), "r"(w1));
+                const int x0 = 2 * w - 6;  // image column of band column 2w
+                const unsigned lo0 = inside && (unsigned)x0 < 34u ? 0x0000ffffu : 0u;
+                const unsigned m1 = inside && (unsigned)(x0 + 1) < 34u ? 0xffffffffu : 0u;
+                const unsigned hi2 = inside && (unsigned)(x0 + 2) < 34u ? 0xffff0000u : 0u;
+                ew[base + w] = (at & 1 ? mid : w0) & (lo0 | (m1 & 0xffff0000u));
+                ow[base + w + 1] = (at & 1 ? w1 : mid) & ((m1 & 0x0000ffffu) | hi2);
             }
         }
     }
 }
-
 
 // 256, 2: the 16 accumulators of 4 rows x 1 map tile(s) and a channel's 28 A words, two blocks an SM.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
@@ -142,13 +164,13 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
 extern "C" __global__ void BOUNDS
 mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ y, int batch)
 {
-    // 211344 B, sized at launch, in words: B fragments [16][4][1][32] of uint2,
-    // two raw bands of 10352 from word 4096, the band as is from word 24800
-    // and shifted by one element from word 38832, each [16][38][46] bf16.
+    // 211984 B, sized at launch, in words: B fragments [16][4][1][32] of uint2,
+    // two raw bands of 10432 from word 4096, the band as is from word 24960
+    // and shifted by one element from word 38992, each [16][38][46] bf16.
     extern __shared__ __align__(16) unsigned smem[];
-    unsigned short* __restrict__ even = reinterpret_cast<unsigned short*>(smem + 24800);
+    unsigned short* __restrict__ even = reinterpret_cast<unsigned short*>(smem + 24960);
     // odd[j] = even[j + 1]; odd[-1], written by element 0, lands in the region's first word
-    unsigned short* __restrict__ odd = reinterpret_cast<unsigned short*>(smem + 38832) + 2;
+    unsigned short* __restrict__ odd = reinterpret_cast<unsigned short*>(smem + 38992) + 2;
 
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
@@ -184,7 +206,7 @@ mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, c
     // spread into, and are read (into sums that are not stored, or against zero weights)
     // as finite numbers.
     for (int e = threadIdx.x; e < 28036; e += 256)
-        smem[24800 + e] = 0u;
+        smem[24960 + e] = 0u;
 
     int item = blockIdx.x;
     if (item < items)
@@ -194,11 +216,11 @@ mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, c
         // Prefetch the next item's raw band, then spread this one's (the barrier: every
         // warp is done with the copies, and this raw band has landed).
         if (item + gridDim.x < items)
-            fetch(smem + 4096 + (buf ^ 1) * 10352, x, item + gridDim.x);
+            fetch(smem + 4096 + (buf ^ 1) * 10432, x, item + gridDim.x);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
-        spread(even, odd, reinterpret_cast<const unsigned short*>(smem + 4096 + buf * 10352), item);
+        spread(even, odd, reinterpret_cast<const unsigned short*>(smem + 4096 + buf * 10432), item);
         __syncthreads();
 
         const int oy0 = item % 2 * 32;

@@ -15,7 +15,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     33 output rows                 6 row group(s) x 4 column tile(s) + 5 fragments of 2 columns x 8 rows for columns 64..65 = 29 units in 4 pass(es) of 8; 2 item(s) per image
 //   smem B        2048 B                         [1][4][2][32] uint2
-//   smem raw bands 2 x 5632 B [1][2810]           39 input rows of 72 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 5632 B [1][2816]           39 input rows of 72 per channel as x holds them, by 4-byte cp.async
 //   smem band     2 copies x [1][46][72] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        staged: 12 runs of 2178 pixels, 16-byte stores smem [12][2216] bf16, each map's rows one run of y
 // Kernel   mmastrip_t33_r16x6_ys_bf16_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 80048 B dynamic shared memory (opt-in)
@@ -67,41 +67,51 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16-byte asynchronous copy global -> shared of eight bf16 elements; src_bytes under 16
+// copies that many and zeroes the rest, 0 copies nothing.
+__device__ __forceinline__ void cp_async16(unsigned* dst, const unsigned short* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
 // Offset of x's element (channel c, image row iy, column 0) of image n from image_words(x, n).
 __device__ __forceinline__ int row_start(int n, int c, int iy)
 {
     return 0 + c * 5184 + iy * 72;
 }
 
-// Image n of x from the even element at or before its start, so that its words are
-// 4-byte aligned.
+// Image n of x from the element at or before its start on a 16-byte boundary.
 __device__ __forceinline__ const unsigned short* image_words(const unsigned short* __restrict__ x, int n)
 {
     return x + (size_t)n * 5184 - 0;
 }
 
 // Copy the rows of work item `item` (image item / 2, output rows 33*(item % 2) ..) that lie in
-// the image into a raw band, channel c at word c * 1405: one channel's rows are one
-// run of x, copied in aligned words from the even element at or before its start.
+// the image into a raw band, channel c at word c * 1408: one channel's rows are one
+// run of x, copied in 16-byte chunks from the 16-byte boundary at or before its start.
 __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const unsigned short* __restrict__ x, int item)
 {
     const int n = item / 2;
     const int iy0 = item % 2 * 33 - 0;
     const int lo = max(iy0, 0), hi = min(iy0 + 39, 72);
     const unsigned short* __restrict__ xn = image_words(x, n);
-    for (int e = threadIdx.x; e < 1405; e += 256) {
-        const int c = e / 1405;
+    for (int e = threadIdx.x; e < 352; e += 256) {
+        const int c = e / 352;
         const int start = row_start(n, c, lo), end = start + (hi - lo) * 72;
-        const int at = (start & ~1) + 2 * (e % 1405);
-        const int bytes = min(4, 2 * (end - at));
+        const int at = (start & ~7) + 8 * (e % 352);
+        const int bytes = min(16, 2 * (end - at));
         if (bytes > 0)
-            cp_async_word(raw + e, xn + at, bytes);
+            cp_async16(raw + 4 * e, xn + at, bytes);
     }
 }
 
-// Spread a raw band into the band's two copies, zero outside the image: element
-// (c, r, col) to even[c][r][col] and to odd[c][r][col - 1] (odd[j] = even[j + 1]).  A
-// warp a row, a lane a column: the row's arithmetic is done once.
+// Spread a raw band into the band's two copies, zero outside the image, a word of each at a
+// time: word w of a row holds band columns 2w, 2w+1 in the even copy and 2w+1, 2w+2 in
+// the odd one (odd[j] = even[j + 1]).  Both come from the two raw words under them, one as
+// it is and the other by a byte permutation, as the row starts at an even or odd element of
+// the raw band.  A warp a row, a lane a word: the row's arithmetic is done once.
 __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsigned short* __restrict__ odd,
                                        const unsigned short* __restrict__ raw, int item)
 {
@@ -109,26 +119,38 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
     const int iy0 = item % 2 * 33 - 0;
     const int lo = max(iy0, 0);
     const int lane = threadIdx.x % 32;
+    const unsigned* __restrict__ rw = reinterpret_cast<const unsigned*>(raw);
+    unsigned* __restrict__ ew = reinterpret_cast<unsigned*>(even);
+    unsigned* __restrict__ ow = reinterpret_cast<unsigned*>(odd - 2);  // the odd copy's region: odd[2w] in word w + 1
     for (int row = threadIdx.x / 32; row < 39; row += 8) {
         const int c = row / 39, r = row % 39;
         const int iy = iy0 + r;
         const bool inside = (unsigned)iy < 72u;
         // column col of the row: raw[from + col], where col - 0 is the image column
-        const int from = c * 2810 + row_start(n, c, iy) - 0 - (row_start(n, c, lo) & ~1);
-        unsigned short* __restrict__ er = even + c * 3312 + r * 72;
-        unsigned short* __restrict__ orow = odd + c * 3312 + r * 72 - 1;
+        const int from = c * 2816 + row_start(n, c, iy) - 0 - (row_start(n, c, lo) & ~7);
+        const int base = (c * 3312 + r * 72) / 2;
 #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int col = lane + 32 * k;
-            if (col < 72) {
-                const unsigned short v = inside && (unsigned)(col - 0) < 72u ? raw[from + col] : 0;
-                er[col] = v;
-                orow[col] = v;
+        for (int k = 0; k < 2; ++k) {
+            const int w = lane + 32 * k;
+            if (w < 36) {
+                const int at = from + 2 * w;  // raw element of band column 2w
+                // Below 0 only for columns of the left pad: at -1 (or -2) the word holds band
+                // column 2w (or 2w+1) of the pad and the image's first in its high half; below,
+                // nothing kept.  The word before the raw bands is readable (raw_at >= 1).
+                const int a = max(at >> 1, -1);
+                const unsigned w0 = rw[a], w1 = rw[a + 1];
+                unsigned mid;
+                asm("prmt.b32 %0, %1, %2, 0x5432;" : "=r"(mid) : "r"(w0), "r"(w1));
+                const int x0 = 2 * w - 0;  // image column of band column 2w
+                const unsigned lo0 = inside && (unsigned)x0 < 72u ? 0x0000ffffu : 0u;
+                const unsigned m1 = inside && (unsigned)(x0 + 1) < 72u ? 0xffffffffu : 0u;
+                const unsigned hi2 = inside && (unsigned)(x0 + 2) < 72u ? 0xffff0000u : 0u;
+                ew[base + w] = (at & 1 ? mid : w0) & (lo0 | (m1 & 0xffff0000u));
+                ow[base + w + 1] = (at & 1 ? w1 : mid) & ((m1 & 0x0000ffffu) | hi2);
             }
         }
     }
 }
-
 
 // 256, 2: the 48 accumulators of 6 rows x 2 map tile(s) and a channel's 24 A words, two blocks an SM.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if

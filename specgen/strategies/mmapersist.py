@@ -382,7 +382,9 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     # raw bands [C][chunk] in x's order, then the even copy and the odd copy of the band
     # [c_pad][ih][stride], the odd copy 16 banks after the even one.
     b_words = steps * map_tiles * 64
-    chunk_words, raw_words, even_words, odd_words = band16_words(shape, ih, c_pad * plane + slack)
+    chunk_words, raw_words, even_words, odd_words = band16_words(
+        shape, ih, c_pad * plane + slack, fetch16=True
+    )
     words = b_words + 2 * raw_words + even_words + odd_words
     nbytes = 4 * words
     if nbytes > OPTIN_SMEM_BYTES:
@@ -409,6 +411,7 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     ctx = dict(
         shape_context(shape),
         **band16_context(shape, ih, threads, chunk_words),
+        fetch16=True,  # 16-byte copies, a word-wise spread (the B words precede the bands)
         elem="f16" if shape.dtype is DType.FP16 else "bf16",
         rows=rows,
         ih=ih,
