@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     22 output rows                 2 row group(s) x 6 column tile(s) = 12 units in 2 pass(es) of 8; 4 item(s) per image
 //   smem B        7168 B                         [4][7][1][32] uint2
-//   smem raw bands 2 x 17984 B [4][2248]          28 input rows of 80 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 17984 B [4][2248]          28 input rows of 80 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [4][38][92] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t22_r1x2_yd_j8_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*4, blocks resident on the device), 1, 1), 99280 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         384 threads                    1 map group(s) x 12 strip group(s) of warps, 2 blocks an SM
 //   work item     32 output rows                 4 row group(s) x 6 column tile(s) = 24 units in 2 pass(es) of 12; 3 item(s) per image
 //   smem B        7168 B                         [4][7][1][32] uint2
-//   smem raw bands 2 x 24384 B [4][3048]          38 input rows of 80 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 24384 B [4][3048]          38 input rows of 80 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [4][38][92] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t32_r1x1_yd_j8_bf16_dgrad_iobf16: block 384x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 112080 B dynamic shared memory (opt-in)

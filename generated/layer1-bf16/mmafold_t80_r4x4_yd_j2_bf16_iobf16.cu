@@ -15,7 +15,7 @@
 //   block         320 threads                    1 map group(s) x 10 strip group(s) of warps, 2 blocks an SM
 //   work item     80 output rows                 10 row group(s) x 5 column tile(s) = 50 units in 5 pass(es) of 10; 1 item(s) per image
 //   smem B        1024 B                         [1][4][1][32] uint2
-//   smem raw bands 2 x 14816 B [1][7408]          86 input rows of 86 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 14816 B [1][7408]          86 input rows of 86 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [1][86][86] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t80_r4x4_yd_j2_bf16_iobf16: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 60560 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 pixel group(s) of warps
 //   work item     77 output rows = 6622 pixels   414 m16 tiles in 13 pass(es) of 32 (0% idle); 2 item(s) per image
 //   smem B        3584 B                         14 k steps x 1 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 53184 B [4][6648]          83 input rows of 80 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 53184 B [4][6648]          83 input rows of 80 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [4][83][92] bf16    as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t77_r8x64_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 232320 B dynamic shared memory (opt-in)
 

@@ -15,7 +15,7 @@
 //   block         320 threads                    1 map group(s) x 10 pixel group(s) of warps
 //   work item     80 output rows = 6400 pixels   400 m16 tiles in 10 pass(es) of 40 (0% idle); 1 item(s) per image
 //   smem B        1024 B                         4 k steps x 1 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 14816 B [1][7408]          86 input rows of 86 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 14816 B [1][7408]          86 input rows of 86 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [1][86][86] bf16    as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t80_r8x64_bf16_iobf16: block 320x1x1, grid (min(B, blocks resident on the device), 1, 1), 60384 B dynamic shared memory (opt-in)
 

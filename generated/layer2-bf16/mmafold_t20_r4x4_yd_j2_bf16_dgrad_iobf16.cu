@@ -16,7 +16,7 @@
 //   block         288 threads                    1 map group(s) x 9 strip group(s) of warps, 2 blocks an SM
 //   work item     20 output rows                 3 row group(s) x 3 column tile(s) = 9 units in 1 pass(es) of 9; 2 item(s) per image
 //   smem B        16384 B                        [16][4][1][32] uint2
-//   smem raw bands 2 x 28672 B [16][896]          26 input rows of 34 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 28672 B [16][896]          26 input rows of 34 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [16][30][46] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t20_r4x4_yd_j2_bf16_dgrad_iobf16: block 288x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 162320 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     32 output rows                 4 row group(s) x 3 column tile(s) = 12 units in 2 pass(es) of 8; 2 item(s) per image
 //   smem B        16384 B                        [16][4][1][32] uint2
-//   smem raw bands 2 x 41728 B [16][1304]         38 input rows of 34 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 41728 B [16][1304]         38 input rows of 34 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [16][38][46] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t32_r4x4_yd_j2_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 211984 B dynamic shared memory (opt-in)

@@ -15,7 +15,7 @@
 //   block         192 threads                    1 map group(s) x 6 strip group(s) of warps, 2 blocks an SM
 //   work item     34 output rows                 5 row group(s) x 3 column tile(s) = 15 units in 3 pass(es) of 6; 1 item(s) per image
 //   smem B        16384 B                        [4][4][4][32] uint2
-//   smem raw bands 2 x 12864 B [4][1608]          40 input rows of 40 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 12864 B [4][1608]          40 input rows of 40 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [4][46][40] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t34_r16x4_yd_j2_bf16_iobf16: block 192x1x1, grid (min(B, blocks resident on the device), 1, 1), 71824 B dynamic shared memory (opt-in)

@@ -15,7 +15,7 @@
 //   block         256 threads                    1 map group(s) x 8 pixel group(s) of warps
 //   work item     34 output rows = 1156 pixels   73 m16 tiles in 3 pass(es) of 32 (24% idle); 1 item(s) per image
 //   smem B        7168 B                         14 k steps x 2 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 12864 B [4][1608]          40 input rows of 40 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 12864 B [4][1608]          40 input rows of 40 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [4][40][40] bf16    as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t34_r16x64_bf16_iobf16: block 256x1x1, grid (min(B, blocks resident on the device), 1, 1), 58720 B dynamic shared memory (opt-in)
 

@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 pixel group(s) of warps
 //   work item     36 output rows = 1440 pixels   90 m16 tiles in 3 pass(es) of 32 (6% idle); 2 item(s) per image
 //   smem B        14336 B                        56 k steps x 1 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 46080 B [16][1440]         42 input rows of 34 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 46080 B [16][1440]         42 input rows of 34 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [16][42][46] bf16   as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t36_r8x64_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 230368 B dynamic shared memory (opt-in)
 

@@ -16,7 +16,7 @@
 //   block         96 threads                     1 map group(s) x 3 strip group(s) of warps, 2 blocks an SM
 //   work item     10 output rows                 1 row group(s) x 3 column tile(s) = 3 units in 1 pass(es) of 3; 4 item(s) per image
 //   smem B        16384 B                        [16][4][1][32] uint2
-//   smem raw bands 2 x 17664 B [16][552]          16 input rows of 34 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 17664 B [16][552]          16 input rows of 34 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [16][16][46] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmastrip_t10_r8x10_yd_bf16_dgrad_iobf16: block 96x1x1, grid (min(B*4, blocks resident on the device), 1, 1), 99088 B dynamic shared memory (opt-in)

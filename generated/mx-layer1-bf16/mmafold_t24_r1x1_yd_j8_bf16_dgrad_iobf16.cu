@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     24 output rows                 3 row group(s) x 5 column tile(s) = 15 units in 2 pass(es) of 8; 3 item(s) per image
 //   smem B        21504 B                        [12][7][1][32] uint2
-//   smem raw bands 2 x 47808 B [12][1992]         30 input rows of 66 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 47808 B [12][1992]         30 input rows of 66 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [12][30][78] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t24_r1x1_yd_j8_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 229744 B dynamic shared memory (opt-in)

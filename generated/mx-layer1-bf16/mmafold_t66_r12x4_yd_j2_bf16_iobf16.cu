@@ -15,7 +15,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     66 output rows                 9 row group(s) x 5 column tile(s) = 45 units in 6 pass(es) of 8; 1 item(s) per image
 //   smem B        3072 B                         [1][4][3][32] uint2
-//   smem raw bands 2 x 10384 B [1][5192]          72 input rows of 72 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 10384 B [1][5192]          72 input rows of 72 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [1][78][72] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmafold_t66_r12x4_yd_j2_bf16_iobf16: block 256x1x1, grid (min(B, blocks resident on the device), 1, 1), 46608 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         320 threads                    1 map group(s) x 10 pixel group(s) of warps
 //   work item     25 output rows = 1800 pixels   113 m16 tiles in 3 pass(es) of 40 (6% idle); 3 item(s) per image
 //   smem B        10752 B                        42 k steps x 1 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 49344 B [12][2056]         31 input rows of 66 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 49344 B [12][2056]         31 input rows of 66 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [12][31][78] bf16   as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t25_r8x64_bf16_dgrad_iobf16: block 320x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 225680 B dynamic shared memory (opt-in)
 

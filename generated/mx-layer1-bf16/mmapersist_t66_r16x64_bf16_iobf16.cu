@@ -15,7 +15,7 @@
 //   block         256 threads                    1 map group(s) x 8 pixel group(s) of warps
 //   work item     66 output rows = 4356 pixels   273 m16 tiles in 9 pass(es) of 32 (5% idle); 1 item(s) per image
 //   smem B        2048 B                         4 k steps x 2 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 10384 B [1][5192]          72 input rows of 72 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 10384 B [1][5192]          72 input rows of 72 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [1][72][72] bf16    as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t66_r16x64_bf16_iobf16: block 256x1x1, grid (min(B, blocks resident on the device), 1, 1), 43776 B dynamic shared memory (opt-in)
 

@@ -15,7 +15,7 @@
 //   block         256 threads                    1 map group(s) x 8 strip group(s) of warps, 2 blocks an SM
 //   work item     33 output rows                 6 row group(s) x 4 column tile(s) + 5 fragments of 2 columns x 8 rows for columns 64..65 = 29 units in 4 pass(es) of 8; 2 item(s) per image
 //   smem B        2048 B                         [1][4][2][32] uint2
-//   smem raw bands 2 x 5632 B [1][2816]           39 input rows of 72 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 5632 B [1][2816]           39 input rows of 72 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [1][46][72] bf16    as is and shifted by one element, so every tap pair is one aligned word
 //   stores        staged: 12 runs of 2178 pixels, 16-byte stores smem [12][2216] bf16, each map's rows one run of y
 // Kernel   mmastrip_t33_r16x6_ys_bf16_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 80048 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         160 threads                    1 map group(s) x 5 strip group(s) of warps, 2 blocks an SM
 //   work item     8 output rows                  1 row group(s) x 5 column tile(s) = 5 units in 1 pass(es) of 5; 9 item(s) per image
 //   smem B        12288 B                        [12][4][1][32] uint2
-//   smem raw bands 2 x 22464 B [12][936]          14 input rows of 66 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 22464 B [12][936]          14 input rows of 66 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [12][14][78] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        pixel pairs, 32-bit            a lane's two columns are neighbours: one 32-bit store of each map
 // Kernel   mmastrip_t8_r8x8_yd_bf16_dgrad_iobf16: block 160x1x1, grid (min(B*9, blocks resident on the device), 1, 1), 109936 B dynamic shared memory (opt-in)

@@ -16,7 +16,7 @@
 //   block         288 threads                    1 map group(s) x 9 strip group(s) of warps, 2 blocks an SM
 //   work item     11 output rows                 3 row group(s) x 3 column tile(s) = 9 units in 1 pass(es) of 9; 3 item(s) per image
 //   smem B        73728 B                        [24][4][3][32] uint2
-//   smem raw bands 2 x 22656 B [24][472]          17 input rows of 27 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 22656 B [24][472]          17 input rows of 27 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [24][18][40] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        single pixels, 16-bit          Wo=33 or the image odd: a pair could start at an odd element
 // Kernel   mmafold_t11_r12x2_yd_j2_bf16_dgrad_iobf16: block 288x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 188432 B dynamic shared memory (opt-in)

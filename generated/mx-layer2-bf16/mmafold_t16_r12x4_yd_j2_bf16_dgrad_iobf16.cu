@@ -16,7 +16,7 @@
 //   block         192 threads                    1 map group(s) x 6 strip group(s) of warps, 2 blocks an SM
 //   work item     16 output rows                 2 row group(s) x 3 column tile(s) = 6 units in 1 pass(es) of 6; 3 item(s) per image
 //   smem B        73728 B                        [24][4][3][32] uint2
-//   smem raw bands 2 x 29184 B [24][608]          22 input rows of 27 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 29184 B [24][608]          22 input rows of 27 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [24][22][40] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        single pixels, 16-bit          Wo=33 or the image odd: a pair could start at an odd element
 // Kernel   mmafold_t16_r12x4_yd_j2_bf16_dgrad_iobf16: block 192x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 216848 B dynamic shared memory (opt-in)

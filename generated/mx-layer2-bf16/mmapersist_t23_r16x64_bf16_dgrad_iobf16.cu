@@ -16,7 +16,7 @@
 //   block         256 threads                    1 map group(s) x 8 pixel group(s) of warps
 //   work item     23 output rows = 759 pixels    48 m16 tiles in 2 pass(es) of 32 (25% idle); 2 item(s) per image
 //   smem B        43008 B                        84 k steps x 2 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 38016 B [24][792]          29 input rows of 27 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 38016 B [24][792]          29 input rows of 27 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [24][29][40] bf16   as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t23_r16x64_bf16_dgrad_iobf16: block 256x1x1, grid (min(B*2, blocks resident on the device), 1, 1), 230624 B dynamic shared memory (opt-in)
 

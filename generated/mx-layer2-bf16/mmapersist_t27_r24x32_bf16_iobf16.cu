@@ -15,7 +15,7 @@
 //   block         384 threads                    1 map group(s) x 12 pixel group(s) of warps
 //   work item     27 output rows = 729 pixels    46 m16 tiles in 2 pass(es) of 24 (4% idle); 1 item(s) per image
 //   smem B        32256 B                        42 k steps x 3 map tiles x 32 lanes x 8 B
-//   smem raw bands 2 x 26304 B [12][1096]         33 input rows of 33 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 26304 B [12][1096]         33 input rows of 33 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [12][33][34] bf16   as is and shifted by one element, so every tap pair is one aligned word (1-way bank conflicts at worst)
 // Kernel   mmapersist_t27_r24x32_bf16_iobf16: block 384x1x1, grid (min(B, blocks resident on the device), 1, 1), 138896 B dynamic shared memory (opt-in)
 

@@ -16,7 +16,7 @@
 //   block         96 threads                     1 map group(s) x 3 strip group(s) of warps, 2 blocks an SM
 //   work item     4 output rows                  1 row group(s) x 3 column tile(s) = 3 units in 1 pass(es) of 3; 9 item(s) per image
 //   smem B        49152 B                        [24][4][2][32] uint2
-//   smem raw bands 2 x 13440 B [24][280]          10 input rows of 27 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 13440 B [24][280]          10 input rows of 27 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [24][10][40] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        single pixels, 16-bit          Wo=33 or the image odd: a pair could start at an odd element
 // Kernel   mmastrip_t4_r16x4_yd_bf16_dgrad_iobf16: block 96x1x1, grid (min(B*9, blocks resident on the device), 1, 1), 114704 B dynamic shared memory (opt-in)

@@ -15,7 +15,7 @@
 //   block         256 threads                    2 map group(s) x 4 strip group(s) of warps, 2 blocks an SM
 //   work item     9 output rows                  3 row group(s) x 2 column tile(s) = 6 units in 2 pass(es) of 4; 3 item(s) per image
 //   smem B        49152 B                        [12][4][4][32] uint2
-//   smem raw bands 2 x 12096 B [12][504]          15 input rows of 33 per channel as x holds them, by 4-byte cp.async
+//   smem raw bands 2 x 12096 B [12][504]          15 input rows of 33 per channel as x holds them, by 16-byte cp.async, spread a word at a time
 //   smem band     2 copies x [12][15][34] bf16   as is and shifted by one element, so every tap pair is one aligned word
 //   stores        single pixels, 16-bit          Wo=27 or the image odd: a pair could start at an odd element
 // Kernel   mmastrip_t9_r16x3_yd_bf16_iobf16: block 256x1x1, grid (min(B*3, blocks resident on the device), 1, 1), 98144 B dynamic shared memory (opt-in)

@@ -499,7 +499,8 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
         Size(
             "smem raw bands",
             f"2 x {4 * raw_words} B [{C}][{2 * chunk_words}]",
-            f"{ih} input rows of {W} per channel as x holds them, by 4-byte cp.async",
+            f"{ih} input rows of {W} per channel as x holds them, by 16-byte cp.async, spread "
+            "a word at a time",
         ),
         Size(
             "smem band",
