@@ -30,7 +30,7 @@ from specgen.strategies.stream import Stream
 from specgen.strategies.tiled import Tiled
 from specgen.variants import Layout, Precision, Weights
 
-from problems import problem_specs
+from problems import assert_one_line_refusal, problem_specs
 
 ALL = [(s, v) for s in PRESETS.values() for op in Op for v in default_set(s.with_op(op))]
 
@@ -653,6 +653,20 @@ def test_16bit_fragment_indexing_computes_the_convolution(spec, variant, dtype):
     y = emulate(shape, plan, x, w)
     assert not np.isnan(y).any()
     np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        ("C=4,M=1,H=80,W=80,K=7,pad=6,dtype=bf16", "mmafold_t32_r1x1_yd_j4_bf16", "--fold 8"),
+        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "mmafold_t20_r4x2_yd_j3_bf16", "--fold 2"),
+        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "mmafold_t20_r5x2_yd_j8_bf16", "choose one of"),
+        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "mmafold_t20_r4x9_yd_j4_bf16", "accumulators"),
+        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "mmafold_t41_r4x4_yd_j2_bf16", "Ho=40"),
+    ],
+)
+def test_mmafold_limits_are_one_line_refusals(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
 
 
 def _emulate_stream(shape, plan, x, w):

@@ -101,10 +101,15 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     else:
         if mw > M or (mw * fold) % 8:
             fits = [m for m in range(1, M + 1) if (m * fold) % 8 == 0]
+            if fits:
+                raise SpecError(
+                    f"register tile maps {mw}: a warp's maps x {fold} folded rows fill whole "
+                    f"n8 tiles, at most M={M} maps; choose one of {', '.join(map(str, fits))}"
+                )
+            m = min(mw, M)
             raise SpecError(
-                f"register tile maps {mw}: a warp's maps x {fold} folded rows fill whole n8 "
-                f"tiles, at most M={M} maps; choose one of {', '.join(map(str, fits)) or 'none'}"
-                + ("" if fits else f" (fold {8 // gcd(8, M)} or more rows)")
+                f"{m} map(s) a warp x {fold} folded rows fill no whole n8 tile; choose "
+                f"--fold {8 // gcd(8, m)} (or a multiple of it)"
             )
         nt = mw * fold // 8
         map_groups = ceil_div(M, mw)
