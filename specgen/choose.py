@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from . import tunedb
 from .errors import SpecError
 from .plan import make_plan
+from .plan.common import ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
 from .variants import Precision, Variant, split_problem_tags
@@ -78,7 +79,7 @@ FEW_CHANNEL_WINDOWS = {"mmastrip": 4, "mmapersist": 16}
 # layer1's forward pass (4 maps) 0.264 against 0.302; mx-layer1's (12 maps) 1.00
 # against mmastrip's 0.59.
 def fold_suits(view: ConvProblem) -> bool:
-    return view.S >= 5 and (2 * view.Mg <= 8 * -(-view.Mg // 8) or view.Cg > 16)
+    return view.S >= 5 and (2 * view.Mg <= 8 * ceil_div(view.Mg, 8) or view.Cg > 16)
 
 
 # The forward strategies, in the order tried; dgrad tries them on its forward view.

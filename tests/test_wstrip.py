@@ -126,8 +126,8 @@ def _emulate_wstrip(shape, plan, x, dy):
     return dw, db
 
 
-def _fetch16_spread(shape, ctx, x, item):
-    """templates/gemm/band16.j2's fetch16 and word-wise spread in numpy, element for
+def _band16_fetch_and_spread(shape, ctx, x, item):
+    """templates/gemm/band16.j2's 16-byte fetch and word-wise spread in numpy, element for
     element: 16-byte units from the boundary at or before each channel's run (zeros past
     its end, stale finite values elsewhere), then each lane's pair of raw words, the byte
     permutation, the masks of the padding, and the words of both copies.  Returns the even
@@ -188,14 +188,14 @@ def _fetch16_spread(shape, ctx, x, item):
     ],
 )
 def test_word_spread_builds_the_band(spec):
-    """fetch16 and the word-wise spread lay every band of three images out as the
+    """The 16-byte fetch and the word-wise spread lay every band of three images out as the
     element-wise band16 spread does: the even copy, and the odd copy shifted by one."""
     shape = parse_shape(f"{spec},dtype=bf16,op=wgrad")
     ctx = make_plan(shape, Wstrip.default(shape, Precision.BF16)).context
     x = np.random.default_rng().standard_normal((3, shape.C, shape.H, shape.W)) + 5.0
     iw = ctx["iw"]
     for item in range(3 * ctx["bands_per_image"]):
-        even, odd = _fetch16_spread(shape, ctx, x, item)
+        even, odd = _band16_fetch_and_spread(shape, ctx, x, item)
         p0 = item % ctx["bands_per_image"] * ctx["rows"]
         ref = _band16(shape, ctx, x, item // ctx["bands_per_image"], p0, shape.C, even.size)
         for c in range(shape.C):

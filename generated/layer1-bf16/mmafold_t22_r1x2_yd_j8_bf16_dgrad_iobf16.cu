@@ -44,15 +44,6 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi)
     return r;
 }
 
-// 4-byte asynchronous copy global -> shared of two bf16 elements; src_bytes 2 copies
-// the first and zeroes the second, 0 copies nothing.
-__device__ __forceinline__ void cp_async_word(unsigned* dst, const unsigned short* src, int src_bytes)
-{
-    unsigned s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Wait until at most one committed group (the raw band being prefetched) is in flight.
@@ -169,7 +160,7 @@ mmafold_t22_r1x2_yd_j8_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, c
     // and shifted by one element from word 17808, each [4][38][92] bf16.
     extern __shared__ __align__(16) unsigned smem[];
     unsigned short* __restrict__ even = reinterpret_cast<unsigned short*>(smem + 10784);
-    // odd[j] = even[j + 1]; odd[-1], written by element 0, lands in the region's first word
+    // odd[j] = even[j + 1], from the region's second word (spread writes odd[2w] in word w + 1)
     unsigned short* __restrict__ odd = reinterpret_cast<unsigned short*>(smem + 17808) + 2;
 
     const int lane = threadIdx.x % 32;

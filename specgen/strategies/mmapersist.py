@@ -303,19 +303,13 @@ def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
     return best
 
 
-def band16_words(
-    shape: ConvProblem, ih: int, elements: int, fetch16: bool = False
-) -> tuple[int, int, int, int]:
+def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, int, int]:
     """Shared words of templates/gemm/band16.j2's buffers: (a channel's raw chunk, a raw
     band, the even copy, the odd copy) for bands of ih input rows whose copies hold
-    ``elements`` 16-bit values each.  A chunk starts at the even element at or before
-    its channel's first (with ``fetch16``, at the 16-byte boundary, and is whole 16-byte
-    units); the odd copy starts 16 banks after the even one, so that a warp's loads from
-    the two never meet in a bank."""
-    if fetch16:
-        chunk_words = ceil_div(ih * shape.W + 7, 8) * 4
-    else:
-        chunk_words = ceil_div(ih * shape.W + 1, 2)
+    ``elements`` 16-bit values each.  A chunk starts at the 16-byte boundary at or before
+    its channel's first element and is whole 16-byte units; the odd copy starts 16 banks
+    after the even one, so that a warp's loads from the two never meet in a bank."""
+    chunk_words = ceil_div(ih * shape.W + 7, 8) * 4
     raw_words = ceil_div(shape.C * chunk_words, 4) * 4
     even_words = ceil_div(ceil_div(elements, 2), 32) * 32 + 16
     odd_words = ceil_div(ceil_div(elements, 2) + 1, 4) * 4
@@ -330,8 +324,7 @@ def band16_context(shape: ConvProblem, ih: int, threads: int, chunk_words: int) 
         spread_rows=shape.C * ih,
         warps=threads // 32,
         chunk_elems=2 * chunk_words,
-        spread_passes=ceil_div(iw, 32),
-        spread_words=ceil_div(iw, 2),  # fetch16's spread: a lane a word of each copy
+        spread_words=ceil_div(iw, 2),  # a lane a word of each copy
         spread_word_passes=ceil_div(ceil_div(iw, 2), 32),
     )
 
@@ -382,9 +375,7 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     # raw bands [C][chunk] in x's order, then the even copy and the odd copy of the band
     # [c_pad][ih][stride], the odd copy 16 banks after the even one.
     b_words = steps * map_tiles * 64
-    chunk_words, raw_words, even_words, odd_words = band16_words(
-        shape, ih, c_pad * plane + slack, fetch16=True
-    )
+    chunk_words, raw_words, even_words, odd_words = band16_words(shape, ih, c_pad * plane + slack)
     words = b_words + 2 * raw_words + even_words + odd_words
     nbytes = 4 * words
     if nbytes > OPTIN_SMEM_BYTES:
@@ -411,7 +402,6 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
     ctx = dict(
         shape_context(shape),
         **band16_context(shape, ih, threads, chunk_words),
-        fetch16=True,  # 16-byte copies, a word-wise spread (the B words precede the bands)
         elem="f16" if shape.dtype is DType.FP16 else "bf16",
         rows=rows,
         ih=ih,

@@ -145,9 +145,7 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     # Wo, into the next row or, in the last plane, into this slack.
     slack = 24 + 8 * octets
     b_words = C * steps * map_tiles * 64
-    chunk_words, raw_words, even_words, odd_words = band16_words(
-        shape, ih, C * plane + slack, fetch16=True
-    )
+    chunk_words, raw_words, even_words, odd_words = band16_words(shape, ih, C * plane + slack)
     # pixel pairs are one word where Wo, Ho*Wo and the image are even
     pairs = Wo % 2 == 0 and (M * Ho * Wo) % 2 == 0
     if v.staged and not pairs:
@@ -198,7 +196,6 @@ def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
     ctx = dict(
         shape_context(shape),
         **band16_context(shape, ih, threads, chunk_words),
-        fetch16=True,  # 16-byte copies, a word-wise spread (the B words precede the bands)
         elem="f16" if shape.dtype is DType.FP16 else "bf16",
         rows=rows,
         R=r,

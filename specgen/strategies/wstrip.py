@@ -146,6 +146,8 @@ def _tiles(p) -> list[dict]:
     for i, t in enumerate(out):
         t["i"] = i
         t["ra"] = 2 * t["a"]
+        t["s0"] = 8 * t["o"]  # the octet's first tap
+        t["one_row"] = t["ra"] + 1 >= p.R  # the pair's second row is past the window
     return out
 
 
@@ -204,9 +206,7 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
     # A lane reads columns up to 16 * nj + 8 * octets + 6 of a row: past the row, into
     # the next (against dy's zero columns) or, in the last plane, into this slack.
     slack = 16 * nj + 8 * octets + 8
-    chunk_words, raw_words, even_words, odd_words = band16_words(
-        p, ih, C * plane + slack, fetch16=True
-    )
+    chunk_words, raw_words, even_words, odd_words = band16_words(p, ih, C * plane + slack)
     # dy: each map's rows of the band are one run of dy, copied in 16-byte units from the
     # 16-byte boundary at or before its start (the units past its end are zeros: rows past
     # the band or the image).  With Wo even every pair of a row is a word of the run,
@@ -246,7 +246,6 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
     bands_per_image = ceil_div(P, rows)
     ctx.update(
         band16_context(p, ih, threads, chunk_words),
-        fetch16=True,
         elem="f16" if p.dtype is DType.FP16 else "bf16",
         ones=ONES[p.dtype],
         lane_ones=_lane_ones(p),
@@ -268,9 +267,17 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
         map_groups=map_groups,
         RS_rows=rs,
         span=span,
+        sums=sums,
+        last_map=M - 1,
+        row_word_count=octets + 1,  # words of an input row a lane reads
+        run_elems=2 * run_words,
+        dy_row_elems=2 * dy_row_words,
+        dy_plane_elems=2 * dy_plane,
+        strip_rows_at=[k * row for k in range(1, pg)],  # the strip groups' rows of sums
         quads=span - 1,
+        quads_ahead=span - 1 - rs,  # quads built before a strip's first dy row
+        quad_uses=len(tiles) // octets,
         nj=nj,
-        row_groups=row_groups,
         units=units,
         pg=pg,
         warps_cm=C * map_groups,
@@ -290,7 +297,6 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
         dy_raw_words=dy_raw_words,
         run_words=run_words,
         run_units=run_words // 4,
-        dy_units=M * run_words // 4,
         dy_image_mod8=(M * P * Q) % 8,
         pq_mod8=(P * Q) % 8,
         q_mod8=Q % 8,
@@ -302,7 +308,6 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
         dy_spread_rows=M * dy_rows,
         dy_spread_passes=ceil_div(16 * nj, 32),
         bands_per_image=bands_per_image,
-        part_words=part_words,
         smem_bytes=nbytes,
         launch_bounds=f"{threads}, {min_blocks(warps)}",
         launch_bounds_alt=f"{threads}, 1",
