@@ -82,10 +82,22 @@ def fold_suits(view: ConvProblem) -> bool:
     return view.S >= 5 and (2 * view.Mg <= 8 * ceil_div(view.Mg, 8) or view.Cg > 16)
 
 
+# Tried in 16-bit math for windows of 5 to 9 taps a row over at most 4 maps and at least
+# 4 channels (the 7x7 layers' dgrad views but mx-layer2's): the window's columns as a
+# Toeplitz B.  bf16 NCHW at B=10000 (H200, 2026-11-24): the dgrad views of layer1 (4
+# channels, 1 map), layer2 (16, 4) and mx-layer1 (12, 1) 0.407, 0.938 and 1.150 ms against
+# mmafold's 1.054, 1.523 and 2.968; where the channels are few mmafold keeps it (layer1's
+# forward pass, 1 channel and 4 maps, 0.250 against 0.441), and with 12 maps too
+# (mx-layer2's dgrad view, 3.41 against 3.83).
+def toep_suits(view: ConvProblem) -> bool:
+    return 5 <= view.S <= 9 and view.Mg <= 4 and view.Cg >= 4
+
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
     "wgmma",
     "tcgemm",
+    "mmatoep",
     "mmafold",
     "mmastrip",
     "mmapersist",
@@ -243,6 +255,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 ):
                     continue
                 if key == "mmafold" and not fold_suits(view):
+                    continue
+                if key == "mmatoep" and not toep_suits(view):
                     continue
                 v = cls.default(view, math)
             except SpecError:

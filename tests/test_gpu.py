@@ -125,19 +125,22 @@ SEVEN_BY_SEVEN_16 = [
     "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
     "C=12,M=24,H=33,W=33,K=7,dtype=fp16",
     "C=1,M=4,H=86,W=86,K=7,dtype=bf16,op=dgrad",
+    "C=4,M=16,H=40,W=40,K=7,dtype=fp16,op=dgrad",
+    "C=1,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad",
     "C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad",
 ]
 
 
 @pytest.mark.parametrize("spec", SEVEN_BY_SEVEN_16)
 def test_16bit_seven_by_seven_layers_at_batch_1000(spec, arch):
-    """The planner's tensor-core kernel for each layer (mmafold, mmastrip or mmapersist),
-    over a thousand images: every persistent block walks many (image, band) items."""
+    """The planner's tensor-core kernel for each layer (mmatoep, mmafold, mmastrip or
+    mmapersist), over a thousand images: every persistent block walks many (image,
+    band) items."""
     from specgen.choose import planned
 
     p = parse_shape(spec)
     v = planned(p, allow_tf32=False).variant
-    assert v.key in ("mmafold", "mmastrip", "mmapersist"), v.name
+    assert v.key in ("mmatoep", "mmafold", "mmastrip", "mmapersist"), v.name
     row = verify_variant(p, v, arch=arch, batch=1000, numbers=True)
     assert row.status == "PASS", (spec, v.name, row.problems)
 

@@ -126,12 +126,11 @@ def _emulate_wstrip(shape, plan, x, dy):
     return dw, db
 
 
-def _band16_fetch_and_spread(shape, ctx, x, item):
-    """templates/gemm/band16.j2's 16-byte fetch and word-wise spread in numpy, element for
-    element: 16-byte units from the boundary at or before each channel's run (zeros past
-    its end, stale finite values elsewhere), then each lane's pair of raw words, the byte
-    permutation, the masks of the padding, and the words of both copies.  Returns the even
-    copy and the odd copy's region (odd[j] at region element j + 2)."""
+def band16_fetch(shape, ctx, x, item):
+    """templates/gemm/band16.j2's 16-byte fetch in numpy, element for element: 16-byte
+    units from the boundary at or before each channel's run (zeros past its end, stale
+    finite values elsewhere).  Returns the raw band's elements from element 2 (the word
+    before it at 0, 1) and ``row_start(c, iy)``, its x offset of a row, as the kernel's."""
     C, H, W, pad = shape.C, shape.H, shape.W, shape.pad
     rows, ih, bpi = ctx["rows"], ctx["ih"], ctx["bands_per_image"]
     CHW, chunk_words = C * H * W, ctx["chunk_words"]
@@ -154,6 +153,20 @@ def _band16_fetch_and_spread(shape, ctx, x, item):
                 g = n * CHW - skew + at + e
                 inside = 2 * e < min(16, 2 * (end - at)) and 0 <= g < flat.size
                 raw[2 + c * chunk + 8 * k + e] = flat[g] if inside else 0.0
+    return raw, row_start
+
+
+def _band16_fetch_and_spread(shape, ctx, x, item):
+    """band16.j2's fetch, then its word-wise spread in numpy, element for element: each
+    lane's pair of raw words, the byte permutation, the masks of the padding, and the
+    words of both copies.  Returns the even copy and the odd copy's region (odd[j] at
+    region element j + 2)."""
+    C, H, W, pad = shape.C, shape.H, shape.W, shape.pad
+    rows, ih, bpi = ctx["rows"], ctx["ih"], ctx["bands_per_image"]
+    chunk = 2 * ctx["chunk_words"]
+    iy0 = item % bpi * rows - pad
+    lo = max(iy0, 0)
+    raw, row_start = band16_fetch(shape, ctx, x, item)
     size = C * ctx["plane"] + 64
     even, odd = np.zeros(size), np.zeros(size)
     for c in range(C):

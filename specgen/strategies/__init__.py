@@ -16,6 +16,7 @@ from .inputtile import Inputtile
 from .mma import Mma
 from .mmapersist import Mmapersist
 from .mmastrip import Mmafold, Mmastrip
+from .mmatoep import Mmatoep
 from .mmatile import Mmatile
 from .persist import Persist
 from .phased import Phased
@@ -48,6 +49,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmapersist,
     Mmastrip,
     Mmafold,
+    Mmatoep,
     Tcgemm,
     Wgmma,
     Phased,

@@ -316,9 +316,12 @@ def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, 
     return chunk_words, raw_words, even_words, odd_words
 
 
-def band16_context(shape: ConvProblem, ih: int, threads: int, chunk_words: int) -> dict:
+def band16_context(
+    shape: ConvProblem, ih: int, threads: int, chunk_words: int, spread: bool = True
+) -> dict:
     """The numbers templates/gemm/band16.j2's fetch and spread loop over: a warp a row
-    of the band's C x ih rows, a lane a column, in passes of 32 columns."""
+    of the band's C x ih rows, a lane a column, in passes of 32 columns; ``spread``
+    False: the kernel lays the raw band out its own way, and band16 has no spread."""
     iw = shape.W + 2 * shape.pad
     return dict(
         spread_rows=shape.C * ih,
@@ -326,6 +329,7 @@ def band16_context(shape: ConvProblem, ih: int, threads: int, chunk_words: int) 
         chunk_elems=2 * chunk_words,
         spread_words=ceil_div(iw, 2),  # a lane a word of each copy
         spread_word_passes=ceil_div(ceil_div(iw, 2), 32),
+        band16_spread=spread,
     )
 
 
