@@ -53,21 +53,34 @@ def _realign(shape, ctx, x, item):
     return band
 
 
-def _b_fragment(ctx, w, m, c, ky, K):
-    """B as the lanes hold it: lane (g, t)'s words q0 = 2t - g + 1 - delta and q0 + 8 of
-    the table (word q: taps q - 1 and q), zero where q is past 0..K; B[k][n]."""
+def _table(w, mb, ctx, shape):
+    """The block's tap tables as the kernel builds them, flat: word e is entry e // (K + 1)
+    = (c, ky, block map), word q = e % (K + 1) holding taps q - 1 and q (zero outside the
+    window and past M)."""
+    C, M, K, bm = shape.C, shape.M, shape.K, ctx["bm"]
+    out = np.zeros((ctx["table_words"], 2))
+    for e in range(ctx["table_words"]):
+        s, tab = e % ctx["table_row"] - 1, e // ctx["table_row"]
+        m, ky, c = mb * bm + tab % bm, tab // bm % K, tab // (bm * K)
+        for h, tap in enumerate((s, s + 1)):
+            if m < M and 0 <= tap < K:
+                out[e, h] = w[m, c, ky, tap]
+    return out
+
+
+def _b_fragment(ctx, table, mg, m, c, ky, K):
+    """B[k][n] as the lanes load it: lane (g, t)'s words from tb0 and tb1 (word q0 = 2t -
+    g + 1 - delta clamped into 0..K, and q0 + 8 clamped) where b0_real and b1_real hold,
+    else zero; the first word is k = 2t, 2t+1 of column g, the second k = 2t+8, 2t+9."""
     B = np.zeros((16, 8))
-
-    def taps(q):
-        if not 0 <= q <= K:
-            return (0.0, 0.0)
-        return tuple(w[m, c, ky, s] if 0 <= s < K and m < w.shape[0] else 0.0 for s in (q - 1, q))
-
+    base = mg * ctx["mw"] * ctx["table_row"] + ((c * K + ky) * ctx["bm"] + m) * ctx["table_row"]
     for g in range(8):
         for t in range(4):
             q0 = 2 * t - g + 1 - ctx["delta"]
-            B[2 * t : 2 * t + 2, g] = taps(q0)
-            B[2 * t + 8 : 2 * t + 10, g] = taps(q0 + 8)
+            if 0 <= q0 <= K:
+                B[2 * t : 2 * t + 2, g] = table[base + min(max(q0, 0), K)]
+            if q0 + 8 <= K:
+                B[2 * t + 8 : 2 * t + 10, g] = table[base + min(q0 + 8, K)]
     return B
 
 
@@ -86,6 +99,7 @@ def _emulate(shape, plan, x, w):
         band = _realign(shape, ctx, x, item)
         valid = min(rows, Ho - oy0)
         for mb in range(ctx["map_blocks"]):
+            table = _table(w, mb, ctx, shape)
             for u in range(ctx["units"]):
                 mg = u % ctx["map_groups"]
                 cg = u // ctx["map_groups"] % ctx["col_groups"]
@@ -97,7 +111,7 @@ def _emulate(shape, plan, x, w):
                     acc = np.zeros((ct, 16, 8))
                     for c in range(C):
                         for ky in range(K):
-                            B = _b_fragment(ctx, w, mp, c, ky, K)
+                            B = _b_fragment(ctx, table, mg, m, c, ky, K)
                             for j in range(ct):
                                 at = c * plane + (r0 + ky) * stride + 8 * (j0 + j)
                                 A = np.stack(
@@ -124,6 +138,7 @@ CASES = [
     ("C=3,M=2,H=13,W=11,K=5,pad=3", None),  # delta 5 + K = 10: the tiles start 5 columns left
     ("C=4,M=6,H=19,W=18,K=9,pad=8", None),  # K = 9 fills the k16 step
     ("C=5,M=3,H=9,W=9,K=3,pad=1", None),  # a band under 16 rows
+    ("C=1,M=1,H=9,W=9,K=5", None),  # K = 5: lanes whose first word is past the table's
     ("C=4,M=6,H=26,W=23,K=7,pad=2", "mmatoep_t7_r2x2_m4"),  # map blocks, M past them; short bands
     ("C=2,M=3,H=40,W=30,K=5", "mmatoep_t36_r1x3_m3"),  # column groups clamped back to overlap
 ]

@@ -191,7 +191,7 @@ mmatoep_t24_r1x5_m1_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, cons
 
     const unsigned band_s = static_cast<unsigned>(__cvta_generic_to_shared(band));  // the band's shared address
     const int q0 = 2 * t - g + -1;  // this lane's first table word
-    const bool b0_real = q0 >= 0, b1_real = q0 + 8 <= 7;
+    const bool b0_real = (unsigned)q0 <= 7u, b1_real = q0 + 8 <= 7;  // q0 + 8 >= 2
     unsigned* __restrict__ raw = smem + 672;
     int item = blockIdx.x / 1;
     if (item < items)
@@ -223,7 +223,7 @@ mmatoep_t24_r1x5_m1_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, cons
             // output columns 8*j0 ..
             const unsigned a_lane = band_s + 2u * ((r0 + lane % 16) * 88 + 8 * j0);
             // word q0 (or a real word in its place when q0 is not one) and word q0 + 8, likewise
-            const unsigned* __restrict__ tb0 = smem + mg * 8 + max(q0, 0);
+            const unsigned* __restrict__ tb0 = smem + mg * 8 + min(max(q0, 0), 7);
             const unsigned* __restrict__ tb1 = smem + mg * 8 + min(q0 + 8, 7);
             float acc[5][1][4] = {};
 #pragma unroll
