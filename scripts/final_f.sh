@@ -5,10 +5,17 @@
 #               dgrad winners benched beside cuDNN bf16 (specgen bench --best)
 #   STEP=tier   the GPU tier's drawn problems (final_a.sh PART=3), the operator's tests
 #   STEP=verify specgen verify --all-shapes --op all
+#   STEP=tests  the first step's tests, then verify --all (after a fix)
 # Logs under $OUT.
 export PYTHONPATH=.
 export PYTHONUNBUFFERED=1
 case "${STEP:-new}" in
+  tests)
+    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py \
+      -k "random_16bit or seven_by_seven_layers_at_batch" -p no:cacheprovider > $OUT/new-gpu-tests.log 2>&1
+    echo "new gpu tests rc=$?"; tail -2 $OUT/new-gpu-tests.log | cut -c1-300
+    timeout 380 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
+    echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep -E "FAIL" $OUT/verify-all.log | head -5 | cut -c1-200 ;;
   new)
     timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py \
       -k "random_16bit or seven_by_seven_layers_at_batch" -p no:cacheprovider > $OUT/new-gpu-tests.log 2>&1
