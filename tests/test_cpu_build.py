@@ -186,6 +186,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # mmastrip's 16 maps x 4 rows over a dgrad view's 6 unrolled channels spilled 8
         # bytes at two blocks an SM (NVRTC 13): its second bound is one block an SM
         ("C=16,M=6,H=17,W=25,K=5,pad=1,dtype=bf16,op=dgrad", "mmastrip_t17_r16x4_yd_bf16"),
+        # mmatoep's 2 maps x 3 column tiles over 9 unrolled channels spilled 104 bytes
+        # (GPU tier draw, NVRTC 12 and 13): its second choice keeps the channel loop
+        ("C=9,M=6,H=39,W=39,K=7,pad=3,act=relu,dtype=fp16", "mmatoep_t39_r2x3_m6_fp16"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

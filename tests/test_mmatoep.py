@@ -70,8 +70,9 @@ def _table(w, mb, ctx, shape):
 
 def _b_fragment(ctx, table, mg, m, c, ky, K):
     """B[k][n] as the lanes load it: lane (g, t)'s words from tb0 and tb1 (word q0 = 2t -
-    g + 1 - delta clamped into 0..K, and q0 + 8 clamped) where b0_real and b1_real hold,
-    else zero; the first word is k = 2t, 2t+1 of column g, the second k = 2t+8, 2t+9."""
+    g + 1 - delta clamped into 0..K, and q0 + 8 likewise) where b0_real and b1_real hold
+    (the word lies in 0..K), else zero; the first word is k = 2t, 2t+1 of column g, the second k = 2t+8, 2t+9.
+    """
     B = np.zeros((16, 8))
     base = mg * ctx["mw"] * ctx["table_row"] + ((c * K + ky) * ctx["bm"] + m) * ctx["table_row"]
     for g in range(8):
@@ -79,8 +80,8 @@ def _b_fragment(ctx, table, mg, m, c, ky, K):
             q0 = 2 * t - g + 1 - ctx["delta"]
             if 0 <= q0 <= K:
                 B[2 * t : 2 * t + 2, g] = table[base + min(max(q0, 0), K)]
-            if q0 + 8 <= K:
-                B[2 * t + 8 : 2 * t + 10, g] = table[base + min(q0 + 8, K)]
+            if 0 <= q0 + 8 <= K:
+                B[2 * t + 8 : 2 * t + 10, g] = table[base + min(max(q0 + 8, 0), K)]
     return B
 
 
@@ -139,6 +140,7 @@ CASES = [
     ("C=4,M=6,H=19,W=18,K=9,pad=8", None),  # K = 9 fills the k16 step
     ("C=5,M=3,H=9,W=9,K=3,pad=1", None),  # a band under 16 rows
     ("C=1,M=1,H=9,W=9,K=5", None),  # K = 5: lanes whose first word is past the table's
+    ("C=1,M=1,H=5,W=5,K=5,pad=4", None),  # delta 4: lanes whose second word is before it
     ("C=4,M=6,H=26,W=23,K=7,pad=2", "mmatoep_t7_r2x2_m4"),  # map blocks, M past them; short bands
     ("C=2,M=3,H=40,W=30,K=5", "mmatoep_t36_r1x3_m3"),  # column groups clamped back to overlap
 ]
