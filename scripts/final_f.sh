@@ -31,7 +31,7 @@ case "${STEP:-new}" in
     timeout 560 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
     echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep -E "FAIL" $OUT/verify-all.log | head -5 | cut -c1-200 ;;
   tier)
-    LIMIT=420 PART=3 bash scripts/final_a.sh
+    LIMIT=330 PART=3 bash scripts/final_a.sh
     timeout 150 python3 -m pytest -q tests/test_torch.py -p no:cacheprovider > $OUT/torch-tests.log 2>&1
     echo "torch rc=$?"; tail -1 $OUT/torch-tests.log ;;
 esac
