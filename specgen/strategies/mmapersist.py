@@ -54,6 +54,25 @@ MIN_WARPS = 8
 FULL_UNROLL_STEPS = 28
 FRAGMENT16 = (Precision.FP16, Precision.BF16)  # m16n8k16 from 16-bit tensors
 BLOCKS16 = 2  # blocks an SM the 16-bit kernel is sized for
+
+
+def own_dtype16(key: str, shape: ConvProblem, precision: Precision, planning: bool) -> None:
+    """Refuse, in one line, a 16-bit strategy's math other than the tensors' own fp16 or
+    bf16: from the planner (``planning``: what to take instead) or from a fit."""
+    if shape.dtype is not DType.FP32 and precision.value == shape.dtype.value:
+        return
+    if planning:
+        raise SpecError(
+            f"{key} multiplies fp16 or bf16 tensors in their own dtype; for "
+            f"{shape.dtype.value} tensors take --precision "
+            + ("bf16 on bf16 tensors" if shape.dtype is DType.FP32 else shape.dtype.value)
+        )
+    raise SpecError(
+        f"{key} multiplies fp16 or bf16 tensors in their own dtype, not "
+        f"{shape.dtype.value} in {precision.value}"
+    )
+
+
 SLACK = 8  # floats after the last plane: the quad padding of the last row reads there
 
 

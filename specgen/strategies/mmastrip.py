@@ -49,6 +49,7 @@ from .mmapersist import (
     _warp_grid,
     band16_context,
     band16_words,
+    own_dtype16,
     warp_map_tiles,
 )
 from .wgmma import SM_SHARED
@@ -81,12 +82,7 @@ def _layout(shape: ConvProblem, rows: int, r: int, remainders: bool = True):
 
 
 def plan_mmastrip(shape: ConvProblem, v: Variant) -> Plan:
-    if shape.dtype.value != v.precision.value:
-        raise SpecError(
-            f"mmastrip multiplies fp16 or bf16 tensors in their own dtype; for "
-            f"{shape.dtype.value} tensors take --precision "
-            + ("bf16 on bf16 tensors" if shape.dtype is DType.FP32 else shape.dtype.value)
-        )
+    own_dtype16(v.key, shape, v.precision, planning=True)
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
     rows = v.tile
@@ -388,11 +384,7 @@ class Mmastrip(Variant):
         """The tensors' own dtype; two map tiles (16 maps) a warp at most, strips of up
         to 8 / map tiles rows cut to make the most of their loads, and the tallest band,
         cut evenly, that lets two blocks share an SM."""
-        if problem.dtype is DType.FP32 or seed.precision.value != problem.dtype.value:
-            raise SpecError(
-                f"mmastrip multiplies fp16 or bf16 tensors in their own dtype, not "
-                f"{problem.dtype.value} in {seed.precision.value}"
-            )
+        own_dtype16(cls.key, problem, seed.precision, planning=False)
         nt = min(ceil_div(problem.M, 8), 2)
         # Strips of at most 10 rows of 8 maps, 4 rows of 16: two blocks then fit an SM's
         # registers.  layer2 in bf16 took 0.435 ms with 16 maps x 4 rows a warp, and
@@ -471,11 +463,7 @@ class Mmafold(Mmastrip):
         """The tensors' own dtype; every map of a group in one warp, folded with the
         fewest rows that fill whole n8 tiles; groups of rows for strips of about 8 output
         rows; the tallest band, cut evenly, that lets two blocks share an SM."""
-        if problem.dtype is DType.FP32 or seed.precision.value != problem.dtype.value:
-            raise SpecError(
-                f"mmafold multiplies fp16 or bf16 tensors in their own dtype, not "
-                f"{problem.dtype.value} in {seed.precision.value}"
-            )
+        own_dtype16(cls.key, problem, seed.precision, planning=False)
         fold = _fold_for(problem.M)
         if fold is None:
             raise SpecError(

@@ -36,7 +36,14 @@ from ..plan import make_plan
 from ..plan.common import OPTIN_SMEM_BYTES, Size, band_walk_plan, ceil_div, shape_context
 from ..shapes import DType, Feature
 from ..variants import EPILOGUE, Count, Pair, Variant, param
-from .mmapersist import BLOCKS16, FRAGMENT16, _warp_grid, band16_context, band16_words
+from .mmapersist import (
+    BLOCKS16,
+    FRAGMENT16,
+    _warp_grid,
+    band16_context,
+    band16_words,
+    own_dtype16,
+)
 from .wgmma import SM_SHARED
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: column tiles x maps x 4
@@ -54,12 +61,7 @@ def _stride(iw: int) -> int:
 
 
 def plan_mmatoep(shape, v):
-    if shape.dtype.value != v.precision.value:
-        raise SpecError(
-            f"mmatoep multiplies fp16 or bf16 tensors in their own dtype; for "
-            f"{shape.dtype.value} tensors take --precision "
-            + ("bf16 on bf16 tensors" if shape.dtype is DType.FP32 else shape.dtype.value)
-        )
+    own_dtype16(v.key, shape, v.precision, planning=True)
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
     key = v.key
@@ -281,11 +283,7 @@ class Mmatoep(Variant):
         against 0.417 with 11 and 0.475 with 3; layer2's (5 tiles, 4 maps) 0.938 with 2
         maps x 3 tiles against 1.95 with 4 x 3 and 1.02 with 1 x 5; mx-layer1's bands of
         24 rows (two blocks of 6 warps) 1.15 against 1.32 in bands of 36 (one of 9)."""
-        if problem.dtype is DType.FP32 or seed.precision.value != problem.dtype.value:
-            raise SpecError(
-                f"mmatoep multiplies fp16 or bf16 tensors in their own dtype, not "
-                f"{problem.dtype.value} in {seed.precision.value}"
-            )
+        own_dtype16(cls.key, problem, seed.precision, planning=False)
         M, Ho = problem.M, problem.Ho
         mw = 2 if M % 2 == 0 else 1
         ct = min(6, ceil_div(ceil_div(problem.Wo, 8), 2))
