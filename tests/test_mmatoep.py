@@ -46,8 +46,10 @@ def _realign(shape, ctx, x, item):
                     if ctx["aligned"]:
                         assert at % 8 == 0
                     v = raw[2 + at : 2 + at + 8].copy()  # five words' halves, as the prmt picks
-                    if k == rc - 1 and ctx["last_chunk"]:
-                        v[ctx["last_chunk"] :] = 0.0
+                    if k == ctx["last_chunk"]:  # the masks of its words past W
+                        for part, keep in ctx["last_chunk_masks"]:
+                            i = 2 * "xyzw".index(part)
+                            v[i + (keep != "0u") : i + 2] = 0.0
                 at = c * plane + r * stride + lpad + 8 * k
                 band[at : at + 8] = v
     return band

@@ -44,9 +44,9 @@ from .mmapersist import (
     band16_words,
     own_dtype16,
 )
+from .mmastrip import MAX_ACCUMULATORS  # fp32 accumulators per thread
 from .wgmma import SM_SHARED
 
-MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: column tiles x maps x 4
 MAX_K = 9  # 8 output columns and K - 1 more fill at most one k16 step
 # The channel loop is unrolled where it has at most this many (channel, window row) steps.
 FULL_UNROLL_STEPS = 112
@@ -58,6 +58,19 @@ def _stride(iw: int) -> int:
     start in 8 different bank quads)."""
     s = iw + iw % 2
     return s + (8 - s % 16) % 16
+
+
+def _chunk_masks(kept: int) -> list[tuple[str, str]]:
+    """The words of a 16-byte chunk (x, y, z, w) that hold columns past the image where its
+    first ``kept`` elements (1 to 7; 0: all 8) are the image's, with the mask each keeps."""
+    if not kept:
+        return []
+    out = []
+    for part, first in zip("xyzw", range(0, 8, 2)):
+        halves = min(max(kept - first, 0), 2)
+        if halves < 2:
+            out.append((part, "0x0000ffffu" if halves else "0u"))
+    return out
 
 
 def plan_mmatoep(shape, v):
@@ -152,7 +165,17 @@ def plan_mmatoep(shape, v):
         delta=delta,
         eps=eps,
         row_chunks=ceil_div(W, 8),
-        last_chunk=W % 8,  # image columns of a row's last chunk, if not 8
+        channel_chunks=ih * ceil_div(W, 8),
+        band_chunks=C * ih * ceil_div(W, 8),
+        last_chunk=ceil_div(W, 8) - 1,
+        # the last chunk's words past W: (component, mask of what stays), none where W % 8 is 0
+        last_chunk_masks=_chunk_masks(W % 8),
+        q0_base=1 - delta,  # lane (g, t)'s first table word is 2t - g + q0_base
+        channel_tables=bm * K,
+        group_words=mw * table_row,  # a map group's offset in a (channel, window row)'s tables
+        row_tile_units=map_groups * col_groups,
+        last_j0=col_tiles - ct,
+        accumulators=4 * mw * ct,
         aligned=aligned,
         mw=mw,
         ct=ct,
