@@ -181,6 +181,8 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         ("C=5,M=29,H=26,W=12,K=5,pad=0", "default stream"),
         # mmapersist's fit gave 4 pixel tiles a warp for a 3-tile image: 488 bytes spilled
         ("C=3,M=9,H=20,W=7,K=7,pad=1,bias=1", "default mmapersist"),
+        # and 4 tiles of a 50-pixel image, 21 tf32 steps unrolled: 640 bytes (GPU tier draw)
+        ("C=14,M=14,H=12,W=7,K=3,pad=0,act=relu", "default mmapersist"),
         # persist's fit let a 16-bit problem's block reach 504 threads: 350 bytes spilled
         ("C=1,M=18,H=35,W=30,K=7,pad=3,dtype=fp16", "default persist"),
         # mmastrip's 16 maps x 4 rows over a dgrad view's 6 unrolled channels spilled 8

@@ -557,9 +557,11 @@ class Mmapersist(Variant):
                 f"take --precision {own.value}"
             )
         nt = min(-(-problem.M // 8), 3)
-        # No more pixel tiles a warp than an image has: with 4 tiles of a 48-pixel image
-        # (C=3 M=9 20x7 K=7 pad=1, a GPU-tier draw) ptxas spilled 488 bytes, with 3 none.
-        p = max(1, min(4, 8 // nt, -(-problem.Ho * problem.Wo // 16)))
+        # No more pixel tiles a warp than an image fills: with 4 tiles of a 48-pixel image
+        # (C=3 M=9 20x7 K=7 pad=1, a GPU-tier draw) ptxas spilled 488 bytes, with 3 none;
+        # with 4 of a 50-pixel one (C=14 M=14 12x7 K=3, 21 unrolled tf32 steps), 640
+        # bytes at 255 registers, with 3 none (NVRTC 12 and 13).
+        p = max(1, min(4, 8 // nt, problem.Ho * problem.Wo // 16))
         v = cls(regtile=(8 * nt, 16 * p), precision=seed.precision)
         # The tallest band, even where a shorter one would let two blocks share an SM:
         # mx-layer2 in bf16 (B=10000, H200) took 1.13 ms in whole images, one block an
