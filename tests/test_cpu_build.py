@@ -191,6 +191,8 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # mmatoep's 2 maps x 3 column tiles over 9 unrolled channels spilled 104 bytes
         # (GPU tier draw, NVRTC 12 and 13): its second choice keeps the channel loop
         ("C=9,M=6,H=39,W=39,K=7,pad=3,act=relu,dtype=fp16", "mmatoep_t39_r2x3_m6_fp16"),
+        # phased's m loop unrolled over 3 maps x 2 channels x 49 taps of 16-bit dy: 8 bytes
+        ("C=2,M=3,H=38,W=40,K=7,pad=0,dtype=bf16,op=dgrad", "phased_t4_m2_wconst_fp32"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -31,8 +31,9 @@ from .direct import WEIGHTS
 COLUMNS = 32  # a warp spans 32 columns of a phase: coalesced dy loads and dx stores
 MAX_FMAS = 4096  # unrolled multiply-adds per m step, past which the m loop is not unrolled
 # With 16-bit dy, each load is widened before its FMAs: the unrolled m loop of the
-# mx-layer1 bf16 dgrad view (12 maps x 49 taps = 588 loads) spilled 16 bytes (NVRTC 12).
-MAX_FMAS_16 = 512
+# mx-layer1 bf16 dgrad view (12 maps x 49 taps = 588 loads) spilled 16 bytes (NVRTC 12),
+# and a drawn one of 3 maps x 2 channels x 49 taps (294) 8 bytes (NVRTC 12 and 13).
+MAX_FMAS_16 = 256
 
 
 def _phase_taps(a: int, pad: int, dil: int, stride: int, taps: int) -> list[tuple[int, int]]:
