@@ -93,6 +93,13 @@ def toep_suits(view: ConvProblem) -> bool:
     return 5 <= view.S <= 9 and view.Mg <= 4 and view.Cg >= 4
 
 
+# Tried for fp32 wgrad of windows of 5 taps a row or more, where a lane's S sums are
+# enough FMAs for its two shared loads a step: the 7x7 layers at B=10000 (H200,
+# 2026-11-24, NCHW) in 0.87, 2.28, 2.12 and 6.42 ms against wband's 1.44, 3.72, 3.09 and
+# 11.36 and cuDNN fp32's 10.6, 7.0, 7.3 and 11.1.
+WTAP_MIN_TAPS = 5
+
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
     "wgmma",
@@ -115,7 +122,7 @@ PREFERENCE = {
     # wstrip: 16-bit NCHW layers of few channels on tensor cores (the 7x7 layers' bf16
     # wgrad at B=10000 in 0.38, 0.59, 0.58 and 1.35 ms against wband's 1.67, 5.48, 3.57
     # and 15.5 and cuDNN's 22.3, 3.70, 15.7 and 3.90, H200 2026-11-24)
-    Op.WGRAD: ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wband", "wgemm", "wsplit"),
+    Op.WGRAD: ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wtap", "wband", "wgemm", "wsplit"),
     Op.BGRAD: ("wsplit",),
 }
 
@@ -257,6 +264,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "mmafold" and not fold_suits(view):
                     continue
                 if key == "mmatoep" and not toep_suits(view):
+                    continue
+                if key == "wtap" and view.S < WTAP_MIN_TAPS:
                     continue
                 v = cls.default(view, math)
             except SpecError:

@@ -358,6 +358,119 @@ def test_wlane_replay_gives_the_weight_gradient(p):
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
+def _replay_wtap(p, x, dy, plan):
+    """dw (and db) the way the wtap kernel computes them: every block's bands staged
+    into the planned buffers (zero past the image), every lane's window row (or the
+    row of ones) sliding under the steps' vector loads, the row splits and the slices
+    added in order."""
+    c = plan.context
+    B = x.shape[0]
+    ws = np.full((c["splits"], c["row"]), np.nan)
+    R, S, mw, mb, cb = p.R, p.S, c["mw"], c["mb"], c["cb"]
+    for item in range(c["items"] if "items" in c else p.groups * c["mbs"] * c["cbs"]):
+        c0, gm = item % c["cbs"] * cb, item // c["cbs"]
+        m0, xc0 = gm * mb, gm // c["mbs"] * p.Cg + item % c["cbs"] * cb
+        for k_slice in range(c["splits"]):
+            # acc[ci][lane group][row split][lane][s]
+            acc = np.zeros((cb, c["lane_groups"], c["splits_rows"], 32, S))
+            for n in range(k_slice, B, c["splits"]):
+                for b in range(c["bands"]):
+                    oy0 = b * c["rows"]
+                    buf = np.zeros(c["buffer"])
+                    for ci in range(cb):
+                        for k in range(c["x_rows"]):
+                            for j in range(c["x_cols"]):
+                                iy, ix = oy0 * c["sh"] - c["pt"] + k, j - c["pl"]
+                                if 0 <= iy < p.H and 0 <= ix < p.W:
+                                    buf[ci * c["x_plane"] + k * c["x_stride"] + j] = x[
+                                        n, xc0 + ci, iy, ix
+                                    ]
+                    for i in range(mb):
+                        for k in range(c["rows"]):
+                            for j in range(c["dy_cols"]):
+                                if oy0 + k < p.Ho and j < p.Wo:
+                                    buf[
+                                        c["x_band"] + i * c["dy_plane"] + k * c["dy_stride"] + j
+                                    ] = dy[n, m0 + i, oy0 + k, j]
+                    ones = np.ones(c["x_cols"])
+                    valid = min(c["rows"], p.Ho - oy0)
+                    for ci, gi, ri, lane in np.ndindex(acc.shape[:4]):
+                        slot = min(lane // mw, R)
+                        mi = min(gi * mw + lane % mw, mb - 1)
+                        if slot == R:
+                            xl, xrow = ones, 0
+                        else:
+                            xl = buf[ci * c["x_plane"] + slot * c["dh"] * c["x_stride"] :]
+                            xrow = c["sh"] * c["x_stride"]
+                        dl = buf[c["x_band"] + mi * c["dy_plane"] :]
+                        for k in range(ri, valid, c["splits_rows"]):
+                            xr, dr = xl[k * xrow :], dl[k * c["dy_stride"] :]
+                            xv = np.zeros(c["window"])
+                            xv[: c["pre"]] = xr[: c["pre"]]
+                            for j in range(c["steps"]):
+                                d = dr[c["P"] * j : c["P"] * j + c["P"]]
+                                at = c["shift"] * j + c["pre"]
+                                xv[c["pre"] :] = xr[at : at + c["shift"]]
+                                for i in range(c["P"]):
+                                    for s_ in range(S):
+                                        acc[ci, gi, ri, lane, s_] += (
+                                            d[i] * xv[i * c["sw"] + s_ * c["dw"]]
+                                        )
+                                xv[: c["pre"]] = xv[c["shift"] : c["shift"] + c["pre"]]
+            sums = acc.sum(2)  # the row splits, in order
+            for ci, gi, lane in np.ndindex(sums.shape[:3]):
+                slot, mi = min(lane // mw, R), gi * mw + lane % mw
+                if lane >= (R + 1) * mw or mi >= mb:
+                    continue
+                if slot < R:
+                    at = (m0 + mi) * p.Cg * R * S + (c0 + ci) * R * S + slot * S
+                    ws[k_slice, at : at + S] = sums[ci, gi, lane]
+                elif c["with_db"] and c0 + ci == 0:
+                    ws[k_slice, c["weights"] + m0 + mi] = sums[ci, gi, lane, 0]
+    total = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
+    return total[: c["weights"]].reshape(p.M, p.Cg, R, S), total[c["weights"] :]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=8))
+def test_wtap_replay_gives_the_weight_gradient(p):
+    """Stride, dilation, groups, padding of every form: wtap's bands, lanes, vector
+    steps and sliding window, as planned, give dw and db."""
+    from specgen.strategies.wtap import Wtap
+
+    p = replace(p.with_op(Op.WGRAD), layout=TensorLayout.NCHW, dtype=DType.FP32, bias=True)
+    try:
+        plan = make_plan(p, replace(Wtap.default(p, Wtap().precision), splits=2))
+    except SpecError:
+        return  # a window taller than a warp's lanes, say
+    x, _, dy = _operands(p, 3, np.random.default_rng())
+    dw, db = _replay_wtap(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "spec, args, needle",
+    [
+        ("layer2-bf16", [], "wtap sums fp32 tensors; for bf16 use --strategy wstrip"),
+        ("C=4,M=16,H=40,W=40,K=7,layout=nhwc", [], "wtap reads NCHW tensors"),
+        ("layer2", ["--maps", "3"], "wtap m3 must divide the 16 maps of a group"),
+        ("layer2", ["--chans", "3"], "wtap c3 must divide the 4 channels of a group"),
+        ("layer2", ["--warps", "8"], "over 768 (where ptxas spills); choose --warps 1"),
+        ("layer2", ["--tile", "40"], "wtap t40: the band is at most Ho=34 rows"),
+        ("layer1", ["--tile", "80", "--warps", "1"], "over the sm_90 limit"),
+    ],
+)
+def test_wtap_refuses_in_one_line(spec, args, needle, tmp_path):
+    r = CliRunner().invoke(
+        main,
+        ["emit", "--shape", spec, "--op", "wgrad", "--strategy", "wtap", "--out", str(tmp_path)]
+        + args,
+    )
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and r.output.count("\n") == 1, r.output
+
+
 def _replay_flane(p, x, w, b, plan):
     """y the way the flane kernel computes it (the forward counterpart of wlane, on the
     same planned runs): every run of every row, each lane's channels, the weights as
@@ -466,7 +579,7 @@ def test_best_picks_each_ops_shipped_winners(tmp_path):
     """--best is per op: layer1's shipped dgrad and wgrad winners, and for an op with
     none shipped, the tune command that would find one."""
     run = CliRunner().invoke
-    for op, prefix in (("dgrad", "stream_"), ("wgrad", "wband_")):
+    for op, prefix in (("dgrad", "stream_"), ("wgrad", "wtap_")):
         r = run(
             main,
             ["emit", "--shape", "layer1", "--op", op, "--best", "--gpu", "NVIDIA H200"]

@@ -69,7 +69,7 @@ def test_a_preset_with_an_epilogue_gets_the_preset_winner():
 
 def test_shipped_winners_are_per_op_and_per_gpu():
     p = PRESETS["layer1"]
-    assert choose(p.with_op(Op.WGRAD), H200).variant.key == "wband"
+    assert choose(p.with_op(Op.WGRAD), H200).variant.key == "wtap"
     assert choose(p.with_op(Op.DGRAD), H200).variant.key == "stream"
     assert choose(p, "NVIDIA H100 80GB HBM3").source == "planned"
 
@@ -122,6 +122,10 @@ def test_wgrad_default_follows_the_weight_count():
     assert choose(few_maps, "some GPU").variant.key == "wlane"
     assert choose(few_maps, "some GPU", True).variant.key == "wlane"  # tcwgrad: 3 maps
     assert choose(replace(few_maps, layout=TensorLayout.NCHW), "some GPU").variant.key == "wband"
+    # fp32 NCHW windows of 5 taps a row or more: a lane per (map, window row)
+    seven = replace(narrow, M=16, R=7, S=7, pads=(0, 0, 0, 0))
+    assert choose(seven, "some GPU").variant.key == "wtap"
+    assert choose(replace(seven, dtype=DType.BF16), "some GPU").variant.key != "wtap"
     # wlane's sums are a channel's maps x taps: past its registers, and for maps enough
     # to fill wgemm's tiles even where they would fit (a 1x1 window), it is passed over
     wide_window = replace(few_maps, M=12, R=5, S=5, pads=(2, 2, 2, 2))

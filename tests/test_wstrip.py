@@ -273,7 +273,7 @@ def test_the_planner_puts_16_bit_nchw_7x7_wgrad_on_wstrip():
             assert choice.variant.key == "wstrip", (name, choice)
             assert choice.variant.precision.value == dtype.value
     fp32 = replace(_wgrad("layer2"), dtype=DType.FP32)
-    assert planned(fp32, allow_tf32=False).variant.key == "wband"
+    assert planned(fp32, allow_tf32=False).variant.key == "wtap"
 
 
 @pytest.mark.parametrize("name", ["layer2-bf16", "mx-layer2-bf16"])

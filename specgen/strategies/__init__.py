@@ -32,6 +32,7 @@ from .wgmma import Wgmma
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
+from .wtap import Wtap
 
 # The order of the default set and of the CLI's help.
 TABLE: tuple[type[Variant], ...] = (
@@ -54,6 +55,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgmma,
     Phased,
     Wband,
+    Wtap,
     Wgemm,
     Tcwgrad,
     Tcwhalo,

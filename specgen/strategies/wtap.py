@@ -1,0 +1,359 @@
+"""``wtap``: fp32 wgrad of narrow layers with a lane per (map, window row).
+
+wband gives each lane its own run of pixels, so every lane's shared loads are its own:
+on the 7x7 layers (a dy value feeds maps x S FMAs, an x value S) 26 loads fed 112 FMAs,
+the shared-memory pipe ran as busy as the FMA pipe, and fp32 wgrad held at a third of
+the FMA rate (H200, B=10000).
+
+Here the lanes of a warp walk the same pixels of the same output row, and each lane
+keeps the S sums of one map and one window row: lane (r, m) adds dy[m][p] * x[r + row]
+[p + s] into its s-th sum.  A step of P pixels is then one vector load of the lane's
+map's dy and one of its window row's x, and 1 + P*sw new x values slide the window,
+for P x S FMAs; the loads are the same for every lane of a map (dy) or of a window row
+(x), so a warp's load touches R rows and a few maps, not 32 runs: a few broadcast
+wavefronts for R x maps x P x S FMAs.  With (R + 1) x maps lanes a warp, the lanes of
+row R read a row of ones: their sums are db.
+
+A block owns ``chans`` input channels and ``maps`` maps of a group for a slice of the
+batch (all of their (R + 1) x maps lane groups, and ``warps`` warps splitting the rows
+of each band), stages each band's x and dy rows by cp.async in two buffers, and keeps
+its sums in registers over the whole slice; the row splits meet in shared memory and a
+second kernel adds the slices in order (``backward/reduce.j2``), so the result is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import (
+    OPTIN_SMEM_BYTES,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    choices,
+    divisors,
+    smem_placement,
+)
+from ..shapes import DType, Op, TensorLayout
+from ..tensors import Role
+from ..variants import EVERY_FEATURE, Count, Variant, param
+from .wsplit import per_slice, sums_context
+
+TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
+FIT_WARPS = 16  # the fit's blocks: at most 512 threads, two an SM
+MAX_SPLITS = 4  # the fit's row splits
+MAX_WARPS = 24  # 1024 threads spilled at 64 registers a thread (layer2, H200)
+SMALL_BLOCK_SMEM = 64 * 1024  # the fit's buffers for blocks of up to 8 warps: three an SM
+MAX_UNROLLED = 4096  # FMAs of a row's unrolled steps (S x Wo rounded up to the steps)
+
+
+def lane_maps(R: int, maps: int) -> int:
+    """Maps a warp's lanes cover: (R + 1) lanes a map (its window rows and a row of
+    ones), at most 32 lanes."""
+    return max(1, min(maps, 32 // (R + 1)))
+
+
+def _vector(n: int) -> int:
+    return next(v for v in (4, 2, 1) if n % v == 0)
+
+
+def _quad_stride(width: int, vec: int) -> int:
+    """The smallest row stride of at least ``width`` floats, a multiple of ``vec``, whose
+    rows start in different bank quads (16-byte groups of banks) for 8 rows in a row: an
+    odd number of 16-byte units where the rows are read 16 bytes at a time."""
+    s = ceil_div(width, vec) * vec
+    if vec == 4:
+        return s + 4 * ((s // 4 + 1) % 2)
+    return s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wtap(Variant):
+    key = "wtap"
+    family = "backward"
+    description = (
+        "fp32 wgrad with a lane per (map, window row): a warp walks the same pixels, its x "
+        "and dy loads broadcast, S sums a lane in registers over a slice of the batch"
+    )
+    serves = EVERY_FEATURE
+    ops = frozenset({Op.WGRAD})
+
+    tile: int = param(16, Count("t"), "wtap: output rows per staged band")
+    maps: int = param(4, Count("m"), "wtap: maps per block")
+    chans: int = param(1, Count("c"), "wtap: input channels per block")
+    pixels: int = param(4, Count("p"), "wtap: outputs of a row per step (one vector load)")
+    warps: int = param(1, Count("w"), "wtap: warps splitting a band's rows")
+    splits: int = param(64, Count("s"), "wtap: slices of the batch, one block row each")
+
+    def plan(self, problem):
+        return plan_wtap(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The (channels, maps) block that reads x and dy the fewest times with at most
+        16 warps of lane groups, runs of 4 pixels, at most 4 row splits (and 16 warps),
+        the tallest band of whole row splits that fits three blocks an SM where they have
+        at most 8 warps, else one (cut evenly), and slices for eight blocks an SM.  fp32 wgrad at B=10000 (H200, 2026-11-24):
+        layer1 (one lane group) 0.873 ms with 4 row splits against 0.896 with 8 and 0.992
+        with 16, in bands of 16 rows against 0.960 in 20; mx-layer1 (three) 2.17 with 4
+        against 2.40 with 2 and 3.42 with 1, in bands of 22 rows 2.12; layer2 (16 warps)
+        2.28 in whole images against 2.38 in bands of 12; mx-layer2 6.51 against 6.76."""
+        p = problem
+        pixels = min(4, p.Wo)
+        best = None
+        for cb in divisors(p.Cg):
+            for mb in divisors(p.Mg):
+                warps = cb * ceil_div(mb, lane_maps(p.R, mb))
+                if warps > FIT_WARPS:
+                    continue
+                # x is read once per map block, dy once per channel block
+                reads = p.Mg // mb * p.Cg * p.H * p.W + p.Cg // cb * p.Mg * p.Ho * p.Wo
+                key = (reads, warps)
+                if best is None or key < best[0]:
+                    best = (key, cb, mb, warps)
+        if best is None:
+            raise SpecError(f"wtap: a window of R={p.R} rows is over a warp's 32 lanes")
+        _, cb, mb, warps = best
+        split = max(1, min(MAX_SPLITS, FIT_WARPS // warps, p.Ho))
+        v = replace(seed, maps=mb, chans=cb, pixels=pixels, warps=split, tile=p.Ho)
+        # the tallest band of whole row splits that fits, then as even as the bands allow
+        budget = SMALL_BLOCK_SMEM if warps * split <= 8 else OPTIN_SMEM_BYTES
+        tile = p.Ho
+        while tile > 1 and (
+            _smem_bytes(p, replace(v, tile=tile))[0] > budget or tile % split and tile > split
+        ):
+            tile -= 1
+        tile = ceil_div(p.Ho, ceil_div(p.Ho, tile))
+        items = p.groups * (p.Mg // mb) * (p.Cg // cb)
+        splits = max(1, min(TARGET_BLOCKS // items, 65535))
+        return replace(v, tile=tile, warps=min(split, tile), splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Around the fit: runs of 4 and 8 pixels, 1 to 16 row splits, the fit's band and
+        its half, and half and twice its slices."""
+        base = cls.default(problem, precision)
+        out = []
+        for pixels, warps, tile, k in itertools.product(
+            sorted({4, 8, base.pixels}),
+            (1, 2, 4, 8, 16),
+            sorted({base.tile, ceil_div(base.tile, 2)}),
+            (1, 2, 4),
+        ):
+            splits = max(1, min(base.splits * k // 2, 65535))
+            out.append(replace(base, pixels=pixels, warps=warps, tile=tile, splits=splits))
+        return list(dict.fromkeys(out))
+
+
+def _layout(p, v) -> dict:
+    """The band buffers' shapes: x [chans][x_rows][x_stride], then dy [maps][rows]
+    [dy_stride] (a map's plane padded for distinct bank quads)."""
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    steps = ceil_div(p.Wo, v.pixels)
+    shift = v.pixels * sw  # x values a step slides in
+    vx, vd = _vector(shift), _vector(v.pixels)
+    nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1  # x values under a step's window
+    pre = ceil_div(max(nx - shift, 0), vx) * vx  # held over from the step before
+    x_cols = steps * shift + pre  # the columns a row's steps read
+    x_rows = (v.tile - 1) * sh + (p.R - 1) * dh + 1
+    # Staging copies of 16, 8 or 4 bytes: as wide as x's rows (and the left padding) keep
+    # them aligned in both memories.
+    gx = next(g for g in (4, 2, 1) if p.W % g == 0 and p.pads[2] % g == 0)
+    gd = next(g for g in (4, 2, 1) if p.Wo % g == 0)
+    x_cols = ceil_div(x_cols, gx) * gx
+    x_stride = _quad_stride(x_cols, 4)
+    dy_cols = steps * v.pixels
+    dy_stride = ceil_div(dy_cols, 4) * 4
+    dy_cols = ceil_div(dy_cols, gd) * gd
+    dy_plane = _quad_stride(v.tile * dy_stride, 4)
+    x_band = v.chans * x_rows * x_stride
+    dy_band = v.maps * dy_plane
+    return dict(
+        steps=steps,
+        shift=shift,
+        vx=vx,
+        vd=vd,
+        nx=nx,
+        pre=pre,
+        window=pre + shift,
+        x_cols=x_cols,
+        x_rows=x_rows,
+        gx=gx,
+        gd=gd,
+        x_chunks=x_cols // gx,
+        dy_chunks=dy_cols // gd,
+        x_stride=x_stride,
+        x_plane=x_rows * x_stride,
+        dy_cols=dy_cols,
+        dy_stride=dy_stride,
+        dy_plane=dy_plane,
+        x_band=x_band,
+        dy_band=dy_band,
+        buffer=ceil_div(x_band + dy_band, 4) * 4,
+        ones_words=ceil_div(x_cols, 4) * 4 if p.bias else 0,
+    )
+
+
+def _smem_bytes(p, v) -> tuple[int, dict]:
+    """Both buffers and the row of ones, or the row splits' sums where they need more
+    (they meet in the same memory after the last band)."""
+    lay = _layout(p, v)
+    threads = 32 * v.chans * ceil_div(v.maps, lane_maps(p.R, v.maps)) * v.warps
+    sums = threads * p.S if v.warps > 1 else 0
+    return 4 * max(2 * lay["buffer"] + lay["ones_words"], sums), lay
+
+
+def plan_wtap(p, v: Wtap) -> Plan:
+    # 1. limits
+    if p.dtype is not DType.FP32:
+        raise SpecError(
+            f"wtap sums fp32 tensors; for {p.dtype.value} use --strategy wstrip (tensor "
+            "cores) or wband"
+        )
+    if p.layout is not TensorLayout.NCHW:
+        raise SpecError("wtap reads NCHW tensors; for nhwc use --strategy wlane or wgemm")
+    if p.R + 1 > 32:
+        raise SpecError(
+            f"wtap gives each of a map's R + 1 = {p.R + 1} window rows a lane, over 32; "
+            "use --strategy wband"
+        )
+    if p.Mg % v.maps:
+        raise SpecError(
+            f"wtap m{v.maps} must divide the {p.Mg} maps of a group; choose one of "
+            f"{choices(divisors(p.Mg))}"
+        )
+    if p.Cg % v.chans:
+        raise SpecError(
+            f"wtap c{v.chans} must divide the {p.Cg} channels of a group; choose one of "
+            f"{choices(divisors(p.Cg))}"
+        )
+    mw = lane_maps(p.R, v.maps)
+    groups_ = ceil_div(v.maps, mw)
+    warps = v.chans * groups_ * v.warps
+    if warps > MAX_WARPS:
+        most = MAX_WARPS // (v.chans * groups_)
+        raise SpecError(
+            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({v.chans} "
+            f"channel(s) x {groups_} lane group(s) of {mw} maps x {v.warps} row split(s)), "
+            f"over {32 * MAX_WARPS} (where ptxas spills); "
+            + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
+        )
+    if v.tile > p.Ho:
+        raise SpecError(f"wtap t{v.tile}: the band is at most Ho={p.Ho} rows")
+    if v.warps > v.tile:
+        raise SpecError(f"wtap w{v.warps} splits a band of {v.tile} rows; choose --warps {v.tile}")
+    if v.pixels > p.Wo:
+        raise SpecError(f"wtap p{v.pixels}: a row has only Wo={p.Wo} outputs")
+    if v.splits > 65535:
+        raise SpecError(f"wtap s{v.splits}: at most 65535 slices of the batch (grid y)")
+    nbytes, lay = _smem_bytes(p, v)
+    if p.S * lay["dy_cols"] > MAX_UNROLLED:
+        raise SpecError(
+            f"wtap unrolls a row's {p.S} x {lay['dy_cols']} FMAs, over {MAX_UNROLLED}; "
+            "use --strategy wband"
+        )
+    threads = 32 * warps
+    static, dynamic = smem_placement(
+        nbytes, f"wtap's two buffers of {v.tile}-row bands", "choose a smaller --tile"
+    )
+
+    # 2. work
+    items = p.groups * (p.Mg // v.maps) * (p.Cg // v.chans)
+    bands = ceil_div(p.Ho, v.tile)
+    ctx = sums_context(p, v.maps, v.splits, bgrad=False, with_db=p.bias)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    name = v.kernel_name(p)
+    launches = (
+        Launch(
+            name,
+            (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+            (threads, 1, 1),
+            (items, v.splits, 1),
+            1,
+            0,
+            1,
+            dynamic,
+        ),
+        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
+    )
+    ctx.update(
+        lay,
+        mw=mw,
+        lane_groups=groups_,
+        cb=v.chans,
+        cbs=p.Cg // v.chans,
+        rows=v.tile,
+        bands=bands,
+        splits_rows=v.warps,
+        P=v.pixels,
+        threads=threads,
+        warps=warps,
+        ones_at=2 * lay["buffer"],
+        dynamic=dynamic > 0,
+        smem_bytes=nbytes,
+        smem_words=nbytes // 4,
+        launch_bounds=f"{threads}, 2",
+        launch_bounds_alt=f"{threads}, 1",
+    )
+    used = p.R * mw * min(v.maps, groups_ * mw) / (32 * groups_ * mw)
+    sizes = (
+        Size(
+            "warp",
+            f"{(p.R + 1) * mw} lanes = {mw} map(s) x ({p.R} window rows + ones)",
+            f"lane (r, m) sums dy[m] x x[row + r] over S={p.S} columns; "
+            f"{100 * used:.0f}% of the lanes' FMAs are dw",
+        ),
+        Size(
+            "block",
+            f"{threads} threads = {v.chans} channel(s) x {groups_} lane group(s) x {v.warps} row split(s)",
+            f"{v.chans} channel(s) x {v.maps} map(s): {items} blocks per slice",
+        ),
+        Size(
+            "step",
+            f"{v.pixels} outputs",
+            f"one {lay['vd']}-wide dy load and {lay['shift']} new x values ({lay['vx']} a load) "
+            f"feed {v.pixels * p.S} FMAs a lane",
+        ),
+        Size(
+            "band",
+            f"{v.tile} rows, {bands} an image",
+            f"{lay['steps']} steps a row, unrolled; rows split over {v.warps} warp(s)",
+        ),
+        Size(
+            "__shared__",
+            f"{nbytes} B",
+            f"two buffers of x [{v.chans}][{lay['x_rows']}][{lay['x_stride']}] and dy "
+            f"[{v.maps}][{v.tile}][{lay['dy_stride']}] (planes of {lay['dy_plane']}), "
+            "zero padding written in" + (f"; a row of ones for db" if p.bias else ""),
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} sums; the second kernel adds the slices in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wtap.cu.j2",
+        launches=launches,
+        static_smem=static,
+        dynamic_smem=dynamic,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        # a lane's sum: its rows of each band (a split's share) x the steps' outputs,
+        # image by image of its slice; then the row splits and the slices in order
+        sum_depth=(
+            bands * ceil_div(v.tile, v.warps) * lay["dy_cols"],
+            v.splits,
+            v.warps + v.splits,
+        ),
+    )
