@@ -92,7 +92,7 @@ def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, gro
     """The layout a problem is computed in: the tensors' own, except fp32 wgrad of a
     channels-last layer whose maps a group are too many for ``wlane`` and too few for
     ``wgemm`` (``w_size`` [M][C/g][R][S]): there x and dy are copied to NCHW for
-    ``wband``, unless tf32 is allowed and ``tcwgrad`` takes the layer (channels and maps
+    ``wtap`` or ``wband``, unless tf32 is allowed and ``tcwgrad`` takes the layer (channels and maps
     per group multiples of 4).  Layers with maps enough stay in NHWC for wgemm, and
     those with few (the autoencoder's 3-map layer) for wlane, both of which read them
     in place."""
