@@ -367,7 +367,7 @@ def _replay_wtap(p, x, dy, plan):
     B = x.shape[0]
     ws = np.full((c["splits"], c["row"]), np.nan)
     R, S, mw, mb, cb = p.R, p.S, c["mw"], c["mb"], c["cb"]
-    for item in range(c["items"] if "items" in c else p.groups * c["mbs"] * c["cbs"]):
+    for item in range(p.groups * c["mbs"] * c["cbs"]):
         c0, gm = item % c["cbs"] * cb, item // c["cbs"]
         m0, xc0 = gm * mb, gm // c["mbs"] * p.Cg + item % c["cbs"] * cb
         for k_slice in range(c["splits"]):

@@ -71,7 +71,7 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     }
 }
 
-// Block (i, k): maps m0 .. m0 + 2 and channels c0 .. c0 + 15 of a group (i = (g * 1 + map block) * 16 +
+// Block (i, k): 3 map(s) from m0 and 16 channel(s) from c0 of a group (i = (g * 1 + map block) * 16 +
 // channel block) over slice k of the batch (images k, k + 66, ...); wtap_t32_m3_c16_p4_w1_s66_fp32_wgrad_reduce adds the slices.
 // Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 3, lane % 3) sums map gi * 3 + m against
 // window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers:

@@ -71,7 +71,7 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     }
 }
 
-// Block (i, k): maps m0 .. m0 + 31 and channels c0 .. c0 + 2 of a group (i = (g * 8 + map block) * 1 +
+// Block (i, k): 32 map(s) from m0 and 3 channel(s) from c0 of a group (i = (g * 8 + map block) * 1 +
 // channel block) over slice k of the batch (images k, k + 132, ...); wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad_reduce adds the slices.
 // Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 8, lane % 8) sums map gi * 8 + m against
 // window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers:

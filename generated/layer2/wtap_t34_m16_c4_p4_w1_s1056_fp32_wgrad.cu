@@ -71,7 +71,7 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     }
 }
 
-// Block (i, k): maps m0 .. m0 + 15 and channels c0 .. c0 + 3 of a group (i = (g * 1 + map block) * 1 +
+// Block (i, k): 16 map(s) from m0 and 4 channel(s) from c0 of a group (i = (g * 1 + map block) * 1 +
 // channel block) over slice k of the batch (images k, k + 1056, ...); wtap_t34_m16_c4_p4_w1_s1056_fp32_wgrad_reduce adds the slices.
 // Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 4, lane % 4) sums map gi * 4 + m against
 // window row r of channel ci, and r = 7 against a row of ones (db).  The bands travel in two buffers:

@@ -41,6 +41,7 @@ from ..plan.common import (
 from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
+from .persist import _vector
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -55,10 +56,6 @@ def lane_maps(R: int, maps: int) -> int:
     """Maps a warp's lanes cover: (R + 1) lanes a map (its window rows and a row of
     ones), at most 32 lanes."""
     return max(1, min(maps, 32 // (R + 1)))
-
-
-def _vector(n: int) -> int:
-    return next(v for v in (4, 2, 1) if n % v == 0)
 
 
 def _quad_stride(width: int, vec: int) -> int:
@@ -177,7 +174,6 @@ def _layout(p, v) -> dict:
         shift=shift,
         vx=vx,
         vd=vd,
-        nx=nx,
         pre=pre,
         window=pre + shift,
         x_cols=x_cols,
@@ -186,6 +182,12 @@ def _layout(p, v) -> dict:
         gd=gd,
         x_chunks=x_cols // gx,
         dy_chunks=dy_cols // gd,
+        x_copy=4 * gx,  # bytes a copy
+        dy_copy=4 * gd,
+        x_last_copy=p.W - gx,  # the last copy's first column: sources are clamped to it
+        dy_last_copy=p.Wo - gd,
+        x_row_step=sh * x_stride,  # x's step from one output row to the next
+        x_tap_step=dh * x_stride,  # and from one window row to the next
         x_stride=x_stride,
         x_plane=x_rows * x_stride,
         dy_cols=dy_cols,
@@ -198,12 +200,16 @@ def _layout(p, v) -> dict:
     )
 
 
+def block_warps(p, v) -> int:
+    """channels x lane groups x row splits."""
+    return v.chans * ceil_div(v.maps, lane_maps(p.R, v.maps)) * v.warps
+
+
 def _smem_bytes(p, v) -> tuple[int, dict]:
     """Both buffers and the row of ones, or the row splits' sums where they need more
     (they meet in the same memory after the last band)."""
     lay = _layout(p, v)
-    threads = 32 * v.chans * ceil_div(v.maps, lane_maps(p.R, v.maps)) * v.warps
-    sums = threads * p.S if v.warps > 1 else 0
+    sums = 32 * block_warps(p, v) * p.S if v.warps > 1 else 0
     return 4 * max(2 * lay["buffer"] + lay["ones_words"], sums), lay
 
 
@@ -233,7 +239,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
         )
     mw = lane_maps(p.R, v.maps)
     groups_ = ceil_div(v.maps, mw)
-    warps = v.chans * groups_ * v.warps
+    warps = block_warps(p, v)
     if warps > MAX_WARPS:
         most = MAX_WARPS // (v.chans * groups_)
         raise SpecError(
@@ -287,6 +293,13 @@ def plan_wtap(p, v: Wtap) -> Plan:
         lane_groups=groups_,
         cb=v.chans,
         cbs=p.Cg // v.chans,
+        x_band_rows=v.chans * lay["x_rows"],
+        dy_band_rows=v.maps * v.tile,
+        channel_warps=groups_ * v.warps,
+        last_map=v.maps - 1,
+        lanes_used=(p.R + 1) * mw,
+        last_tap_row=p.R - 1,
+        map_sums=p.Cg * p.R * p.S,
         rows=v.tile,
         bands=bands,
         splits_rows=v.warps,
