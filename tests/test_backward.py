@@ -2,6 +2,7 @@
 algebra each strategy builds on (dgrad's forward view, the stride phases, wgrad's
 work items) replayed in NumPy, the problem model's refusals, and the CLI."""
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -358,9 +359,49 @@ def test_wlane_replay_gives_the_weight_gradient(p):
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
+def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
+    """A band's buffer as the kernel's copies fill it (NaN where none writes): each
+    warp's rounds of rows, each lane's copies along a row, the planes at their literal
+    offsets, zeros where a copy's source is not the image's."""
+    buf = np.full(c["buffer"], np.nan)
+    for t, src, plane, first, rows_of in (
+        ("x", x[n, xc0 : xc0 + c["cb"]], c["x_plane"], oy0 * c["sh"] - c["pt"], p.H),
+        ("dy", dy[n, m0 : m0 + c["mb"]], c["dy_plane"], oy0, p.Ho),
+    ):
+        g, at = c[f"{t}_copy"] // 4, (0 if t == "x" else c["x_band"])
+        lead = c["pl"] if t == "x" else 0
+        for warp, lane, i, q in itertools.product(
+            range(c["warps"]), range(32), range(c[f"{t}_iters"]), range(c[f"{t}_rounds"])
+        ):
+            if i == c[f"{t}_iters"] - 1 and warp >= c[f"{t}_tail_warps"]:
+                continue
+            if q == c[f"{t}_rounds"] - 1 and lane >= c[f"{t}_tail_lanes"]:
+                continue
+            row = first + warp + c["warps"] * i
+            inside = 0 <= row < rows_of
+            assert inside or not c[f"{t}_rows_inside"], (t, row)
+            col = (lane + 32 * q) * g - lead
+            width = src.shape[-1]
+            off = min(max(col, 0), width - g)
+            dst = (
+                at
+                + c[f"{t}_stride"] * warp
+                + g * lane
+                + c[f"{t}_round_words"] * i
+                + c[f"{t}_round_bytes"] // 4 * q
+            )
+            for k in range(src.shape[0]):
+                d = dst + plane * k
+                if inside and 0 <= col < width:
+                    buf[d : d + g] = src[k, row, off : off + g]
+                else:
+                    buf[d : d + g] = 0.0
+    return buf
+
+
 def _replay_wtap(p, x, dy, plan):
     """dw (and db) the way the wtap kernel computes them: every block's bands staged
-    into the planned buffers (zero past the image), every lane's window row (or the
+    by its copies (``_stage_wtap``), every lane's window row (or the
     row of ones) sliding under the steps' vector loads, the row splits and the slices
     added in order."""
     c = plan.context
@@ -376,22 +417,7 @@ def _replay_wtap(p, x, dy, plan):
             for n in range(k_slice, B, c["splits"]):
                 for b in range(c["bands"]):
                     oy0 = b * c["rows"]
-                    buf = np.zeros(c["buffer"])
-                    for ci in range(cb):
-                        for k in range(c["x_rows"]):
-                            for j in range(c["x_cols"]):
-                                iy, ix = oy0 * c["sh"] - c["pt"] + k, j - c["pl"]
-                                if 0 <= iy < p.H and 0 <= ix < p.W:
-                                    buf[ci * c["x_plane"] + k * c["x_stride"] + j] = x[
-                                        n, xc0 + ci, iy, ix
-                                    ]
-                    for i in range(mb):
-                        for k in range(c["rows"]):
-                            for j in range(c["dy_cols"]):
-                                if oy0 + k < p.Ho and j < p.Wo:
-                                    buf[
-                                        c["x_band"] + i * c["dy_plane"] + k * c["dy_stride"] + j
-                                    ] = dy[n, m0 + i, oy0 + k, j]
+                    buf = _stage_wtap(p, c, x, dy, n, oy0, xc0, m0)
                     ones = np.ones(c["x_cols"])
                     valid = min(c["rows"], p.Ho - oy0)
                     for ci, gi, ri, lane in np.ndindex(acc.shape[:4]):

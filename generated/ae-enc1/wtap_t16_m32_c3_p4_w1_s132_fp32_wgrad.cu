@@ -27,47 +27,87 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-// A BYTES-byte asynchronous copy global -> shared (dst: a shared address); src_bytes under
-// BYTES copies that many and zeroes the rest.
+// A BYTES-byte asynchronous copy global -> shared (dst: a shared address), or BYTES zeros
+// where the source is not the image's (the copy is then not read).
 template <int BYTES>
-__device__ __forceinline__ void cp_async_v(unsigned dst, const float* src, int src_bytes)
+__device__ __forceinline__ void cp_async_or_zero(unsigned dst, const float* src, bool from_image)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes) : "memory");
+    asm volatile("{ .reg .pred z; setp.eq.u32 z, %3, 0; cp.async.ca.shared.global [%0], [%1], %2, z; }"
+                 :: "r"(dst), "l"(src), "n"(BYTES), "r"((unsigned)from_image) : "memory");
+}
+
+// A lane's copies along a staged row, the same in every row and band: the first column of
+// each (clamped into the row, so that no source leaves it) and whether its columns are the
+// image's (a copy never straddles the image's edge: it is as wide as the row and the
+// padding allow); the lanes under the tails also copy in a row's last round.
+struct Lanes {
+    int x_off[2], dy_off[1];
+    bool x_in[2], dy_in[1];
+    bool x_tail, dy_tail;
+};
+
+__device__ __forceinline__ Lanes lanes_of(int lane)
+{
+    Lanes c;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        const int ix = (lane + 32 * q) * 1 - 1;  // the copy's first image column
+        c.x_off[q] = min(max(ix, 0), 31);
+        c.x_in[q] = (unsigned)ix < 32u;
+    }
+#pragma unroll
+    for (int q = 0; q < 1; ++q) {
+        const int ox = (lane + 32 * q) * 4;
+        c.dy_off[q] = min(ox, 28);
+        c.dy_in[q] = ox < 32;
+    }
+    c.x_tail = lane < 4;
+    c.dy_tail = lane < 8;
+    return c;
 }
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 3 channel(s) from xc0, and the dy rows of its 32 map(s) from m0, zeros where a
-// window or a step hangs past the image.  A warp a row, a lane a copy: 4 bytes of x (36
-// a row), 16 of dy (8 a row); a copy's source is clamped into its row, and the
-// part past the image zeroed.  The caller commits and waits.
-__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0)
+// window or a step hangs past the image.  Warp w copies rows w, w + 12, ... of every plane
+// (2 round(s) of x, 2 of dy), a lane a copy along the row: 4 bytes of x (36 a
+// row), 16 of dy (8 a row); the planes' and rounds' offsets are literals.  The caller
+// commits and waits.
+__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* __restrict__ xn = x + (size_t)n * 3072 + xc0 * 1024;
-    for (int row = warp; row < 54; row += 12) {
-        const int ci = row / 18, k = row % 18;
-        const int iy = oy0 * 1 - 1 + k;
-        const bool inside = (unsigned)iy < 32u;
-        const float* __restrict__ src = xn + ci * 1024 + (inside ? iy : 0) * 32;
-        const unsigned dst = buf + 4u * (ci * 648 + k * 36);
+    const int iy0 = oy0 * 1 - 1 + warp;  // the warp's first x row
+    const unsigned xd = buf + 4u * (36 * warp) + 4u * lane;
 #pragma unroll
-        for (int q = lane; q < 36; q += 32) {
-            const int ix = q * 1 - 1;  // the copy's first image column
-            const int left = inside && ix >= 0 ? min(32 - ix, 1) : 0;  // its values in the image
-            cp_async_v<4>(dst + 4u * q, src + min(max(ix, 0), 31), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 2; ++i) {
+        if (i == 2 - 1 && warp >= 6)
+            break;  // the last round has fewer rows than warps
+        const bool inside = (unsigned)(iy0 + 12 * i) < 32u;
+        const int iy = inside ? iy0 + 12 * i : 0;  // a row past the image: zeros
+#pragma unroll
+        for (int ci = 0; ci < 3; ++ci)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (q < 2 - 1 || c.x_tail)
+                    cp_async_or_zero<4>(xd + 4u * (648 * ci + 432 * i) + 128u * q,
+                                                 xn + 1024 * ci + iy * 32 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 262144 + m0 * 1024;
-    for (int row = warp; row < 512; row += 12) {
-        const int i = row / 16, k = row % 16;
-        const bool inside = oy0 + k < 32;
-        const float* __restrict__ src = dyn + i * 1024 + (inside ? oy0 + k : 0) * 32;
-        const unsigned dst = buf + 4u * (1944 + i * 516 + k * 32);
+    const int dy0 = oy0 + warp;  // the warp's first dy row
+    const unsigned dd = buf + 4u * (1944 + 32 * warp) + 16u * lane;
 #pragma unroll
-        for (int q = lane; q < 8; q += 32) {
-            const int left = inside ? min(32 - q * 4, 4) : 0;
-            cp_async_v<16>(dst + 16u * q, src + min(q * 4, 28), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 2; ++i) {
+        if (i == 2 - 1 && warp >= 4)
+            break;
+        const int oy = dy0 + 12 * i;
+        constexpr bool inside = true;
+#pragma unroll
+        for (int mi = 0; mi < 32; ++mi)
+#pragma unroll
+            for (int q = 0; q < 1; ++q)
+                if (q < 1 - 1 || c.dy_tail)
+                    cp_async_or_zero<16>(dd + 4u * (516 * mi + 384 * i) + 512u * q,
+                                                  dyn + 1024 * mi + oy * 32 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
@@ -103,9 +143,10 @@ wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* 
     const int xrow = slot < 3 ? 36 : 0;  // x's step from one output row to the next
     float acc[3] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const Lanes copies = lanes_of(lane);
     int n = blockIdx.y, b = 0;
     if (n < batch)
-        stage(smem_s, x, dy, n, 0, xc0, m0);
+        stage(smem_s, x, dy, n, 0, xc0, m0, copies);
     cp_async_commit();
     for (int step = 0; n < batch; ++step) {
         int nb = b + 1, nn = n;
@@ -114,7 +155,7 @@ wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* 
             nn += 132;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 18456, x, dy, nn, nb * 16, xc0, m0);
+            stage(smem_s + 4u * ((step + 1) & 1) * 18456, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
         asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
         __syncthreads();

@@ -27,47 +27,85 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-// A BYTES-byte asynchronous copy global -> shared (dst: a shared address); src_bytes under
-// BYTES copies that many and zeroes the rest.
+// A BYTES-byte asynchronous copy global -> shared (dst: a shared address), or BYTES zeros
+// where the source is not the image's (the copy is then not read).
 template <int BYTES>
-__device__ __forceinline__ void cp_async_v(unsigned dst, const float* src, int src_bytes)
+__device__ __forceinline__ void cp_async_or_zero(unsigned dst, const float* src, bool from_image)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes) : "memory");
+    asm volatile("{ .reg .pred z; setp.eq.u32 z, %3, 0; cp.async.ca.shared.global [%0], [%1], %2, z; }"
+                 :: "r"(dst), "l"(src), "n"(BYTES), "r"((unsigned)from_image) : "memory");
+}
+
+// A lane's copies along a staged row, the same in every row and band: the first column of
+// each (clamped into the row, so that no source leaves it) and whether its columns are the
+// image's (a copy never straddles the image's edge: it is as wide as the row and the
+// padding allow); the lanes under the tails also copy in a row's last round.
+struct Lanes {
+    int x_off[1], dy_off[1];
+    bool x_in[1], dy_in[1];
+    bool x_tail, dy_tail;
+};
+
+__device__ __forceinline__ Lanes lanes_of(int lane)
+{
+    Lanes c;
+#pragma unroll
+    for (int q = 0; q < 1; ++q) {
+        const int ix = (lane + 32 * q) * 1 - 1;  // the copy's first image column
+        c.x_off[q] = min(max(ix, 0), 15);
+        c.x_in[q] = (unsigned)ix < 16u;
+    }
+#pragma unroll
+    for (int q = 0; q < 1; ++q) {
+        const int ox = (lane + 32 * q) * 4;
+        c.dy_off[q] = min(ox, 12);
+        c.dy_in[q] = ox < 16;
+    }
+    c.x_tail = lane < 20;
+    c.dy_tail = lane < 4;
+    return c;
 }
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 8 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
-// window or a step hangs past the image.  A warp a row, a lane a copy: 4 bytes of x (20
-// a row), 16 of dy (4 a row); a copy's source is clamped into its row, and the
-// part past the image zeroed.  The caller commits and waits.
-__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0)
+// window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
+// (2 round(s) of x, 1 of dy), a lane a copy along the row: 4 bytes of x (20 a
+// row), 16 of dy (4 a row); the planes' and rounds' offsets are literals.  The caller
+// commits and waits.
+__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* __restrict__ xn = x + (size_t)n * 65536 + xc0 * 256;
-    for (int row = warp; row < 144; row += 16) {
-        const int ci = row / 18, k = row % 18;
-        const int iy = oy0 * 1 - 1 + k;
-        const bool inside = (unsigned)iy < 16u;
-        const float* __restrict__ src = xn + ci * 256 + (inside ? iy : 0) * 16;
-        const unsigned dst = buf + 4u * (ci * 360 + k * 20);
+    const int iy0 = oy0 * 1 - 1 + warp;  // the warp's first x row
+    const unsigned xd = buf + 4u * (20 * warp) + 4u * lane;
 #pragma unroll
-        for (int q = lane; q < 20; q += 32) {
-            const int ix = q * 1 - 1;  // the copy's first image column
-            const int left = inside && ix >= 0 ? min(16 - ix, 1) : 0;  // its values in the image
-            cp_async_v<4>(dst + 4u * q, src + min(max(ix, 0), 15), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 2; ++i) {
+        if (i == 2 - 1 && warp >= 2)
+            break;  // the last round has fewer rows than warps
+        const bool inside = (unsigned)(iy0 + 16 * i) < 16u;
+        const int iy = inside ? iy0 + 16 * i : 0;  // a row past the image: zeros
+#pragma unroll
+        for (int ci = 0; ci < 8; ++ci)
+#pragma unroll
+            for (int q = 0; q < 1; ++q)
+                if (q < 1 - 1 || c.x_tail)
+                    cp_async_or_zero<4>(xd + 4u * (360 * ci + 320 * i) + 128u * q,
+                                                 xn + 256 * ci + iy * 16 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 32768 + m0 * 256;
-    for (int row = warp; row < 256; row += 16) {
-        const int i = row / 16, k = row % 16;
-        const bool inside = oy0 + k < 16;
-        const float* __restrict__ src = dyn + i * 256 + (inside ? oy0 + k : 0) * 16;
-        const unsigned dst = buf + 4u * (2880 + i * 260 + k * 16);
+    const int dy0 = oy0 + warp;  // the warp's first dy row
+    const unsigned dd = buf + 4u * (2880 + 16 * warp) + 16u * lane;
 #pragma unroll
-        for (int q = lane; q < 4; q += 32) {
-            const int left = inside ? min(16 - q * 4, 4) : 0;
-            cp_async_v<16>(dst + 16u * q, src + min(q * 4, 12), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 1; ++i) {
+        const int oy = dy0 + 16 * i;
+        constexpr bool inside = true;
+#pragma unroll
+        for (int mi = 0; mi < 16; ++mi)
+#pragma unroll
+            for (int q = 0; q < 1; ++q)
+                if (q < 1 - 1 || c.dy_tail)
+                    cp_async_or_zero<16>(dd + 4u * (260 * mi + 256 * i) + 512u * q,
+                                                  dyn + 256 * mi + oy * 16 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
@@ -103,9 +141,10 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
     const int xrow = slot < 3 ? 20 : 0;  // x's step from one output row to the next
     float acc[3] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const Lanes copies = lanes_of(lane);
     int n = blockIdx.y, b = 0;
     if (n < batch)
-        stage(smem_s, x, dy, n, 0, xc0, m0);
+        stage(smem_s, x, dy, n, 0, xc0, m0, copies);
     cp_async_commit();
     for (int step = 0; n < batch; ++step) {
         int nb = b + 1, nn = n;
@@ -114,7 +153,7 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
             nn += 4;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 7040, x, dy, nn, nb * 16, xc0, m0);
+            stage(smem_s + 4u * ((step + 1) & 1) * 7040, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
         asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
         __syncthreads();

@@ -27,47 +27,87 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-// A BYTES-byte asynchronous copy global -> shared (dst: a shared address); src_bytes under
-// BYTES copies that many and zeroes the rest.
+// A BYTES-byte asynchronous copy global -> shared (dst: a shared address), or BYTES zeros
+// where the source is not the image's (the copy is then not read).
 template <int BYTES>
-__device__ __forceinline__ void cp_async_v(unsigned dst, const float* src, int src_bytes)
+__device__ __forceinline__ void cp_async_or_zero(unsigned dst, const float* src, bool from_image)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes) : "memory");
+    asm volatile("{ .reg .pred z; setp.eq.u32 z, %3, 0; cp.async.ca.shared.global [%0], [%1], %2, z; }"
+                 :: "r"(dst), "l"(src), "n"(BYTES), "r"((unsigned)from_image) : "memory");
+}
+
+// A lane's copies along a staged row, the same in every row and band: the first column of
+// each (clamped into the row, so that no source leaves it) and whether its columns are the
+// image's (a copy never straddles the image's edge: it is as wide as the row and the
+// padding allow); the lanes under the tails also copy in a row's last round.
+struct Lanes {
+    int x_off[1], dy_off[2];
+    bool x_in[1], dy_in[2];
+    bool x_tail, dy_tail;
+};
+
+__device__ __forceinline__ Lanes lanes_of(int lane)
+{
+    Lanes c;
+#pragma unroll
+    for (int q = 0; q < 1; ++q) {
+        const int ix = (lane + 32 * q) * 4 - 0;  // the copy's first image column
+        c.x_off[q] = min(max(ix, 0), 68);
+        c.x_in[q] = (unsigned)ix < 72u;
+    }
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        const int ox = (lane + 32 * q) * 2;
+        c.dy_off[q] = min(ox, 64);
+        c.dy_in[q] = ox < 66;
+    }
+    c.x_tail = lane < 19;
+    c.dy_tail = lane < 2;
+    return c;
 }
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 1 channel(s) from xc0, and the dy rows of its 12 map(s) from m0, zeros where a
-// window or a step hangs past the image.  A warp a row, a lane a copy: 16 bytes of x (19
-// a row), 8 of dy (34 a row); a copy's source is clamped into its row, and the
-// part past the image zeroed.  The caller commits and waits.
-__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0)
+// window or a step hangs past the image.  Warp w copies rows w, w + 12, ... of every plane
+// (3 round(s) of x, 2 of dy), a lane a copy along the row: 16 bytes of x (19 a
+// row), 8 of dy (34 a row); the planes' and rounds' offsets are literals.  The caller
+// commits and waits.
+__device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* __restrict__ xn = x + (size_t)n * 5184 + xc0 * 5184;
-    for (int row = warp; row < 28; row += 12) {
-        const int ci = row / 28, k = row % 28;
-        const int iy = oy0 * 1 - 0 + k;
-        const bool inside = (unsigned)iy < 72u;
-        const float* __restrict__ src = xn + ci * 5184 + (inside ? iy : 0) * 72;
-        const unsigned dst = buf + 4u * (ci * 2128 + k * 76);
+    const int iy0 = oy0 * 1 - 0 + warp;  // the warp's first x row
+    const unsigned xd = buf + 4u * (76 * warp) + 16u * lane;
 #pragma unroll
-        for (int q = lane; q < 19; q += 32) {
-            const int ix = q * 4 - 0;  // the copy's first image column
-            const int left = inside && ix >= 0 ? min(72 - ix, 4) : 0;  // its values in the image
-            cp_async_v<16>(dst + 16u * q, src + min(max(ix, 0), 68), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 3; ++i) {
+        if (i == 3 - 1 && warp >= 4)
+            break;  // the last round has fewer rows than warps
+        const int iy = iy0 + 12 * i;  // every band's rows are the image's
+        constexpr bool inside = true;
+#pragma unroll
+        for (int ci = 0; ci < 1; ++ci)
+#pragma unroll
+            for (int q = 0; q < 1; ++q)
+                if (q < 1 - 1 || c.x_tail)
+                    cp_async_or_zero<16>(xd + 4u * (2128 * ci + 912 * i) + 512u * q,
+                                                 xn + 5184 * ci + iy * 72 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 52272 + m0 * 4356;
-    for (int row = warp; row < 264; row += 12) {
-        const int i = row / 22, k = row % 22;
-        const bool inside = oy0 + k < 66;
-        const float* __restrict__ src = dyn + i * 4356 + (inside ? oy0 + k : 0) * 66;
-        const unsigned dst = buf + 4u * (2128 + i * 1500 + k * 68);
+    const int dy0 = oy0 + warp;  // the warp's first dy row
+    const unsigned dd = buf + 4u * (2128 + 68 * warp) + 8u * lane;
 #pragma unroll
-        for (int q = lane; q < 34; q += 32) {
-            const int left = inside ? min(66 - q * 2, 2) : 0;
-            cp_async_v<8>(dst + 8u * q, src + min(q * 2, 64), 4 * max(left, 0));
-        }
+    for (int i = 0; i < 2; ++i) {
+        if (i == 2 - 1 && warp >= 10)
+            break;
+        const int oy = dy0 + 12 * i;
+        constexpr bool inside = true;
+#pragma unroll
+        for (int mi = 0; mi < 12; ++mi)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (q < 2 - 1 || c.dy_tail)
+                    cp_async_or_zero<8>(dd + 4u * (1500 * mi + 816 * i) + 256u * q,
+                                                  dyn + 4356 * mi + oy * 66 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
@@ -103,9 +143,10 @@ wtap_t22_m12_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float*
     const int xrow = slot < 7 ? 76 : 0;  // x's step from one output row to the next
     float acc[7] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const Lanes copies = lanes_of(lane);
     int n = blockIdx.y, b = 0;
     if (n < batch)
-        stage(smem_s, x, dy, n, 0, xc0, m0);
+        stage(smem_s, x, dy, n, 0, xc0, m0, copies);
     cp_async_commit();
     for (int step = 0; n < batch; ++step) {
         int nb = b + 1, nn = n;
@@ -114,7 +155,7 @@ wtap_t22_m12_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float*
             nn += 1056;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 20128, x, dy, nn, nb * 22, xc0, m0);
+            stage(smem_s + 4u * ((step + 1) & 1) * 20128, x, dy, nn, nb * 22, xc0, m0, copies);
         cp_async_commit();
         asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
         __syncthreads();

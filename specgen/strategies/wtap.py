@@ -200,6 +200,23 @@ def _layout(p, v) -> dict:
     )
 
 
+def _copy_rounds(lay: dict, plane_rows: int, t: str, warps: int) -> dict:
+    """How the rows of a band's planes of x or dy (``t``) meet the warps and lanes:
+    rounds of a warp a row (and the warps of the last round), and rounds of a lane a
+    copy along a row (and the lanes of the last)."""
+    chunks = lay[f"{t}_chunks"]
+    rounds = ceil_div(chunks, 32)
+    iters = ceil_div(plane_rows, warps)
+    return {
+        f"{t}_iters": iters,
+        f"{t}_tail_warps": plane_rows - (iters - 1) * warps,
+        f"{t}_round_words": warps * lay[f"{t}_stride"],
+        f"{t}_rounds": rounds,
+        f"{t}_tail_lanes": chunks - 32 * (rounds - 1),
+        f"{t}_round_bytes": 32 * lay[f"{t}_copy"],
+    }
+
+
 def block_warps(p, v) -> int:
     """channels x lane groups x row splits."""
     return v.chans * ceil_div(v.maps, lane_maps(p.R, v.maps)) * v.warps
@@ -289,6 +306,15 @@ def plan_wtap(p, v: Wtap) -> Plan:
     )
     ctx.update(
         lay,
+        **_copy_rounds(lay, lay["x_rows"], "x", warps),
+        **_copy_rounds(lay, v.tile, "dy", warps),
+        # no band's rows hang past the image (no row of a copy is then checked)
+        x_rows_inside=all(
+            0 <= b * v.tile * p.stride[0] - p.pads[0]
+            and b * v.tile * p.stride[0] - p.pads[0] + lay["x_rows"] <= p.H
+            for b in range(bands)
+        ),
+        dy_rows_inside=p.Ho % v.tile == 0,
         mw=mw,
         lane_groups=groups_,
         cb=v.chans,
