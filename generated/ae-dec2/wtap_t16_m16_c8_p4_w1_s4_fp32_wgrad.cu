@@ -112,8 +112,8 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 // Block (i, k): 16 map(s) from m0 and 8 channel(s) from c0 of a group (i = (g * 16 + map block) * 16 +
 // channel block) over slice k of the batch (images k, k + 4, ...); wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad_reduce adds the slices.
 // Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 8, lane % 8) sums map gi * 8 + m against
-// window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers:
-// band t + 1 while band t is summed.
+// window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers,
+// band t + 1 while band t is summed, behind one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -147,6 +147,8 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
         stage(smem_s, x, dy, n, 0, xc0, m0, copies);
     cp_async_commit();
     for (int step = 0; n < batch; ++step) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's copies of the band have landed
+        __syncthreads();  // and everyone's; and everyone is done with the other buffer (the band before)
         int nb = b + 1, nn = n;
         if (nb == 1) {
             nb = 0;
@@ -155,13 +157,12 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
         if (nn < batch)
             stage(smem_s + 4u * ((step + 1) & 1) * 7040, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
-        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this band has landed
-        __syncthreads();
         const float* __restrict__ xs = smem + (step & 1) * 7040;
         const float* __restrict__ xl = xs + ci * 360 + min(slot, 2) * 20;  // lanes of row 3 idle
         const float* __restrict__ dl = xs + 2880 + mi * 260;
         constexpr int valid = 16;
-        for (int k = ri; k < valid; k += 1) {
+#pragma unroll 2
+        for (int k = ri; k < valid; k += 1) {  // two rows at a time: the next row's loads meet this one's FMAs
             // Output row k of the band, 4 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 16;
@@ -201,7 +202,6 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
                     xv[q] = xv[q + 4];
             }
         }
-        __syncthreads();  // everyone is done with this buffer before it is refilled
         n = nn;
         b = nb;
     }

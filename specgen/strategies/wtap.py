@@ -114,36 +114,52 @@ class Wtap(Variant):
                     best = (key, cb, mb, warps)
         if best is None:
             raise SpecError(f"wtap: a window of R={p.R} rows is over a warp's 32 lanes")
-        _, cb, mb, warps = best
-        split = max(1, min(MAX_SPLITS, FIT_WARPS // warps, p.Ho))
-        v = replace(seed, maps=mb, chans=cb, pixels=pixels, warps=split, tile=p.Ho)
-        # the tallest band of whole row splits that fits, then as even as the bands allow
-        budget = SMALL_BLOCK_SMEM if warps * split <= 8 else OPTIN_SMEM_BYTES
-        tile = p.Ho
-        while tile > 1 and (
-            _smem_bytes(p, replace(v, tile=tile))[0] > budget or tile % split and tile > split
-        ):
-            tile -= 1
-        tile = ceil_div(p.Ho, ceil_div(p.Ho, tile))
-        items = p.groups * (p.Mg // mb) * (p.Cg // cb)
-        splits = max(1, min(TARGET_BLOCKS // items, 65535))
-        return replace(v, tile=tile, warps=min(split, tile), splits=splits)
+        _, cb, mb, _ = best
+        return _fit_band(p, replace(seed, maps=mb, chans=cb, pixels=pixels))
 
     @classmethod
     def space(cls, problem, precision):
-        """Around the fit: runs of 4 and 8 pixels, 1 to 16 row splits, the fit's band and
-        its half, and half and twice its slices."""
+        """Around the fit's block and blocks of fewer warps (one lane group a channel,
+        half the maps, half the channels), each with its own fitted band: 1 to 16 row
+        splits, the band and its half, and half and twice the slices."""
+        p = problem
         base = cls.default(problem, precision)
+        blocks = {
+            (base.chans, base.maps),
+            (base.chans, base.maps // 2),
+            (base.chans // 2, base.maps),
+        }
+        blocks.add((base.chans, lane_maps(p.R, p.Mg)))
         out = []
-        for pixels, warps, tile, k in itertools.product(
-            sorted({4, 8, base.pixels}),
-            (1, 2, 4, 8, 16),
-            sorted({base.tile, ceil_div(base.tile, 2)}),
-            (1, 2, 4),
-        ):
-            splits = max(1, min(base.splits * k // 2, 65535))
-            out.append(replace(base, pixels=pixels, warps=warps, tile=tile, splits=splits))
+        for cb, mb in sorted(blocks):
+            if not cb or not mb or p.Cg % cb or p.Mg % mb:
+                continue
+            fit = _fit_band(p, replace(base, chans=cb, maps=mb))
+            for warps, tile, k in itertools.product(
+                (1, 2, 4, 8, 16), sorted({fit.tile, ceil_div(fit.tile, 2)}), (1, 2, 4)
+            ):
+                splits = max(1, min(fit.splits * k // 2, 65535))
+                out.append(replace(fit, warps=warps, tile=tile, splits=splits))
         return list(dict.fromkeys(out))
+
+
+def _fit_band(p, v: Wtap) -> Wtap:
+    """A block's row splits (at most 4, and 16 warps), the tallest band of whole row
+    splits that fits three blocks an SM where they have at most 8 warps, else one (cut
+    evenly), and slices for eight blocks an SM."""
+    warps = block_warps(p, replace(v, warps=1))
+    split = max(1, min(MAX_SPLITS, FIT_WARPS // warps, p.Ho))
+    v = replace(v, warps=split, tile=p.Ho)
+    budget = SMALL_BLOCK_SMEM if warps * split <= 8 else OPTIN_SMEM_BYTES
+    tile = p.Ho
+    while tile > 1 and (
+        _smem_bytes(p, replace(v, tile=tile))[0] > budget or tile % split and tile > split
+    ):
+        tile -= 1
+    tile = ceil_div(p.Ho, ceil_div(p.Ho, tile))
+    items = p.groups * (p.Mg // v.maps) * (p.Cg // v.chans)
+    splits = max(1, min(TARGET_BLOCKS // items, 65535))
+    return replace(v, tile=tile, warps=min(split, tile), splits=splits)
 
 
 def _layout(p, v) -> dict:
