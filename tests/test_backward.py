@@ -399,6 +399,15 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
     return buf
 
 
+def _wtap_sum(c, R, pair):
+    """The (channel, map, window row) whose sums a lane keeps (window row R: db), as
+    the kernel reads them off the planned numbers."""
+    at = min(pair, c["last_pair"])
+    if c["with_db"] and at >= c["tap_pairs"]:
+        return 0, at - c["tap_pairs"], R
+    return at // c["channel_pairs"], at // R % c["mb"], at % R
+
+
 def _replay_wtap(p, x, dy, plan):
     """dw (and db) the way the wtap kernel computes them: every block's bands staged
     by its copies (``_stage_wtap``), every lane's window row (or the
@@ -407,22 +416,21 @@ def _replay_wtap(p, x, dy, plan):
     c = plan.context
     B = x.shape[0]
     ws = np.full((c["splits"], c["row"]), np.nan)
-    R, S, mw, mb, cb = p.R, p.S, c["mw"], c["mb"], c["cb"]
+    R, S, mb, cb = p.R, p.S, c["mb"], c["cb"]
     for item in range(p.groups * c["mbs"] * c["cbs"]):
         c0, gm = item % c["cbs"] * cb, item // c["cbs"]
         m0, xc0 = gm * mb, gm // c["mbs"] * p.Cg + item % c["cbs"] * cb
         for k_slice in range(c["splits"]):
             # acc[ci][lane group][row split][lane][s]
-            acc = np.zeros((cb, c["lane_groups"], c["splits_rows"], 32, S))
+            acc = np.zeros((c["pair_warps"], c["splits_rows"], 32, S))  # [warp][split][lane]
             for n in range(k_slice, B, c["splits"]):
                 for b in range(c["bands"]):
                     oy0 = b * c["rows"]
                     buf = _stage_wtap(p, c, x, dy, n, oy0, xc0, m0)
                     ones = np.ones(c["x_cols"])
                     valid = min(c["rows"], p.Ho - oy0)
-                    for ci, gi, ri, lane in np.ndindex(acc.shape[:4]):
-                        slot = min(lane // mw, R)
-                        mi = min(gi * mw + lane % mw, mb - 1)
+                    for gi, ri, lane in np.ndindex(acc.shape[:3]):
+                        ci, mi, slot = _wtap_sum(c, R, gi * 32 + lane)
                         if slot == R:
                             xl, xrow = ones, 0
                         else:
@@ -439,20 +447,20 @@ def _replay_wtap(p, x, dy, plan):
                                 xv[c["pre"] :] = xr[at : at + c["shift"]]
                                 for i in range(c["P"]):
                                     for s_ in range(S):
-                                        acc[ci, gi, ri, lane, s_] += (
+                                        acc[gi, ri, lane, s_] += (
                                             d[i] * xv[i * c["sw"] + s_ * c["dw"]]
                                         )
                                 xv[: c["pre"]] = xv[c["shift"] : c["shift"] + c["pre"]]
-            sums = acc.sum(2)  # the row splits, in order
-            for ci, gi, lane in np.ndindex(sums.shape[:3]):
-                slot, mi = min(lane // mw, R), gi * mw + lane % mw
-                if lane >= (R + 1) * mw or mi >= mb:
+            sums = acc.sum(1)  # the row splits, in order
+            for gi, lane in np.ndindex(sums.shape[:2]):
+                if gi * 32 + lane >= c["pairs"]:
                     continue
+                ci, mi, slot = _wtap_sum(c, R, gi * 32 + lane)
                 if slot < R:
                     at = (m0 + mi) * p.Cg * R * S + (c0 + ci) * R * S + slot * S
-                    ws[k_slice, at : at + S] = sums[ci, gi, lane]
-                elif c["with_db"] and c0 + ci == 0:
-                    ws[k_slice, c["weights"] + m0 + mi] = sums[ci, gi, lane, 0]
+                    ws[k_slice, at : at + S] = sums[gi, lane]
+                elif c0 == 0:
+                    ws[k_slice, c["weights"] + m0 + mi] = sums[gi, lane, 0]
     total = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
     return total[: c["weights"]].reshape(p.M, p.Cg, R, S), total[c["weights"] :]
 
@@ -468,7 +476,7 @@ def test_wtap_replay_gives_the_weight_gradient(p):
     try:
         plan = make_plan(p, replace(Wtap.default(p, Wtap().precision), splits=2))
     except SpecError:
-        return  # a window taller than a warp's lanes, say
+        return  # a row too long to unroll, say
     x, _, dy = _operands(p, 3, np.random.default_rng())
     dw, db = _replay_wtap(p, x, dy, plan)
     np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)

@@ -8,13 +8,13 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 8 map(s) x (3 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=3 columns; 75% of the lanes' FMAs are dw
-//   block         512 threads = 8 channel(s) x 2 lane group(s) x 1 row split(s) 8 channel(s) x 16 map(s): 128 blocks per slice
+//   warp          384 sums in 12 warp(s)         a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=3 columns; 100% of the lanes busy
+//   block         384 threads = 12 warp(s) of sums x 1 row split(s) 8 channel(s) x 16 map(s): 128 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 12 FMAs a lane
 //   band          8 rows, 1 an image             2 steps a row, unrolled; rows split over 1 warp(s)
 //   __shared__    16384 B                        two buffers of x [8][10][12] and dy [16][8][8] (planes of 68), zero padding written in
 //   workspace     4718592 B                      8 slices x 147456 sums; the second kernel adds the slices in order
-// Kernel   wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad: block 512x1x1, grid (128, 8, 1)
+// Kernel   wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad: block 384x1x1, grid (128, 8, 1)
 // Kernel   wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad_reduce: block 256x1x1, grid (576, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
@@ -68,7 +68,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 8 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
-// window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
+// window or a step hangs past the image.  Warp w copies rows w, w + 12, ... of every plane
 // (1 round(s) of x, 1 of dy), a lane a copy along the row: 4 bytes of x (12 a
 // row), 16 of dy (2 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
@@ -82,14 +82,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 10)
             break;  // the last round has fewer rows than warps
-        const bool inside = (unsigned)(iy0 + 16 * i) < 8u;
-        const int iy = inside ? iy0 + 16 * i : 0;  // a row past the image: zeros
+        const bool inside = (unsigned)(iy0 + 12 * i) < 8u;
+        const int iy = inside ? iy0 + 12 * i : 0;  // a row past the image: zeros
 #pragma unroll
         for (int ci = 0; ci < 8; ++ci)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
-                    cp_async_or_zero<4>(xd + 4u * (120 * ci + 192 * i) + 128u * q,
+                    cp_async_or_zero<4>(xd + 4u * (120 * ci + 144 * i) + 128u * q,
                                                  xn + 64 * ci + iy * 8 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 8192 + m0 * 64;
@@ -99,29 +99,28 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 8)
             break;
-        const int oy = dy0 + 16 * i;
+        const int oy = dy0 + 12 * i;
         constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (68 * mi + 128 * i) + 512u * q,
+                    cp_async_or_zero<16>(dd + 4u * (68 * mi + 96 * i) + 512u * q,
                                                   dyn + 64 * mi + oy * 8 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
 // Block (i, k): 16 map(s) from m0 and 8 channel(s) from c0 of a group (i = (g * 8 + map block) * 16 +
 // channel block) over slice k of the batch (images k, k + 8, ...); wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 8, lane % 8) sums map gi * 8 + m against
-// window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
-#define BOUNDS __launch_bounds__(512, 2)
+#define BOUNDS __launch_bounds__(384, 2)
 #else
-#define BOUNDS __launch_bounds__(512, 1)
+#define BOUNDS __launch_bounds__(384, 1)
 #endif
 extern "C" __global__ void BOUNDS
 wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
@@ -131,16 +130,19 @@ wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad(const float* __restrict__ x, const float* __r
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 1;
-    const int gi = warp / 1 % 2;
-    const int ci = warp / 2;
-    const int slot = min(lane / 8, 3);  // the window row this lane sums; 3: the ones (db)
-    const int mi = min(gi * 8 + lane % 8, 15);  // its map in the block
-    const bool mine = lane < 32 && gi * 8 + lane % 8 < 16;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 384, a lane each
+    // over 12 warp(s), the window row fastest.
+    const int pair = warp / 1 * 32 + lane;
+    const bool mine = pair < 384;  // a sum nobody else keeps
+    const int at = min(pair, 383);
+    const int slot = at % 3;  // the window row this lane sums
+    const int mi = at / 3 % 16;  // its map in the block
+    const int ci = at / 48;  // and its channel
     const int c0 = blockIdx.x % 16 * 8;
     const int gm = blockIdx.x / 16;
     const int m0 = gm * 16;
     const int xc0 = c0;
-    const int xrow = slot < 3 ? 12 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 12;  // x's step from one output row to the next
     float acc[3] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -160,7 +162,7 @@ wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad(const float* __restrict__ x, const float* __r
             stage(smem_s + 4u * ((step + 1) & 1) * 2048, x, dy, nn, nb * 8, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 2048;
-        const float* __restrict__ xl = xs + ci * 120 + min(slot, 2) * 12;  // lanes of row 3 idle
+        const float* __restrict__ xl = xs + ci * 120 + slot * 12;
         const float* __restrict__ dl = xs + 960 + mi * 68;
         constexpr int valid = 8;
 #pragma unroll 2
@@ -210,12 +212,10 @@ wtap_t8_m16_c8_p4_w1_s8_fp32_wgrad(const float* __restrict__ x, const float* __r
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 147456;
-    if (slot < 3) {
-        float* __restrict__ o = out + (m0 + mi) * 1152 + (c0 + ci) * 9 + slot * 3;
+    float* __restrict__ o = out + (m0 + mi) * 1152 + (c0 + ci) * 9 + slot * 3;
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 3; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..7][j] added in order, j < 147456: dw[128][128][3][3].

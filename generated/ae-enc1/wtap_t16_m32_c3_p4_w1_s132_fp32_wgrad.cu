@@ -8,13 +8,13 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 8 map(s) x (3 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=3 columns; 75% of the lanes' FMAs are dw
-//   block         384 threads = 3 channel(s) x 4 lane group(s) x 1 row split(s) 3 channel(s) x 32 map(s): 8 blocks per slice
+//   warp          288 sums in 9 warp(s)          a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=3 columns; 100% of the lanes busy
+//   block         288 threads = 9 warp(s) of sums x 1 row split(s) 3 channel(s) x 32 map(s): 8 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 12 FMAs a lane
 //   band          16 rows, 2 an image            8 steps a row, unrolled; rows split over 1 warp(s)
 //   __shared__    147648 B                       two buffers of x [3][18][36] and dy [32][16][32] (planes of 516), zero padding written in
 //   workspace     3649536 B                      132 slices x 6912 sums; the second kernel adds the slices in order
-// Kernel   wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad: block 384x1x1, grid (8, 132, 1), 147648 B dynamic shared memory (opt-in)
+// Kernel   wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad: block 288x1x1, grid (8, 132, 1), 147648 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
@@ -68,7 +68,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 3 channel(s) from xc0, and the dy rows of its 32 map(s) from m0, zeros where a
-// window or a step hangs past the image.  Warp w copies rows w, w + 12, ... of every plane
+// window or a step hangs past the image.  Warp w copies rows w, w + 9, ... of every plane
 // (2 round(s) of x, 2 of dy), a lane a copy along the row: 4 bytes of x (36 a
 // row), 16 of dy (8 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
@@ -80,16 +80,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const unsigned xd = buf + 4u * (36 * warp) + 4u * lane;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        if (i == 2 - 1 && warp >= 6)
-            break;  // the last round has fewer rows than warps
-        const bool inside = (unsigned)(iy0 + 12 * i) < 32u;
-        const int iy = inside ? iy0 + 12 * i : 0;  // a row past the image: zeros
+        const bool inside = (unsigned)(iy0 + 9 * i) < 32u;
+        const int iy = inside ? iy0 + 9 * i : 0;  // a row past the image: zeros
 #pragma unroll
         for (int ci = 0; ci < 3; ++ci)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (q < 2 - 1 || c.x_tail)
-                    cp_async_or_zero<4>(xd + 4u * (648 * ci + 432 * i) + 128u * q,
+                    cp_async_or_zero<4>(xd + 4u * (648 * ci + 324 * i) + 128u * q,
                                                  xn + 1024 * ci + iy * 32 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 262144 + m0 * 1024;
@@ -97,31 +95,30 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const unsigned dd = buf + 4u * (1944 + 32 * warp) + 16u * lane;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        if (i == 2 - 1 && warp >= 4)
+        if (i == 2 - 1 && warp >= 7)
             break;
-        const int oy = dy0 + 12 * i;
+        const int oy = dy0 + 9 * i;
         constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 32; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (516 * mi + 384 * i) + 512u * q,
+                    cp_async_or_zero<16>(dd + 4u * (516 * mi + 288 * i) + 512u * q,
                                                   dyn + 1024 * mi + oy * 32 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
 // Block (i, k): 32 map(s) from m0 and 3 channel(s) from c0 of a group (i = (g * 8 + map block) * 1 +
 // channel block) over slice k of the batch (images k, k + 132, ...); wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 8, lane % 8) sums map gi * 8 + m against
-// window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
-#define BOUNDS __launch_bounds__(384, 2)
+#define BOUNDS __launch_bounds__(288, 2)
 #else
-#define BOUNDS __launch_bounds__(384, 1)
+#define BOUNDS __launch_bounds__(288, 1)
 #endif
 extern "C" __global__ void BOUNDS
 wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
@@ -131,16 +128,19 @@ wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 1;
-    const int gi = warp / 1 % 4;
-    const int ci = warp / 4;
-    const int slot = min(lane / 8, 3);  // the window row this lane sums; 3: the ones (db)
-    const int mi = min(gi * 8 + lane % 8, 31);  // its map in the block
-    const bool mine = lane < 32 && gi * 8 + lane % 8 < 32;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 288, a lane each
+    // over 9 warp(s), the window row fastest.
+    const int pair = warp / 1 * 32 + lane;
+    const bool mine = pair < 288;  // a sum nobody else keeps
+    const int at = min(pair, 287);
+    const int slot = at % 3;  // the window row this lane sums
+    const int mi = at / 3 % 32;  // its map in the block
+    const int ci = at / 96;  // and its channel
     const int c0 = blockIdx.x % 1 * 3;
     const int gm = blockIdx.x / 1;
     const int m0 = gm * 32;
     const int xc0 = c0;
-    const int xrow = slot < 3 ? 36 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 36;  // x's step from one output row to the next
     float acc[3] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -160,7 +160,7 @@ wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* 
             stage(smem_s + 4u * ((step + 1) & 1) * 18456, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 18456;
-        const float* __restrict__ xl = xs + ci * 648 + min(slot, 2) * 36;  // lanes of row 3 idle
+        const float* __restrict__ xl = xs + ci * 648 + slot * 36;
         const float* __restrict__ dl = xs + 1944 + mi * 516;
         constexpr int valid = 16;
 #pragma unroll 2
@@ -210,12 +210,10 @@ wtap_t16_m32_c3_p4_w1_s132_fp32_wgrad(const float* __restrict__ x, const float* 
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 6912;
-    if (slot < 3) {
-        float* __restrict__ o = out + (m0 + mi) * 27 + (c0 + ci) * 9 + slot * 3;
+    float* __restrict__ o = out + (m0 + mi) * 27 + (c0 + ci) * 9 + slot * 3;
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 3; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..131][j] added in order, j < 6912: dw[256][3][3][3].

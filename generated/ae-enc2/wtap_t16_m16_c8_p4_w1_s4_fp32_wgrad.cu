@@ -8,13 +8,13 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 8 map(s) x (3 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=3 columns; 75% of the lanes' FMAs are dw
-//   block         512 threads = 8 channel(s) x 2 lane group(s) x 1 row split(s) 8 channel(s) x 16 map(s): 256 blocks per slice
+//   warp          384 sums in 12 warp(s)         a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=3 columns; 100% of the lanes busy
+//   block         384 threads = 12 warp(s) of sums x 1 row split(s) 8 channel(s) x 16 map(s): 256 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 12 FMAs a lane
 //   band          16 rows, 1 an image            4 steps a row, unrolled; rows split over 1 warp(s)
 //   __shared__    56320 B                        two buffers of x [8][18][20] and dy [16][16][16] (planes of 260), zero padding written in
 //   workspace     4718592 B                      4 slices x 294912 sums; the second kernel adds the slices in order
-// Kernel   wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad: block 512x1x1, grid (256, 4, 1), 56320 B dynamic shared memory (opt-in)
+// Kernel   wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad: block 384x1x1, grid (256, 4, 1), 56320 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad_reduce: block 256x1x1, grid (1152, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
@@ -68,8 +68,8 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 8 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
-// window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
-// (2 round(s) of x, 1 of dy), a lane a copy along the row: 4 bytes of x (20 a
+// window or a step hangs past the image.  Warp w copies rows w, w + 12, ... of every plane
+// (2 round(s) of x, 2 of dy), a lane a copy along the row: 4 bytes of x (20 a
 // row), 16 of dy (4 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
@@ -80,46 +80,47 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const unsigned xd = buf + 4u * (20 * warp) + 4u * lane;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        if (i == 2 - 1 && warp >= 2)
+        if (i == 2 - 1 && warp >= 6)
             break;  // the last round has fewer rows than warps
-        const bool inside = (unsigned)(iy0 + 16 * i) < 16u;
-        const int iy = inside ? iy0 + 16 * i : 0;  // a row past the image: zeros
+        const bool inside = (unsigned)(iy0 + 12 * i) < 16u;
+        const int iy = inside ? iy0 + 12 * i : 0;  // a row past the image: zeros
 #pragma unroll
         for (int ci = 0; ci < 8; ++ci)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
-                    cp_async_or_zero<4>(xd + 4u * (360 * ci + 320 * i) + 128u * q,
+                    cp_async_or_zero<4>(xd + 4u * (360 * ci + 240 * i) + 128u * q,
                                                  xn + 256 * ci + iy * 16 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 32768 + m0 * 256;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (2880 + 16 * warp) + 16u * lane;
 #pragma unroll
-    for (int i = 0; i < 1; ++i) {
-        const int oy = dy0 + 16 * i;
+    for (int i = 0; i < 2; ++i) {
+        if (i == 2 - 1 && warp >= 4)
+            break;
+        const int oy = dy0 + 12 * i;
         constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (260 * mi + 256 * i) + 512u * q,
+                    cp_async_or_zero<16>(dd + 4u * (260 * mi + 192 * i) + 512u * q,
                                                   dyn + 256 * mi + oy * 16 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
 // Block (i, k): 16 map(s) from m0 and 8 channel(s) from c0 of a group (i = (g * 8 + map block) * 32 +
 // channel block) over slice k of the batch (images k, k + 4, ...); wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 8, lane % 8) sums map gi * 8 + m against
-// window row r of channel ci, and r = 3 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
-#define BOUNDS __launch_bounds__(512, 2)
+#define BOUNDS __launch_bounds__(384, 2)
 #else
-#define BOUNDS __launch_bounds__(512, 1)
+#define BOUNDS __launch_bounds__(384, 1)
 #endif
 extern "C" __global__ void BOUNDS
 wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
@@ -129,16 +130,19 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 1;
-    const int gi = warp / 1 % 2;
-    const int ci = warp / 2;
-    const int slot = min(lane / 8, 3);  // the window row this lane sums; 3: the ones (db)
-    const int mi = min(gi * 8 + lane % 8, 15);  // its map in the block
-    const bool mine = lane < 32 && gi * 8 + lane % 8 < 16;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 384, a lane each
+    // over 12 warp(s), the window row fastest.
+    const int pair = warp / 1 * 32 + lane;
+    const bool mine = pair < 384;  // a sum nobody else keeps
+    const int at = min(pair, 383);
+    const int slot = at % 3;  // the window row this lane sums
+    const int mi = at / 3 % 16;  // its map in the block
+    const int ci = at / 48;  // and its channel
     const int c0 = blockIdx.x % 32 * 8;
     const int gm = blockIdx.x / 32;
     const int m0 = gm * 16;
     const int xc0 = c0;
-    const int xrow = slot < 3 ? 20 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 20;  // x's step from one output row to the next
     float acc[3] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -158,7 +162,7 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
             stage(smem_s + 4u * ((step + 1) & 1) * 7040, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 7040;
-        const float* __restrict__ xl = xs + ci * 360 + min(slot, 2) * 20;  // lanes of row 3 idle
+        const float* __restrict__ xl = xs + ci * 360 + slot * 20;
         const float* __restrict__ dl = xs + 2880 + mi * 260;
         constexpr int valid = 16;
 #pragma unroll 2
@@ -208,12 +212,10 @@ wtap_t16_m16_c8_p4_w1_s4_fp32_wgrad(const float* __restrict__ x, const float* __
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 294912;
-    if (slot < 3) {
-        float* __restrict__ o = out + (m0 + mi) * 2304 + (c0 + ci) * 9 + slot * 3;
+    float* __restrict__ o = out + (m0 + mi) * 2304 + (c0 + ci) * 9 + slot * 3;
 #pragma unroll
-        for (int s = 0; s < 3; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 3; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..3][j] added in order, j < 294912: dw[128][256][3][3].

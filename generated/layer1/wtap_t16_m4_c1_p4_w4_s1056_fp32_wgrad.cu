@@ -8,8 +8,8 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 4 map(s) x (7 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=7 columns; 88% of the lanes' FMAs are dw
-//   block         128 threads = 1 channel(s) x 1 lane group(s) x 4 row split(s) 1 channel(s) x 4 map(s): 1 blocks per slice
+//   warp          28 sums in 1 warp(s)           a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=7 columns; 88% of the lanes busy
+//   block         128 threads = 1 warp(s) of sums x 4 row split(s) 1 channel(s) x 4 map(s): 1 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          16 rows, 5 an image            20 steps a row, unrolled; rows split over 4 warp(s)
 //   __shared__    57280 B                        two buffers of x [1][22][92] and dy [4][16][80] (planes of 1284), zero padding written in
@@ -111,9 +111,8 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 
 // Block (i, k): 4 map(s) from m0 and 1 channel(s) from c0 of a group (i = (g * 1 + map block) * 1 +
 // channel block) over slice k of the batch (images k, k + 1056, ...); wtap_t16_m4_c1_p4_w4_s1056_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 4, lane % 4) sums map gi * 4 + m against
-// window row r of channel ci, and r = 7 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -129,16 +128,19 @@ wtap_t16_m4_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float* 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 4;
-    const int gi = warp / 4 % 1;
-    const int ci = warp / 4;
-    const int slot = min(lane / 4, 7);  // the window row this lane sums; 7: the ones (db)
-    const int mi = min(gi * 4 + lane % 4, 3);  // its map in the block
-    const bool mine = lane < 32 && gi * 4 + lane % 4 < 4;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 28, a lane each
+    // over 1 warp(s), the window row fastest.
+    const int pair = warp / 4 * 32 + lane;
+    const bool mine = pair < 28;  // a sum nobody else keeps
+    const int at = min(pair, 27);
+    const int slot = at % 7;  // the window row this lane sums
+    const int mi = at / 7 % 4;  // its map in the block
+    const int ci = at / 28;  // and its channel
     const int c0 = blockIdx.x % 1 * 1;
     const int gm = blockIdx.x / 1;
     const int m0 = gm * 4;
     const int xc0 = c0;
-    const int xrow = slot < 7 ? 92 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 92;  // x's step from one output row to the next
     float acc[7] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -158,7 +160,7 @@ wtap_t16_m4_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float* 
             stage(smem_s + 4u * ((step + 1) & 1) * 7160, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 7160;
-        const float* __restrict__ xl = xs + ci * 2024 + min(slot, 6) * 92;  // lanes of row 7 idle
+        const float* __restrict__ xl = xs + ci * 2024 + slot * 92;
         const float* __restrict__ dl = xs + 2024 + mi * 1284;
         constexpr int valid = 16;
 #pragma unroll 2
@@ -213,7 +215,7 @@ wtap_t16_m4_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float* 
         b = nb;
     }
 
-    // The 4 row splits of a lane group meet in the (idle) band buffers; the first adds them in order.
+    // The 4 row splits of a warp's sums meet in the (idle) band buffers; the first adds them in order.
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
     float* __restrict__ part = smem;  // [4][32][7]
@@ -231,12 +233,10 @@ wtap_t16_m4_c1_p4_w4_s1056_fp32_wgrad(const float* __restrict__ x, const float* 
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 196;
-    if (slot < 7) {
-        float* __restrict__ o = out + (m0 + mi) * 49 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 49 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
-        for (int s = 0; s < 7; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 7; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..1055][j] added in order, j < 196: dw[4][1][7][7].

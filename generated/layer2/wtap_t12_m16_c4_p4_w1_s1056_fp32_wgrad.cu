@@ -8,13 +8,13 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 4 map(s) x (7 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=7 columns; 88% of the lanes' FMAs are dw
-//   block         512 threads = 4 channel(s) x 4 lane group(s) x 1 row split(s) 4 channel(s) x 16 map(s): 1 blocks per slice
+//   warp          448 sums in 14 warp(s)         a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=7 columns; 100% of the lanes busy
+//   block         448 threads = 14 warp(s) of sums x 1 row split(s) 4 channel(s) x 16 map(s): 1 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          12 rows, 3 an image            9 steps a row, unrolled; rows split over 1 warp(s)
 //   __shared__    81152 B                        two buffers of x [4][18][44] and dy [16][12][36] (planes of 436), zero padding written in
 //   workspace     13246464 B                     1056 slices x 3136 sums; the second kernel adds the slices in order
-// Kernel   wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad: block 512x1x1, grid (1, 1056, 1), 81152 B dynamic shared memory (opt-in)
+// Kernel   wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 81152 B dynamic shared memory (opt-in)
 // Kernel   wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
@@ -68,7 +68,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 4 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
-// window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
+// window or a step hangs past the image.  Warp w copies rows w, w + 14, ... of every plane
 // (2 round(s) of x, 1 of dy), a lane a copy along the row: 16 bytes of x (11 a
 // row), 8 of dy (18 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
@@ -80,16 +80,16 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const unsigned xd = buf + 4u * (44 * warp) + 16u * lane;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        if (i == 2 - 1 && warp >= 2)
+        if (i == 2 - 1 && warp >= 4)
             break;  // the last round has fewer rows than warps
-        const bool inside = (unsigned)(iy0 + 16 * i) < 40u;
-        const int iy = inside ? iy0 + 16 * i : 0;  // a row past the image: zeros
+        const bool inside = (unsigned)(iy0 + 14 * i) < 40u;
+        const int iy = inside ? iy0 + 14 * i : 0;  // a row past the image: zeros
 #pragma unroll
         for (int ci = 0; ci < 4; ++ci)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
-                    cp_async_or_zero<16>(xd + 4u * (792 * ci + 704 * i) + 512u * q,
+                    cp_async_or_zero<16>(xd + 4u * (792 * ci + 616 * i) + 512u * q,
                                                  xn + 1600 * ci + iy * 40 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 18496 + m0 * 1156;
@@ -99,29 +99,28 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 12)
             break;
-        const bool inside = dy0 + 16 * i < 34;
-        const int oy = inside ? dy0 + 16 * i : 0;
+        const bool inside = dy0 + 14 * i < 34;
+        const int oy = inside ? dy0 + 14 * i : 0;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<8>(dd + 4u * (436 * mi + 576 * i) + 256u * q,
+                    cp_async_or_zero<8>(dd + 4u * (436 * mi + 504 * i) + 256u * q,
                                                   dyn + 1156 * mi + oy * 34 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
 // Block (i, k): 16 map(s) from m0 and 4 channel(s) from c0 of a group (i = (g * 1 + map block) * 1 +
 // channel block) over slice k of the batch (images k, k + 1056, ...); wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 4, lane % 4) sums map gi * 4 + m against
-// window row r of channel ci, and r = 7 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
-#define BOUNDS __launch_bounds__(512, 2)
+#define BOUNDS __launch_bounds__(448, 2)
 #else
-#define BOUNDS __launch_bounds__(512, 1)
+#define BOUNDS __launch_bounds__(448, 1)
 #endif
 extern "C" __global__ void BOUNDS
 wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
@@ -131,16 +130,19 @@ wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad(const float* __restrict__ x, const float*
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 1;
-    const int gi = warp / 1 % 4;
-    const int ci = warp / 4;
-    const int slot = min(lane / 4, 7);  // the window row this lane sums; 7: the ones (db)
-    const int mi = min(gi * 4 + lane % 4, 15);  // its map in the block
-    const bool mine = lane < 32 && gi * 4 + lane % 4 < 16;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 448, a lane each
+    // over 14 warp(s), the window row fastest.
+    const int pair = warp / 1 * 32 + lane;
+    const bool mine = pair < 448;  // a sum nobody else keeps
+    const int at = min(pair, 447);
+    const int slot = at % 7;  // the window row this lane sums
+    const int mi = at / 7 % 16;  // its map in the block
+    const int ci = at / 112;  // and its channel
     const int c0 = blockIdx.x % 1 * 4;
     const int gm = blockIdx.x / 1;
     const int m0 = gm * 16;
     const int xc0 = c0;
-    const int xrow = slot < 7 ? 44 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 44;  // x's step from one output row to the next
     float acc[7] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -160,7 +162,7 @@ wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad(const float* __restrict__ x, const float*
             stage(smem_s + 4u * ((step + 1) & 1) * 10144, x, dy, nn, nb * 12, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 10144;
-        const float* __restrict__ xl = xs + ci * 792 + min(slot, 6) * 44;  // lanes of row 7 idle
+        const float* __restrict__ xl = xs + ci * 792 + slot * 44;
         const float* __restrict__ dl = xs + 3168 + mi * 436;
         const int valid = min(12, 34 - b * 12);  // the band's rows in the image
 #pragma unroll 2
@@ -217,12 +219,10 @@ wtap_t12_m16_c4_p4_w1_s1056_fp32_wgrad(const float* __restrict__ x, const float*
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 3136;
-    if (slot < 7) {
-        float* __restrict__ o = out + (m0 + mi) * 196 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 196 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
-        for (int s = 0; s < 7; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 7; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..1055][j] added in order, j < 3136: dw[16][4][7][7].

@@ -8,13 +8,13 @@
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   warp          32 lanes = 4 map(s) x (7 window rows + ones) lane (r, m) sums dy[m] x x[row + r] over S=7 columns; 88% of the lanes' FMAs are dw
-//   block         768 threads = 4 channel(s) x 6 lane group(s) x 1 row split(s) 4 channel(s) x 24 map(s): 3 blocks per slice
+//   warp          672 sums in 21 warp(s)         a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S=7 columns; 100% of the lanes busy
+//   block         672 threads = 21 warp(s) of sums x 1 row split(s) 4 channel(s) x 24 map(s): 3 blocks per slice
 //   step          4 outputs                      one 4-wide dy load and 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          14 rows, 2 an image            7 steps a row, unrolled; rows split over 1 warp(s)
 //   __shared__    99072 B                        two buffers of x [4][20][36] and dy [24][14][28] (planes of 396), zero padding written in
 //   workspace     19869696 B                     352 slices x 14112 sums; the second kernel adds the slices in order
-// Kernel   wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad: block 768x1x1, grid (3, 352, 1), 99072 B dynamic shared memory (opt-in)
+// Kernel   wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad: block 672x1x1, grid (3, 352, 1), 99072 B dynamic shared memory (opt-in)
 // Kernel   wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
@@ -68,7 +68,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 
 // One band of image n into a buffer (at shared address buf): the x rows under it for the
 // block's 4 channel(s) from xc0, and the dy rows of its 24 map(s) from m0, zeros where a
-// window or a step hangs past the image.  Warp w copies rows w, w + 24, ... of every plane
+// window or a step hangs past the image.  Warp w copies rows w, w + 21, ... of every plane
 // (1 round(s) of x, 1 of dy), a lane a copy along the row: 4 bytes of x (36 a
 // row), 4 of dy (28 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
@@ -82,14 +82,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 20)
             break;  // the last round has fewer rows than warps
-        const bool inside = (unsigned)(iy0 + 24 * i) < 33u;
-        const int iy = inside ? iy0 + 24 * i : 0;  // a row past the image: zeros
+        const bool inside = (unsigned)(iy0 + 21 * i) < 33u;
+        const int iy = inside ? iy0 + 21 * i : 0;  // a row past the image: zeros
 #pragma unroll
         for (int ci = 0; ci < 4; ++ci)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (q < 2 - 1 || c.x_tail)
-                    cp_async_or_zero<4>(xd + 4u * (720 * ci + 864 * i) + 128u * q,
+                    cp_async_or_zero<4>(xd + 4u * (720 * ci + 756 * i) + 128u * q,
                                                  xn + 1089 * ci + iy * 33 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 17496 + m0 * 729;
@@ -99,29 +99,28 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 14)
             break;
-        const bool inside = dy0 + 24 * i < 27;
-        const int oy = inside ? dy0 + 24 * i : 0;
+        const bool inside = dy0 + 21 * i < 27;
+        const int oy = inside ? dy0 + 21 * i : 0;
 #pragma unroll
         for (int mi = 0; mi < 24; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<4>(dd + 4u * (396 * mi + 672 * i) + 128u * q,
+                    cp_async_or_zero<4>(dd + 4u * (396 * mi + 588 * i) + 128u * q,
                                                   dyn + 729 * mi + oy * 27 + c.dy_off[q], inside && c.dy_in[q]);
     }
 }
 
 // Block (i, k): 24 map(s) from m0 and 4 channel(s) from c0 of a group (i = (g * 1 + map block) * 3 +
 // channel block) over slice k of the batch (images k, k + 352, ...); wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad_reduce adds the slices.
-// Warp (ci, lane group gi, row split ri); lane (r, m) = (lane / 4, lane % 4) sums map gi * 4 + m against
-// window row r of channel ci, and r = 7 against a row of ones (db).  The bands travel in two buffers,
-// band t + 1 while band t is summed, behind one barrier a band.
+// Warp (pair warp, row split ri); each lane sums one map against one window row of one channel.  The bands travel in two buffers, band t + 1 while band t is summed, behind
+// one barrier a band.
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
-#define BOUNDS __launch_bounds__(768, 2)
+#define BOUNDS __launch_bounds__(672, 2)
 #else
-#define BOUNDS __launch_bounds__(768, 1)
+#define BOUNDS __launch_bounds__(672, 1)
 #endif
 extern "C" __global__ void BOUNDS
 wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
@@ -131,16 +130,19 @@ wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad(const float* __restrict__ x, const float* 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int ri = warp % 1;
-    const int gi = warp / 1 % 6;
-    const int ci = warp / 6;
-    const int slot = min(lane / 4, 7);  // the window row this lane sums; 7: the ones (db)
-    const int mi = min(gi * 4 + lane % 4, 23);  // its map in the block
-    const bool mine = lane < 32 && gi * 4 + lane % 4 < 24;  // a sum nobody else keeps
+    // The block's (channel, map, window row) sums: 672, a lane each
+    // over 21 warp(s), the window row fastest.
+    const int pair = warp / 1 * 32 + lane;
+    const bool mine = pair < 672;  // a sum nobody else keeps
+    const int at = min(pair, 671);
+    const int slot = at % 7;  // the window row this lane sums
+    const int mi = at / 7 % 24;  // its map in the block
+    const int ci = at / 168;  // and its channel
     const int c0 = blockIdx.x % 3 * 4;
     const int gm = blockIdx.x / 3;
     const int m0 = gm * 24;
     const int xc0 = c0;
-    const int xrow = slot < 7 ? 36 : 0;  // x's step from one output row to the next
+    constexpr int xrow = 36;  // x's step from one output row to the next
     float acc[7] = {};
     const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const Lanes copies = lanes_of(lane);
@@ -160,7 +162,7 @@ wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad(const float* __restrict__ x, const float* 
             stage(smem_s + 4u * ((step + 1) & 1) * 12384, x, dy, nn, nb * 14, xc0, m0, copies);
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 12384;
-        const float* __restrict__ xl = xs + ci * 720 + min(slot, 6) * 36;  // lanes of row 7 idle
+        const float* __restrict__ xl = xs + ci * 720 + slot * 36;
         const float* __restrict__ dl = xs + 2880 + mi * 396;
         const int valid = min(14, 27 - b * 14);  // the band's rows in the image
 #pragma unroll 2
@@ -217,12 +219,10 @@ wtap_t14_m24_c4_p4_w1_s352_fp32_wgrad(const float* __restrict__ x, const float* 
     if (!mine)
         return;
     float* __restrict__ out = ws + (size_t)blockIdx.y * 14112;
-    if (slot < 7) {
-        float* __restrict__ o = out + (m0 + mi) * 588 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 588 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
-        for (int s = 0; s < 7; ++s)
-            o[s] = acc[s];
-    }
+    for (int s = 0; s < 7; ++s)
+        o[s] = acc[s];
 }
 
 // ws[0..351][j] added in order, j < 14112: dw[24][12][7][7].

@@ -1,4 +1,4 @@
-"""``wtap``: fp32 wgrad of narrow layers with a lane per (map, window row).
+"""``wtap``: fp32 wgrad of narrow layers with a lane per (channel, map, window row).
 
 wband gives each lane its own run of pixels, so every lane's shared loads are its own:
 on the 7x7 layers (a dy value feeds maps x S FMAs, an x value S) 26 loads fed 112 FMAs,
@@ -6,19 +6,21 @@ the shared-memory pipe ran as busy as the FMA pipe, and fp32 wgrad held at a thi
 the FMA rate (H200, B=10000).
 
 Here the lanes of a warp walk the same pixels of the same output row, and each lane
-keeps the S sums of one map and one window row: lane (r, m) adds dy[m][p] * x[r + row]
+keeps the S sums of one (channel, map, window row): it adds dy[m][p] * x[c][r + row]
 [p + s] into its s-th sum.  A step of P pixels is then one vector load of the lane's
 map's dy and one of its window row's x, and 1 + P*sw new x values slide the window,
 for P x S FMAs; the loads are the same for every lane of a map (dy) or of a window row
-(x), so a warp's load touches R rows and a few maps, not 32 runs: a few broadcast
-wavefronts for R x maps x P x S FMAs.  With (R + 1) x maps lanes a warp, the lanes of
-row R read a row of ones: their sums are db.
+(x), so a warp's load touches a few rows and maps, not 32 runs: a few broadcast
+wavefronts for 32 x P x S FMAs.  The block's sums are laid over its lanes in order (the
+window row fastest), so a warp's lanes are all busy where the sums fill it (layer2's
+4 x 16 x 7 = 448 sums are 14 warps); where the layer has a bias, one lane a map more
+sums dy against a row of ones: db.
 
 A block owns ``chans`` input channels and ``maps`` maps of a group for a slice of the
-batch (all of their (R + 1) x maps lane groups, and ``warps`` warps splitting the rows
-of each band), stages each band's x and dy rows by cp.async in two buffers, and keeps
-its sums in registers over the whole slice; the row splits meet in shared memory and a
-second kernel adds the slices in order (``backward/reduce.j2``), so the result is
+batch (the warps of its sums, each split ``warps`` ways over the rows of a band),
+stages each band's x and dy rows by cp.async in two buffers, and keeps its sums in
+registers over the whole slice; the row splits meet in shared memory and a second
+kernel adds the slices in order (``backward/reduce.j2``), so the result is
 deterministic.
 """
 
@@ -52,10 +54,10 @@ SMALL_BLOCK_SMEM = 64 * 1024  # the fit's buffers for blocks of up to 8 warps: t
 MAX_UNROLLED = 4096  # FMAs of a row's unrolled steps (S x Wo rounded up to the steps)
 
 
-def lane_maps(R: int, maps: int) -> int:
-    """Maps a warp's lanes cover: (R + 1) lanes a map (its window rows and a row of
-    ones), at most 32 lanes."""
-    return max(1, min(maps, 32 // (R + 1)))
+def pairs(p, v) -> int:
+    """The sums a block keeps, a lane each: (channel, map, window row), and a map's db
+    (its sum against a row of ones) where the layer has a bias."""
+    return v.chans * v.maps * p.R + (v.maps if p.bias else 0)
 
 
 def _quad_stride(width: int, vec: int) -> int:
@@ -104,7 +106,7 @@ class Wtap(Variant):
         best = None
         for cb in divisors(p.Cg):
             for mb in divisors(p.Mg):
-                warps = cb * ceil_div(mb, lane_maps(p.R, mb))
+                warps = block_warps(p, replace(seed, chans=cb, maps=mb, warps=1))
                 if warps > FIT_WARPS:
                     continue
                 # x is read once per map block, dy once per channel block
@@ -113,14 +115,14 @@ class Wtap(Variant):
                 if best is None or key < best[0]:
                     best = (key, cb, mb, warps)
         if best is None:
-            raise SpecError(f"wtap: a window of R={p.R} rows is over a warp's 32 lanes")
+            raise SpecError(f"wtap: one map and channel's R={p.R} sums are over {FIT_WARPS} warps")
         _, cb, mb, _ = best
         return _fit_band(p, replace(seed, maps=mb, chans=cb, pixels=pixels))
 
     @classmethod
     def space(cls, problem, precision):
-        """Around the fit's block and blocks of fewer warps (one lane group a channel,
-        half the maps, half the channels), each with its own fitted band: 1 to 16 row
+        """Around the fit's block and blocks of fewer warps (the maps of one warp a
+        channel, half the maps, half the channels), each with its own fitted band: 1 to 16 row
         splits, the band and its half, and half and twice the slices."""
         p = problem
         base = cls.default(problem, precision)
@@ -129,7 +131,7 @@ class Wtap(Variant):
             (base.chans, base.maps // 2),
             (base.chans // 2, base.maps),
         }
-        blocks.add((base.chans, lane_maps(p.R, p.Mg)))
+        blocks.add((base.chans, max(d for d in divisors(p.Mg) if d * p.R <= 32 or d == 1)))
         out = []
         for cb, mb in sorted(blocks):
             if not cb or not mb or p.Cg % cb or p.Mg % mb:
@@ -234,8 +236,8 @@ def _copy_rounds(lay: dict, plane_rows: int, t: str, warps: int) -> dict:
 
 
 def block_warps(p, v) -> int:
-    """channels x lane groups x row splits."""
-    return v.chans * ceil_div(v.maps, lane_maps(p.R, v.maps)) * v.warps
+    """The warps of the block's sums x row splits."""
+    return ceil_div(pairs(p, v), 32) * v.warps
 
 
 def _smem_bytes(p, v) -> tuple[int, dict]:
@@ -255,11 +257,6 @@ def plan_wtap(p, v: Wtap) -> Plan:
         )
     if p.layout is not TensorLayout.NCHW:
         raise SpecError("wtap reads NCHW tensors; for nhwc use --strategy wlane or wgemm")
-    if p.R + 1 > 32:
-        raise SpecError(
-            f"wtap gives each of a map's R + 1 = {p.R + 1} window rows a lane, over 32; "
-            "use --strategy wband"
-        )
     if p.Mg % v.maps:
         raise SpecError(
             f"wtap m{v.maps} must divide the {p.Mg} maps of a group; choose one of "
@@ -270,14 +267,14 @@ def plan_wtap(p, v: Wtap) -> Plan:
             f"wtap c{v.chans} must divide the {p.Cg} channels of a group; choose one of "
             f"{choices(divisors(p.Cg))}"
         )
-    mw = lane_maps(p.R, v.maps)
-    groups_ = ceil_div(v.maps, mw)
+    sums = pairs(p, v)
+    pair_warps = ceil_div(sums, 32)
     warps = block_warps(p, v)
     if warps > MAX_WARPS:
-        most = MAX_WARPS // (v.chans * groups_)
+        most = MAX_WARPS // pair_warps
         raise SpecError(
-            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({v.chans} "
-            f"channel(s) x {groups_} lane group(s) of {mw} maps x {v.warps} row split(s)), "
+            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} sums "
+            f"a lane each in {pair_warps} warp(s) x {v.warps} row split(s)), "
             f"over {32 * MAX_WARPS} (where ptxas spills); "
             + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
         )
@@ -331,16 +328,15 @@ def plan_wtap(p, v: Wtap) -> Plan:
             for b in range(bands)
         ),
         dy_rows_inside=p.Ho % v.tile == 0,
-        mw=mw,
-        lane_groups=groups_,
+        pairs=sums,
+        last_pair=sums - 1,
+        pair_warps=pair_warps,
+        tap_pairs=v.chans * v.maps * p.R,
+        channel_pairs=v.maps * p.R,
         cb=v.chans,
         cbs=p.Cg // v.chans,
         x_band_rows=v.chans * lay["x_rows"],
         dy_band_rows=v.maps * v.tile,
-        channel_warps=groups_ * v.warps,
-        last_map=v.maps - 1,
-        lanes_used=(p.R + 1) * mw,
-        last_tap_row=p.R - 1,
         map_sums=p.Cg * p.R * p.S,
         rows=v.tile,
         bands=bands,
@@ -355,17 +351,17 @@ def plan_wtap(p, v: Wtap) -> Plan:
         launch_bounds=f"{threads}, 2",
         launch_bounds_alt=f"{threads}, 1",
     )
-    used = p.R * mw * min(v.maps, groups_ * mw) / (32 * groups_ * mw)
     sizes = (
         Size(
             "warp",
-            f"{(p.R + 1) * mw} lanes = {mw} map(s) x ({p.R} window rows + ones)",
-            f"lane (r, m) sums dy[m] x x[row + r] over S={p.S} columns; "
-            f"{100 * used:.0f}% of the lanes' FMAs are dw",
+            f"{sums} sums in {pair_warps} warp(s)",
+            f"a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S={p.S} columns"
+            + (" (or dy[m] x 1: db)" if p.bias else "")
+            + f"; {100 * sums / (32 * pair_warps):.0f}% of the lanes busy",
         ),
         Size(
             "block",
-            f"{threads} threads = {v.chans} channel(s) x {groups_} lane group(s) x {v.warps} row split(s)",
+            f"{threads} threads = {pair_warps} warp(s) of sums x {v.warps} row split(s)",
             f"{v.chans} channel(s) x {v.maps} map(s): {items} blocks per slice",
         ),
         Size(
