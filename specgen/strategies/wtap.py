@@ -94,13 +94,11 @@ class Wtap(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The (channels, maps) block that reads x and dy the fewest times with at most
-        16 warps of lane groups, runs of 4 pixels, at most 4 row splits (and 16 warps),
-        the tallest band of whole row splits that fits three blocks an SM where they have
-        at most 8 warps, else one (cut evenly), and slices for eight blocks an SM.  fp32 wgrad at B=10000 (H200, 2026-11-24):
-        layer1 (one lane group) 0.873 ms with 4 row splits against 0.896 with 8 and 0.992
-        with 16, in bands of 16 rows against 0.960 in 20; mx-layer1 (three) 2.17 with 4
-        against 2.40 with 2 and 3.42 with 1, in bands of 22 rows 2.12; layer2 (16 warps)
-        2.28 in whole images against 2.38 in bands of 12; mx-layer2 6.51 against 6.76."""
+        16 warps of sums, runs of 4 pixels, and ``_fit_band``'s row splits, band and
+        slices. fp32 wgrad at B=10000 (H200, 2026-11-24, after the lean copies): layer1
+        0.757 ms (its shipped winner, 8 row splits, 0.722), layer2 2.055 in whole images
+        (bands of 12: 1.974), mx-layer1 1.705 with 12 maps a block (4 maps, three blocks
+        an SM: 1.527); the shipped winners carry the better ones."""
         p = problem
         pixels = min(4, p.Wo)
         best = None
