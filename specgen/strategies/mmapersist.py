@@ -150,6 +150,15 @@ def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
     return rows, nt, p
 
 
+def _tf32_steps(C: int, K: int) -> tuple[int, int, int, int]:
+    """The tf32 reduction's quads of one channel, channels a whole number of k steps
+    takes, the channels padded to them, and the k steps (two quads each)."""
+    per_channel = K * ceil_div(K, 4)  # quads of one channel
+    group = 1 if per_channel % 2 == 0 else 2
+    c_pad = ceil_div(C, group) * group
+    return per_channel, group, c_pad, c_pad * per_channel // 2
+
+
 def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     if v.precision in FRAGMENT16:
         return plan_mmapersist16(shape, v)
@@ -164,10 +173,7 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     map_tiles = ceil_div(M, 8)
     quads_per_row = ceil_div(K, 4)
     kx_pad = 4 * quads_per_row
-    per_channel = K * quads_per_row  # quads of one channel
-    group = 1 if per_channel % 2 == 0 else 2  # channels per whole number of k steps
-    c_pad = ceil_div(C, group) * group
-    steps = c_pad * per_channel // 2
+    per_channel, group, c_pad, steps = _tf32_steps(C, K)
     map_groups = ceil_div(map_tiles, nt)
     map_tiles = map_groups * nt  # B holds zero maps up to whole map groups
     pixels = rows * Wo
@@ -561,7 +567,13 @@ class Mmapersist(Variant):
         # (C=3 M=9 20x7 K=7 pad=1, a GPU-tier draw) ptxas spilled 488 bytes, with 3 none;
         # with 4 of a 50-pixel one (C=14 M=14 12x7 K=3, 21 unrolled tf32 steps), 640
         # bytes at 255 registers, with 3 none (NVRTC 12 and 13).
-        p = max(1, min(4, 8 // nt, problem.Ho * problem.Wo // 16))
+        fills = problem.Ho * problem.Wo // 16
+        p = max(1, min(4, 8 // nt, fills))
+        # And one tile where such an image's tf32 steps run longer: 3 tiles of a 55-pixel
+        # image over 27 steps (C=17 M=1 7x13 K=3 with a bias, a GPU-tier draw) spilled 20
+        # bytes at 255 registers, 2 tiles 24 at the second bound, 1 none (NVRTC 12 and 13).
+        if fills < 4 and own is Precision.TF32 and _tf32_steps(problem.C, problem.K)[3] > 21:
+            p = 1
         v = cls(regtile=(8 * nt, 16 * p), precision=seed.precision)
         # The tallest band, even where a shorter one would let two blocks share an SM:
         # mx-layer2 in bf16 (B=10000, H200) took 1.13 ms in whole images, one block an
