@@ -99,6 +99,12 @@ def toep_suits(view: ConvProblem) -> bool:
 # 11.36 and cuDNN fp32's 10.6, 7.0, 7.3 and 11.1.
 WTAP_MIN_TAPS = 5
 
+# Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
+# zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
+# 0.74, 1.58, 1.41 and 4.80 ms against stream's and persist's 1.37, 2.73, 2.53 and 8.90
+# and cuDNN fp32's 3.21, 4.71, 4.19 and 6.66.
+DROW_MIN_TAPS = 5
+
 
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
@@ -118,7 +124,7 @@ PREFERENCE = {
     Op.FPROP: (*FORWARD, "direct"),
     # flane's stride-1 dgrad view of a 3-channel, 256-map layer: 0.103 ms against
     # stream's 0.201 and cuDNN's 0.369 (H200, B=128, fp32 NHWC)
-    Op.DGRAD: (*FORWARD, "phased"),
+    Op.DGRAD: ("drow", *FORWARD, "phased"),
     # wstrip: 16-bit NCHW layers of few channels on tensor cores (the 7x7 layers' bf16
     # wgrad at B=10000 in 0.38, 0.59, 0.58 and 1.35 ms against wband's 1.67, 5.48, 3.57
     # and 15.5 and cuDNN's 22.3, 3.70, 15.7 and 3.90, H200 2026-11-24)
@@ -266,6 +272,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "mmatoep" and not toep_suits(view):
                     continue
                 if key == "wtap" and view.S < WTAP_MIN_TAPS:
+                    continue
+                if key == "drow" and view.S < DROW_MIN_TAPS:
                     continue
                 v = cls.default(view, math)
             except SpecError:

@@ -613,7 +613,7 @@ def test_best_picks_each_ops_shipped_winners(tmp_path):
     """--best is per op: layer1's shipped dgrad and wgrad winners, and for an op with
     none shipped, the tune command that would find one."""
     run = CliRunner().invoke
-    for op, prefix in (("dgrad", "stream_"), ("wgrad", "wtap_")):
+    for op, prefix in (("dgrad", "drow_"), ("wgrad", "wtap_")):
         r = run(
             main,
             ["emit", "--shape", "layer1", "--op", op, "--best", "--gpu", "NVIDIA H200"]

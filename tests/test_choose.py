@@ -70,7 +70,7 @@ def test_a_preset_with_an_epilogue_gets_the_preset_winner():
 def test_shipped_winners_are_per_op_and_per_gpu():
     p = PRESETS["layer1"]
     assert choose(p.with_op(Op.WGRAD), H200).variant.key == "wtap"
-    assert choose(p.with_op(Op.DGRAD), H200).variant.key == "stream"
+    assert choose(p.with_op(Op.DGRAD), H200).variant.key == "drow"
     assert choose(p, "NVIDIA H100 80GB HBM3").source == "planned"
 
 

@@ -9,6 +9,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, split_problem_tags
 from .direct import Direct
+from .drow import Drow
 from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
@@ -54,6 +55,7 @@ TABLE: tuple[type[Variant], ...] = (
     Tcgemm,
     Wgmma,
     Phased,
+    Drow,
     Wband,
     Wtap,
     Wgemm,
