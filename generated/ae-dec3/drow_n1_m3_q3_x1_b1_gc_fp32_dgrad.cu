@@ -10,19 +10,27 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   lane          one dx row, 32 floats          the row u with (u + 1) % 3 == l; dy row i reaches it through window row (l - i) mod 3
 //   column        3 lanes                        one (image, dx channel): 3 rows in flight, one finished a dy row
-//   block         768 threads                    3 x 256 column lanes (1 image(s) x 256 channel(s)); 100% of the lanes busy
+//   block         768 threads                    3 x 256 column lanes (1 image(s) x 256 channel(s)), a column's lanes side by side (a warp: ~11 columns); 100% of the lanes busy
 //   stage         3 map(s) of a dy row           288 FMAs a lane unrolled, 8 16-byte dy loads and 1 weight loads a map
 //   multiplies    9216 a (map, channel)          Ho x Wo x R x S, every one useful (the forward view: 9216)
 //   __shared__    38160 B                        weights [256][3][3][4] and 3 stages of [3][1][36]
 // Kernel   drow_n1_m3_q3_x1_b1_gc_fp32_dgrad: block 768x1x1, grid (min(B, blocks resident on the device), 1, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 16-byte asynchronous copy global -> shared (dst: a shared address).
 __device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 768 * k of the stage's 3 x 8 is
 // 4 float(s) of row q = e / 8 (map q / 1, image q % 1); its offset in dy from the stage's first row
@@ -75,8 +83,8 @@ __device__ __forceinline__ void advance(int& item, int& row, int& unit)
     }
 }
 
-// Block b walks the groups of 1 images b, b + gridDim.x, ...; thread t is lane l = t / 256 of column
-// t % 256 = (image, dx channel c).  A lane keeps one dx row: the row u with (u + 1) % 3 == l, which dy row i
+// Block b walks the groups of 1 images b, b + gridDim.x, ...; thread t is lane l of column (image, dx channel c),
+// l = t % 3 of column t / 3 (a column's lanes side by side).  A lane keeps one dx row: the row u with (u + 1) % 3 == l, which dy row i
 // reaches through window row r = (l - i) mod 3.  At every dy row each lane adds the row's 3 maps through its r;
 // the lane with r == 0 then holds a finished row (u = i - 1), stores it and starts on the row 3 further down.
 // dy comes a stage (3 map(s) of one row of every image) at a time through a ring of 3 buffers, one barrier a stage.

@@ -10,19 +10,27 @@
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   lane          one dx row, 72 floats          the row u with (u + 0) % 7 == l; dy row i reaches it through window row (l - i) mod 7
 //   column        7 lanes                        one (image, dx channel): 7 rows in flight, one finished a dy row
-//   block         64 threads                     7 x 9 column lanes (9 image(s) x 1 channel(s)), a warp's lanes in two rotations; 98% of the lanes busy
+//   block         64 threads                     7 x 9 column lanes (9 image(s) x 1 channel(s)), a column's lanes side by side (a warp: ~5 columns); 98% of the lanes busy
 //   stage         3 map(s) of a dy row           1386 FMAs a lane unrolled, 17 16-byte dy loads and 2 weight loads a map
 //   multiplies    213444 a (map, channel)        Ho x Wo x R x S, every one useful (the forward view: 254016)
 //   __shared__    24720 B                        weights [1][12][7][8] and 3 stages of [3][9][68]
 // Kernel   drow_n9_m3_q3_x1_b1_gc_fp32_dgrad: block 64x1x1, grid (min(ceil(B*1/9), blocks resident on the device), 1, 1)
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    unsigned s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 8-byte asynchronous copy global -> shared (dst: a shared address).
 __device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
 }
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 64 * k of the stage's 27 x 33 is
 // 2 float(s) of row q = e / 33 (map q / 9, image q % 9); its offset in dy from the stage's first row
@@ -75,8 +83,8 @@ __device__ __forceinline__ void advance(int& item, int& row, int& unit)
     }
 }
 
-// Block b walks the groups of 9 images b, b + gridDim.x, ...; thread t is lane l = t / 9 of column
-// t % 9 = (image, dx channel c).  A lane keeps one dx row: the row u with (u + 0) % 7 == l, which dy row i
+// Block b walks the groups of 9 images b, b + gridDim.x, ...; thread t is lane l of column (image, dx channel c),
+// l = t % 7 of column t / 7 (a column's lanes side by side).  A lane keeps one dx row: the row u with (u + 0) % 7 == l, which dy row i
 // reaches through window row r = (l - i) mod 7.  At every dy row each lane adds the row's 12 maps through its r;
 // the lane with r == 0 then holds a finished row (u = i - 0), stores it and starts on the row 7 further down.
 // dy comes a stage (3 map(s) of one row of every image) at a time through a ring of 3 buffers, one barrier a stage.

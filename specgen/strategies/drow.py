@@ -307,7 +307,7 @@ def plan_drow(p, v: Drow) -> Plan:
     sizes = (
         Size(
             "lane",
-            f"one dx row, {p.W} floats",
+            f"one dx row, {p.W} floats" if v.parts == 1 else f"{width} of a dx row's {p.W} floats",
             f"the row u with (u + {pt}) % {p.R} == l; dy row i reaches it through window row "
             f"(l - i) mod {p.R}",
         ),
@@ -320,7 +320,12 @@ def plan_drow(p, v: Drow) -> Plan:
             "block",
             f"{threads} threads",
             f"{p.R} x {columns} column lanes ({v.images} image(s) x {p.C} channel(s))"
-            + ("" if uniform else ", a warp's lanes in two rotations")
+            + (
+                f", a column's lanes side by side (a warp: ~{ceil_div(32, p.R)} columns)"
+                if v.gather
+                else ", the columns side by side"
+                + ("" if uniform else " (a warp's lanes in two rotations)")
+            )
             + f"; {100 * p.R * columns / threads:.0f}% of the lanes busy",
         ),
         Size(
