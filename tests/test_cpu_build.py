@@ -186,6 +186,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # and 3 tiles of a 55-pixel image over 27 tf32 steps, with a bias: 20 bytes (GPU
         # tier draw, 2026-11-24)
         ("C=17,M=1,H=7,W=13,K=3,pad=0,bias=1,act=relu", "default mmapersist"),
+        # 16-bit mmapersist at two blocks an SM, 4 pixel tiles a warp: 8 bytes spilled
+        # under either bound until its second became one block an SM (GPU tier draw)
+        ("C=11,M=3,H=34,W=40,K=5,pad=1,bias=1,act=relu,dtype=fp16", "default mmapersist"),
         # persist's fit let a 16-bit problem's block reach 504 threads: 350 bytes spilled
         ("C=1,M=18,H=35,W=30,K=7,pad=3,dtype=fp16", "default persist"),
         # mmastrip's 16 maps x 4 rows over a dgrad view's 6 unrolled channels spilled 8

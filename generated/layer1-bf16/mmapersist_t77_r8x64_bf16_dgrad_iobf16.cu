@@ -149,7 +149,7 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
 #ifndef SPECGEN_ALT_BOUNDS
 #define BOUNDS __launch_bounds__(256, 2)
 #else
-#define BOUNDS __launch_bounds__(256)
+#define BOUNDS __launch_bounds__(256, 1)
 #endif
 extern "C" __global__ void BOUNDS
 mmapersist_t77_r8x64_bf16_dgrad_iobf16(const unsigned short* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ y, int batch)
