@@ -399,10 +399,14 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
     return buf
 
 
-def _wtap_sum(c, R, pair):
-    """The (channel, map, window row) whose sums a lane keeps (window row R: db), as
-    the kernel reads them off the planned numbers."""
-    at = min(pair, c["last_pair"])
+def _wtap_sum(c, R, t):
+    """The (channel, map, window row) whose sums thread t keeps (window row R: db), and
+    its row split, as the kernel reads them off the planned numbers."""
+    at, ri = t % c["pairs"], min(t // c["pairs"], c["splits_rows"] - 1)
+    return (*_wtap_pair(c, R, at), ri)
+
+
+def _wtap_pair(c, R, at):
     if c["with_db"] and at >= c["tap_pairs"]:
         return 0, at - c["tap_pairs"], R
     return at // c["channel_pairs"], at // R % c["mb"], at % R
@@ -421,16 +425,15 @@ def _replay_wtap(p, x, dy, plan):
         c0, gm = item % c["cbs"] * cb, item // c["cbs"]
         m0, xc0 = gm * mb, gm // c["mbs"] * p.Cg + item % c["cbs"] * cb
         for k_slice in range(c["splits"]):
-            # acc[ci][lane group][row split][lane][s]
-            acc = np.zeros((c["pair_warps"], c["splits_rows"], 32, S))  # [warp][split][lane]
+            acc = np.zeros((c["threads"], S))  # a thread's sums
             for n in range(k_slice, B, c["splits"]):
                 for b in range(c["bands"]):
                     oy0 = b * c["rows"]
                     buf = _stage_wtap(p, c, x, dy, n, oy0, xc0, m0)
                     ones = np.ones(c["x_cols"])
                     valid = min(c["rows"], p.Ho - oy0)
-                    for gi, ri, lane in np.ndindex(acc.shape[:3]):
-                        ci, mi, slot = _wtap_sum(c, R, gi * 32 + lane)
+                    for t in range(c["threads"]):
+                        ci, mi, slot, ri = _wtap_sum(c, R, t)
                         if slot == R:
                             xl, xrow = ones, 0
                         else:
@@ -447,20 +450,16 @@ def _replay_wtap(p, x, dy, plan):
                                 xv[c["pre"] :] = xr[at : at + c["shift"]]
                                 for i in range(c["P"]):
                                     for s_ in range(S):
-                                        acc[gi, ri, lane, s_] += (
-                                            d[i] * xv[i * c["sw"] + s_ * c["dw"]]
-                                        )
+                                        acc[t, s_] += d[i] * xv[i * c["sw"] + s_ * c["dw"]]
                                 xv[: c["pre"]] = xv[c["shift"] : c["shift"] + c["pre"]]
-            sums = acc.sum(1)  # the row splits, in order
-            for gi, lane in np.ndindex(sums.shape[:2]):
-                if gi * 32 + lane >= c["pairs"]:
-                    continue
-                ci, mi, slot = _wtap_sum(c, R, gi * 32 + lane)
+            for t in range(c["pairs"]):  # split 0 adds the others, in order
+                sums = sum(acc[t + c["pairs"] * r] for r in range(c["splits_rows"]))
+                ci, mi, slot, _ = _wtap_sum(c, R, t)
                 if slot < R:
                     at = (m0 + mi) * p.Cg * R * S + (c0 + ci) * R * S + slot * S
-                    ws[k_slice, at : at + S] = sums[gi, lane]
+                    ws[k_slice, at : at + S] = sums
                 elif c0 == 0:
-                    ws[k_slice, c["weights"] + m0 + mi] = sums[gi, lane, 0]
+                    ws[k_slice, c["weights"] + m0 + mi] = sums[0]
     total = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
     return total[: c["weights"]].reshape(p.M, p.Cg, R, S), total[c["weights"] :]
 
@@ -492,6 +491,8 @@ def test_wtap_replay_gives_the_weight_gradient(p):
         ("layer2", ["--chans", "3"], "wtap c3 must divide the 4 channels of a group"),
         ("layer2", ["--warps", "8"], "over 768 (where ptxas spills); choose --warps 1"),
         ("layer2", ["--tile", "40"], "wtap t40: the band is at most Ho=34 rows"),
+        ("layer2", ["--stages", "5"], "wtap q5: the band ring has 2, 3 or 4 buffers"),
+        ("layer2", ["--tile", "34", "--stages", "4"], "choose a smaller --tile or --stages"),
         ("layer1", ["--tile", "80", "--warps", "1"], "over the sm_90 limit"),
     ],
 )

@@ -17,11 +17,14 @@ window row fastest), so a warp's lanes are all busy where the sums fill it (laye
 sums dy against a row of ones: db.
 
 A block owns ``chans`` input channels and ``maps`` maps of a group for a slice of the
-batch (the warps of its sums, each split ``warps`` ways over the rows of a band),
-stages each band's x and dy rows by cp.async in two buffers, and keeps its sums in
-registers over the whole slice; the row splits meet in shared memory and a second
-kernel adds the slices in order (``backward/reduce.j2``), so the result is
-deterministic.
+batch.  Its sums are split ``warps`` ways over the rows of a band, a lane a (split,
+sum), so that 28 sums x 8 splits fill 7 warps where a warp per split left 4 lanes of
+each idle.  It stages each band's x and dy rows by cp.async, in two buffers behind one
+barrier a band or in a ring of ``stages`` buffers whose mbarriers say when a buffer is
+full and when every thread is done with it (a warp that is ahead goes on into the next
+band), and keeps its sums in registers over the whole slice; the row splits meet in
+shared memory and a second kernel adds the slices in order (``backward/reduce.j2``),
+so the result is deterministic.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
 from .persist import _vector
+from .wgmma import SM_SHARED
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -51,6 +55,7 @@ FIT_WARPS = 16  # the fit's blocks: at most 512 threads, two an SM
 MAX_SPLITS = 4  # the fit's row splits
 MAX_WARPS = 24  # 1024 threads spilled at 64 registers a thread (layer2, H200)
 SMALL_BLOCK_SMEM = 64 * 1024  # the fit's buffers for blocks of up to 8 warps: three an SM
+MAX_RESIDENT = 4  # the most blocks an SM the launch bound asks for
 MAX_UNROLLED = 4096  # FMAs of a row's unrolled steps (S x Wo rounded up to the steps)
 
 
@@ -85,7 +90,12 @@ class Wtap(Variant):
     maps: int = param(4, Count("m"), "wtap: maps per block")
     chans: int = param(1, Count("c"), "wtap: input channels per block")
     pixels: int = param(4, Count("p"), "wtap: outputs of a row per step (one vector load)")
-    warps: int = param(1, Count("w"), "wtap: warps splitting a band's rows")
+    warps: int = param(1, Count("w"), "wtap: row splits of a band, each a lane a sum")
+    stages: int = param(
+        2,
+        Count("q"),
+        "wtap: band buffers in the ring (2: one barrier a band; 3 or 4: under mbarriers)",
+    )
     splits: int = param(64, Count("s"), "wtap: slices of the batch, one block row each")
 
     def plan(self, problem):
@@ -121,7 +131,8 @@ class Wtap(Variant):
     def space(cls, problem, precision):
         """Around the fit's block and blocks of fewer warps (the maps of one warp a
         channel, half the maps, half the channels), each with its own fitted band: 1 to 16 row
-        splits, the band and its half, and half and twice the slices."""
+        splits, the band and its half, half and twice the slices, two buffers or a ring of
+        three."""
         p = problem
         base = cls.default(problem, precision)
         blocks = {
@@ -135,11 +146,11 @@ class Wtap(Variant):
             if not cb or not mb or p.Cg % cb or p.Mg % mb:
                 continue
             fit = _fit_band(p, replace(base, chans=cb, maps=mb))
-            for warps, tile, k in itertools.product(
-                (1, 2, 4, 8, 16), sorted({fit.tile, ceil_div(fit.tile, 2)}), (1, 2, 4)
+            for warps, tile, k, stages in itertools.product(
+                (1, 2, 4, 8, 16), sorted({fit.tile, ceil_div(fit.tile, 2)}), (1, 2, 4), (2, 3)
             ):
                 splits = max(1, min(fit.splits * k // 2, 65535))
-                out.append(replace(fit, warps=warps, tile=tile, splits=splits))
+                out.append(replace(fit, warps=warps, tile=tile, splits=splits, stages=stages))
         return list(dict.fromkeys(out))
 
 
@@ -150,7 +161,7 @@ def _fit_band(p, v: Wtap) -> Wtap:
     warps = block_warps(p, replace(v, warps=1))
     split = max(1, min(MAX_SPLITS, FIT_WARPS // warps, p.Ho))
     v = replace(v, warps=split, tile=p.Ho)
-    budget = SMALL_BLOCK_SMEM if warps * split <= 8 else OPTIN_SMEM_BYTES
+    budget = SMALL_BLOCK_SMEM if block_warps(p, v) <= 8 else OPTIN_SMEM_BYTES
     tile = p.Ho
     while tile > 1 and (
         _smem_bytes(p, replace(v, tile=tile))[0] > budget or tile % split and tile > split
@@ -234,16 +245,18 @@ def _copy_rounds(lay: dict, plane_rows: int, t: str, warps: int) -> dict:
 
 
 def block_warps(p, v) -> int:
-    """The warps of the block's sums x row splits."""
-    return ceil_div(pairs(p, v), 32) * v.warps
+    """The warps of the block's sums x row splits, a lane each."""
+    return ceil_div(pairs(p, v) * v.warps, 32)
 
 
 def _smem_bytes(p, v) -> tuple[int, dict]:
-    """Both buffers and the row of ones, or the row splits' sums where they need more
-    (they meet in the same memory after the last band)."""
+    """The buffers, the row of ones and the ring's mbarriers (two of 8 bytes a buffer),
+    or the row splits' sums where they need more (they meet in the same memory after
+    the last band)."""
     lay = _layout(p, v)
     sums = 32 * block_warps(p, v) * p.S if v.warps > 1 else 0
-    return 4 * max(2 * lay["buffer"] + lay["ones_words"], sums), lay
+    bars = 4 * v.stages if v.stages > 2 else 0
+    return 4 * max(v.stages * lay["buffer"] + lay["ones_words"] + bars, sums), lay
 
 
 def plan_wtap(p, v: Wtap) -> Plan:
@@ -266,16 +279,16 @@ def plan_wtap(p, v: Wtap) -> Plan:
             f"{choices(divisors(p.Cg))}"
         )
     sums = pairs(p, v)
-    pair_warps = ceil_div(sums, 32)
     warps = block_warps(p, v)
     if warps > MAX_WARPS:
-        most = MAX_WARPS // pair_warps
+        most = 32 * MAX_WARPS // sums
         raise SpecError(
             f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} sums "
-            f"a lane each in {pair_warps} warp(s) x {v.warps} row split(s)), "
-            f"over {32 * MAX_WARPS} (where ptxas spills); "
-            + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
+            f"x {v.warps} row split(s), a lane each), over {32 * MAX_WARPS} (where ptxas "
+            "spills); " + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
         )
+    if not 2 <= v.stages <= 4:
+        raise SpecError(f"wtap q{v.stages}: the band ring has 2, 3 or 4 buffers; choose --stages 3")
     if v.tile > p.Ho:
         raise SpecError(f"wtap t{v.tile}: the band is at most Ho={p.Ho} rows")
     if v.warps > v.tile:
@@ -291,8 +304,13 @@ def plan_wtap(p, v: Wtap) -> Plan:
             "use --strategy wband"
         )
     threads = 32 * warps
+    # The bound asks for as many blocks an SM as shared memory and the warps allow (up to
+    # 4): ptxas then keeps the registers to what they leave.
+    resident = max(1, min(MAX_RESIDENT, SM_SHARED // (nbytes + 1024), 64 // warps))
     static, dynamic = smem_placement(
-        nbytes, f"wtap's two buffers of {v.tile}-row bands", "choose a smaller --tile"
+        nbytes,
+        f"wtap's {v.stages} buffers of {v.tile}-row bands",
+        "choose a smaller --tile or --stages",
     )
 
     # 2. work
@@ -327,8 +345,9 @@ def plan_wtap(p, v: Wtap) -> Plan:
         ),
         dy_rows_inside=p.Ho % v.tile == 0,
         pairs=sums,
-        last_pair=sums - 1,
-        pair_warps=pair_warps,
+        ring=v.stages > 2,
+        q=v.stages,
+        bars_at=v.stages * lay["buffer"] + lay["ones_words"],
         tap_pairs=v.chans * v.maps * p.R,
         channel_pairs=v.maps * p.R,
         cb=v.chans,
@@ -342,24 +361,24 @@ def plan_wtap(p, v: Wtap) -> Plan:
         P=v.pixels,
         threads=threads,
         warps=warps,
-        ones_at=2 * lay["buffer"],
+        ones_at=v.stages * lay["buffer"],
         dynamic=dynamic > 0,
         smem_bytes=nbytes,
         smem_words=nbytes // 4,
-        launch_bounds=f"{threads}, 2",
+        launch_bounds=f"{threads}, {resident}",
         launch_bounds_alt=f"{threads}, 1",
     )
     sizes = (
         Size(
-            "warp",
-            f"{sums} sums in {pair_warps} warp(s)",
+            "lane",
+            f"{sums} sums x {v.warps} row split(s)",
             f"a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S={p.S} columns"
             + (" (or dy[m] x 1: db)" if p.bias else "")
-            + f"; {100 * sums / (32 * pair_warps):.0f}% of the lanes busy",
+            + f", over one row split; {100 * sums * v.warps / threads:.0f}% of the lanes busy",
         ),
         Size(
             "block",
-            f"{threads} threads = {pair_warps} warp(s) of sums x {v.warps} row split(s)",
+            f"{threads} threads",
             f"{v.chans} channel(s) x {v.maps} map(s): {items} blocks per slice",
         ),
         Size(
@@ -371,12 +390,17 @@ def plan_wtap(p, v: Wtap) -> Plan:
         Size(
             "band",
             f"{v.tile} rows, {bands} an image",
-            f"{lay['steps']} steps a row, unrolled; rows split over {v.warps} warp(s)",
+            f"{lay['steps']} steps a row, unrolled; rows split {v.warps} way(s); "
+            + (
+                f"a ring of {v.stages} buffers under mbarriers"
+                if v.stages > 2
+                else "two buffers, one barrier a band"
+            ),
         ),
         Size(
             "__shared__",
             f"{nbytes} B",
-            f"two buffers of x [{v.chans}][{lay['x_rows']}][{lay['x_stride']}] and dy "
+            f"{v.stages} buffers of x [{v.chans}][{lay['x_rows']}][{lay['x_stride']}] and dy "
             f"[{v.maps}][{v.tile}][{lay['dy_stride']}] (planes of {lay['dy_plane']}), "
             "zero padding written in" + (f"; a row of ones for db" if p.bias else ""),
         ),
