@@ -26,7 +26,7 @@ grep -E "B=|^cudnn-fp32|^wtap|not timed|rror|FAIL|passed|failed" $LOG | cut -c1-
 # Nsight Compute on PROF="preset:name ..." (a timed launch at the preset's batch, after
 # verify's), with the issue stalls per instruction
 for pv in $PROF; do s=${pv%%:*}; n=${pv#*:}
-  timeout 200 ncu --kernel-name regex:wtap --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy --section SchedulerStats --section LaunchStats \
+  timeout 200 ncu --kernel-name regex:wgrad$ --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy --section SchedulerStats --section LaunchStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     python3 -m specgen bench --shape $s --op wgrad --variant wtap_${n}_fp32_wgrad > $OUT/wtap-prof-$s-$n.log 2>&1; echo "ncu $s $n rc=$?"
   grep -E "Duration|Issue Slots|Registers|Achieved Occ|Eligible|No Eligible|Block Limit (Sh|Reg)" $OUT/wtap-prof-$s-$n.log | head -12

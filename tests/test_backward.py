@@ -448,7 +448,7 @@ def _replay_wtap(p, x, dy, plan):
                                 d = dr[c["P"] * j : c["P"] * j + c["P"]]
                                 at = c["shift"] * j + c["pre"]
                                 xv[c["pre"] :] = xr[at : at + c["shift"]]
-                                for i in range(c["P"]):
+                                for i in range(min(c["P"], p.Wo - c["P"] * j)):
                                     for s_ in range(S):
                                         acc[t, s_] += d[i] * xv[i * c["sw"] + s_ * c["dw"]]
                                 xv[: c["pre"]] = xv[c["shift"] : c["shift"] + c["pre"]]

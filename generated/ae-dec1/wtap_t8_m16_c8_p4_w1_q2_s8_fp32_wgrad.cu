@@ -192,8 +192,9 @@ wtap_t8_m16_c8_p4_w1_q2_s8_fp32_wgrad(const float* __restrict__ x, const float* 
                     xv[4 + 3] = v.w;
                 }
 
+                constexpr int outs = 4;
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < outs; ++i)
 #pragma unroll
                     for (int s = 0; s < 3; ++s)
                         acc[s] = fmaf(d[i], xv[i * 1 + s * 1], acc[s]);

@@ -199,8 +199,9 @@ wtap_t16_m4_c1_p4_w8_q2_s1056_fp32_wgrad(const float* __restrict__ x, const floa
                     xv[8 + 3] = v.w;
                 }
 
+                constexpr int outs = 4;
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < outs; ++i)
 #pragma unroll
                     for (int s = 0; s < 7; ++s)
                         acc[s] = fmaf(d[i], xv[i * 1 + s * 1], acc[s]);

@@ -198,8 +198,10 @@ wtap_t22_m12_c1_p4_w4_q2_s1056_fp32_wgrad(const float* __restrict__ x, const flo
                     xv[8 + 3] = v.w;
                 }
 
+                // the last step's 2 output(s) inside the row: no FMA on the zeros past it
+                const int outs = 4 * j + 4 <= 66 ? 4 : 2;  // a literal once j is unrolled
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < outs; ++i)
 #pragma unroll
                     for (int s = 0; s < 7; ++s)
                         acc[s] = fmaf(d[i], xv[i * 1 + s * 1], acc[s]);

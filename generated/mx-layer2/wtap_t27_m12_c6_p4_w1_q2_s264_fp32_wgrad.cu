@@ -200,8 +200,10 @@ wtap_t27_m12_c6_p4_w1_q2_s264_fp32_wgrad(const float* __restrict__ x, const floa
                     xv[8 + 3] = v.w;
                 }
 
+                // the last step's 3 output(s) inside the row: no FMA on the zeros past it
+                const int outs = 4 * j + 4 <= 27 ? 4 : 3;  // a literal once j is unrolled
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < outs; ++i)
 #pragma unroll
                     for (int s = 0; s < 7; ++s)
                         acc[s] = fmaf(d[i], xv[i * 1 + s * 1], acc[s]);
