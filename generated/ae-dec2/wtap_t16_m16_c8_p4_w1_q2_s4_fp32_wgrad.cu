@@ -17,14 +17,6 @@
 // Kernel   wtap_t16_m16_c8_p4_w1_q2_s4_fp32_wgrad: block 384x1x1, grid (256, 4, 1), 56320 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m16_c8_p4_w1_q2_s4_fp32_wgrad_reduce: block 256x1x1, grid (1152, 1, 1)
 
-// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
-{
-    unsigned s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A BYTES-byte asynchronous copy global -> shared (dst: a shared address), or BYTES zeros

@@ -16,14 +16,6 @@
 //   __shared__    19040 B                        weights [1][4][7][8] and 3 stages of [2][9][84]
 // Kernel   drow_n9_m2_q3_x1_b1_gc_fp32_dgrad: block 64x1x1, grid (min(ceil(B*1/9), blocks resident on the device), 1, 1)
 
-// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
-{
-    unsigned s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 16-byte asynchronous copy global -> shared (dst: a shared address).

@@ -17,14 +17,6 @@
 // Kernel   wtap_t9_m12_c6_p4_w1_q3_s264_fp32_wgrad: block 512x1x1, grid (4, 264, 1), 75216 B dynamic shared memory (opt-in)
 // Kernel   wtap_t9_m12_c6_p4_w1_q3_s264_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)
 
-// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
-{
-    unsigned s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A BYTES-byte asynchronous copy global -> shared (dst: a shared address), or BYTES zeros
@@ -71,7 +63,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 // window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
 // (1 round(s) of x, 1 of dy), a lane a copy along the row: 4 bytes of x (36 a
 // row), 4 of dy (28 a row); the planes' and rounds' offsets are literals.  The caller
-// commits and waits.
+// commits and waits (here: arrives on the buffer's mbarrier once the copies land).
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -245,7 +237,7 @@ wtap_t9_m12_c6_p4_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const float
                 }
 
                 // the last step's 3 output(s) inside the row: no FMA on the zeros past it
-                const int outs = 4 * j + 4 <= 27 ? 4 : 3;  // a literal once j is unrolled
+                const int outs = j < 6 ? 4 : 3;  // a literal once j is unrolled
 #pragma unroll
                 for (int i = 0; i < outs; ++i)
 #pragma unroll

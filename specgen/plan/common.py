@@ -19,6 +19,14 @@ from ..variants import Variant
 CONST_BYTES = 64 * 1024  # one __constant__ bank
 STATIC_SMEM_BYTES = 48 * 1024  # static __shared__ per block
 OPTIN_SMEM_BYTES = 227 * 1024  # dynamic __shared__ per block after the opt-in
+SM_SHARED = 228 * 1024  # shared memory per SM, of which each block's driver part takes 1 KiB
+
+
+def smem_blocks(nbytes: int) -> int:
+    """The blocks of ``nbytes`` of shared memory each that one SM holds at once."""
+    return SM_SHARED // (nbytes + 1024)
+
+
 MAX_THREADS = 1024
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 MAX_REGISTERS = 255

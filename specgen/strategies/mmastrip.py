@@ -52,7 +52,7 @@ from .mmapersist import (
     own_dtype16,
     warp_map_tiles,
 )
-from .wgmma import SM_SHARED
+from ..plan.common import SM_SHARED
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: R rows x NT map tiles x 4
 # The channels are unrolled up to this many k steps in all (each step R x NT mma);

@@ -45,7 +45,7 @@ from .mmapersist import (
     own_dtype16,
 )
 from .mmastrip import MAX_ACCUMULATORS  # fp32 accumulators per thread
-from .wgmma import SM_SHARED
+from ..plan.common import SM_SHARED
 
 MAX_K = 9  # 8 output columns and K - 1 more fill at most one k16 step
 # The channel loop is unrolled where it has at most this many (channel, window row) steps.

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, ceil_div
+from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div
 from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
@@ -35,7 +35,6 @@ CHANNEL_TILES = (8, 16, 32, 64, 128)
 CHUNK_PIXELS = 64  # the default's rows: at most this many pixels a chunk
 WARPS = 8
 SMS = 132  # the H200's (and H100's) SMs
-SM_SHARED = 228 * 1024
 REGISTERS = 262  # _registers' estimate: ptxas fit up to 261 without spills, spilled from 267
 GATHERS = 16  # elements a thread gathers per chunk (ptxas spilled at 24)
 SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most

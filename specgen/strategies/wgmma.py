@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Switch, Variant, param
@@ -52,7 +52,6 @@ from .tcgemm import MATH, STAGE_LIMIT, VECTOR
 CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM
-SM_SHARED = 228 * 1024  # shared memory per SM, of which each block's driver part takes 1 KiB
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
 
 

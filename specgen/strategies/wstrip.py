@@ -30,13 +30,12 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import OPTIN_SMEM_BYTES, Launch, Plan, Size, ceil_div
+from ..plan.common import OPTIN_SMEM_BYTES, Launch, Plan, Size, ceil_div, smem_blocks
 from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import Count, Pair, Variant, param
 from .mmapersist import FRAGMENT16, band16_context, band16_words, warp_map_tiles
 from .mmastrip import _rows_per_strip
-from .wgmma import SM_SHARED
 from .wsplit import per_slice, sums_context
 
 MAX_ACCUMULATORS = 64  # fp32 sums a thread keeps: 4 x tiles x map tiles
@@ -116,7 +115,7 @@ def min_blocks(warps: int) -> int:
 
 def resident(plan: Plan) -> int:
     """Blocks of the plan an SM holds at once: its launch bound, and its shared memory."""
-    return min(min_blocks(plan.context["threads"] // 32), SM_SHARED // (plan.dynamic_smem + 1024))
+    return min(min_blocks(plan.context["threads"] // 32), smem_blocks(plan.dynamic_smem))
 
 
 def _check_dtype(p, v) -> None:

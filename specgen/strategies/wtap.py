@@ -41,13 +41,13 @@ from ..plan.common import (
     ceil_div,
     choices,
     divisors,
+    smem_blocks,
     smem_placement,
 )
 from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
 from .persist import _vector
-from .wgmma import SM_SHARED
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -306,7 +306,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
     threads = 32 * warps
     # The bound asks for as many blocks an SM as shared memory and the warps allow (up to
     # 4): ptxas then keeps the registers to what they leave.
-    resident = max(1, min(MAX_RESIDENT, SM_SHARED // (nbytes + 1024), 64 // warps))
+    resident = max(1, min(MAX_RESIDENT, smem_blocks(nbytes), 64 // warps))
     static, dynamic = smem_placement(
         nbytes,
         f"wtap's {v.stages} buffers of {v.tile}-row bands",
@@ -359,6 +359,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
         bands=bands,
         splits_rows=v.warps,
         P=v.pixels,
+        last_outs=p.Wo - v.pixels * (lay["steps"] - 1),  # the last step's outputs in the row
         threads=threads,
         warps=warps,
         ones_at=v.stages * lay["buffer"],
