@@ -24,7 +24,7 @@ from specgen.reference import (
 from specgen.render import render
 from specgen.runtime import dgrad_weights
 from specgen.shapes import PRESETS, Act, DType, Op, TensorLayout, parse_shape
-from specgen.strategies import default_set
+from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.phased import Phased
 from specgen.strategies.tiled import Tiled
 from specgen.strategies.wsplit import Wsplit
@@ -377,6 +377,8 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
                 continue
             if q == c[f"{t}_rounds"] - 1 and lane >= c[f"{t}_tail_lanes"]:
                 continue
+            if t == "dy" and q == c["dy_rounds"] - 1 and c["dy_flat_tail"]:
+                continue  # the rows' last chunks: below, a lane each
             row = first + warp + c["warps"] * i
             inside = 0 <= row < rows_of
             assert inside or not c[f"{t}_rows_inside"], (t, row)
@@ -396,6 +398,17 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
                     buf[d : d + g] = src[k, row, off : off + g]
                 else:
                     buf[d : d + g] = 0.0
+    if c["dy_flat_tail"]:  # lane l: chunk l % tail of round l / tail % iters, map l / (tail iters)
+        tail, iters, g = c["dy_tail_lanes"], c["dy_iters"], c["dy_copy"] // 4
+        for warp, lane in itertools.product(range(c["warps"]), range(32)):
+            tc, ti, tm = lane % tail, lane // tail % iters, lane // (tail * iters)
+            if lane >= tail * iters * c["mb"] or (ti == iters - 1 and warp >= c["dy_tail_warps"]):
+                continue
+            row = oy0 + warp + c["warps"] * ti
+            col = g * (32 * (c["dy_rounds"] - 1) + tc)
+            at = c["x_band"] + c["dy_stride"] * warp + c["dy_plane"] * tm + c["dy_round_words"] * ti
+            at += (c["dy_round_bytes"] * (c["dy_rounds"] - 1) + c["dy_copy"] * tc) // 4
+            buf[at : at + g] = dy[n, m0 + tm, row, col : col + g]
     return buf
 
 
@@ -480,6 +493,19 @@ def test_wtap_replay_gives_the_weight_gradient(p):
     dw, db = _replay_wtap(p, x, dy, plan)
     np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+def test_wtap_replay_of_rows_whose_last_chunks_take_a_lane_each():
+    """mx-layer1's rows (66 outputs: a round of 32 copies and one more) in bands of 13
+    over 10 warps, the last round's rows in 3 of them: the rows' last chunks are
+    copied a lane each, and the buffer they fill still gives dw."""
+    p = parse_shape("C=1,M=4,H=45,W=72,K=7").with_op(Op.WGRAD)
+    plan = make_plan(p, parse_variant_name("wtap_t13_m4_c1_p4_w11_q2_s2_fp32_wgrad"))
+    c = plan.context
+    assert c["dy_flat_tail"] and c["dy_iters"] == 2 and c["dy_tail_warps"] < c["warps"]
+    x, _, dy = _operands(p, 3, np.random.default_rng())
+    dw, _ = _replay_wtap(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ struct Lanes {
     int x_off[1], dy_off[1];
     bool x_in[1], dy_in[1];
     bool x_tail, dy_tail;
+    int dy_tail_src, dy_tail_dst;  // the lane's copy of the rows' last chunks: source (floats) and byte offsets
 };
 
 __device__ __forceinline__ Lanes lanes_of(int lane)
@@ -54,7 +55,12 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 8;
     }
     c.x_tail = lane < 12;
-    c.dy_tail = lane < 2;
+    // The last 2 chunk(s) of every dy row the warp copies (1 round(s) x 16 map(s)) take one
+    // copy of a lane each: lane l copies chunk l % 2 of round l / 2 % 1, map l / 2.
+    const int tc = lane % 2, ti = lane / 2 % 1, tm = lane / 2;
+    c.dy_tail = lane < 32 && (ti < 0 || (int)threadIdx.x / 32 < 8);
+    c.dy_tail_src = 64 * tm + 96 * ti + 4 * (0 + tc);
+    c.dy_tail_dst = 4 * (68 * tm + 96 * ti) + 0 + 16 * tc;
     return c;
 }
 
@@ -87,20 +93,23 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ dyn = dy + (size_t)n * 8192 + m0 * 64;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (960 + 8 * warp) + 16u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 8 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 8)
             break;
-        const int oy = dy0 + 12 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
-            for (int q = 0; q < 1; ++q)
-                if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (68 * mi + 96 * i) + 512u * q,
-                                                  dyn + 64 * mi + oy * 8 + c.dy_off[q], inside && c.dy_in[q]);
+            for (int q = 0; q < 0; ++q)  // the rows' whole rounds: every lane
+                cp_async_or_zero<16>(dd + 4u * (68 * mi + 96 * i) + 512u * q,
+                                              dq[q] + (64 * mi + 96 * i), true);
     }
+    if (c.dy_tail)  // the rows' last chunks, a lane each
+        cp_async_or_zero<16>(buf + 4u * (960 + 8 * warp) + c.dy_tail_dst, dyn + dy0 * 8 + c.dy_tail_src, true);
 }
 
 // Block (i, k): 16 map(s) from m0 and 8 channel(s) from c0 of a group (i = (g * 8 + map block) * 16 +

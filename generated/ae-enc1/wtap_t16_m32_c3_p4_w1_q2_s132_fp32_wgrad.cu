@@ -85,19 +85,21 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ dyn = dy + (size_t)n * 262144 + m0 * 1024;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (1944 + 32 * warp) + 16u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 32 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (i == 2 - 1 && warp >= 7)
             break;
-        const int oy = dy0 + 9 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 32; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
                     cp_async_or_zero<16>(dd + 4u * (516 * mi + 288 * i) + 512u * q,
-                                                  dyn + 1024 * mi + oy * 32 + c.dy_off[q], inside && c.dy_in[q]);
+                                                  dq[q] + (1024 * mi + 288 * i), c.dy_in[q]);
     }
 }
 

@@ -87,19 +87,21 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ dyn = dy + (size_t)n * 32768 + m0 * 256;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (2880 + 16 * warp) + 16u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 16 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (i == 2 - 1 && warp >= 4)
             break;
-        const int oy = dy0 + 12 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
                     cp_async_or_zero<16>(dd + 4u * (260 * mi + 192 * i) + 512u * q,
-                                                  dyn + 256 * mi + oy * 16 + c.dy_off[q], inside && c.dy_in[q]);
+                                                  dq[q] + (256 * mi + 192 * i), c.dy_in[q]);
     }
 }
 

@@ -70,36 +70,42 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ xn = x + (size_t)n * 7396 + xc0 * 7396;
     const int iy0 = oy0 * 1 - 0 + warp;  // the warp's first x row
     const unsigned xd = buf + 4u * (92 * warp) + 8u * lane;
+    // Every band's rows are the image's: a copy's source is one of the lane's pointers below
+    // plus a literal (its plane and round), one address add where an index would take four.
+    const float* xq[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+        xq[q] = xn + iy0 * 86 + c.x_off[q];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         if (i == 4 - 1 && warp >= 1)
             break;  // the last round has fewer rows than warps
-        const int iy = iy0 + 7 * i;  // every band's rows are the image's
-        constexpr bool inside = true;
 #pragma unroll
         for (int ci = 0; ci < 1; ++ci)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (q < 2 - 1 || c.x_tail)
                     cp_async_or_zero<8>(xd + 4u * (2024 * ci + 644 * i) + 256u * q,
-                                                 xn + 7396 * ci + iy * 86 + c.x_off[q], inside && c.x_in[q]);
+                                                 xq[q] + (7396 * ci + 602 * i), c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 25600 + m0 * 6400;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (2024 + 80 * warp) + 16u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 80 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
         if (i == 3 - 1 && warp >= 2)
             break;
-        const int oy = dy0 + 7 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
                     cp_async_or_zero<16>(dd + 4u * (1284 * mi + 560 * i) + 512u * q,
-                                                  dyn + 6400 * mi + oy * 80 + c.dy_off[q], inside && c.dy_in[q]);
+                                                  dq[q] + (6400 * mi + 560 * i), c.dy_in[q]);
     }
 }
 

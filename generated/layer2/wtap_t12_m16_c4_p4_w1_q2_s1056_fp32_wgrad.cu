@@ -54,7 +54,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 34;
     }
     c.x_tail = lane < 11;
-    c.dy_tail = lane < 18;
+    c.dy_tail = lane < 17;
     return c;
 }
 
@@ -62,7 +62,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 // block's 4 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
 // window or a step hangs past the image.  Warp w copies rows w, w + 14, ... of every plane
 // (2 round(s) of x, 1 of dy), a lane a copy along the row: 16 bytes of x (11 a
-// row), 8 of dy (18 a row); the planes' and rounds' offsets are literals.  The caller
+// row), 8 of dy (17 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {

@@ -54,7 +54,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 34;
     }
     c.x_tail = lane < 11;
-    c.dy_tail = lane < 18;
+    c.dy_tail = lane < 17;
     return c;
 }
 
@@ -62,7 +62,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 // block's 4 channel(s) from xc0, and the dy rows of its 16 map(s) from m0, zeros where a
 // window or a step hangs past the image.  Warp w copies rows w, w + 14, ... of every plane
 // (3 round(s) of x, 3 of dy), a lane a copy along the row: 16 bytes of x (11 a
-// row), 8 of dy (18 a row); the planes' and rounds' offsets are literals.  The caller
+// row), 8 of dy (17 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
@@ -70,36 +70,42 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ xn = x + (size_t)n * 6400 + xc0 * 1600;
     const int iy0 = oy0 * 1 - 0 + warp;  // the warp's first x row
     const unsigned xd = buf + 4u * (44 * warp) + 16u * lane;
+    // Every band's rows are the image's: a copy's source is one of the lane's pointers below
+    // plus a literal (its plane and round), one address add where an index would take four.
+    const float* xq[1];
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        xq[q] = xn + iy0 * 40 + c.x_off[q];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
         if (i == 3 - 1 && warp >= 12)
             break;  // the last round has fewer rows than warps
-        const int iy = iy0 + 14 * i;  // every band's rows are the image's
-        constexpr bool inside = true;
 #pragma unroll
         for (int ci = 0; ci < 4; ++ci)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
                     cp_async_or_zero<16>(xd + 4u * (1760 * ci + 616 * i) + 512u * q,
-                                                 xn + 1600 * ci + iy * 40 + c.x_off[q], inside && c.x_in[q]);
+                                                 xq[q] + (1600 * ci + 560 * i), c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 18496 + m0 * 1156;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (7040 + 36 * warp) + 8u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 34 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
         if (i == 3 - 1 && warp >= 6)
             break;
-        const int oy = dy0 + 14 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 16; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
                     cp_async_or_zero<8>(dd + 4u * (1228 * mi + 504 * i) + 256u * q,
-                                                  dyn + 1156 * mi + oy * 34 + c.dy_off[q], inside && c.dy_in[q]);
+                                                  dq[q] + (1156 * mi + 476 * i), c.dy_in[q]);
     }
 }
 

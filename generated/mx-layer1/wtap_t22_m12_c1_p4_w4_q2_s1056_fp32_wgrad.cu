@@ -36,6 +36,7 @@ struct Lanes {
     int x_off[1], dy_off[2];
     bool x_in[1], dy_in[2];
     bool x_tail, dy_tail;
+    int dy_tail_src, dy_tail_dst;  // the lane's copy of the rows' last chunks: source (floats) and byte offsets
 };
 
 __device__ __forceinline__ Lanes lanes_of(int lane)
@@ -54,7 +55,12 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 66;
     }
     c.x_tail = lane < 19;
-    c.dy_tail = lane < 2;
+    // The last 1 chunk(s) of every dy row the warp copies (2 round(s) x 12 map(s)) take one
+    // copy of a lane each: lane l copies chunk l % 1 of round l / 1 % 2, map l / 2.
+    const int tc = lane % 1, ti = lane / 1 % 2, tm = lane / 2;
+    c.dy_tail = lane < 24;
+    c.dy_tail_src = 4356 * tm + 726 * ti + 2 * (32 + tc);
+    c.dy_tail_dst = 4 * (1500 * tm + 748 * ti) + 256 + 8 * tc;
     return c;
 }
 
@@ -62,7 +68,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 // block's 1 channel(s) from xc0, and the dy rows of its 12 map(s) from m0, zeros where a
 // window or a step hangs past the image.  Warp w copies rows w, w + 11, ... of every plane
 // (3 round(s) of x, 2 of dy), a lane a copy along the row: 16 bytes of x (19 a
-// row), 8 of dy (34 a row); the planes' and rounds' offsets are literals.  The caller
+// row), 8 of dy (33 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
@@ -70,35 +76,42 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ xn = x + (size_t)n * 5184 + xc0 * 5184;
     const int iy0 = oy0 * 1 - 0 + warp;  // the warp's first x row
     const unsigned xd = buf + 4u * (76 * warp) + 16u * lane;
+    // Every band's rows are the image's: a copy's source is one of the lane's pointers below
+    // plus a literal (its plane and round), one address add where an index would take four.
+    const float* xq[1];
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        xq[q] = xn + iy0 * 72 + c.x_off[q];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
         if (i == 3 - 1 && warp >= 6)
             break;  // the last round has fewer rows than warps
-        const int iy = iy0 + 11 * i;  // every band's rows are the image's
-        constexpr bool inside = true;
 #pragma unroll
         for (int ci = 0; ci < 1; ++ci)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
                     cp_async_or_zero<16>(xd + 4u * (2128 * ci + 836 * i) + 512u * q,
-                                                 xn + 5184 * ci + iy * 72 + c.x_off[q], inside && c.x_in[q]);
+                                                 xq[q] + (5184 * ci + 792 * i), c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 52272 + m0 * 4356;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (2128 + 68 * warp) + 8u * lane;
+    const float* dq[2];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+        dq[q] = dyn + dy0 * 66 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int oy = dy0 + 11 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 12; ++mi)
 #pragma unroll
-            for (int q = 0; q < 2; ++q)
-                if (q < 2 - 1 || c.dy_tail)
-                    cp_async_or_zero<8>(dd + 4u * (1500 * mi + 748 * i) + 256u * q,
-                                                  dyn + 4356 * mi + oy * 66 + c.dy_off[q], inside && c.dy_in[q]);
+            for (int q = 0; q < 1; ++q)  // the rows' whole rounds: every lane
+                cp_async_or_zero<8>(dd + 4u * (1500 * mi + 748 * i) + 256u * q,
+                                              dq[q] + (4356 * mi + 726 * i), true);
     }
+    if (c.dy_tail)  // the rows' last chunks, a lane each
+        cp_async_or_zero<8>(buf + 4u * (2128 + 68 * warp) + c.dy_tail_dst, dyn + dy0 * 66 + c.dy_tail_src, true);
 }
 
 // Block (i, k): 12 map(s) from m0 and 1 channel(s) from c0 of a group (i = (g * 1 + map block) * 1 +

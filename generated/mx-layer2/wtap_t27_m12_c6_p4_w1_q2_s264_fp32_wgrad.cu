@@ -54,7 +54,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 27;
     }
     c.x_tail = lane < 4;
-    c.dy_tail = lane < 28;
+    c.dy_tail = lane < 27;
     return c;
 }
 
@@ -62,7 +62,7 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
 // block's 6 channel(s) from xc0, and the dy rows of its 12 map(s) from m0, zeros where a
 // window or a step hangs past the image.  Warp w copies rows w, w + 16, ... of every plane
 // (3 round(s) of x, 2 of dy), a lane a copy along the row: 4 bytes of x (36 a
-// row), 4 of dy (28 a row); the planes' and rounds' offsets are literals.  The caller
+// row), 4 of dy (27 a row); the planes' and rounds' offsets are literals.  The caller
 // commits and waits.
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x, const float* __restrict__ dy, int n, int oy0, int xc0, int m0, const Lanes& c)
 {
@@ -70,36 +70,42 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
     const float* __restrict__ xn = x + (size_t)n * 13068 + xc0 * 1089;
     const int iy0 = oy0 * 1 - 0 + warp;  // the warp's first x row
     const unsigned xd = buf + 4u * (36 * warp) + 4u * lane;
+    // Every band's rows are the image's: a copy's source is one of the lane's pointers below
+    // plus a literal (its plane and round), one address add where an index would take four.
+    const float* xq[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+        xq[q] = xn + iy0 * 33 + c.x_off[q];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
         if (i == 3 - 1 && warp >= 1)
             break;  // the last round has fewer rows than warps
-        const int iy = iy0 + 16 * i;  // every band's rows are the image's
-        constexpr bool inside = true;
 #pragma unroll
         for (int ci = 0; ci < 6; ++ci)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (q < 2 - 1 || c.x_tail)
                     cp_async_or_zero<4>(xd + 4u * (1188 * ci + 576 * i) + 128u * q,
-                                                 xn + 1089 * ci + iy * 33 + c.x_off[q], inside && c.x_in[q]);
+                                                 xq[q] + (1089 * ci + 528 * i), c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 17496 + m0 * 729;
     const int dy0 = oy0 + warp;  // the warp's first dy row
     const unsigned dd = buf + 4u * (7128 + 28 * warp) + 4u * lane;
+    const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
+#pragma unroll
+    for (int q = 0; q < 1; ++q)
+        dq[q] = dyn + dy0 * 27 + c.dy_off[q];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (i == 2 - 1 && warp >= 11)
             break;
-        const int oy = dy0 + 16 * i;
-        constexpr bool inside = true;
 #pragma unroll
         for (int mi = 0; mi < 12; ++mi)
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.dy_tail)
                     cp_async_or_zero<4>(dd + 4u * (756 * mi + 448 * i) + 128u * q,
-                                                  dyn + 729 * mi + oy * 27 + c.dy_off[q], inside && c.dy_in[q]);
+                                                  dq[q] + (729 * mi + 432 * i), c.dy_in[q]);
     }
 }
 

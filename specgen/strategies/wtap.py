@@ -192,7 +192,9 @@ def _layout(p, v) -> dict:
     x_stride = _quad_stride(x_cols, 4)
     dy_cols = steps * v.pixels
     dy_stride = ceil_div(dy_cols, 4) * 4
-    dy_cols = ceil_div(dy_cols, gd) * gd
+    # dy's copies cover the row and no more: the last step multiplies only the outputs
+    # inside it, so what its vector load reads past them is never used.
+    dy_copied = ceil_div(p.Wo, gd) * gd
     dy_plane = _quad_stride(v.tile * dy_stride, 4)
     x_band = v.chans * x_rows * x_stride
     dy_band = v.maps * dy_plane
@@ -208,7 +210,7 @@ def _layout(p, v) -> dict:
         gx=gx,
         gd=gd,
         x_chunks=x_cols // gx,
-        dy_chunks=dy_cols // gd,
+        dy_chunks=dy_copied // gd,
         x_copy=4 * gx,  # bytes a copy
         dy_copy=4 * gd,
         x_last_copy=p.W - gx,  # the last copy's first column: sources are clamped to it
@@ -369,6 +371,11 @@ def plan_wtap(p, v: Wtap) -> Plan:
         launch_bounds=f"{threads}, {resident}",
         launch_bounds_alt=f"{threads}, 1",
     )
+    # Where every band's dy rows are the image's and the rows' last chunks of a warp's
+    # rounds are at most 32, they take one copy of a lane each, not a round of mostly
+    # idle lanes a row.
+    tails = ctx["dy_tail_lanes"] * ctx["dy_iters"] * v.maps
+    ctx["dy_flat_tail"] = ctx["dy_rows_inside"] and ctx["dy_tail_lanes"] < 32 and tails <= 32
     sizes = (
         Size(
             "lane",
