@@ -118,6 +118,16 @@ def test_drow_names_round_trip():
         ("C=4,M=16,H=40,W=40,K=7,layout=nhwc", [], "drow cannot serve nhwc"),
         ("layer2", ["--maps", "3"], "drow m3 must divide the 16 maps"),
         ("layer2", ["--images", "40"], "over 1024 threads; choose --images 36"),
+        (
+            "C=1,M=200,H=346,W=346,K=7",
+            ["--images", "48", "--parts", "3"],
+            "in each of 3 parts, 1056 threads, over 1024 threads; choose --images 45",
+        ),
+        (
+            "C=1,M=210,H=346,W=346,K=7",
+            ["--images", "45", "--parts", "3"],
+            "over the 2^32 its 32-bit offsets reach; choose --images 44",
+        ),
         ("layer2", ["--stages", "1"], "the ring needs at least 2 stages"),
         ("layer2", ["--parts", "30"], "choose --parts 1 or 2"),
         ("C=1,M=2,H=300,W=300,K=3", ["--parts", "1"], "over 128; choose --parts 3"),

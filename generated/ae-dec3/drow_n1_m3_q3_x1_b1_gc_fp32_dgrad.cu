@@ -19,16 +19,18 @@
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 16-byte asynchronous copy global -> shared (dst: a shared address).
-__device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
+__device__ __forceinline__ void cp_async_row(unsigned dst, const char* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 768 * k of the stage's 3 x 8 is
-// 4 float(s) of row q = e / 8 (map q / 1, image q % 1); its offset in dy from the stage's first row
-// and its byte offset in the buffer, and its image (to leave out images past the batch).
+// 4 float(s) of row q = e / 8 (map q / 1, image q % 1); its byte offsets in dy from the stage's
+// first row and in the buffer (a copy's source is then one add to a pointer), and its image (to leave out
+// images past the batch).
 struct Copies {
-    int src[1], dst[1], image[1];
+    unsigned src[1], dst[1];
+    int image[1];
 };
 
 __device__ __forceinline__ Copies copies_of(int t)
@@ -39,7 +41,7 @@ __device__ __forceinline__ Copies copies_of(int t)
         const int e = min(t + 768 * k, 23);
         const int q = e / 8, h = e % 8;
         const int im = q % 1, mi = q / 1;
-        c.src[k] = im * 3072 + mi * 1024 + 4 * h;
+        c.src[k] = 4u * (im * 3072 + mi * 1024 + 4 * h);
         c.dst[k] = 4 * (36 * q + 4 * h);
         c.image[k] = im;
     }
@@ -52,13 +54,14 @@ __device__ __forceinline__ Copies copies_of(int t)
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ dy, int item, int i, int m0, int batch, const Copies& c)
 {
     const int n0 = item * 1;
-    const float* __restrict__ src = dy + (size_t)n0 * 3072 + m0 * 1024 + i * 32;
+    const char* __restrict__ src = reinterpret_cast<const char*>(dy + (size_t)n0 * 3072 + m0 * 1024 + i * 32);
     const int last = batch - n0;  // images of the block in the batch
+    const bool whole = last >= 1;  // all of them: no copy is checked
 #pragma unroll
     for (int k = 0; k < 1; ++k) {
         if (k == 0 && threadIdx.x >= 24)
             break;  // the last round has fewer copies than threads
-        if (last >= 1 || c.image[k] < last)
+        if (whole || c.image[k] < last)
             cp_async_row(buf + c.dst[k], src + c.src[k]);
     }
 }

@@ -19,16 +19,18 @@
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 16-byte asynchronous copy global -> shared (dst: a shared address).
-__device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
+__device__ __forceinline__ void cp_async_row(unsigned dst, const char* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 64 * k of the stage's 112 x 8 is
-// 4 float(s) of row q = e / 8 (map q / 7, image q % 7); its offset in dy from the stage's first row
-// and its byte offset in the buffer, and its image (to leave out images past the batch).
+// 4 float(s) of row q = e / 8 (map q / 7, image q % 7); its byte offsets in dy from the stage's
+// first row and in the buffer (a copy's source is then one add to a pointer), and its image (to leave out
+// images past the batch).
 struct Copies {
-    int src[14], dst[14], image[14];
+    unsigned src[14], dst[14];
+    int image[14];
 };
 
 __device__ __forceinline__ Copies copies_of(int t)
@@ -39,7 +41,7 @@ __device__ __forceinline__ Copies copies_of(int t)
         const int e = min(t + 64 * k, 895);
         const int q = e / 8, h = e % 8;
         const int im = q % 7, mi = q / 7;
-        c.src[k] = im * 262144 + mi * 1024 + 4 * h;
+        c.src[k] = 4u * (im * 262144 + mi * 1024 + 4 * h);
         c.dst[k] = 4 * (36 * q + 4 * h);
         c.image[k] = im;
     }
@@ -52,11 +54,12 @@ __device__ __forceinline__ Copies copies_of(int t)
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ dy, int item, int i, int m0, int batch, const Copies& c)
 {
     const int n0 = item * 7;
-    const float* __restrict__ src = dy + (size_t)n0 * 262144 + m0 * 1024 + i * 32;
+    const char* __restrict__ src = reinterpret_cast<const char*>(dy + (size_t)n0 * 262144 + m0 * 1024 + i * 32);
     const int last = batch - n0;  // images of the block in the batch
+    const bool whole = last >= 7;  // all of them: no copy is checked
 #pragma unroll
     for (int k = 0; k < 14; ++k) {
-        if (last >= 7 || c.image[k] < last)
+        if (whole || c.image[k] < last)
             cp_async_row(buf + c.dst[k], src + c.src[k]);
     }
 }

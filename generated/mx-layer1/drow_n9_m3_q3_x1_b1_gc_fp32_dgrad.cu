@@ -19,16 +19,18 @@
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 8-byte asynchronous copy global -> shared (dst: a shared address).
-__device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
+__device__ __forceinline__ void cp_async_row(unsigned dst, const char* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
 }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 64 * k of the stage's 27 x 33 is
-// 2 float(s) of row q = e / 33 (map q / 9, image q % 9); its offset in dy from the stage's first row
-// and its byte offset in the buffer, and its image (to leave out images past the batch).
+// 2 float(s) of row q = e / 33 (map q / 9, image q % 9); its byte offsets in dy from the stage's
+// first row and in the buffer (a copy's source is then one add to a pointer), and its image (to leave out
+// images past the batch).
 struct Copies {
-    int src[14], dst[14], image[14];
+    unsigned src[14], dst[14];
+    int image[14];
 };
 
 __device__ __forceinline__ Copies copies_of(int t)
@@ -39,7 +41,7 @@ __device__ __forceinline__ Copies copies_of(int t)
         const int e = min(t + 64 * k, 890);
         const int q = e / 33, h = e % 33;
         const int im = q % 9, mi = q / 9;
-        c.src[k] = im * 52272 + mi * 4356 + 2 * h;
+        c.src[k] = 4u * (im * 52272 + mi * 4356 + 2 * h);
         c.dst[k] = 4 * (68 * q + 2 * h);
         c.image[k] = im;
     }
@@ -52,13 +54,14 @@ __device__ __forceinline__ Copies copies_of(int t)
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ dy, int item, int i, int m0, int batch, const Copies& c)
 {
     const int n0 = item * 9;
-    const float* __restrict__ src = dy + (size_t)n0 * 52272 + m0 * 4356 + i * 66;
+    const char* __restrict__ src = reinterpret_cast<const char*>(dy + (size_t)n0 * 52272 + m0 * 4356 + i * 66);
     const int last = batch - n0;  // images of the block in the batch
+    const bool whole = last >= 9;  // all of them: no copy is checked
 #pragma unroll
     for (int k = 0; k < 14; ++k) {
         if (k == 13 && threadIdx.x >= 59)
             break;  // the last round has fewer copies than threads
-        if (last >= 9 || c.image[k] < last)
+        if (whole || c.image[k] < last)
             cp_async_row(buf + c.dst[k], src + c.src[k]);
     }
 }

@@ -19,16 +19,18 @@
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // A 4-byte asynchronous copy global -> shared (dst: a shared address).
-__device__ __forceinline__ void cp_async_row(unsigned dst, const float* src)
+__device__ __forceinline__ void cp_async_row(unsigned dst, const char* src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
 }
 
 // A thread's copies of a stage, the same in every stage: copy e = t + 256 * k of the stage's 36 x 27 is
-// 1 float(s) of row q = e / 27 (map q / 3, image q % 3); its offset in dy from the stage's first row
-// and its byte offset in the buffer, and its image (to leave out images past the batch).
+// 1 float(s) of row q = e / 27 (map q / 3, image q % 3); its byte offsets in dy from the stage's
+// first row and in the buffer (a copy's source is then one add to a pointer), and its image (to leave out
+// images past the batch).
 struct Copies {
-    int src[4], dst[4], image[4];
+    unsigned src[4], dst[4];
+    int image[4];
 };
 
 __device__ __forceinline__ Copies copies_of(int t)
@@ -39,7 +41,7 @@ __device__ __forceinline__ Copies copies_of(int t)
         const int e = min(t + 256 * k, 971);
         const int q = e / 27, h = e % 27;
         const int im = q % 3, mi = q / 3;
-        c.src[k] = im * 17496 + mi * 729 + 1 * h;
+        c.src[k] = 4u * (im * 17496 + mi * 729 + 1 * h);
         c.dst[k] = 4 * (28 * q + 1 * h);
         c.image[k] = im;
     }
@@ -52,13 +54,14 @@ __device__ __forceinline__ Copies copies_of(int t)
 __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ dy, int item, int i, int m0, int batch, const Copies& c)
 {
     const int n0 = item * 3;
-    const float* __restrict__ src = dy + (size_t)n0 * 17496 + m0 * 729 + i * 27;
+    const char* __restrict__ src = reinterpret_cast<const char*>(dy + (size_t)n0 * 17496 + m0 * 729 + i * 27);
     const int last = batch - n0;  // images of the block in the batch
+    const bool whole = last >= 3;  // all of them: no copy is checked
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         if (k == 3 && threadIdx.x >= 204)
             break;  // the last round has fewer copies than threads
-        if (last >= 3 || c.image[k] < last)
+        if (whole || c.image[k] < last)
             cp_async_row(buf + c.dst[k], src + c.src[k]);
     }
 }

@@ -227,11 +227,18 @@ def plan_drow(p, v: Drow) -> Plan:
             f"{MAX_ROW}; choose --parts {ceil_div(p.W, MAX_ROW)} or use --strategy phased"
         )
     if threads > MAX_THREADS:
-        most = MAX_THREADS // (p.R * p.C)
+        most = MAX_THREADS // v.parts // 32 * 32 // (p.R * p.C)  # a part's lanes, whole warps
         raise SpecError(
-            f"drow n{v.images} makes {p.R} x {columns} = {p.R * columns} lanes (R x images x C), "
-            f"over {MAX_THREADS} threads; "
+            f"drow n{v.images} makes {p.R} x {columns} = {p.R * columns} lanes (R x images x C)"
+            + (f" in each of {v.parts} parts, {threads} threads" if v.parts > 1 else "")
+            + f", over {MAX_THREADS} threads; "
             + (f"choose --images {most}" if most else "use --strategy phased")
+        )
+    span = 4 * v.images * p.M * p.Ho * p.Wo  # a stage's copies' byte offsets reach into dy
+    if span > 2**32:
+        raise SpecError(
+            f"drow n{v.images} copies from {span} bytes of dy ({v.images} images), over the "
+            f"2^32 its 32-bit offsets reach; choose --images {max(1, 2**32 // (span // v.images))}"
         )
     fmas = v.maps * p.S * p.Wo
     lay = _layout(p, v)
