@@ -132,7 +132,9 @@ class Drow(Variant):
         side.  fp32 dgrad at B=10000 (H200, 2026-11-24): layer1 0.744 ms with 9 images
         and 2 maps (4 maps: 0.983, 248 registers), layer2 1.577 (9 x 8; 16 maps 1.676),
         mx-layer1 1.413 (9 x 2 or 3; 4 maps 1.506), mx-layer2 4.836 (3 x 12; 6 images
-        4.797; 24 maps 5.333)."""
+        4.797; 24 maps 5.333).  After the copies' byte offsets: layer1 0.733, layer2
+        1.547, mx-layer1 1.305 with 3 maps (2 maps 1.377), mx-layer2 4.849 (6 images
+        4.788)."""
         p = problem
         lanes = p.R * p.C
         if lanes > MAX_THREADS:
