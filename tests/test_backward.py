@@ -412,17 +412,17 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
     return buf
 
 
-def _wtap_sum(c, R, t):
-    """The (channel, map, window row) whose sums thread t keeps (window row R: db), and
-    its row split, as the kernel reads them off the planned numbers."""
+def _wtap_sum(c, t):
+    """The channel, map group and window-row group whose sums thread t keeps (group RL:
+    db), and its row split, as the kernel reads them off the planned numbers."""
     at, ri = t % c["pairs"], min(t // c["pairs"], c["splits_rows"] - 1)
-    return (*_wtap_pair(c, R, at), ri)
+    return (*_wtap_pair(c, at), ri)
 
 
-def _wtap_pair(c, R, at):
+def _wtap_pair(c, at):
     if c["with_db"] and at >= c["tap_pairs"]:
-        return 0, at - c["tap_pairs"], R
-    return at // c["channel_pairs"], at // R % c["mb"], at % R
+        return 0, at - c["tap_pairs"], c["RL"]
+    return at // c["channel_pairs"], at // c["RL"] % c["MG"], at % c["RL"]
 
 
 def _replay_wtap(p, x, dy, plan):
@@ -433,12 +433,12 @@ def _replay_wtap(p, x, dy, plan):
     c = plan.context
     B = x.shape[0]
     ws = np.full((c["splits"], c["row"]), np.nan)
-    R, S, mb, cb = p.R, p.S, c["mb"], c["cb"]
+    R, S, mb, cb, LM, LR = p.R, p.S, c["mb"], c["cb"], c["LM"], c["LR"]
     for item in range(p.groups * c["mbs"] * c["cbs"]):
         c0, gm = item % c["cbs"] * cb, item // c["cbs"]
         m0, xc0 = gm * mb, gm // c["mbs"] * p.Cg + item % c["cbs"] * cb
         for k_slice in range(c["splits"]):
-            acc = np.zeros((c["threads"], S))  # a thread's sums
+            acc = np.zeros((c["threads"], LM, LR, S))  # a thread's sums
             for n in range(k_slice, B, c["splits"]):
                 for b in range(c["bands"]):
                     oy0 = b * c["rows"]
@@ -446,15 +446,19 @@ def _replay_wtap(p, x, dy, plan):
                     ones = np.ones(c["x_cols"])
                     valid = min(c["rows"], p.Ho - oy0)
                     for t in range(c["threads"]):
-                        ci, mi, slot, ri = _wtap_sum(c, R, t)
-                        if slot == R:
-                            xl, xrow = ones, 0
+                        ci, mi, slot, ri = _wtap_sum(c, t)
+                        xtap = c["dh"] * c["x_stride"]
+                        if slot == c["RL"]:
+                            xl, xrow, xtap = ones, 0, 0
                         else:
-                            xl = buf[ci * c["x_plane"] + slot * c["dh"] * c["x_stride"] :]
+                            xl = buf[ci * c["x_plane"] + slot * LR * xtap :]
                             xrow = c["sh"] * c["x_stride"]
-                        dl = buf[c["x_band"] + mi * c["dy_plane"] :]
-                        for k in range(ri, valid, c["splits_rows"]):
-                            xr, dr = xl[k * xrow :], dl[k * c["dy_stride"] :]
+                        dl = buf[c["x_band"] + mi * LM * c["dy_plane"] :]
+                        for k, l, r in itertools.product(
+                            range(ri, valid, c["splits_rows"]), range(LM), range(LR)
+                        ):
+                            xr = xl[k * xrow + r * xtap :]
+                            dr = dl[l * c["dy_plane"] + k * c["dy_stride"] :]
                             xv = np.zeros(c["window"])
                             xv[: c["pre"]] = xr[: c["pre"]]
                             for j in range(c["steps"]):
@@ -463,30 +467,39 @@ def _replay_wtap(p, x, dy, plan):
                                 xv[c["pre"] :] = xr[at : at + c["shift"]]
                                 for i in range(min(c["P"], p.Wo - c["P"] * j)):
                                     for s_ in range(S):
-                                        acc[t, s_] += d[i] * xv[i * c["sw"] + s_ * c["dw"]]
+                                        acc[t, l, r, s_] += d[i] * xv[i * c["sw"] + s_ * c["dw"]]
                                 xv[: c["pre"]] = xv[c["shift"] : c["shift"] + c["pre"]]
             for t in range(c["pairs"]):  # split 0 adds the others, in order
                 sums = sum(acc[t + c["pairs"] * r] for r in range(c["splits_rows"]))
-                ci, mi, slot, _ = _wtap_sum(c, R, t)
-                if slot < R:
-                    at = (m0 + mi) * p.Cg * R * S + (c0 + ci) * R * S + slot * S
-                    ws[k_slice, at : at + S] = sums
-                elif c0 == 0:
-                    ws[k_slice, c["weights"] + m0 + mi] = sums[0]
+                ci, mi, slot, _ = _wtap_sum(c, t)
+                for l, r in itertools.product(range(LM), range(LR)):
+                    m = m0 + mi * LM + l
+                    if slot < c["RL"]:
+                        at = m * p.Cg * R * S + (c0 + ci) * R * S + (slot * LR + r) * S
+                        ws[k_slice, at : at + S] = sums[l, r]
+                    elif c0 == 0 and r == 0:
+                        ws[k_slice, c["weights"] + m] = sums[l, 0, 0]
     total = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
     return total[: c["weights"]].reshape(p.M, p.Cg, R, S), total[c["weights"] :]
 
 
+@pytest.mark.parametrize("lane_tile", ["one map, one row", "maps and rows"])
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(p=problem_specs(largest=8))
-def test_wtap_replay_gives_the_weight_gradient(p):
-    """Stride, dilation, groups, padding of every form: wtap's bands, lanes, vector
-    steps and sliding window, as planned, give dw and db."""
-    from specgen.strategies.wtap import Wtap
+def test_wtap_replay_gives_the_weight_gradient(lane_tile, p):
+    """Stride, dilation, groups, padding of every form: wtap's bands, lanes (one map
+    and window row each, or up to 4 maps and every row that fits), vector steps and
+    sliding window, as planned, give dw and db."""
+    from specgen.strategies.wtap import MAX_LANE_SUMS, Wtap
 
     p = replace(p.with_op(Op.WGRAD), layout=TensorLayout.NCHW, dtype=DType.FP32, bias=True)
+    v = replace(Wtap.default(p, Wtap().precision), splits=2)
+    if lane_tile == "maps and rows":
+        lm = max(d for d in range(1, 5) if v.maps % d == 0)
+        lr = max(d for d in range(1, p.R + 1) if p.R % d == 0 and lm * d * p.S <= MAX_LANE_SUMS)
+        v = replace(v, regtile=(lm, lr))
     try:
-        plan = make_plan(p, replace(Wtap.default(p, Wtap().precision), splits=2))
+        plan = make_plan(p, v)
     except SpecError:
         return  # a row too long to unroll, say
     x, _, dy = _operands(p, 3, np.random.default_rng())
@@ -500,7 +513,7 @@ def test_wtap_replay_of_rows_whose_last_chunks_take_a_lane_each():
     over 10 warps, the last round's rows in 3 of them: the rows' last chunks are
     copied a lane each, and the buffer they fill still gives dw."""
     p = parse_shape("C=1,M=4,H=45,W=72,K=7").with_op(Op.WGRAD)
-    plan = make_plan(p, parse_variant_name("wtap_t13_m4_c1_p4_w11_q2_s2_fp32_wgrad"))
+    plan = make_plan(p, parse_variant_name("wtap_t13_m4_c1_p4_r1x1_w11_q2_s2_fp32_wgrad"))
     c = plan.context
     assert c["dy_flat_tail"] and c["dy_iters"] == 2 and c["dy_tail_warps"] < c["warps"]
     x, _, dy = _operands(p, 3, np.random.default_rng())

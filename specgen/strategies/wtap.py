@@ -16,6 +16,12 @@ window row fastest), so a warp's lanes are all busy where the sums fill it (laye
 4 x 16 x 7 = 448 sums are 14 warps); where the layer has a bias, one lane a map more
 sums dy against a row of ones: db.
 
+A lane may keep ``regtile`` maps x window rows (r2x1 on the 7x7 layers, r4x3 on 3x3
+windows of many channels): a step then loads that many maps' dy and rows' x for
+maps x rows x S x P FMAs, so each shared load feeds more of them (a 3x3 window's lane
+of one map and row did 12 FMAs for two loads, one of 4 maps and 3 rows does 144 for
+seven).
+
 A block owns ``chans`` input channels and ``maps`` maps of a group for a slice of the
 batch.  Its sums are split ``warps`` ways over the rows of a band, a lane a (split,
 sum), so that 28 sums x 8 splits fill 7 warps where a warp per split left 4 lanes of
@@ -46,7 +52,7 @@ from ..plan.common import (
 )
 from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
-from ..variants import EVERY_FEATURE, Count, Variant, param
+from ..variants import EVERY_FEATURE, Count, Pair, Variant, param
 from .persist import _vector
 from .wsplit import per_slice, sums_context
 
@@ -57,12 +63,16 @@ MAX_WARPS = 24  # 1024 threads spilled at 64 registers a thread (layer2, H200)
 SMALL_BLOCK_SMEM = 64 * 1024  # the fit's buffers for blocks of up to 8 warps: three an SM
 MAX_RESIDENT = 4  # the most blocks an SM the launch bound asks for
 MAX_UNROLLED = 4096  # FMAs of a row's unrolled steps (S x Wo rounded up to the steps)
+MAX_LANE_SUMS = 72  # a lane's sums in registers (maps x window rows x S)
 
 
 def pairs(p, v) -> int:
-    """The sums a block keeps, a lane each: (channel, map, window row), and a map's db
-    (its sum against a row of ones) where the layer has a bias."""
-    return v.chans * v.maps * p.R + (v.maps if p.bias else 0)
+    """The block's lanes of sums: (channel, maps, window rows), ``regtile`` maps x window
+    rows of S sums each, and a lane's maps' db (their sums against a row of ones) where
+    the layer has a bias."""
+    lm, lr = v.regtile
+    groups = v.maps // lm
+    return v.chans * groups * (p.R // lr) + (groups if p.bias else 0)
 
 
 def _quad_stride(width: int, vec: int) -> int:
@@ -90,6 +100,9 @@ class Wtap(Variant):
     maps: int = param(4, Count("m"), "wtap: maps per block")
     chans: int = param(1, Count("c"), "wtap: input channels per block")
     pixels: int = param(4, Count("p"), "wtap: outputs of a row per step (one vector load)")
+    regtile: tuple[int, int] = param(
+        (1, 1), Pair("r"), "wtap: maps x window rows a lane keeps, S sums each"
+    )
     warps: int = param(1, Count("w"), "wtap: row splits of a band, each a lane a sum")
     stages: int = param(
         2,
@@ -256,7 +269,7 @@ def _smem_bytes(p, v) -> tuple[int, dict]:
     or the row splits' sums where they need more (they meet in the same memory after
     the last band)."""
     lay = _layout(p, v)
-    sums = 32 * block_warps(p, v) * p.S if v.warps > 1 else 0
+    sums = 32 * block_warps(p, v) * p.S * v.regtile[0] * v.regtile[1] if v.warps > 1 else 0
     bars = 4 * v.stages if v.stages > 2 else 0
     return 4 * max(v.stages * lay["buffer"] + lay["ones_words"] + bars, sums), lay
 
@@ -280,6 +293,22 @@ def plan_wtap(p, v: Wtap) -> Plan:
             f"wtap c{v.chans} must divide the {p.Cg} channels of a group; choose one of "
             f"{choices(divisors(p.Cg))}"
         )
+    lm, lr = v.regtile
+    if v.maps % lm:
+        raise SpecError(
+            f"wtap r{lm}x{lr}: {lm} maps a lane must divide the block's {v.maps}; choose one "
+            f"of {choices(divisors(v.maps))}"
+        )
+    if p.R % lr:
+        raise SpecError(
+            f"wtap r{lm}x{lr}: {lr} window rows a lane must divide R={p.R}; choose one of "
+            f"{choices(divisors(p.R))}"
+        )
+    if lm * lr * p.S > MAX_LANE_SUMS:
+        raise SpecError(
+            f"wtap r{lm}x{lr} keeps {lm} x {lr} x {p.S} sums a lane, over {MAX_LANE_SUMS} "
+            "registers; choose fewer maps or window rows a lane"
+        )
     sums = pairs(p, v)
     warps = block_warps(p, v)
     if warps > MAX_WARPS:
@@ -300,10 +329,10 @@ def plan_wtap(p, v: Wtap) -> Plan:
     if v.splits > 65535:
         raise SpecError(f"wtap s{v.splits}: at most 65535 slices of the batch (grid y)")
     nbytes, lay = _smem_bytes(p, v)
-    if p.S * lay["dy_cols"] > MAX_UNROLLED:
+    if lm * lr * p.S * lay["dy_cols"] > MAX_UNROLLED:
         raise SpecError(
-            f"wtap unrolls a row's {p.S} x {lay['dy_cols']} FMAs, over {MAX_UNROLLED}; "
-            "use --strategy wband"
+            f"wtap unrolls a row's {lm * lr * p.S} x {lay['dy_cols']} FMAs, over {MAX_UNROLLED}; "
+            + ("choose --regtile 1x1" if lm * lr > 1 else "use --strategy wband")
         )
     threads = 32 * warps
     # The bound asks for as many blocks an SM as shared memory and the warps allow (up to
@@ -350,8 +379,13 @@ def plan_wtap(p, v: Wtap) -> Plan:
         ring=v.stages > 2,
         q=v.stages,
         bars_at=v.stages * lay["buffer"] + lay["ones_words"],
-        tap_pairs=v.chans * v.maps * p.R,
-        channel_pairs=v.maps * p.R,
+        tap_pairs=v.chans * (v.maps // lm) * (p.R // lr),
+        channel_pairs=(v.maps // lm) * (p.R // lr),
+        LM=lm,
+        LR=lr,
+        RL=p.R // lr,  # a channel's lanes of window rows
+        MG=v.maps // lm,  # and of maps
+        LS=lm * lr * p.S,  # a lane's sums
         cb=v.chans,
         cbs=p.Cg // v.chans,
         x_band_rows=v.chans * lay["x_rows"],
@@ -379,8 +413,13 @@ def plan_wtap(p, v: Wtap) -> Plan:
     sizes = (
         Size(
             "lane",
-            f"{sums} sums x {v.warps} row split(s)",
-            f"a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S={p.S} columns"
+            f"{sums} lanes x {v.warps} row split(s)",
+            (
+                f"a lane keeps dy[m] x x[c][row + r] for one (c, m, r), S={p.S} columns"
+                if lm * lr == 1
+                else f"a lane keeps dy[m] x x[c][row + r] for one c, {lm} m and {lr} r, "
+                f"{lm * lr * p.S} sums"
+            )
             + (" (or dy[m] x 1: db)" if p.bias else "")
             + f", over one row split; {100 * sums * v.warps / threads:.0f}% of the lanes busy",
         ),
@@ -392,8 +431,8 @@ def plan_wtap(p, v: Wtap) -> Plan:
         Size(
             "step",
             f"{v.pixels} outputs",
-            f"one {lay['vd']}-wide dy load and {lay['shift']} new x values ({lay['vx']} a load) "
-            f"feed {v.pixels * p.S} FMAs a lane",
+            f"{lm} {lay['vd']}-wide dy load(s) and {lr} x {lay['shift']} new x values "
+            f"({lay['vx']} a load) feed {v.pixels * p.S * lm * lr} FMAs a lane",
         ),
         Size(
             "band",
