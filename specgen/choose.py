@@ -20,6 +20,7 @@ from .plan import make_plan
 from .plan.common import ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
+from .strategies.wtap import lane_tiled
 from .variants import Precision, Variant, split_problem_tags
 
 # The strategies tried for the planner's default, in order, per op.  wgrad: 16-bit
@@ -98,6 +99,9 @@ def toep_suits(view: ConvProblem) -> bool:
 # 2026-11-24, NCHW) in 0.87, 2.28, 2.12 and 6.42 ms against wband's 1.44, 3.72, 3.09 and
 # 11.36 and cuDNN fp32's 10.6, 7.0, 7.3 and 11.1.
 WTAP_MIN_TAPS = 5
+# Smaller windows where wtap's fit gives a lane 4 maps x every window row (lane_tiled):
+# the autoencoder's 3x3 wide layers in NCHW, 0.45 ms against wgemm's 0.58 (H200,
+# 2026-11-24); wgemm keeps channels-last layers, which wtap does not read.
 
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
 # zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
@@ -242,8 +246,9 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
 
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
-    if problem.op is Op.WGRAD and wide_wgrad(problem):
-        keys = ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wgemm", "wsplit", "wband")
+    wide = problem.op is Op.WGRAD and wide_wgrad(problem)
+    if wide:
+        keys = ("tcwgrad", "tcwhalo", "wstrip", "wlane", "wtap", "wgemm", "wsplit", "wband")
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and
@@ -271,7 +276,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "mmatoep" and not toep_suits(view):
                     continue
-                if key == "wtap" and view.S < WTAP_MIN_TAPS:
+                if key == "wtap" and not (lane_tiled(view) if wide else view.S >= WTAP_MIN_TAPS):
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
                     continue

@@ -453,12 +453,12 @@ def _replay_wtap(p, x, dy, plan):
                         else:
                             xl = buf[ci * c["x_plane"] + slot * LR * xtap :]
                             xrow = c["sh"] * c["x_stride"]
-                        dl = buf[c["x_band"] + mi * LM * c["dy_plane"] :]
+                        dl = buf[c["x_band"] + mi * c["dy_plane"] :]
                         for k, l, r in itertools.product(
                             range(ri, valid, c["splits_rows"]), range(LM), range(LR)
                         ):
                             xr = xl[k * xrow + r * xtap :]
-                            dr = dl[l * c["dy_plane"] + k * c["dy_stride"] :]
+                            dr = dl[l * c["MG"] * c["dy_plane"] + k * c["dy_stride"] :]
                             xv = np.zeros(c["window"])
                             xv[: c["pre"]] = xr[: c["pre"]]
                             for j in range(c["steps"]):
@@ -473,7 +473,7 @@ def _replay_wtap(p, x, dy, plan):
                 sums = sum(acc[t + c["pairs"] * r] for r in range(c["splits_rows"]))
                 ci, mi, slot, _ = _wtap_sum(c, t)
                 for l, r in itertools.product(range(LM), range(LR)):
-                    m = m0 + mi * LM + l
+                    m = m0 + mi + c["MG"] * l  # a lane's maps: mi, mi + MG, ...
                     if slot < c["RL"]:
                         at = m * p.Cg * R * S + (c0 + ci) * R * S + (slot * LR + r) * S
                         ws[k_slice, at : at + S] = sums[l, r]

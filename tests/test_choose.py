@@ -113,7 +113,10 @@ def test_wgrad_default_follows_the_weight_count():
     narrow = ConvProblem(C=3, M=64, H=32, W=32, R=3, S=3, pads=(1, 1, 1, 1), op=Op.WGRAD)
     wide = replace(narrow, C=256, M=256)
     assert choose(narrow, "some GPU").variant.key == "wband"
-    assert choose(wide, "some GPU").variant.key == "wgemm"
+    # NCHW 3x3 windows over many channels and maps: wtap's lanes of 4 maps x 3 rows
+    assert choose(wide, "some GPU").variant.key == "wtap"
+    assert choose(wide, "some GPU").variant.regtile == (4, 3)
+    assert choose(replace(wide, R=5, S=5, pads=(2,) * 4), "some GPU").variant.key == "wgemm"
     nhwc = replace(wide, layout=TensorLayout.NHWC)
     assert choose(nhwc, "some GPU").variant.key == "wgemm"
     # channels-last: wgemm as soon as its map tiles fill, wband below that

@@ -12,9 +12,9 @@
 //   block         288 threads                    32 channel(s) x 3 map(s): 8 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 12 FMAs a lane
 //   band          16 rows, 2 an image            8 steps a row, unrolled; rows split 1 way(s); two buffers, one barrier a band
-//   __shared__    178272 B                       2 buffers of x [32][18][36] and dy [3][16][32] (planes of 516), zero padding written in
+//   __shared__    179296 B                       2 buffers of x [32][18][36] and dy [3][16][32] (planes of 516), zero padding written in
 //   workspace     3649536 B                      132 slices x 6912 sums; the second kernel adds the slices in order
-// Kernel   wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad: block 288x1x1, grid (8, 132, 1), 178272 B dynamic shared memory (opt-in)
+// Kernel   wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad: block 288x1x1, grid (8, 132, 1), 179296 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -79,12 +79,12 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (q < 2 - 1 || c.x_tail)
-                    cp_async_or_zero<4>(xd + 4u * (648 * ci + 324 * i) + 128u * q,
+                    cp_async_or_zero<4>(xd + 4u * (652 * ci + 324 * i) + 128u * q,
                                                  xn + 1024 * ci + iy * 32 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 3072 + m0 * 1024;
     const int dy0 = oy0 + warp;  // the warp's first dy row
-    const unsigned dd = buf + 4u * (20736 + 32 * warp) + 16u * lane;
+    const unsigned dd = buf + 4u * (20864 + 32 * warp) + 16u * lane;
     const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
 #pragma unroll
     for (int q = 0; q < 1; ++q)
@@ -117,14 +117,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 extern "C" __global__ void BOUNDS
 wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    extern __shared__ __align__(16) float smem[];  // 178272 bytes, sized at launch
-    // buffer t at t * 22284: x [32][18][36], then dy [3] planes of 516 ([16][32])
+    extern __shared__ __align__(16) float smem[];  // 179296 bytes, sized at launch
+    // buffer t at t * 22412: x [32][18][36], then dy [3] planes of 516 ([16][32])
     // The block's (channel, 1 map(s), 1 window row(s)) lanes: 288, over
     // 1 row split(s), the window row fastest; 288 threads.
     constexpr int ri = 0;
     const int at = threadIdx.x % 288;
     const int slot = at % 3;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 3 % 3;  // its maps in the block: mi * 1 ..
+    const int mi = at / 3 % 3;  // its maps in the block: mi, mi + 3 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 9;  // and its channel
     const int c0 = blockIdx.x % 8 * 32;
     const int gm = blockIdx.x / 8;
@@ -147,11 +147,11 @@ wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad(const float* __restrict__ x, const
             nn += 132;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 22284, x, dy, nn, nb * 16, xc0, m0, copies);
+            stage(smem_s + 4u * ((step + 1) & 1) * 22412, x, dy, nn, nb * 16, xc0, m0, copies);
         cp_async_commit();
-        const float* __restrict__ xs = smem + (step & 1) * 22284;
-        const float* __restrict__ xl = xs + ci * 648 + slot * 36;
-        const float* __restrict__ dl = xs + 20736 + mi * 516;
+        const float* __restrict__ xs = smem + (step & 1) * 22412;
+        const float* __restrict__ xl = xs + ci * 652 + slot * 36;
+        const float* __restrict__ dl = xs + 20864 + mi * 516;
         constexpr int valid = 16;
 #pragma unroll 2
         for (int k = ri; k < valid; k += 1) {  // two rows at a time: the next row's loads meet this one's FMAs
@@ -201,12 +201,12 @@ wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad(const float* __restrict__ x, const
     if (threadIdx.x >= 288)
         return;  // a repeated sum
     float* __restrict__ out = ws + (size_t)blockIdx.y * 6912;
-    float* __restrict__ o = out + (m0 + mi * 1) * 2304 + (c0 + ci) * 9 + slot * 3;
+    float* __restrict__ o = out + (m0 + mi) * 2304 + (c0 + ci) * 9 + slot * 3;
 #pragma unroll
     for (int l = 0; l < 1; ++l)
 #pragma unroll
         for (int s = 0; s < 3; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 2304 + s] = acc[l * 3 + s];
+            o[l * 6912 + s] = acc[l * 3 + s];
 }
 
 // ws[0..131][j] added in order, j < 6912: dw[3][256][3][3].

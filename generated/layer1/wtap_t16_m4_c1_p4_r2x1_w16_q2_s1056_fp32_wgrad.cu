@@ -130,7 +130,7 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
     const int ri = min((int)threadIdx.x / 14, 15);
     const int at = threadIdx.x % 14;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 2;  // its maps in the block: mi * 2 ..
+    const int mi = at / 7 % 2;  // its maps in the block: mi, mi + 2 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 14;  // and its channel
     const int c0 = blockIdx.x % 1 * 1;
     const int gm = blockIdx.x / 1;
@@ -158,7 +158,7 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
         cp_async_commit();
         const float* __restrict__ xs = smem + (step & 1) * 7160;
         const float* __restrict__ xl = xs + ci * 2024 + slot * 92;
-        const float* __restrict__ dl = xs + 2024 + mi * 2568;
+        const float* __restrict__ dl = xs + 2024 + mi * 1284;
         constexpr int valid = 16;
 #pragma unroll 2
         for (int k = ri; k < valid; k += 16) {  // two rows at a time: the next row's loads meet this one's FMAs
@@ -192,7 +192,7 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
 #pragma unroll
                 for (int l = 0; l < 2; ++l) {
                 {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 1284 * l + 4 * j) + 0);
+                    const float4 v = *reinterpret_cast<const float4*>((dr + 2568 * l + 4 * j) + 0);
                     d[l][0 + 0] = v.x;
                     d[l][0 + 1] = v.y;
                     d[l][0 + 2] = v.z;
@@ -248,12 +248,12 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
         for (int s = 0; s < 14; ++s)
             acc[s] += part[(threadIdx.x + 14 * r) * 14 + s];
     float* __restrict__ out = ws + (size_t)blockIdx.y * 196;
-    float* __restrict__ o = out + (m0 + mi * 2) * 49 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 49 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 2; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 49 + s] = acc[l * 7 + s];
+            o[l * 98 + s] = acc[l * 7 + s];
 }
 
 // ws[0..1055][j] added in order, j < 196: dw[4][1][7][7].

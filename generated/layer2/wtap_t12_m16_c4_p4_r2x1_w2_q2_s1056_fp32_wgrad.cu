@@ -12,9 +12,9 @@
 //   block         448 threads                    4 channel(s) x 16 map(s): 1 blocks per slice
 //   step          4 outputs                      2 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 56 FMAs a lane
 //   band          12 rows, 3 an image            9 steps a row, unrolled; rows split 2 way(s); two buffers, one barrier a band
-//   __shared__    81152 B                        2 buffers of x [4][18][44] and dy [16][12][36] (planes of 436), zero padding written in
+//   __shared__    81280 B                        2 buffers of x [4][18][44] and dy [16][12][36] (planes of 436), zero padding written in
 //   workspace     13246464 B                     1056 slices x 3136 sums; the second kernel adds the slices in order
-// Kernel   wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 81152 B dynamic shared memory (opt-in)
+// Kernel   wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 81280 B dynamic shared memory (opt-in)
 // Kernel   wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -81,12 +81,12 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
-                    cp_async_or_zero<16>(xd + 4u * (792 * ci + 616 * i) + 512u * q,
+                    cp_async_or_zero<16>(xd + 4u * (796 * ci + 616 * i) + 512u * q,
                                                  xn + 1600 * ci + iy * 40 + c.x_off[q], inside && c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 18496 + m0 * 1156;
     const int dy0 = oy0 + warp;  // the warp's first dy row
-    const unsigned dd = buf + 4u * (3168 + 36 * warp) + 8u * lane;
+    const unsigned dd = buf + 4u * (3184 + 36 * warp) + 8u * lane;
 #pragma unroll
     for (int i = 0; i < 1; ++i) {
         if (i == 1 - 1 && warp >= 12)
@@ -117,14 +117,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 extern "C" __global__ void BOUNDS
 wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    extern __shared__ __align__(16) float smem[];  // 81152 bytes, sized at launch
-    // buffer t at t * 10144: x [4][18][44], then dy [16] planes of 436 ([12][36])
+    extern __shared__ __align__(16) float smem[];  // 81280 bytes, sized at launch
+    // buffer t at t * 10160: x [4][18][44], then dy [16] planes of 436 ([12][36])
     // The block's (channel, 2 map(s), 1 window row(s)) lanes: 224, over
     // 2 row split(s), the window row fastest; 448 threads.
     const int ri = min((int)threadIdx.x / 224, 1);
     const int at = threadIdx.x % 224;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 8;  // its maps in the block: mi * 2 ..
+    const int mi = at / 7 % 8;  // its maps in the block: mi, mi + 8 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 56;  // and its channel
     const int c0 = blockIdx.x % 1 * 4;
     const int gm = blockIdx.x / 1;
@@ -148,11 +148,11 @@ wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             nn += 1056;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 10144, x, dy, nn, nb * 12, xc0, m0, copies);
+            stage(smem_s + 4u * ((step + 1) & 1) * 10160, x, dy, nn, nb * 12, xc0, m0, copies);
         cp_async_commit();
-        const float* __restrict__ xs = smem + (step & 1) * 10144;
-        const float* __restrict__ xl = xs + ci * 792 + slot * 44;
-        const float* __restrict__ dl = xs + 3168 + mi * 872;
+        const float* __restrict__ xs = smem + (step & 1) * 10160;
+        const float* __restrict__ xl = xs + ci * 796 + slot * 44;
+        const float* __restrict__ dl = xs + 3184 + mi * 436;
         const int valid = min(12, 34 - b * 12);  // the band's rows in the image
 #pragma unroll 2
         for (int k = ri; k < valid; k += 2) {  // two rows at a time: the next row's loads meet this one's FMAs
@@ -186,7 +186,7 @@ wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
 #pragma unroll
                 for (int l = 0; l < 2; ++l) {
                 {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 436 * l + 4 * j) + 0);
+                    const float4 v = *reinterpret_cast<const float4*>((dr + 3488 * l + 4 * j) + 0);
                     d[l][0 + 0] = v.x;
                     d[l][0 + 1] = v.y;
                     d[l][0 + 2] = v.z;
@@ -243,12 +243,12 @@ wtap_t12_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
         for (int s = 0; s < 14; ++s)
             acc[s] += part[(threadIdx.x + 224 * r) * 14 + s];
     float* __restrict__ out = ws + (size_t)blockIdx.y * 3136;
-    float* __restrict__ o = out + (m0 + mi * 2) * 196 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 196 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 2; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 196 + s] = acc[l * 7 + s];
+            o[l * 1568 + s] = acc[l * 7 + s];
 }
 
 // ws[0..1055][j] added in order, j < 3136: dw[16][4][7][7].

@@ -12,9 +12,9 @@
 //   block         448 threads                    4 channel(s) x 16 map(s): 1 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          34 rows, 1 an image            9 steps a row, unrolled; rows split 1 way(s); two buffers, one barrier a band
-//   __shared__    213504 B                       2 buffers of x [4][40][44] and dy [16][34][36] (planes of 1228), zero padding written in
+//   __shared__    213632 B                       2 buffers of x [4][40][44] and dy [16][34][36] (planes of 1228), zero padding written in
 //   workspace     13246464 B                     1056 slices x 3136 sums; the second kernel adds the slices in order
-// Kernel   wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 213504 B dynamic shared memory (opt-in)
+// Kernel   wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 213632 B dynamic shared memory (opt-in)
 // Kernel   wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -85,12 +85,12 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 #pragma unroll
             for (int q = 0; q < 1; ++q)
                 if (q < 1 - 1 || c.x_tail)
-                    cp_async_or_zero<16>(xd + 4u * (1760 * ci + 616 * i) + 512u * q,
+                    cp_async_or_zero<16>(xd + 4u * (1764 * ci + 616 * i) + 512u * q,
                                                  xq[q] + (1600 * ci + 560 * i), c.x_in[q]);
     }
     const float* __restrict__ dyn = dy + (size_t)n * 18496 + m0 * 1156;
     const int dy0 = oy0 + warp;  // the warp's first dy row
-    const unsigned dd = buf + 4u * (7040 + 36 * warp) + 8u * lane;
+    const unsigned dd = buf + 4u * (7056 + 36 * warp) + 8u * lane;
     const float* dq[1];  // as xq: the lane's sources, a literal from every copy's
 #pragma unroll
     for (int q = 0; q < 1; ++q)
@@ -123,14 +123,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 extern "C" __global__ void BOUNDS
 wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
-    extern __shared__ __align__(16) float smem[];  // 213504 bytes, sized at launch
-    // buffer t at t * 26688: x [4][40][44], then dy [16] planes of 1228 ([34][36])
+    extern __shared__ __align__(16) float smem[];  // 213632 bytes, sized at launch
+    // buffer t at t * 26704: x [4][40][44], then dy [16] planes of 1228 ([34][36])
     // The block's (channel, 1 map(s), 1 window row(s)) lanes: 448, over
     // 1 row split(s), the window row fastest; 448 threads.
     constexpr int ri = 0;
     const int at = threadIdx.x % 448;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 16;  // its maps in the block: mi * 1 ..
+    const int mi = at / 7 % 16;  // its maps in the block: mi, mi + 16 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 112;  // and its channel
     const int c0 = blockIdx.x % 1 * 4;
     const int gm = blockIdx.x / 1;
@@ -153,11 +153,11 @@ wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             nn += 1056;
         }
         if (nn < batch)
-            stage(smem_s + 4u * ((step + 1) & 1) * 26688, x, dy, nn, nb * 34, xc0, m0, copies);
+            stage(smem_s + 4u * ((step + 1) & 1) * 26704, x, dy, nn, nb * 34, xc0, m0, copies);
         cp_async_commit();
-        const float* __restrict__ xs = smem + (step & 1) * 26688;
-        const float* __restrict__ xl = xs + ci * 1760 + slot * 44;
-        const float* __restrict__ dl = xs + 7040 + mi * 1228;
+        const float* __restrict__ xs = smem + (step & 1) * 26704;
+        const float* __restrict__ xl = xs + ci * 1764 + slot * 44;
+        const float* __restrict__ dl = xs + 7056 + mi * 1228;
         constexpr int valid = 34;
 #pragma unroll 2
         for (int k = ri; k < valid; k += 1) {  // two rows at a time: the next row's loads meet this one's FMAs
@@ -215,12 +215,12 @@ wtap_t34_m16_c4_p4_r1x1_w1_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
     if (threadIdx.x >= 448)
         return;  // a repeated sum
     float* __restrict__ out = ws + (size_t)blockIdx.y * 3136;
-    float* __restrict__ o = out + (m0 + mi * 1) * 196 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 196 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 1; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 196 + s] = acc[l * 7 + s];
+            o[l * 3136 + s] = acc[l * 7 + s];
 }
 
 // ws[0..1055][j] added in order, j < 3136: dw[16][4][7][7].

@@ -136,7 +136,7 @@ wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
     const int ri = min((int)threadIdx.x / 84, 3);
     const int at = threadIdx.x % 84;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 12;  // its maps in the block: mi * 1 ..
+    const int mi = at / 7 % 12;  // its maps in the block: mi, mi + 12 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 84;  // and its channel
     const int c0 = blockIdx.x % 1 * 1;
     const int gm = blockIdx.x / 1;
@@ -235,12 +235,12 @@ wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
         for (int s = 0; s < 7; ++s)
             acc[s] += part[(threadIdx.x + 84 * r) * 7 + s];
     float* __restrict__ out = ws + (size_t)blockIdx.y * 588;
-    float* __restrict__ o = out + (m0 + mi * 1) * 49 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 49 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 1; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 49 + s] = acc[l * 7 + s];
+            o[l * 588 + s] = acc[l * 7 + s];
 }
 
 // ws[0..1055][j] added in order, j < 588: dw[12][1][7][7].

@@ -138,7 +138,7 @@ wtap_t33_m4_c1_p4_r1x1_w11_q2_s264_fp32_wgrad(const float* __restrict__ x, const
     const int ri = min((int)threadIdx.x / 28, 10);
     const int at = threadIdx.x % 28;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 4;  // its maps in the block: mi * 1 ..
+    const int mi = at / 7 % 4;  // its maps in the block: mi, mi + 4 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 28;  // and its channel
     const int c0 = blockIdx.x % 1 * 1;
     const int gm = blockIdx.x / 1;
@@ -237,12 +237,12 @@ wtap_t33_m4_c1_p4_r1x1_w11_q2_s264_fp32_wgrad(const float* __restrict__ x, const
         for (int s = 0; s < 7; ++s)
             acc[s] += part[(threadIdx.x + 28 * r) * 7 + s];
     float* __restrict__ out = ws + (size_t)blockIdx.y * 588;
-    float* __restrict__ o = out + (m0 + mi * 1) * 49 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 49 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 1; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 49 + s] = acc[l * 7 + s];
+            o[l * 196 + s] = acc[l * 7 + s];
 }
 
 // ws[0..263][j] added in order, j < 588: dw[12][1][7][7].

@@ -131,7 +131,7 @@ wtap_t27_m12_c6_p4_r1x1_w1_q2_s264_fp32_wgrad(const float* __restrict__ x, const
     constexpr int ri = 0;
     const int at = threadIdx.x % 504;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 12;  // its maps in the block: mi * 1 ..
+    const int mi = at / 7 % 12;  // its maps in the block: mi, mi + 12 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 84;  // and its channel
     const int c0 = blockIdx.x % 2 * 6;
     const int gm = blockIdx.x / 2;
@@ -216,12 +216,12 @@ wtap_t27_m12_c6_p4_r1x1_w1_q2_s264_fp32_wgrad(const float* __restrict__ x, const
     if (threadIdx.x >= 504)
         return;  // a repeated sum
     float* __restrict__ out = ws + (size_t)blockIdx.y * 14112;
-    float* __restrict__ o = out + (m0 + mi * 1) * 588 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 588 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 1; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 588 + s] = acc[l * 7 + s];
+            o[l * 7056 + s] = acc[l * 7 + s];
 }
 
 // ws[0..263][j] added in order, j < 14112: dw[24][12][7][7].

@@ -161,7 +161,7 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
     constexpr int ri = 0;
     const int at = threadIdx.x % 252;
     const int slot = at % 7;  // the lane's window rows: slot * 1 ..
-    const int mi = at / 7 % 6;  // its maps in the block: mi * 2 ..
+    const int mi = at / 7 % 6;  // its maps in the block: mi, mi + 6 .. (a warp's lanes read neighbouring planes)
     const int ci = at / 42;  // and its channel
     const int c0 = blockIdx.x % 2 * 6;
     const int gm = blockIdx.x / 2;
@@ -203,7 +203,7 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
         bar_wait(full + 8 * cur, phase);  // everyone's copies of band t have landed
         const float* __restrict__ xs = smem + cur * 6264;
         const float* __restrict__ xl = xs + ci * 540 + slot * 36;
-        const float* __restrict__ dl = xs + 3240 + mi * 504;
+        const float* __restrict__ dl = xs + 3240 + mi * 252;
         constexpr int valid = 9;
 #pragma unroll 2
         for (int k = ri; k < valid; k += 1) {  // two rows at a time: the next row's loads meet this one's FMAs
@@ -237,7 +237,7 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
 #pragma unroll
                 for (int l = 0; l < 2; ++l) {
                 {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 252 * l + 4 * j) + 0);
+                    const float4 v = *reinterpret_cast<const float4*>((dr + 1512 * l + 4 * j) + 0);
                     d[l][0 + 0] = v.x;
                     d[l][0 + 1] = v.y;
                     d[l][0 + 2] = v.z;
@@ -292,12 +292,12 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
     if (threadIdx.x >= 252)
         return;  // a repeated sum
     float* __restrict__ out = ws + (size_t)blockIdx.y * 14112;
-    float* __restrict__ o = out + (m0 + mi * 2) * 588 + (c0 + ci) * 49 + slot * 7;
+    float* __restrict__ o = out + (m0 + mi) * 588 + (c0 + ci) * 49 + slot * 7;
 #pragma unroll
     for (int l = 0; l < 2; ++l)
 #pragma unroll
         for (int s = 0; s < 7; ++s)  // the lane's window rows are consecutive in dw
-            o[l * 588 + s] = acc[l * 7 + s];
+            o[l * 3528 + s] = acc[l * 7 + s];
 }
 
 // ws[0..263][j] added in order, j < 14112: dw[24][12][7][7].
