@@ -528,7 +528,7 @@ def test_wtap_replay_of_rows_whose_last_chunks_take_a_lane_each():
         ("C=4,M=16,H=40,W=40,K=7,layout=nhwc", [], "wtap reads NCHW tensors"),
         ("layer2", ["--maps", "3"], "wtap m3 must divide the 16 maps of a group"),
         ("layer2", ["--chans", "3"], "wtap c3 must divide the 4 channels of a group"),
-        ("layer2", ["--warps", "8"], "over 768 (where ptxas spills); choose --warps 1"),
+        ("layer2", ["--warps", "8"], "over 768 (where ptxas spills); choose --warps 3"),
         ("layer2", ["--tile", "40"], "wtap t40: the band is at most Ho=34 rows"),
         ("layer2", ["--stages", "5"], "wtap q5: the band ring has 2, 3 or 4 buffers"),
         ("layer2", ["--tile", "34", "--stages", "4"], "choose a smaller --tile or --stages"),

@@ -165,7 +165,12 @@ class Wtap(Variant):
         if best is None:
             raise SpecError(f"wtap: one map and channel's R={p.R} sums are over {FIT_WARPS} warps")
         _, cb, mb, _ = best
-        return _fit_band(p, replace(seed, maps=mb, chans=cb, pixels=pixels))
+        # Blocks of several channels take lanes of 2 maps (fp32 wgrad at B=10000, H200,
+        # 2026-11-24, the fit's own blocks: layer2 1.855 ms against 1.979, mx-layer2 4.698
+        # against 5.003); one channel's blocks keep a map a lane (layer1 0.808 against
+        # 0.796, mx-layer1 1.699 against 1.602).
+        tile = (2, 1) if cb > 1 and mb % 2 == 0 else (1, 1)
+        return _fit_band(p, replace(seed, maps=mb, chans=cb, pixels=pixels, regtile=tile))
 
     @classmethod
     def space(cls, problem, precision):
@@ -344,7 +349,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
     if warps > MAX_WARPS:
         most = 32 * MAX_WARPS // sums
         raise SpecError(
-            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} sums "
+            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} lanes of sums "
             f"x {v.warps} row split(s), a lane each), over {32 * MAX_WARPS} (where ptxas "
             "spills); " + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
         )
