@@ -349,8 +349,8 @@ def plan_wtap(p, v: Wtap) -> Plan:
     if warps > MAX_WARPS:
         most = 32 * MAX_WARPS // sums
         raise SpecError(
-            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} lanes of sums "
-            f"x {v.warps} row split(s), a lane each), over {32 * MAX_WARPS} (where ptxas "
+            f"wtap c{v.chans} m{v.maps} w{v.warps} makes {32 * warps} threads ({sums} lanes of "
+            f"sums x {v.warps} row split(s)), over {32 * MAX_WARPS} (where ptxas "
             "spills); " + (f"choose --warps {most}" if most else "choose fewer --chans or --maps")
         )
     if not 2 <= v.stages <= 4:
