@@ -199,6 +199,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         ("C=9,M=6,H=39,W=39,K=7,pad=3,act=relu,dtype=fp16", "mmatoep_t39_r2x3_m6_fp16"),
         # phased's m loop unrolled over 3 maps x 2 channels x 49 taps of 16-bit dy: 8 bytes
         ("C=2,M=3,H=38,W=40,K=7,pad=0,dtype=bf16,op=dgrad", "phased_t4_m2_wconst_fp32"),
+        # direct's fit at x2 m5: 180 constant weights at a run-time index over 12 spread
+        # columns under the channel loop, 72 bytes (GPU tier's draw, 2026-11-24)
+        ("C=6,M=5,H=17,W=29,K=6,pad=0,stride=3x2,dil=2x3,dtype=bf16,layout=nhwc", "default direct"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -164,10 +164,13 @@ def default_coarsening(
         # dense cx+S-1 costs like the FMAs it feeds (C=3 M=5 K=6x5 stride 1x2 at x4 m5:
         # 11 columns, 255 registers and spills; 140 registers at stride 1).  Spread
         # pixels and a kept channel loop (constant weights at a run-time index, a
-        # register each) spilled past 196 weights too (C=4 M=6 K=6 dil 1x2 at x2 m6).
+        # register each) spilled past 196 weights too (C=4 M=6 K=6 dil 1x2 at x2 m6),
+        # and past 196 weighted by the spread (C=6 M=5 K=6 stride 3x2 dil 2x3, bf16
+        # NHWC, x2 m5: 180 weights over 12 columns for 7, 72 B spilled under NVRTC 13;
+        # GPU tier, 2026-11-24).
         spread = len(footprint(shape, (cx, 1, cm))[1]) / (cx + shape.S - 1)
         looped = shape.Cg * cm * kk * cx > DEFAULT_FMAS
-        if spread > 1 and looped and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
+        if spread > 1 and looped and cm * kk * spread > GLOBAL_WEIGHTS_PER_CHANNEL:
             return False
         # Four columns of a 7x7 window under a kept channel loop spilled at 255
         # registers whatever the channels or bias (x4 m4: C=4 and C=12 M=4, mx-layer2);
