@@ -201,7 +201,7 @@ def _part(p, x0: int, x1: int) -> dict:
             taps = [(s, j + s - pl - x0) for s in range(p.S) if x0 <= j + s - pl < x1]
             if lo <= j < hi and taps:
                 cols.append((jj, taps))
-        chunks.append(dict(q=q, cols=cols))
+        chunks.append(dict(q=q, at=4 * q, cols=cols))  # at: the chunk's first dy column
     return dict(x0=x0, x1=x1, n=x1 - x0, chunks=chunks)
 
 
@@ -311,7 +311,15 @@ def plan_drow(p, v: Drow) -> Plan:
         out_vec=out_vec,
         dynamic=dynamic > 0,
         smem_words=lay["words"],
+        # the weights' words: all, a dx channel's, a map's (its R rows of sp)
+        weight_words=p.C * p.M * p.R * lay["sp"],
+        channel_words=p.M * p.R * lay["sp"],
+        map_words=p.R * lay["sp"],
+        unit_rows=v.maps * p.R,  # the weight rows of a stage's maps
+        stage_bytes=4 * lay["stage"],
+        map_rows_words=v.images * lay["pitch"],  # a stage's rows of one map
     )
+    ctx["last_copy"] = ctx["copy_rows"] * ctx["chunks_per_row"] - 1
     useful = p.Ho * p.Wo * p.R * p.S
     sizes = (
         Size(

@@ -444,7 +444,21 @@ def plan_wtap(p, v: Wtap) -> Plan:
     # rounds are at most 32, they take one copy of a lane each, not a round of mostly
     # idle lanes a row.
     tails = ctx["dy_tail_lanes"] * ctx["dy_iters"] * v.maps
-    ctx["dy_flat_tail"] = ctx["dy_rows_inside"] and ctx["dy_tail_lanes"] < 32 and tails <= 32
+    ctx.update(
+        dy_flat_tail=ctx["dy_rows_inside"] and ctx["dy_tail_lanes"] < 32 and tails <= 32,
+        dy_tail_copies=tails,  # the warp's rows' last chunks, a lane each
+        dy_tail_map_copies=ctx["dy_tail_lanes"] * ctx["dy_iters"],  # and those of one map
+        dy_full_rounds=ctx["dy_rounds"] - 1,
+        dy_last_iter=ctx["dy_iters"] - 1,
+        dy_tail_chunk=32 * (ctx["dy_rounds"] - 1),  # a row's first chunk past its whole rounds
+        dy_tail_at=ctx["dy_round_bytes"] * (ctx["dy_rounds"] - 1),  # and its byte offset
+        x_round_src_words=warps * p.W,  # a warp's next round of rows in x
+        dy_round_src_words=warps * p.Wo,  # and in dy
+        lane_rows_words=lr * lay["x_tap_step"],  # from a lane's window rows to the next lane's
+        lane_map_sums=lr * p.S,  # a lane's sums of one map
+        lane_map_step=ctx["MG"] * lay["dy_plane"],  # from a lane's map to its next, in dy
+        lane_map_step_dw=ctx["MG"] * ctx["map_sums"],  # and in dw
+    )
     sizes = (
         Size(
             "lane",
