@@ -12,7 +12,7 @@
 //   block         128 threads                    16 channel(s) x 32 map(s): 32 blocks per slice
 //   step          4 outputs                      4 4-wide dy load(s) and 3 x 4 new x values (4 a load) feed 144 FMAs a lane
 //   band          8 rows, 1 an image             2 steps a row, unrolled; rows split 1 way(s); two buffers, one barrier a band
-//   __shared__    33280 B                        2 buffers of x [16][10][12] and dy [32][8][8] (planes of 68), zero padding written in
+//   __shared__    33280 B                        2 buffers of x [16][10][12] and dy [32][8][8] (planes of 68), x's padding written in as zeros
 //   workspace     19464192 B                     33 slices x 147456 sums; the second kernel adds the slices in order
 // Kernel   wtap_t8_m32_c16_p4_r4x3_w1_q2_s33_fp32_wgrad: block 128x1x1, grid (32, 33, 1)
 // Kernel   wtap_t8_m32_c16_p4_r4x3_w1_q2_s33_fp32_wgrad_reduce: block 256x1x1, grid (576, 1, 1)

@@ -12,7 +12,7 @@
 //   block         128 threads                    16 channel(s) x 32 map(s): 64 blocks per slice
 //   step          4 outputs                      4 4-wide dy load(s) and 3 x 4 new x values (4 a load) feed 144 FMAs a lane
 //   band          8 rows, 2 an image             4 steps a row, unrolled; rows split 1 way(s); two buffers, one barrier a band
-//   __shared__    59904 B                        2 buffers of x [16][10][20] and dy [32][8][16] (planes of 132), zero padding written in
+//   __shared__    59904 B                        2 buffers of x [16][10][20] and dy [32][8][16] (planes of 132), x's padding written in as zeros
 //   workspace     18874368 B                     16 slices x 294912 sums; the second kernel adds the slices in order
 // Kernel   wtap_t8_m32_c16_p4_r4x3_w1_q2_s16_fp32_wgrad: block 128x1x1, grid (64, 16, 1), 59904 B dynamic shared memory (opt-in)
 // Kernel   wtap_t8_m32_c16_p4_r4x3_w1_q2_s16_fp32_wgrad_reduce: block 256x1x1, grid (1152, 1, 1)

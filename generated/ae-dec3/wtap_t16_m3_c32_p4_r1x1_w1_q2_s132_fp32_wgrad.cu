@@ -12,7 +12,7 @@
 //   block         288 threads                    32 channel(s) x 3 map(s): 8 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 12 FMAs a lane
 //   band          16 rows, 2 an image            8 steps a row, unrolled; rows split 1 way(s); two buffers, one barrier a band
-//   __shared__    179296 B                       2 buffers of x [32][18][36] and dy [3][16][32] (planes of 516), zero padding written in
+//   __shared__    179296 B                       2 buffers of x [32][18][36] and dy [3][16][32] (planes of 516), x's padding written in as zeros
 //   workspace     3649536 B                      132 slices x 6912 sums; the second kernel adds the slices in order
 // Kernel   wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad: block 288x1x1, grid (8, 132, 1), 179296 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m3_c32_p4_r1x1_w1_q2_s132_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)

@@ -12,7 +12,7 @@
 //   block         128 threads                    1 channel(s) x 4 map(s): 1 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          16 rows, 5 an image            20 steps a row, unrolled; rows split 4 way(s); two buffers, one barrier a band
-//   __shared__    57280 B                        2 buffers of x [1][22][92] and dy [4][16][80] (planes of 1284), zero padding written in
+//   __shared__    57280 B                        2 buffers of x [1][22][92] and dy [4][16][80] (planes of 1284), x's padding written in as zeros
 //   workspace     827904 B                       1056 slices x 196 sums; the second kernel adds the slices in order
 // Kernel   wtap_t16_m4_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad: block 128x1x1, grid (1, 1056, 1), 57280 B dynamic shared memory (opt-in)
 // Kernel   wtap_t16_m4_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, 1, 1)

@@ -12,7 +12,7 @@
 //   block         448 threads                    4 channel(s) x 16 map(s): 1 blocks per slice
 //   step          4 outputs                      2 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 56 FMAs a lane
 //   band          34 rows, 1 an image            9 steps a row, unrolled; rows split 2 way(s); two buffers, one barrier a band
-//   __shared__    213632 B                       2 buffers of x [4][40][44] and dy [16][34][36] (planes of 1228), zero padding written in
+//   __shared__    213632 B                       2 buffers of x [4][40][44] and dy [16][34][36] (planes of 1228), x's padding written in as zeros
 //   workspace     13246464 B                     1056 slices x 3136 sums; the second kernel adds the slices in order
 // Kernel   wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 213632 B dynamic shared memory (opt-in)
 // Kernel   wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)

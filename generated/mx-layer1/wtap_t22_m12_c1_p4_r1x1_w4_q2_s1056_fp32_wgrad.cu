@@ -12,7 +12,7 @@
 //   block         352 threads                    1 channel(s) x 12 map(s): 1 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          22 rows, 3 an image            17 steps a row, unrolled; rows split 4 way(s); two buffers, one barrier a band
-//   __shared__    161024 B                       2 buffers of x [1][28][76] and dy [12][22][68] (planes of 1500), zero padding written in
+//   __shared__    161024 B                       2 buffers of x [1][28][76] and dy [12][22][68] (planes of 1500), x's padding written in as zeros
 //   workspace     2483712 B                      1056 slices x 588 sums; the second kernel adds the slices in order
 // Kernel   wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad: block 352x1x1, grid (1, 1056, 1), 161024 B dynamic shared memory (opt-in)
 // Kernel   wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)

@@ -12,7 +12,7 @@
 //   block         320 threads                    1 channel(s) x 4 map(s): 3 blocks per slice
 //   step          4 outputs                      1 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 28 FMAs a lane
 //   band          33 rows, 2 an image            17 steps a row, unrolled; rows split 11 way(s); two buffers, one barrier a band
-//   __shared__    95520 B                        2 buffers of x [1][39][76] and dy [4][33][68] (planes of 2244), zero padding written in
+//   __shared__    95520 B                        2 buffers of x [1][39][76] and dy [4][33][68] (planes of 2244), x's padding written in as zeros
 //   workspace     620928 B                       264 slices x 588 sums; the second kernel adds the slices in order
 // Kernel   wtap_t33_m4_c1_p4_r1x1_w11_q2_s264_fp32_wgrad: block 320x1x1, grid (3, 264, 1), 95520 B dynamic shared memory (opt-in)
 // Kernel   wtap_t33_m4_c1_p4_r1x1_w11_q2_s264_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)

@@ -12,7 +12,7 @@
 //   block         256 threads                    6 channel(s) x 12 map(s): 4 blocks per slice
 //   step          4 outputs                      2 4-wide dy load(s) and 1 x 4 new x values (4 a load) feed 56 FMAs a lane
 //   band          9 rows, 3 an image             7 steps a row, unrolled; rows split 1 way(s); a ring of 3 buffers under mbarriers
-//   __shared__    75216 B                        3 buffers of x [6][15][36] and dy [12][9][28] (planes of 252), zero padding written in
+//   __shared__    75216 B                        3 buffers of x [6][15][36] and dy [12][9][28] (planes of 252), x's padding written in as zeros
 //   workspace     14902272 B                     264 slices x 14112 sums; the second kernel adds the slices in order
 // Kernel   wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad: block 256x1x1, grid (4, 264, 1), 75216 B dynamic shared memory (opt-in)
 // Kernel   wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)

@@ -53,7 +53,7 @@ from ..plan.common import (
 from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Pair, Variant, param
-from .persist import _vector
+from .bands import copies, layout
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -82,16 +82,6 @@ def pairs(p, v) -> int:
     lm, lr = v.regtile
     groups = v.maps // lm
     return v.chans * groups * (p.R // lr) + (groups if p.bias else 0)
-
-
-def _quad_stride(width: int, vec: int) -> int:
-    """The smallest row stride of at least ``width`` floats, a multiple of ``vec``, whose
-    rows start in different bank quads (16-byte groups of banks) for 8 rows in a row: an
-    odd number of 16-byte units where the rows are read 16 bytes at a time."""
-    s = ceil_div(width, vec) * vec
-    if vec == 4:
-        return s + 4 * ((s // 4 + 1) % 2)
-    return s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,82 +208,6 @@ def _fit_band(p, v: Wtap) -> Wtap:
     return replace(v, tile=tile, warps=min(split, tile), splits=splits)
 
 
-def _layout(p, v) -> dict:
-    """The band buffers' shapes: x [chans][x_rows][x_stride], then dy [maps][rows]
-    [dy_stride] (a map's plane padded for distinct bank quads)."""
-    (sh, sw), (dh, dw) = p.stride, p.dil
-    steps = ceil_div(p.Wo, v.pixels)
-    shift = v.pixels * sw  # x values a step slides in
-    vx, vd = _vector(shift), _vector(v.pixels)
-    nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1  # x values under a step's window
-    pre = ceil_div(max(nx - shift, 0), vx) * vx  # held over from the step before
-    x_cols = steps * shift + pre  # the columns a row's steps read
-    x_rows = (v.tile - 1) * sh + (p.R - 1) * dh + 1
-    # Staging copies of 16, 8 or 4 bytes: as wide as x's rows (and the left padding) keep
-    # them aligned in both memories.
-    gx = next(g for g in (4, 2, 1) if p.W % g == 0 and p.pads[2] % g == 0)
-    gd = next(g for g in (4, 2, 1) if p.Wo % g == 0)
-    x_cols = ceil_div(x_cols, gx) * gx
-    x_stride = _quad_stride(x_cols, 4)
-    dy_cols = steps * v.pixels
-    dy_stride = ceil_div(dy_cols, 4) * 4
-    # dy's copies cover the row and no more: the last step multiplies only the outputs
-    # inside it, so what its vector load reads past them is never used.
-    dy_copied = ceil_div(p.Wo, gd) * gd
-    dy_plane = _quad_stride(v.tile * dy_stride, 4)
-    # a warp's lanes read several channels' planes at once: they start in different bank
-    # quads as the rows do
-    x_plane = _quad_stride(x_rows * x_stride, 4) if v.chans > 1 else x_rows * x_stride
-    x_band = v.chans * x_plane
-    dy_band = v.maps * dy_plane
-    return dict(
-        steps=steps,
-        shift=shift,
-        vx=vx,
-        vd=vd,
-        pre=pre,
-        window=pre + shift,
-        x_cols=x_cols,
-        x_rows=x_rows,
-        gx=gx,
-        gd=gd,
-        x_chunks=x_cols // gx,
-        dy_chunks=dy_copied // gd,
-        x_copy=4 * gx,  # bytes a copy
-        dy_copy=4 * gd,
-        x_last_copy=p.W - gx,  # the last copy's first column: sources are clamped to it
-        dy_last_copy=p.Wo - gd,
-        x_row_step=sh * x_stride,  # x's step from one output row to the next
-        x_tap_step=dh * x_stride,  # and from one window row to the next
-        x_stride=x_stride,
-        x_plane=x_plane,
-        dy_cols=dy_cols,
-        dy_stride=dy_stride,
-        dy_plane=dy_plane,
-        x_band=x_band,
-        dy_band=dy_band,
-        buffer=ceil_div(x_band + dy_band, 4) * 4,
-        ones_words=ceil_div(x_cols, 4) * 4 if p.bias else 0,
-    )
-
-
-def _copy_rounds(lay: dict, plane_rows: int, t: str, warps: int) -> dict:
-    """How the rows of a band's planes of x or dy (``t``) meet the warps and lanes:
-    rounds of a warp a row (and the warps of the last round), and rounds of a lane a
-    copy along a row (and the lanes of the last)."""
-    chunks = lay[f"{t}_chunks"]
-    rounds = ceil_div(chunks, 32)
-    iters = ceil_div(plane_rows, warps)
-    return {
-        f"{t}_iters": iters,
-        f"{t}_tail_warps": plane_rows - (iters - 1) * warps,
-        f"{t}_round_words": warps * lay[f"{t}_stride"],
-        f"{t}_rounds": rounds,
-        f"{t}_tail_lanes": chunks - 32 * (rounds - 1),
-        f"{t}_round_bytes": 32 * lay[f"{t}_copy"],
-    }
-
-
 def block_warps(p, v) -> int:
     """The warps of the block's sums x row splits, a lane each."""
     return ceil_div(pairs(p, v) * v.warps, 32)
@@ -303,7 +217,7 @@ def _smem_bytes(p, v) -> tuple[int, dict]:
     """The buffers, the row of ones and the ring's mbarriers (two of 8 bytes a buffer),
     or the row splits' sums where they need more (they meet in the same memory after
     the last band)."""
-    lay = _layout(p, v)
+    lay = layout(p, v)
     sums = 32 * block_warps(p, v) * p.S * v.regtile[0] * v.regtile[1] if v.warps > 1 else 0
     bars = 4 * v.stages if v.stages > 2 else 0
     return 4 * max(v.stages * lay["buffer"] + lay["ones_words"] + bars, sums), lay
@@ -364,6 +278,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
     if v.splits > 65535:
         raise SpecError(f"wtap s{v.splits}: at most 65535 slices of the batch (grid y)")
     nbytes, lay = _smem_bytes(p, v)
+    staging = copies(p, v, lay, warps)
     if lm * lr * p.S * lay["dy_cols"] > MAX_UNROLLED:
         raise SpecError(
             f"wtap unrolls a row's {lm * lr * p.S} x {lay['dy_cols']} FMAs, over {MAX_UNROLLED}; "
@@ -401,15 +316,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
     )
     ctx.update(
         lay,
-        **_copy_rounds(lay, lay["x_rows"], "x", warps),
-        **_copy_rounds(lay, v.tile, "dy", warps),
-        # no band's rows hang past the image (no row of a copy is then checked)
-        x_rows_inside=all(
-            0 <= b * v.tile * p.stride[0] - p.pads[0]
-            and b * v.tile * p.stride[0] - p.pads[0] + lay["x_rows"] <= p.H
-            for b in range(bands)
-        ),
-        dy_rows_inside=p.Ho % v.tile == 0,
+        **staging,
         pairs=sums,
         ring=v.stages > 2,
         q=v.stages,
@@ -439,25 +346,10 @@ def plan_wtap(p, v: Wtap) -> Plan:
         smem_words=nbytes // 4,
         launch_bounds=f"{threads}, {resident}",
         launch_bounds_alt=f"{threads}, 1",
-    )
-    # Where every band's dy rows are the image's and the rows' last chunks of a warp's
-    # rounds are at most 32, they take one copy of a lane each, not a round of mostly
-    # idle lanes a row.
-    tails = ctx["dy_tail_lanes"] * ctx["dy_iters"] * v.maps
-    ctx.update(
-        dy_flat_tail=ctx["dy_rows_inside"] and ctx["dy_tail_lanes"] < 32 and tails <= 32,
-        dy_tail_copies=tails,  # the warp's rows' last chunks, a lane each
-        dy_tail_map_copies=ctx["dy_tail_lanes"] * ctx["dy_iters"],  # and those of one map
-        dy_full_rounds=ctx["dy_rounds"] - 1,
-        dy_last_iter=ctx["dy_iters"] - 1,
-        dy_tail_chunk=32 * (ctx["dy_rounds"] - 1),  # a row's first chunk past its whole rounds
-        dy_tail_at=ctx["dy_round_bytes"] * (ctx["dy_rounds"] - 1),  # and its byte offset
-        x_round_src_words=warps * p.W,  # a warp's next round of rows in x
-        dy_round_src_words=warps * p.Wo,  # and in dy
         lane_rows_words=lr * lay["x_tap_step"],  # from a lane's window rows to the next lane's
         lane_map_sums=lr * p.S,  # a lane's sums of one map
-        lane_map_step=ctx["MG"] * lay["dy_plane"],  # from a lane's map to its next, in dy
-        lane_map_step_dw=ctx["MG"] * ctx["map_sums"],  # and in dw
+        lane_map_step=(v.maps // lm) * lay["dy_plane"],  # from a lane's map to its next, in dy
+        lane_map_step_dw=(v.maps // lm) * p.Cg * p.R * p.S,  # and in dw
     )
     sizes = (
         Size(
@@ -498,7 +390,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
             f"{nbytes} B",
             f"{v.stages} buffers of x [{v.chans}][{lay['x_rows']}][{lay['x_stride']}] and dy "
             f"[{v.maps}][{v.tile}][{lay['dy_stride']}] (planes of {lay['dy_plane']}), "
-            "zero padding written in" + (f"; a row of ones for db" if p.bias else ""),
+            "x's padding written in as zeros" + ("; a row of ones for db" if p.bias else ""),
         ),
         Size(
             "workspace",
