@@ -165,9 +165,10 @@ class Wtap(Variant):
     @classmethod
     def space(cls, problem, precision):
         """Around the fit's block and blocks of fewer warps (the maps of one warp a
-        channel, half the maps, half the channels), each with its own fitted band: 1 to 16 row
-        splits, the band and its half, half and twice the slices, two buffers or a ring of
-        three."""
+        channel, half the maps, half the channels), each with the fit's lane tile and with
+        lanes of one map and row, of 2 maps, and (where the fit tiles lanes) of 2 maps x R
+        rows, each with its own fitted band: 1 to 16 row splits, the band and its half,
+        half and twice the slices, two buffers or a ring of three."""
         p = problem
         base = cls.default(problem, precision)
         blocks = {
@@ -177,10 +178,11 @@ class Wtap(Variant):
         }
         blocks.add((base.chans, max(d for d in divisors(p.Mg) if d * p.R <= 32 or d == 1)))
         out = []
-        for cb, mb in sorted(blocks):
-            if not cb or not mb or p.Cg % cb or p.Mg % mb:
+        tiles = {base.regtile, (1, 1), (2, 1)} | ({(2, p.R)} if lane_tiled(p) else set())
+        for (cb, mb), (lm, lr) in itertools.product(sorted(blocks), sorted(tiles)):
+            if not cb or not mb or p.Cg % cb or p.Mg % mb or mb % lm:
                 continue
-            fit = _fit_band(p, replace(base, chans=cb, maps=mb))
+            fit = _fit_band(p, replace(base, chans=cb, maps=mb, regtile=(lm, lr)))
             for warps, tile, k, stages in itertools.product(
                 (1, 2, 4, 8, 16), sorted({fit.tile, ceil_div(fit.tile, 2)}), (1, 2, 4), (2, 3)
             ):
