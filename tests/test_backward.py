@@ -508,6 +508,30 @@ def test_wtap_replay_gives_the_weight_gradient(lane_tile, p):
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
+def test_wtap_space_searches_lane_tiles():
+    """tune's wtap space holds lanes of one map and row, of 2 maps, and on a wide 3x3
+    layer the fit's 4 maps x 3 rows and 2 x 3; most of each plan."""
+    from specgen.strategies.wtap import Wtap
+    from specgen.variants import Precision
+
+    for preset, tiles in (
+        ("layer2", {(1, 1), (2, 1)}),
+        ("ae-enc2", {(1, 1), (2, 1), (4, 3), (2, 3)}),
+    ):
+        p = PRESETS[preset].with_op(Op.WGRAD)
+        space = Wtap.space(p, Precision.FP32)
+        assert {v.regtile for v in space} == tiles
+        for tile in tiles:
+            planned = 0
+            for v in (v for v in space if v.regtile == tile):
+                try:
+                    make_plan(p, v)
+                    planned += 1
+                except SpecError:
+                    pass
+            assert planned > 0, (preset, tile)
+
+
 def test_wtap_replay_of_rows_whose_last_chunks_take_a_lane_each():
     """mx-layer1's rows (66 outputs: a round of 32 copies and one more) in bands of 13
     over 10 warps, the last round's rows in 3 of them: the rows' last chunks are
