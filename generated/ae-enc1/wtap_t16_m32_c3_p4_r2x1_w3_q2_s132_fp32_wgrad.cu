@@ -162,8 +162,8 @@ wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad(const float* __restrict__ x, const
             // Output row k of the band, 8 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 32;
-            // The lane's 1 window row(s) slide side by side; each step loads 2 map(s)' dy and
-            // 1 row(s)' new x, for 2 x 1 x 3 FMAs an output.
+            // The lane's 1 window row slides side by side; each step loads 2 maps' dy and
+            // 1 row's new x, for 2 x 1 x 3 FMAs an output.
             float xv[1][8];
 #pragma unroll
             for (int r = 0; r < 1; ++r) {
@@ -174,32 +174,29 @@ wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad(const float* __restrict__ x, const
                     xv[r][0 + 2] = v.z;
                     xv[r][0 + 3] = v.w;
                 }
-
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 float d[2][4];
 #pragma unroll
                 for (int l = 0; l < 2; ++l) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 8256 * l + 4 * j) + 0);
-                    d[l][0 + 0] = v.x;
-                    d[l][0 + 1] = v.y;
-                    d[l][0 + 2] = v.z;
-                    d[l][0 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((dr + 8256 * l + 4 * j) + 0);
+                        d[l][0 + 0] = v.x;
+                        d[l][0 + 1] = v.y;
+                        d[l][0 + 2] = v.z;
+                        d[l][0 + 3] = v.w;
+                    }
                 }
 #pragma unroll
                 for (int r = 0; r < 1; ++r) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 4) + 0);
-                    xv[r][4 + 0] = v.x;
-                    xv[r][4 + 1] = v.y;
-                    xv[r][4 + 2] = v.z;
-                    xv[r][4 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 4) + 0);
+                        xv[r][4 + 0] = v.x;
+                        xv[r][4 + 1] = v.y;
+                        xv[r][4 + 2] = v.z;
+                        xv[r][4 + 3] = v.w;
+                    }
                 }
                 constexpr int outs = 4;
 #pragma unroll

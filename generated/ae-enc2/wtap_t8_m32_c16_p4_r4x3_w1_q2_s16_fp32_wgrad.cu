@@ -159,8 +159,8 @@ wtap_t8_m32_c16_p4_r4x3_w1_q2_s16_fp32_wgrad(const float* __restrict__ x, const 
             // Output row k of the band, 4 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 16;
-            // The lane's 3 window row(s) slide side by side; each step loads 4 map(s)' dy and
-            // 3 row(s)' new x, for 4 x 3 x 3 FMAs an output.
+            // The lane's 3 window rows slide side by side; each step loads 4 maps' dy and
+            // 3 rows' new x, for 4 x 3 x 3 FMAs an output.
             float xv[3][8];
 #pragma unroll
             for (int r = 0; r < 3; ++r) {
@@ -171,32 +171,29 @@ wtap_t8_m32_c16_p4_r4x3_w1_q2_s16_fp32_wgrad(const float* __restrict__ x, const 
                     xv[r][0 + 2] = v.z;
                     xv[r][0 + 3] = v.w;
                 }
-
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 float d[4][4];
 #pragma unroll
                 for (int l = 0; l < 4; ++l) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 1056 * l + 4 * j) + 0);
-                    d[l][0 + 0] = v.x;
-                    d[l][0 + 1] = v.y;
-                    d[l][0 + 2] = v.z;
-                    d[l][0 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((dr + 1056 * l + 4 * j) + 0);
+                        d[l][0 + 0] = v.x;
+                        d[l][0 + 1] = v.y;
+                        d[l][0 + 2] = v.z;
+                        d[l][0 + 3] = v.w;
+                    }
                 }
 #pragma unroll
                 for (int r = 0; r < 3; ++r) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 4) + 0);
-                    xv[r][4 + 0] = v.x;
-                    xv[r][4 + 1] = v.y;
-                    xv[r][4 + 2] = v.z;
-                    xv[r][4 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 4) + 0);
+                        xv[r][4 + 0] = v.x;
+                        xv[r][4 + 1] = v.y;
+                        xv[r][4 + 2] = v.z;
+                        xv[r][4 + 3] = v.w;
+                    }
                 }
                 constexpr int outs = 4;
 #pragma unroll

@@ -210,8 +210,8 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
             // Output row k of the band, 7 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 28;
-            // The lane's 1 window row(s) slide side by side; each step loads 2 map(s)' dy and
-            // 1 row(s)' new x, for 2 x 1 x 7 FMAs an output.
+            // The lane's 1 window row slides side by side; each step loads 2 maps' dy and
+            // 1 row's new x, for 2 x 1 x 7 FMAs an output.
             float xv[1][12];
 #pragma unroll
             for (int r = 0; r < 1; ++r) {
@@ -229,32 +229,29 @@ wtap_t9_m12_c6_p4_r2x1_w1_q3_s264_fp32_wgrad(const float* __restrict__ x, const 
                     xv[r][0 + 6] = v.z;
                     xv[r][0 + 7] = v.w;
                 }
-
             }
 #pragma unroll
             for (int j = 0; j < 7; ++j) {
                 float d[2][4];
 #pragma unroll
                 for (int l = 0; l < 2; ++l) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((dr + 1512 * l + 4 * j) + 0);
-                    d[l][0 + 0] = v.x;
-                    d[l][0 + 1] = v.y;
-                    d[l][0 + 2] = v.z;
-                    d[l][0 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((dr + 1512 * l + 4 * j) + 0);
+                        d[l][0 + 0] = v.x;
+                        d[l][0 + 1] = v.y;
+                        d[l][0 + 2] = v.z;
+                        d[l][0 + 3] = v.w;
+                    }
                 }
 #pragma unroll
                 for (int r = 0; r < 1; ++r) {
-                {
-                    const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 8) + 0);
-                    xv[r][8 + 0] = v.x;
-                    xv[r][8 + 1] = v.y;
-                    xv[r][8 + 2] = v.z;
-                    xv[r][8 + 3] = v.w;
-                }
-
+                    {
+                        const float4 v = *reinterpret_cast<const float4*>((xr + r * xtap + 4 * j + 8) + 0);
+                        xv[r][8 + 0] = v.x;
+                        xv[r][8 + 1] = v.y;
+                        xv[r][8 + 2] = v.z;
+                        xv[r][8 + 3] = v.w;
+                    }
                 }
                 // the last step's 3 output(s) inside the row: no FMA on the zeros past it
                 const int outs = j < 6 ? 4 : 3;  // a literal once j is unrolled
