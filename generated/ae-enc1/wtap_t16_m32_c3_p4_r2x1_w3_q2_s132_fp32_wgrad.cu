@@ -162,7 +162,7 @@ wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad(const float* __restrict__ x, const
             // Output row k of the band, 8 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 32;
-            // The lane's 1 window row slides side by side; each step loads 2 maps' dy and
+            // The lane's window row slides; each step loads 2 maps' dy and
             // 1 row's new x, for 2 x 1 x 3 FMAs an output.
             float xv[1][8];
 #pragma unroll

@@ -165,7 +165,7 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             // Output row k of the band, 20 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 80;
-            // The lane's 1 window row slides side by side; each step loads 2 maps' dy and
+            // The lane's window row slides; each step loads 2 maps' dy and
             // 1 row's new x, for 2 x 1 x 7 FMAs an output.
             float xv[1][12];
 #pragma unroll

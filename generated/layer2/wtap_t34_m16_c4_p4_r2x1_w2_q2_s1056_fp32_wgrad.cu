@@ -165,7 +165,7 @@ wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             // Output row k of the band, 9 steps of 4: x's window slides 4 value(s) a step.
             const float* __restrict__ xr = xl + k * xrow;
             const float* __restrict__ dr = dl + k * 36;
-            // The lane's 1 window row slides side by side; each step loads 2 maps' dy and
+            // The lane's window row slides; each step loads 2 maps' dy and
             // 1 row's new x, for 2 x 1 x 7 FMAs an output.
             float xv[1][12];
 #pragma unroll
