@@ -99,9 +99,6 @@ def toep_suits(view: ConvProblem) -> bool:
 # 2026-11-24, NCHW) in 0.87, 2.28, 2.12 and 6.42 ms against wband's 1.44, 3.72, 3.09 and
 # 11.36 and cuDNN fp32's 10.6, 7.0, 7.3 and 11.1.
 WTAP_MIN_TAPS = 5
-# Smaller windows where wtap's fit gives a lane 4 maps x every window row (lane_tiled):
-# the autoencoder's 3x3 wide layers in NCHW, 0.45 ms against wgemm's 0.58 (H200,
-# 2026-11-24); wgemm keeps channels-last layers, which wtap does not read.
 
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
 # zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
@@ -276,6 +273,9 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "mmatoep" and not toep_suits(view):
                     continue
+                # Among the wide layers wtap takes those whose lanes its fit tiles (4 maps x
+                # every row of a small window): the autoencoder's 3x3 layers in NCHW, 0.45
+                # ms against wgemm's 0.58 (H200, 2026-11-24); wgemm keeps channels-last.
                 if key == "wtap" and not (lane_tiled(view) if wide else view.S >= WTAP_MIN_TAPS):
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:

@@ -22,6 +22,16 @@ OPTIN_SMEM_BYTES = 227 * 1024  # dynamic __shared__ per block after the opt-in
 SM_SHARED = 228 * 1024  # shared memory per SM, of which each block's driver part takes 1 KiB
 
 
+def quad_stride(width: int, vec: int) -> int:
+    """The smallest row stride of at least ``width`` floats, a multiple of ``vec``, whose
+    rows start in different bank quads (16-byte groups of banks) for 8 rows in a row: an
+    odd number of 16-byte units where the rows are read 16 bytes at a time."""
+    s = ceil_div(width, vec) * vec
+    if vec == 4:
+        return s + 4 * ((s // 4 + 1) % 2)
+    return s
+
+
 def smem_blocks(nbytes: int) -> int:
     """The blocks of ``nbytes`` of shared memory each that one SM holds at once."""
     return SM_SHARED // (nbytes + 1024)

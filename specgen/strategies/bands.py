@@ -3,18 +3,8 @@ band of x and dy rows into them (``cp.async``, a warp a row, a lane a copy along
 
 from __future__ import annotations
 
-from ..plan.common import ceil_div
+from ..plan.common import ceil_div, quad_stride
 from .persist import _vector
-
-
-def quad_stride(width: int, vec: int) -> int:
-    """The smallest row stride of at least ``width`` floats, a multiple of ``vec``, whose
-    rows start in different bank quads (16-byte groups of banks) for 8 rows in a row: an
-    odd number of 16-byte units where the rows are read 16 bytes at a time."""
-    s = ceil_div(width, vec) * vec
-    if vec == 4:
-        return s + 4 * ((s // 4 + 1) % 2)
-    return s
 
 
 def layout(p, v) -> dict:

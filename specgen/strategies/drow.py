@@ -39,6 +39,7 @@ from ..plan.common import (
     ceil_div,
     choices,
     divisors,
+    quad_stride,
     smem_placement,
 )
 from ..shapes import Feature, Op
@@ -51,20 +52,12 @@ MAX_STAGE_FMAS = 2304  # a lane's unrolled FMAs a stage (maps x S x Wo) where it
 TWO_BLOCKS_SMEM = 113 * 1024  # the fit's ring and weights: two blocks an SM
 
 
-def _pitch(wo: int) -> int:
-    """A staged dy row's stride in floats: at least Wo, a multiple of 4 (16-byte loads),
-    an odd number of 16-byte units (the rows of 8 images in 8 different bank quads)."""
-    s = ceil_div(wo, 4) * 4
-    return s + 4 * ((s // 4 + 1) % 2)
-
-
 def _layout(p, v) -> dict:
     """Shared memory in floats: the weights [C][M][R][Sp] (a channel's block padded to an
     odd number of 16-byte units), then the ring: stages x [maps][images][pitch]."""
     sp = ceil_div(p.S, 4) * 4
-    c_stride = p.M * p.R * sp
-    c_stride += 4 * ((c_stride // 4 + 1) % 2) if p.C > 1 else 0
-    pitch = _pitch(p.Wo)
+    c_stride = quad_stride(p.M * p.R * sp, 4) if p.C > 1 else p.M * p.R * sp
+    pitch = quad_stride(p.Wo, 4)  # 8 images' rows in 8 bank quads
     stage = v.maps * v.images * pitch
     ring_at = ceil_div(p.C * c_stride, 4) * 4
     words = ring_at + v.stages * stage

@@ -245,6 +245,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
             f"{choices(divisors(p.Cg))}"
         )
     lm, lr = v.regtile
+    mg, rl = v.maps // lm, p.R // lr  # a channel's lanes of maps and of window rows
     if v.maps % lm:
         raise SpecError(
             f"wtap r{lm}x{lr}: {lm} maps a lane must divide the block's {v.maps}; choose one "
@@ -316,19 +317,23 @@ def plan_wtap(p, v: Wtap) -> Plan:
         ),
         per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
     )
+    bars_at = v.stages * lay["buffer"] + lay["ones_words"]  # the ring's mbarriers (words)
     ctx.update(
         lay,
         **staging,
         pairs=sums,
         ring=v.stages > 2,
         q=v.stages,
-        bars_at=v.stages * lay["buffer"] + lay["ones_words"],
-        tap_pairs=v.chans * (v.maps // lm) * (p.R // lr),
-        channel_pairs=(v.maps // lm) * (p.R // lr),
+        bars_at=bars_at,
+        bars_bytes=4 * bars_at,  # full[q] there, then
+        empty_at=8 * v.stages,  # empty[q] this many bytes on
+        tap_pairs=v.chans * mg * rl,
+        channel_pairs=mg * rl,
+        idle_lanes=threads - sums * v.warps,  # the last split's lanes past its sums
         LM=lm,
         LR=lr,
-        RL=p.R // lr,  # a channel's lanes of window rows
-        MG=v.maps // lm,  # and of maps
+        RL=rl,
+        MG=mg,
         LS=lm * lr * p.S,  # a lane's sums
         cb=v.chans,
         cbs=p.Cg // v.chans,
@@ -350,8 +355,8 @@ def plan_wtap(p, v: Wtap) -> Plan:
         launch_bounds_alt=f"{threads}, 1",
         lane_rows_words=lr * lay["x_tap_step"],  # from a lane's window rows to the next lane's
         lane_map_sums=lr * p.S,  # a lane's sums of one map
-        lane_map_step=(v.maps // lm) * lay["dy_plane"],  # from a lane's map to its next, in dy
-        lane_map_step_dw=(v.maps // lm) * p.Cg * p.R * p.S,  # and in dw
+        lane_map_step=mg * lay["dy_plane"],  # from a lane's map to its next, in dy
+        lane_map_step_dw=mg * p.Cg * p.R * p.S,  # and in dw
     )
     sizes = (
         Size(
