@@ -62,7 +62,7 @@ def main():
     dy = torch.ones_like(y)
     args = ([1, 1], [1, 1, 1, 1], [1, 1], 1)
     lay, _ = E.layer(xd, wd, bd, (1, 1), (1, 1, 1, 1), (1, 1), 1)
-    k, kd = lay.kernel(Op.FPROP, True), lay.kernel(Op.DGRAD, False)
+    k, kd = lay.kernel(Op.FPROP, True, 1), lay.kernel(Op.DGRAD, False, 1)
     parts = [
         ("op conv2d", lambda: ops.conv2d(xd, wd, bd, *args)),
         ("op conv2d_input", lambda: ops.conv2d_input(dy, wd, list(x.shape), *args, False)),

@@ -446,6 +446,35 @@ def test_many_batch_sizes_of_one_layer():
         torch.testing.assert_close(sg.conv2d(x, w, padding=1).double(), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_the_split_k_scratch_is_one_a_stream_reused_and_never_read_before_written():
+    """Two layers whose wgrad sums batch slices in scratch share one workspace on the
+    stream, which a repeated call reuses (no allocation); filled with NaN between the
+    calls, it changes no gradient: the kernels write every partial sum they read."""
+    torch.manual_seed(0)
+    layers = [(16, 32, 16), (32, 8, 12)]  # (C, M, H=W)
+    stream = E.raw_stream(torch.cuda.current_device())
+    key = (torch.cuda.current_device(), stream)
+    E._workspaces.pop(key, None)
+    needs, held = [], None
+    for round_ in range(3):
+        for C, M, H in layers:
+            x = torch.randn(6, C, H, H, device="cuda", requires_grad=True)
+            w = torch.randn(M, C, 3, 3, device="cuda", requires_grad=True)
+            y = sg.conv2d(x, w, None, 1, 1)
+            dy = torch.randn_like(y)
+            (dw,) = torch.autograd.grad(y, [w], dy)
+            p = ConvProblem(C=C, M=M, H=H, W=H, R=3, S=3, pads=(1, 1, 1, 1), op=Op.WGRAD)
+            if round_ == 0:
+                needs.append(kernel(p).run(6)[1])
+            ref = torch.nn.grad.conv2d_weight(x.double(), w.shape, dy.double(), 1, 1)
+            torch.testing.assert_close(dw.double(), ref, rtol=1e-4, atol=1e-3)
+            E._workspaces[key].fill_(255)  # NaN in every float of it
+        if round_ == 0:
+            held = E._workspaces[key]
+    assert all(needs), f"both layers' wgrad use scratch ({needs}): the test needs them to"
+    assert E._workspaces[key] is held and held.numel() >= max(needs)
+
+
 def test_autotune_tunes_a_new_problem_once_and_keeps_its_winner(tmp_path, monkeypatch):
     """SPECGEN_AUTOTUNE: the first call of a new problem tunes it (a small budget here),
     records the winner in specgen's database and runs it; a later process would find it

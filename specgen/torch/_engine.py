@@ -366,10 +366,13 @@ def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
                 log.info("specgen: no %s kernel tuned for %s (%s)", precision.value, p.spec, e)
 
 
-def raw_stream(index: int) -> int:
-    """The bare handle of the device's current PyTorch stream."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
-    return get(index) if get else torch.cuda.current_stream(index).cuda_stream
+def _stream_of(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# The bare handle of device ``index``'s current PyTorch stream: PyTorch's own accessor
+# where it has one (no Stream object a call), read once.
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _stream_of
 
 
 # The packed weights' storage, by ``runtime.weight_dtype`` of the plan's format.
@@ -544,16 +547,20 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
     index = device.index
     stream = raw_stream(index)
     keep = []  # what must outlive the enqueue: PyTorch frees it in stream order
-    ptrs = {
-        role: (_aligned(t, keep) if role in READ else t).data_ptr() for role, t in tensors.items()
-    }
+    ptrs = {}
+    for role, t in tensors.items():
+        at = t.data_ptr()
+        if at % ALIGNED and role in READ:  # outputs are ours, and aligned
+            at = _aligned(t, keep).data_ptr()
+        ptrs[role] = at
     if w is not None:
         packed = _aligned(pack_weights(k, w), keep)
         keep.append(packed)
-        at = k.conv.upload_weights(
-            packed.data_ptr(), packed.numel() * packed.element_size(), stream
-        )
-        ptrs[Role.W] = at or 0
+        at = packed.data_ptr()
+        if k.conv.plan.const_bytes:  # weights read from __constant__: copied there
+            k.conv.upload_weights(at, packed.numel() * packed.element_size(), stream)
+            at = 0
+        ptrs[Role.W] = at
     if bias is not None:
         if bias.dtype is not torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
@@ -561,9 +568,31 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
         ptrs[Role.BIAS] = _aligned(bias, keep).data_ptr()
     launcher, need = k.run(batch)
     if need:
-        scratch = torch.empty(need, dtype=torch.uint8, device=device)
-        ptrs[Role.WORKSPACE] = scratch.data_ptr()
+        ptrs[Role.WORKSPACE] = workspace(need, device, stream, keep)
     on_device(index, launcher, ptrs, stream)
+
+
+# The scratch of the kernels that need some (split-K partial sums), one a stream of a
+# device, kept from call to call as cuBLAS keeps its workspace: the launches of one
+# stream run in order, so they can share it, and a call allocates nothing.  It grows to
+# the largest need seen (the one it replaces is freed in that stream's order).  Under
+# CUDA graph capture a call gets scratch of its own from the graph's pool instead, so
+# that no graph holds the eager path's.
+_workspaces: dict[tuple, torch.Tensor] = {}
+
+
+def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
+    """The address of ``need`` bytes of scratch for a launch on ``stream`` of ``device``
+    (``keep`` holds what must outlive the enqueue)."""
+    if torch.cuda.is_current_stream_capturing():
+        found = torch.empty(need, dtype=torch.uint8, device=device)
+    else:
+        found = _workspaces.get((device.index, stream))
+        if found is None or found.numel() < need:
+            found = torch.empty(need, dtype=torch.uint8, device=device)
+            _workspaces[(device.index, stream)] = found
+    keep.append(found)  # held to the enqueue, even where another thread replaces it
+    return found.data_ptr()
 
 
 # The operator's four ops on a layer's dense tensors (``Layer``): each allocates its
