@@ -398,9 +398,12 @@ def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
                     buf[d : d + g] = src[k, row, off : off + g]
                 else:
                     buf[d : d + g] = 0.0
-    if c["dy_flat_tail"]:  # lane l: chunk l % tail of round l / tail % iters, map l / (tail iters)
+    if c["dy_flat_tail"]:  # copy j (lane j % 32 of round j / 32): chunk j % tail of round
+        # j / tail % iters, map j / (tail iters)
         tail, iters, g = c["dy_tail_lanes"], c["dy_iters"], c["dy_copy"] // 4
-        for warp, lane in itertools.product(range(c["warps"]), range(32)):
+        assert c["dy_tail_rounds"] == 1 or 32 % (tail * iters) == 0
+        copies = range(32 * c["dy_tail_rounds"])
+        for warp, lane in itertools.product(range(c["warps"]), copies):
             tc, ti, tm = lane % tail, lane // tail % iters, lane // (tail * iters)
             if lane >= tail * iters * c["mb"] or (ti == iters - 1 and warp >= c["dy_tail_warps"]):
                 continue
@@ -530,6 +533,28 @@ def test_wtap_space_searches_lane_tiles():
                 except SpecError:
                     pass
             assert planned > 0, (preset, tile)
+
+
+def test_wtap_replay_of_short_rows_copied_a_lane_a_chunk_in_rounds_of_32():
+    """ae-enc2's rows (16 outputs: 4 copies of 16 bytes) over 4 warps of 2 rows and 32
+    maps: 256 copies a warp, in 8 rounds of every lane, each round 4 maps on; with a
+    drawn band and warps whose last round of rows leaves some out, and a batch over the
+    slices; the buffers they fill still give dw."""
+    for spec, name in (
+        ("ae-enc2", "wtap_t8_m32_c16_p4_r4x3_w1_q3_s12_fp32_wgrad"),
+        ("C=16,M=20,H=14,W=8,K=3,pad=1,bias=1", "wtap_t7_m20_c4_p4_r2x3_w3_q2_s2_fp32_wgrad"),
+    ):
+        p = parse_shape(spec).with_op(Op.WGRAD)
+        c = make_plan(p, parse_variant_name(name)).context
+        assert c["dy_flat_tail"] and c["dy_tail_rounds"] > 1, (spec, c["dy_tail_rounds"])
+    p = parse_shape("C=16,M=20,H=14,W=8,K=3,pad=1,bias=1").with_op(Op.WGRAD)
+    plan = make_plan(p, parse_variant_name("wtap_t7_m20_c4_p4_r2x3_w3_q2_s2_fp32_wgrad"))
+    c = plan.context
+    assert c["dy_tail_warps"] < c["warps"] and c["dy_tail_last_lanes"] < 32
+    x, _, dy = _operands(p, 3, np.random.default_rng())
+    dw, db = _replay_wtap(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
 def test_wtap_replay_of_rows_whose_last_chunks_take_a_lane_each():

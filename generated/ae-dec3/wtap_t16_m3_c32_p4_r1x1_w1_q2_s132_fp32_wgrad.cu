@@ -36,6 +36,8 @@ struct Lanes {
     int x_off[2], dy_off[1];
     bool x_in[2], dy_in[1];
     bool x_tail, dy_tail;
+    int dy_tail_src, dy_tail_dst;  // the lane's copy of the rows' last chunks: source (floats) and byte offsets
+    bool dy_tail_rows;  // whether the lane's rows are the warp's to copy
 };
 
 __device__ __forceinline__ Lanes lanes_of(int lane)
@@ -54,7 +56,14 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 32;
     }
     c.x_tail = lane < 4;
-    c.dy_tail = lane < 8;
+    // The last 8 chunk(s) of every dy row the warp copies (2 round(s) x 3 map(s)) take one
+    // copy of a lane each: lane l copies chunk l % 8 of round l / 8 % 2, map l / 16.
+    const int tc = lane % 8, ti = lane / 8 % 2, tm = lane / 16;
+    // 48 copies: 2 rounds of the lanes, each round 2 map(s) on from the last
+    c.dy_tail = lane < 16 && (ti < 1 || (int)threadIdx.x / 32 < 7);  // the last round's
+    c.dy_tail_rows = ti < 1 || (int)threadIdx.x / 32 < 7;  // the other rounds'
+    c.dy_tail_src = 1024 * tm + 288 * ti + 4 * (0 + tc);
+    c.dy_tail_dst = 4 * (516 * tm + 288 * ti) + 0 + 16 * tc;
     return c;
 }
 
@@ -96,11 +105,15 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 #pragma unroll
         for (int mi = 0; mi < 3; ++mi)
 #pragma unroll
-            for (int q = 0; q < 1; ++q)
-                if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (516 * mi + 288 * i) + 512u * q,
-                                                  dq[q] + (1024 * mi + 288 * i), c.dy_in[q]);
+            for (int q = 0; q < 0; ++q)  // the rows' whole rounds: every lane
+                cp_async_or_zero<16>(dd + 4u * (516 * mi + 288 * i) + 512u * q,
+                                              dq[q] + (1024 * mi + 288 * i), true);
     }
+    // The rows' last chunks, a lane each: round k copies those of maps 2 k on.
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+        if (k < 1 ? c.dy_tail_rows : c.dy_tail)
+            cp_async_or_zero<16>(buf + 4u * (20864 + 32 * warp) + c.dy_tail_dst + 4128u * k, dyn + dy0 * 32 + c.dy_tail_src + 2048 * k, true);
 }
 
 // Block (i, k): 3 map(s) from m0 and 32 channel(s) from c0 of a group (i = (g * 1 + map block) * 8 +

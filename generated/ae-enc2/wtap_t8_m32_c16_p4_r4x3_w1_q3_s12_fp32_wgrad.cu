@@ -36,6 +36,7 @@ struct Lanes {
     int x_off[1], dy_off[1];
     bool x_in[1], dy_in[1];
     bool x_tail, dy_tail;
+    int dy_tail_src, dy_tail_dst;  // the lane's copy of the rows' last chunks: source (floats) and byte offsets
 };
 
 __device__ __forceinline__ Lanes lanes_of(int lane)
@@ -54,7 +55,12 @@ __device__ __forceinline__ Lanes lanes_of(int lane)
         c.dy_in[q] = ox < 16;
     }
     c.x_tail = lane < 20;
-    c.dy_tail = lane < 4;
+    // The last 4 chunk(s) of every dy row the warp copies (2 round(s) x 32 map(s)) take one
+    // copy of a lane each: lane l copies chunk l % 4 of round l / 4 % 2, map l / 8.
+    const int tc = lane % 4, ti = lane / 4 % 2, tm = lane / 8;
+    // 256 copies: 8 rounds of the lanes, each round 4 map(s) on from the last
+    c.dy_tail_src = 256 * tm + 64 * ti + 4 * (0 + tc);
+    c.dy_tail_dst = 4 * (132 * tm + 64 * ti) + 0 + 16 * tc;
     return c;
 }
 
@@ -96,11 +102,14 @@ __device__ __forceinline__ void stage(unsigned buf, const float* __restrict__ x,
 #pragma unroll
         for (int mi = 0; mi < 32; ++mi)
 #pragma unroll
-            for (int q = 0; q < 1; ++q)
-                if (q < 1 - 1 || c.dy_tail)
-                    cp_async_or_zero<16>(dd + 4u * (132 * mi + 64 * i) + 512u * q,
-                                                  dq[q] + (256 * mi + 64 * i), c.dy_in[q]);
+            for (int q = 0; q < 0; ++q)  // the rows' whole rounds: every lane
+                cp_async_or_zero<16>(dd + 4u * (132 * mi + 64 * i) + 512u * q,
+                                              dq[q] + (256 * mi + 64 * i), true);
     }
+    // The rows' last chunks, a lane each: round k copies those of maps 4 k on.
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+        cp_async_or_zero<16>(buf + 4u * (3264 + 16 * warp) + c.dy_tail_dst + 2112u * k, dyn + dy0 * 16 + c.dy_tail_src + 1024 * k, true);
 }
 
 // The band ring's mbarriers: "full" completes a phase when every thread's copies of a band

@@ -99,10 +99,18 @@ def copies(p, v, lay: dict, warps: int) -> dict:
         "dy_rows_inside": p.Ho % v.tile == 0,
     }
     tail, iters, rounds = ctx["dy_tail_lanes"], ctx["dy_iters"], ctx["dy_rounds"]
+    per_warp, per_map = tail * iters * v.maps, tail * iters
+    # more than 32 go in rounds of 32 lanes, each round the same lanes' copies of the
+    # next maps (a literal offset): where a map's copies divide 32
+    flat = ctx["dy_rows_inside"] and tail < 32 and (per_warp <= 32 or 32 % per_map == 0)
+    tail_rounds = ceil_div(per_warp, 32)
     ctx.update(
-        dy_flat_tail=ctx["dy_rows_inside"] and tail < 32 and tail * iters * v.maps <= 32,
-        dy_tail_copies=tail * iters * v.maps,  # the warp's rows' last chunks, a lane each
-        dy_tail_map_copies=tail * iters,  # and those of one map
+        dy_flat_tail=flat,
+        dy_tail_copies=per_warp,  # the warp's rows' last chunks, a lane each
+        dy_tail_map_copies=per_map,  # and those of one map
+        dy_tail_rounds=tail_rounds,
+        dy_tail_round_maps=32 // per_map if tail_rounds > 1 else 0,  # maps a round
+        dy_tail_last_lanes=per_warp - 32 * (tail_rounds - 1),  # the last round's lanes
         dy_full_rounds=rounds - 1,
         dy_last_iter=iters - 1,
         dy_tail_chunk=32 * (rounds - 1),  # a row's first chunk past its whole rounds
