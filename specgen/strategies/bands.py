@@ -104,13 +104,19 @@ def copies(p, v, lay: dict, warps: int) -> dict:
     # next maps (a literal offset): where a map's copies divide 32
     flat = ctx["dy_rows_inside"] and tail < 32 and (per_warp <= 32 or 32 % per_map == 0)
     tail_rounds = ceil_div(per_warp, 32)
+    round_maps = 32 // per_map if tail_rounds > 1 else 0  # maps a round on from the last
+    last_lanes = per_warp - 32 * (tail_rounds - 1)
     ctx.update(
         dy_flat_tail=flat,
         dy_tail_copies=per_warp,  # the warp's rows' last chunks, a lane each
         dy_tail_map_copies=per_map,  # and those of one map
         dy_tail_rounds=tail_rounds,
-        dy_tail_round_maps=32 // per_map if tail_rounds > 1 else 0,  # maps a round
-        dy_tail_last_lanes=per_warp - 32 * (tail_rounds - 1),  # the last round's lanes
+        dy_tail_round_maps=round_maps,
+        dy_tail_round_bytes=4 * lay["dy_plane"] * round_maps,  # a round's offsets in smem
+        dy_tail_round_src=p.Ho * p.Wo * round_maps,  # and in dy (floats)
+        dy_tail_last_lanes=last_lanes,  # the last round's lanes
+        # whether every lane of every round copies (else a round checks the lane)
+        dy_tail_every_lane=last_lanes == 32 and ctx["dy_tail_warps"] == warps,
         dy_full_rounds=rounds - 1,
         dy_last_iter=iters - 1,
         dy_tail_chunk=32 * (rounds - 1),  # a row's first chunk past its whole rounds

@@ -569,11 +569,10 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
     if w is not None:
         packed = _aligned(pack_weights(k, w), keep)
         keep.append(packed)
-        at = packed.data_ptr()
-        if k.conv.plan.const_bytes:  # weights read from __constant__: copied there
-            k.conv.upload_weights(at, packed.numel() * packed.element_size(), stream)
-            at = 0
-        ptrs[Role.W] = at
+        at = k.conv.upload_weights(
+            packed.data_ptr(), packed.numel() * packed.element_size(), stream
+        )
+        ptrs[Role.W] = at or 0  # None: the plan reads them from __constant__
     if bias is not None:
         if bias.dtype is not torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
