@@ -14,6 +14,8 @@
 #   STEP=e      verify --all-shapes --op all, the operator's tests, the wide layers' fp32
 #               wgrad winners benched (bench --best)
 #   STEP=tier   GPU tier part 1 (every preset's default sets and winners)
+#   STEP=f      after the review mends: verify --all-shapes --op all, the operator's
+#               tests, the wide layers' fp32 wgrad winners (bench --best), tier part 3
 export PYTHONPATH=.
 export PYTHONUNBUFFERED=1
 case "${STEP:-a}" in
@@ -70,4 +72,14 @@ case "${STEP:-a}" in
     grep -hE "B=|^cudnn-fp32|^wtap" $OUT/bench-wgrad-best.log | cut -c1-118 ;;
   tier)
     LIMIT=570 PART=1 bash scripts/final_a.sh ;;
+  f)
+    timeout 100 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
+    echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep -E "FAIL" $OUT/verify-all.log | head -5 | cut -c1-200
+    timeout 120 python3 -m pytest -q tests/test_torch.py -p no:cacheprovider > $OUT/torch-tests.log 2>&1
+    echo "torch rc=$?"; tail -1 $OUT/torch-tests.log
+    for s in ae-enc2 ae-dec2; do
+      timeout 40 python3 -m specgen bench --shape $s --op wgrad --best >> $OUT/bench-wgrad-best.log 2>&1; echo "bench $s rc=$?"
+    done
+    grep -hE "B=|^cudnn-fp32|^wtap" $OUT/bench-wgrad-best.log | cut -c1-118
+    LIMIT=300 PART=3 bash scripts/final_a.sh ;;
 esac
