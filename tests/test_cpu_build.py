@@ -202,6 +202,10 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # direct's fit at x2 m5: 180 constant weights at a run-time index over 12 spread
         # columns under the channel loop, 72 bytes (GPU tier's draw, 2026-11-24)
         ("C=6,M=5,H=17,W=29,K=6,pad=0,stride=3x2,dil=2x3,dtype=bf16,layout=nhwc", "default direct"),
+        # mma under a bare __launch_bounds__(128): ptxas aimed at 16 blocks an SM, 32
+        # registers, and spilled 8 bytes (GPU tier draw, 2026-11-24); its second bound
+        # is one block an SM
+        ("C=29,M=16,H=16,W=7,K=1,pad=0,bias=1,act=relu", "mma_t64_tf32"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -22,7 +22,14 @@
 // a group.  A row is 4 run(s) of outputs, unrolled with literal offsets: the x
 // values under a run's window come once per tap row, and padding is never loaded.
 // wlane_t64_p8_s264_fp32_wgrad_nhwc_reduce adds the slices in order.
-extern "C" __global__ void __launch_bounds__(64)
+// ptxas caps registers by the launch bounds; specgen compiles with the first and, if
+// that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
+#ifndef SPECGEN_ALT_BOUNDS
+#define BOUNDS __launch_bounds__(64)
+#else
+#define BOUNDS __launch_bounds__(64, 1)
+#endif
+extern "C" __global__ void BOUNDS
 wlane_t64_p8_s264_fp32_wgrad_nhwc(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ ws, int batch)
 {
     const int c = blockIdx.x * 64 + threadIdx.x;

@@ -22,6 +22,7 @@ from .common import (
     bank_conflict_degree,
     ceil_div,
     check_threads,
+    launch_bounds,
     smem_placement,
     shape_context,
 )
@@ -187,6 +188,7 @@ def plan_cuda_core(shape: ConvProblem, v: Variant, explicit: bool) -> Plan:
         tx_n=tx,
         ty_n=ty,
         threads=tx * ty,
+        **launch_bounds(tx * ty, one_per_sm_first=False),
         ws_stride=ws_stride,
         xs_stride=xs_stride,
         chunks=ceil_div(shape.reduction, bk),

@@ -12,6 +12,7 @@ from ..plan.common import (
     Plan,
     Size,
     ceil_div,
+    launch_bounds,
     smem_placement,
     y_args,
 )
@@ -101,6 +102,7 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
         fn=fn,
         warp_n=warp_n,
         threads=threads,
+        **launch_bounds(threads, one_per_sm_first=False),
         a_stride=a_stride,
         b_stride=b_stride,
         a_words=bm * a_stride,

@@ -21,6 +21,7 @@ from ..plan.common import (
     ceil_div,
     choices,
     divisors,
+    launch_bounds,
     shape_context,
 )
 from ..shapes import DType, Op
@@ -156,6 +157,7 @@ def plan_phased(p, v: Phased) -> Plan:
         const=const,
         weight_count=p.weight_count,
         threads=threads,
+        **launch_bounds(threads, one_per_sm_first=False),
         rows=v.tile,
         unroll_m=most * v.maps * p.Mg <= (MAX_FMAS if p.dtype is DType.FP32 else MAX_FMAS_16),
         dy_image=p.M * p.Ho * p.Wo,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, ceil_div
+from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds
 from ..shapes import Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
@@ -150,6 +150,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
     )
     ctx.update(
         threads=v.threads,
+        **launch_bounds(v.threads, one_per_sm_first=False),
         runs=row_runs(p, v.pixels),
         # tap row r reads input row ho * sh + r * dh - pt
         tap_rows=[(r, r * p.dil[0] - p.pads[0]) for r in range(p.R)],

@@ -17,7 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, ceil_div, choices, divisors, shape_context
+from ..plan.common import (
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    choices,
+    divisors,
+    launch_bounds,
+    shape_context,
+)
 from ..shapes import DType, Op
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Switch, Variant, param
@@ -199,6 +208,7 @@ def plan_wsplit(p, v: Wsplit) -> Plan:
         warps=v.warps,
         lanes=lanes,
         threads=32 * BLOCK_WARPS,
+        **launch_bounds(32 * BLOCK_WARPS, one_per_sm_first=False),
         P=P,
         atomic=v.atomic,
         guard_rows=p.pads[0] > 0 or p.pads[1] > 0,
