@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU tier: every strategy on the presets and on drawn problems (tcgemm, tcwgrad, tcwhalo,
-# wgmma included).  Log under $OUT.  The whole tier takes longer than a device call:
+# wgmma and wgwgrad included).  Log under $OUT.  The whole tier takes longer than a device call:
 # PART=1, 2 and 3 split it, each in a call of its own.
 export PYTHONPATH=.
 # With the 16-bit 7x7 presets (2026-11-23) test_gpu.py alone outgrew a call: PART=1
@@ -8,9 +8,9 @@ export PYTHONPATH=.
 K=""
 case "${PART:-all}" in
   1) FILES="tests/test_gpu.py"; K="not random and not network" ;;
-  2) FILES="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py" ;;
+  2) FILES="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;
   3) FILES="tests/test_gpu.py"; K="random or network" ;;
-  *) FILES="tests/test_gpu.py tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py" ;;
+  *) FILES="tests/test_gpu.py tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;
 esac
 timeout ${LIMIT:-560} python3 -m pytest -q -m gpu $FILES ${K:+-k "$K"} -p no:cacheprovider > $OUT/gpu-tier${PART:+-$PART}.log 2>&1
 echo "rc=$?"; tail -15 $OUT/gpu-tier${PART:+-$PART}.log | cut -c1-400

@@ -30,6 +30,7 @@ from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
 from .wgmma import Wgmma
+from .wgwgrad import Wgwgrad
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -59,6 +60,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wband,
     Wtap,
     Wgemm,
+    Wgwgrad,
     Tcwgrad,
     Tcwhalo,
     Wstrip,

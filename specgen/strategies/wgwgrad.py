@@ -1,0 +1,275 @@
+"""``wgwgrad``: wgrad (and db) of 16-bit channels-last layers on Hopper's warpgroup tensor
+cores (sm_90a).
+
+The product is tcwgrad's, dw[m][(r, s, c)] = sum over the batch's pixels p of dy[p][m] *
+x[p's tap (r, s)][c], but on ``wgmma.mma_async``: a warpgroup multiplies 64 maps by up
+to 256 channels of one tap, both operands read by the tensor cores from shared memory.
+In NHWC both operands arrive as rows of pixels (dy's row holds the maps, x's row of one
+tap the channels), so the reduction runs down the rows and the operands are MN-major:
+a chunk of 64 pixels is stored as 64-element blocks of 64 rows of 128 bytes, the
+128-byte swizzle on each, and the descriptors name the blocks' spacing (``lbo``, 8 KB)
+and the 8-row groups' (1 KB); the instruction's transpose flags say MN-major.  The
+copies are tcwgrad's 16-byte ``cp.async`` with a zero-fill where a tap leaves the image,
+every warp copying, one barrier a chunk, ``stages - 1`` chunks in flight.
+
+The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
+block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
+the rows in order, so the result is deterministic.  db rides along on the blocks of the
+first column tile: dy times a shared tile of ones on an m64n8k16 wgmma.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, choices
+from ..shapes import DType, Feature, Op, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .mma import ROUNDING
+from .tcgemm import MATH, STAGE_LIMIT
+from .wsplit import per_slice, sums_context
+
+CHUNK = 64  # pixels a stage: four k16 steps
+BLOCK = 64  # elements of a 128-byte row: a block of maps or channels
+BLOCK_BYTES = CHUNK * 128  # one block of a chunk: 64 rows of 128 bytes
+SMS = 132  # the H200's SMs: one block each (the ring takes most of an SM's memory)
+ONES_BYTES = 2048  # db's tile of ones: two 8-row groups of 128 bytes
+MAP_TILES = (64, 128, 256)  # a warpgroup's 64 maps, up to four warpgroups
+CHANNEL_TILES = (64, 128, 256)  # wgmma's N
+MOST_SUMS = 128 * 256  # a block's: 128 a thread of 256, or 64 of 512
+# ae-dec2-bf16 wgrad (B=128, H200, 2026-11-24): 128 maps x 128 channels in six stages
+# 0.054 ms, with 14 slices 0.058; 64 x 128 0.085; ae-enc2-bf16: 128 x 256 0.043,
+# 128 x 128 0.054-0.057, 64 x 256 0.063 (tcwgrad 0.065, cuDNN 0.053-0.057)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgwgrad(Variant):
+    key = "wgwgrad"
+    family = "backward"
+    description = (
+        "wgrad on Hopper's warpgroup tensor cores (sm_90a) for 16-bit channels-last tensors: "
+        "pixels as the reduction, MN-major operands in a 128B-swizzled cp.async ring, "
+        "wgmma.mma_async, batch slices added in order"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+    ops = frozenset({Op.WGRAD})
+
+    blocktile: tuple[int, int] = param(
+        (128, 256), Pair("b"), "wgwgrad: the block's tile of dw, maps x channels of one tap"
+    )
+    stages: int = param(4, Count("p"), "wgwgrad: chunks of 64 pixels in the shared-memory ring")
+    splits: int = param(
+        14, Count("s"), "wgwgrad: slices of the batch's pixels, one block plane each"
+    )
+
+    def plan(self, problem):
+        return plan_wgwgrad(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The tensors' own math; the widest tile of channels that divides a group's, then
+        the widest of maps that does with at most 128 x 256 sums a block; the most stages
+        that fit; slices for one block an SM."""
+        p = problem
+        _math_of(p, seed)
+        bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0), default=seed.blocktile[1])
+        bm = max(
+            (d for d in MAP_TILES if p.Mg % d == 0 and d * bn <= MOST_SUMS),
+            default=seed.blocktile[0],
+        )
+        stages = max(2, min(6, (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)))
+        tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
+        splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
+        return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        if precision is not MATH[problem.dtype]:
+            return []
+        out = []
+        for bm in MAP_TILES:
+            for bn in CHANNEL_TILES:
+                if problem.Mg % bm or problem.Cg % bn:
+                    continue
+                base = cls.fit(problem, cls(blocktile=(bm, bn), precision=precision))
+                base = replace(base, blocktile=(bm, bn))
+                most = (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
+                tiles = _tiles(problem, bm, bn)
+                for stages in sorted({3, 4, min(6, most)}):
+                    if stages > most:
+                        continue
+                    for blocks in (SMS, 2 * SMS):
+                        s = max(1, min(blocks // tiles, 65535))
+                        out.append(replace(base, stages=stages, splits=s))
+        return list(dict.fromkeys(out))
+
+
+def _stage_bytes(bm: int, bn: int) -> int:
+    return CHUNK * (bm + bn) * 2
+
+
+def _tiles(p, bm: int, bn: int) -> int:
+    return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
+
+
+def _math_of(p, v) -> None:
+    if p.dtype is DType.FP32:
+        raise SpecError(
+            "wgwgrad multiplies 16-bit tensors (tf32 operands cannot be MN-major in wgmma): "
+            "use --strategy tcwgrad"
+        )
+    own = MATH[p.dtype]
+    if v.precision is not own:
+        raise SpecError(
+            f"wgwgrad multiplies {p.dtype.value} tensors in {own.value}: take --precision "
+            f"{own.value}"
+        )
+
+
+def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC:
+        raise SpecError(
+            "wgwgrad reads channels-last tensors (rows of pixels, 16-byte copies along the "
+            "channels and maps): use --layout nhwc, or --strategy wstrip"
+        )
+    _math_of(p, v)
+    bm, bn = v.blocktile
+    if bm not in MAP_TILES:
+        raise SpecError(
+            f"wgwgrad b{bm}x{bn}: a warpgroup multiplies 64 maps; choose 64, 128 or 256"
+        )
+    if bn not in CHANNEL_TILES:
+        raise SpecError(f"wgwgrad b{bm}x{bn}: the channels of a tile are wgmma's N, 64, 128 or 256")
+    if p.Mg % bm:
+        fits = [d for d in MAP_TILES if p.Mg % d == 0]
+        raise SpecError(
+            f"wgwgrad b{bm}x{bn}: {bm} maps must divide the {p.Mg} maps of a group; "
+            + (f"choose one of {choices(fits)} maps" if fits else "use --strategy tcwgrad")
+        )
+    if p.Cg % bn:
+        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
+        raise SpecError(
+            f"wgwgrad b{bm}x{bn}: {bn} channels must divide the {p.Cg} channels of a group "
+            "(a tile is one tap's); "
+            + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tcwgrad")
+        )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"wgwgrad p{v.stages}: the ring holds 2 to 8 chunks")
+    if not 1 <= v.splits <= 65535:
+        raise SpecError(f"wgwgrad s{v.splits}: 1 to 65535 slices (grid z)")
+    a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
+    ring = v.stages * (a_stage + b_stage)
+    ones_at = ring
+    smem = ring + (ONES_BYTES if p.bias else 0) + 1024  # and the slack to align to 1024 B
+    if smem > STAGE_LIMIT:
+        most = (STAGE_LIMIT - 1024 - (ONES_BYTES if p.bias else 0)) // (a_stage + b_stage)
+        raise SpecError(
+            f"wgwgrad's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {most} or a smaller tile"
+        )
+
+    # 2. work
+    warpgroups = bm // BLOCK
+    threads = 128 * warpgroups
+    rows_per_pass = threads // 8  # a thread copies one 16-byte unit of a row
+    passes = CHUNK // rows_per_pass  # rows of one block a thread copies
+    CgRS = p.Cg * p.R * p.S
+    col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), p.Mg // bm
+    P = p.Ho * p.Wo
+    ctx = sums_context(p, 1, v.splits, False, p.bias)
+    row = ctx["row"]
+    workspace = 4 * v.splits * row
+    (sh, sw), (pt, _, pl, _) = p.stride, p.pads
+    ctx.update(
+        elem="f16" if p.dtype is DType.FP16 else "bf16",
+        io="unsigned short",
+        one="0x3C00" if p.dtype is DType.FP16 else "0x3F80",
+        BM=bm,
+        BN=bn,
+        BK=CHUNK,
+        NACC=bn // 2,
+        stages=v.stages,
+        threads=threads,
+        warpgroups=warpgroups,
+        rows_per_pass=rows_per_pass,
+        passes=passes,
+        a_blocks=bm // BLOCK,
+        b_blocks=bn // BLOCK,
+        block_bytes=BLOCK_BYTES,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        ones_at=ones_at,
+        c_tiles=p.Cg // bn,
+        CgRS=CgRS,
+        P=P,
+        sh=sh,
+        sw=sw,
+        pt=pt,
+        pl=pl,
+        map_tiles=map_tiles,
+        precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
+    )
+    name = v.kernel_name(p)
+    main = Launch(
+        name,
+        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
+        (threads, 1, 1),
+        (col_tiles, map_tiles * p.groups, v.splits),
+        2,
+        0,
+        1,
+        smem,
+    )
+    outs = (Role.DW, *((Role.DB,) if p.bias else ()))
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    sizes = (
+        Size(
+            "GEMM",
+            f"{p.Mg} x {CgRS} x (B*{P})" + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "maps x (r, s, c) columns of im2col(x) x every output pixel of the batch",
+        ),
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} channels of one tap",
+            f"{warpgroups} warpgroup(s) of m64n{bn}k16, {bn // 2} fp32 sums per thread",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x {CHUNK} pixels x ({bm} maps + {bn} channels) x 2 B in blocks "
+            "of 64 rows x 128 B, 128B-swizzled"
+            + (f"; {ONES_BYTES} B of ones for db" if p.bias else "")
+            + "; 1024 B of slack to align the ring",
+        ),
+        Size(
+            "grid",
+            f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
+            f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
+            "of the batch's pixels (contiguous, chunk-aligned)",
+        ),
+        Size(
+            "workspace",
+            f"{workspace} B",
+            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wgwgrad.cu.j2",
+        launches=(main, reduce),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        sum_depth=(P, v.splits, v.splits + CHUNK),
+        arch="sm_90a",
+    )
