@@ -5,7 +5,8 @@
 #            GPU tier part 2 (the tensor-core strategies' drawn problems, wgwgrad's too)
 #   STEP=b   the shipped winners benched (bench --best --op wgrad) on the wide bf16
 #            presets, the autoencoder's step, GPU tier part 3
-#   STEP=tier GPU tier part 1
+#   STEP=tier ae-dec1's bf16 wgrad (the planner's new wgwgrad beside tcwgrad and cuDNN),
+#            then GPU tier part 1
 export PYTHONPATH=.
 export PYTHONUNBUFFERED=1
 case "${STEP:-a}" in
@@ -28,5 +29,8 @@ case "${STEP:-a}" in
     echo "autoencoder rc=$?"; tail -25 $OUT/autoencoder.log | cut -c1-200
     LIMIT=300 PART=3 bash scripts/final_a.sh ;;
   tier)
-    LIMIT=560 PART=1 bash scripts/final_a.sh ;;
+    timeout 60 python3 -m specgen bench --shape "C=128,M=128,H=8,W=8,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc" --batch 128 --op wgrad \
+      --variant wgwgrad_b128x128_p6_s14_bf16 --variant tcwgrad_b128x128_w2x2_k32_p4_s29_bf16 > $OUT/bench-aedec1-bf16-wgrad.log 2>&1
+    echo "bench ae-dec1 rc=$?"; grep -E "B=|^cudnn|^wgwgrad|^tcwgrad" $OUT/bench-aedec1-bf16-wgrad.log | cut -c1-160
+    LIMIT=520 PART=1 bash scripts/final_a.sh ;;
 esac
