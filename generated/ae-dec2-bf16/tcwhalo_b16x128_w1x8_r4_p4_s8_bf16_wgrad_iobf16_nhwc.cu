@@ -8,7 +8,7 @@
 //          precision bf16: x and dy rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   GEMM          256 x 1152 x (B*256)           maps x (r, s, c) columns x every output pixel of the batch
+//   GEMM          256 x 1152 x (B*256)           maps x (r, s, c) columns of im2col(x) x every output pixel of the batch
 //   block tile    16 maps x 128 channels x 9 taps 1x8 warps of 16 maps x 16 channels: 1 m16 x 18 n8 fragments, 72 fp32 sums per thread
 //   chunk         4 output rows = 64 pixels (k padded to 64) under them 6 input rows x 18 columns; dy by 16-byte cp.async, x by 16-byte cp.async
 //   __shared__    118784 B (dynamic)             4 stages x (64 pixels x 16 maps + 6 x 18 x 128 channels) x 2 B, XOR-swizzled in 16-byte units

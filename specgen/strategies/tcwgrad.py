@@ -97,6 +97,38 @@ class Tcwgrad(Variant):
         return out
 
 
+def slice_sums(p, name: str, splits: int):
+    """What the tensor-core wgrads share about their slices of the batch: the sums'
+    context (``sums_context``, db fused where the layer has a bias), the workspace's
+    bytes, the second kernel that adds the slices in order (``backward/tc_sums.j2``), and
+    the plan's lines for the GEMM and the workspace."""
+    ctx = sums_context(p, 1, splits, False, p.bias)
+    row = ctx["row"]
+    workspace = 4 * splits * row
+    outs = (Role.DW, *((Role.DB,) if p.bias else ()))
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    gemm = Size(
+        "GEMM",
+        f"{p.Mg} x {p.Cg * p.R * p.S} x (B*{p.Ho * p.Wo})"
+        + (f", {p.groups} groups" if p.groups > 1 else ""),
+        "maps x (r, s, c) columns of im2col(x) x every output pixel of the batch",
+    )
+    scratch = Size(
+        "workspace",
+        f"{workspace} B",
+        f"{splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
+    )
+    return ctx, workspace, reduce, gemm, scratch
+
+
+def slice_kernel(name: str, threads: int, grid: tuple, smem: int) -> Launch:
+    """The tensor-core wgrads' first kernel: x and dy to the workspace, a block plane a
+    slice (grid z), ``smem`` bytes of dynamic shared memory."""
+    return Launch(
+        name, (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH), (threads, 1, 1), grid, 2, 0, 1, smem
+    )
+
+
 def _tiles(p, bm: int, bn: int) -> int:
     return ceil_div(p.Cg * p.R * p.S, bn) * ceil_div(p.Mg, bm) * p.groups
 
@@ -174,10 +206,8 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     CgRS = p.Cg * p.R * p.S
     col_tiles, map_tiles = ceil_div(CgRS, bn), ceil_div(p.Mg, bm)
     P = p.Ho * p.Wo
-    with_db = p.bias
-    ctx = sums_context(p, 1, v.splits, False, with_db)
-    row = ctx["row"]
-    workspace = 4 * v.splits * row
+    name = v.kernel_name(p)
+    ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
     (sh, sw), (pt, _, pl, _) = p.stride, p.pads
     tf32 = v.precision is Precision.TF32
     ctx.update(
@@ -217,25 +247,9 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         min_blocks=max(1, 256 // threads),
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
     )
-    name = v.kernel_name(p)
-    main = Launch(
-        name,
-        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
-        (threads, 1, 1),
-        (col_tiles, map_tiles * p.groups, v.splits),
-        2,
-        0,
-        1,
-        smem,
-    )
-    outs = (Role.DW, *((Role.DB,) if with_db else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
     sizes = (
-        Size(
-            "GEMM",
-            f"{p.Mg} x {CgRS} x (B*{P})" + (f", {p.groups} groups" if p.groups > 1 else ""),
-            "maps x (r, s, c) columns of im2col(x) x every output pixel of the batch",
-        ),
+        gemm,
         Size(
             "block tile",
             f"{bm} maps x {bn} columns",
@@ -254,11 +268,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
             f"column tiles x map tiles{' x groups' if p.groups > 1 else ''} x slices of the "
             "batch's pixels (contiguous, chunk-aligned)",
         ),
-        Size(
-            "workspace",
-            f"{workspace} B",
-            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
-        ),
+        scratch,
     )
     return Plan(
         shape=p,

@@ -22,13 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div
+from ..plan.common import SM_SHARED, Plan, Size, ceil_div
 from ..shapes import DType, Feature, Op, TensorLayout
-from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
-from .wsplit import per_slice, sums_context
+from .tcwgrad import slice_kernel, slice_sums
 
 MAPS_TILES = (16, 32, 64, 128, 256)
 CHANNEL_TILES = (8, 16, 32, 64, 128)
@@ -309,10 +308,8 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
     b_shift, b_mask = _swizzle(ub)
     mn, cn = min(bm, p.Mg), min(bc, p.Cg)  # elements a narrow copy gathers per row
     CgRS = p.Cg * taps
-    with_db = p.bias
-    ctx = sums_context(p, 1, v.splits, False, with_db)
-    row = ctx["row"]
-    workspace = 4 * v.splits * row
+    name = v.kernel_name(p)
+    ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
     ctx.update(
         elem="f16" if p.dtype is DType.FP16 else "bf16",
         mma_shape="m16n8k16",
@@ -381,27 +378,10 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         min_blocks=max(1, 256 // threads),
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
     )
-    name = v.kernel_name(p)
     channel_tiles, map_tiles = ceil_div(p.Cg, bc), ceil_div(p.Mg, bm)
-    main = Launch(
-        name,
-        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
-        (threads, 1, 1),
-        (channel_tiles, map_tiles * p.groups, v.splits),
-        2,
-        0,
-        1,
-        smem,
-    )
-    outs = (Role.DW, *((Role.DB,) if with_db else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    main = slice_kernel(name, threads, (channel_tiles, map_tiles * p.groups, v.splits), smem)
     sizes = (
-        Size(
-            "GEMM",
-            f"{p.Mg} x {CgRS} x (B*{p.Ho * p.Wo})"
-            + (f", {p.groups} groups" if p.groups > 1 else ""),
-            "maps x (r, s, c) columns x every output pixel of the batch",
-        ),
+        gemm,
         Size(
             "block tile",
             f"{bm} maps x {bc} channels x {taps} taps",
@@ -426,11 +406,7 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
             f"channel tiles x map tiles{' x groups' if p.groups > 1 else ''} x slices of the "
             f"batch's {row_blocks} chunks an image",
         ),
-        Size(
-            "workspace",
-            f"{workspace} B",
-            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
-        ),
+        scratch,
     )
     return Plan(
         shape=p,

@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size, choices
+from ..plan.common import Plan, Size, choices
 from ..shapes import DType, Feature, Op, TensorLayout
-from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT
-from .wsplit import per_slice, sums_context
+from .tcwgrad import slice_kernel, slice_sums
 
 CHUNK = 64  # pixels a stage: four k16 steps
 BLOCK = 64  # elements of a 128-byte row: a block of maps or channels
@@ -181,9 +180,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     CgRS = p.Cg * p.R * p.S
     col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), p.Mg // bm
     P = p.Ho * p.Wo
-    ctx = sums_context(p, 1, v.splits, False, p.bias)
-    row = ctx["row"]
-    workspace = 4 * v.splits * row
+    name = v.kernel_name(p)
+    ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
     (sh, sw), (pt, _, pl, _) = p.stride, p.pads
     ctx.update(
         elem="f16" if p.dtype is DType.FP16 else "bf16",
@@ -214,25 +212,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         map_tiles=map_tiles,
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
     )
-    name = v.kernel_name(p)
-    main = Launch(
-        name,
-        (Role.X, Role.DY, Role.WORKSPACE, Role.BATCH),
-        (threads, 1, 1),
-        (col_tiles, map_tiles * p.groups, v.splits),
-        2,
-        0,
-        1,
-        smem,
-    )
-    outs = (Role.DW, *((Role.DB,) if p.bias else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
     sizes = (
-        Size(
-            "GEMM",
-            f"{p.Mg} x {CgRS} x (B*{P})" + (f", {p.groups} groups" if p.groups > 1 else ""),
-            "maps x (r, s, c) columns of im2col(x) x every output pixel of the batch",
-        ),
+        gemm,
         Size(
             "block tile",
             f"{bm} maps x {bn} channels of one tap",
@@ -252,11 +234,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
             "of the batch's pixels (contiguous, chunk-aligned)",
         ),
-        Size(
-            "workspace",
-            f"{workspace} B",
-            f"{v.splits} slices x {row} fp32 partial sums; the reduce kernel adds them in order",
-        ),
+        scratch,
     )
     return Plan(
         shape=p,
