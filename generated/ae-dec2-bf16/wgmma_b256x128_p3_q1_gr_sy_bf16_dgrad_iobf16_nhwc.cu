@@ -35,12 +35,12 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
-// The shared-memory operand descriptor of wgmma for a tile of rows of 64 channels
-// (128 bytes) in the 128-byte swizzle: start address, leading offset unused (1), eight
-// rows (1024 B) from one core-matrix group to the next, swizzle mode 1.
-__device__ __forceinline__ unsigned long long operand(unsigned addr)
+// The shared-memory operand descriptor of wgmma in the 128-byte swizzle: the tile's start,
+// the leading byte offset (K-major tiles of one 128-byte row leave it unused: 16), eight
+// rows (1024 B) from one group of 8 rows to the next, swizzle mode 1.
+__device__ __forceinline__ unsigned long long operand(unsigned addr, unsigned lbo)
 {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | (64ull << 32) | (1ull << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -48,14 +48,16 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
 
-// Pins the sums in place for the compiler: no read of them moves above a wait (it
+// Pins the N sums in place for the compiler: no read of them moves above a wait (it
 // would read what the tensor cores are still writing).
+template <int N>
 __device__ __forceinline__ void pin(float* acc)
 {
 #pragma unroll
-    for (int i = 0; i < 128; ++i)
+    for (int i = 0; i < N; ++i)
         asm volatile("" : "+f"(acc[i])::"memory");
 }
+// Both operands here are K-major: a row of 64 channels is 128 bytes.
 
 // acc[64 maps x 256 pixels] += A[64 maps x 16 channels] * B[16 channels x 256 pixels] (32 bytes
 // of each row), both read by the tensor cores from shared memory; the sums stay in this
@@ -211,11 +213,11 @@ wgmma_b256x128_p3_q1_gr_sy_bf16_dgrad_iobf16_nhwc(const unsigned short* __restri
         const int stage = kt % 3;
         const unsigned a_at = a_wg + stage * 16384u;
         const unsigned b_at = b_base + stage * 32768u;
-        pin(acc);
+        pin<128>(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // 16 channels, 32 bytes into each swizzled row
-            wgmma_step(acc, operand(a_at + kk * 32), operand(b_at + kk * 32));
+            wgmma_step(acc, operand(a_at + kk * 32, 16), operand(b_at + kk * 32, 16));
         wgmma_commit();
 
 
@@ -224,10 +226,10 @@ wgmma_b256x128_p3_q1_gr_sy_bf16_dgrad_iobf16_nhwc(const unsigned short* __restri
             load_chunk((kt + 2) % 3);
         cp_async_commit();
         wgmma_wait<0>();
-        pin(acc);
+        pin<128>(acc);
     }
     wgmma_wait<0>();
-    pin(acc);
+    pin<128>(acc);
     cp_async_wait<0>();
     __syncthreads();  // the ring is free
     {

@@ -49,9 +49,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
-// The descriptor of an MN-major operand in the 128-byte swizzle: the tile's start, the
-// bytes from one block of 64 maps or channels to the next (lbo) and from one group of 8
-// pixel rows to the next (1024: a block's rows are 128 bytes), swizzle mode 1.
+// The shared-memory operand descriptor of wgmma in the 128-byte swizzle: the tile's start,
+// the leading byte offset (K-major tiles of one 128-byte row leave it unused: 16), eight
+// rows (1024 B) from one group of 8 rows to the next, swizzle mode 1.
 __device__ __forceinline__ unsigned long long operand(unsigned addr, unsigned lbo)
 {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | (64ull << 32) | (1ull << 62);
@@ -59,9 +59,11 @@ __device__ __forceinline__ unsigned long long operand(unsigned addr, unsigned lb
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
 
-// Pins the sums in place for the compiler: no read of them moves above a wait.
+// Pins the N sums in place for the compiler: no read of them moves above a wait (it
+// would read what the tensor cores are still writing).
 template <int N>
 __device__ __forceinline__ void pin(float* acc)
 {
@@ -69,6 +71,8 @@ __device__ __forceinline__ void pin(float* acc)
     for (int i = 0; i < N; ++i)
         asm volatile("" : "+f"(acc[i])::"memory");
 }
+// Both operands here are MN-major: lbo is the bytes from one block of 64 maps or channels
+// to the next (8192), and a group of 8 pixel rows is a block's 1024 bytes.
 
 // acc[64 maps x 128 channels] += A[64 maps x 16 pixels] * B[16 pixels x 128 channels], both
 // MN-major in shared memory (the transpose flags 1, 1): dy^T times one tap's x.
@@ -201,7 +205,7 @@ wgwgrad_b256x128_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict_
         if (kt + 3 < chunks)
             load_chunk((kt + 3) % 4);
         cp_async_commit();
-        wgmma_wait0();
+        wgmma_wait<0>();
         pin<64>(acc);
     }
     cp_async_wait<0>();

@@ -80,13 +80,15 @@ class Wgwgrad(Variant):
             (d for d in MAP_TILES if p.Mg % d == 0 and d * bn <= MOST_SUMS),
             default=seed.blocktile[0],
         )
-        stages = max(2, min(6, (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)))
+        stages = max(2, min(6, _most_stages(bm, bn)))
         tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
         splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
     def space(cls, problem, precision):
+        """Every tile that divides the group's maps and channels, with 3, 4 and the most
+        stages up to 6 that fit, and slices for one and two blocks an SM."""
         if precision is not MATH[problem.dtype]:
             return []
         out = []
@@ -94,21 +96,26 @@ class Wgwgrad(Variant):
             for bn in CHANNEL_TILES:
                 if problem.Mg % bm or problem.Cg % bn:
                     continue
-                base = cls.fit(problem, cls(blocktile=(bm, bn), precision=precision))
-                base = replace(base, blocktile=(bm, bn))
-                most = (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
-                tiles = _tiles(problem, bm, bn)
+                most, tiles = _most_stages(bm, bn), _tiles(problem, bm, bn)
                 for stages in sorted({3, 4, min(6, most)}):
-                    if stages > most:
-                        continue
                     for blocks in (SMS, 2 * SMS):
-                        s = max(1, min(blocks // tiles, 65535))
-                        out.append(replace(base, stages=stages, splits=s))
+                        if stages <= most:
+                            s = max(1, min(blocks // tiles, 65535))
+                            out.append(
+                                cls(
+                                    blocktile=(bm, bn), stages=stages, splits=s, precision=precision
+                                )
+                            )
         return list(dict.fromkeys(out))
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
     return CHUNK * (bm + bn) * 2
+
+
+def _most_stages(bm: int, bn: int) -> int:
+    """The most chunks whose ring fits beside db's ones and the alignment slack."""
+    return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
 
 
 def _tiles(p, bm: int, bn: int) -> int:
@@ -202,6 +209,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         a_stage=a_stage,
         b_stage=b_stage,
         ones_at=ones_at,
+        ones_words=ONES_BYTES // 4,
+        a_ring=v.stages * a_stage,
+        ksteps=CHUNK // 16,
         c_tiles=p.Cg // bn,
         CgRS=CgRS,
         P=P,
