@@ -6,6 +6,8 @@
 #   STEP=b   the shipped winners benched (bench --best --op wgrad) on the wide bf16
 #            presets, the autoencoder's step, GPU tier part 3
 #   STEP=c   after the review mend (slice_sums): verify --all-shapes --op all, GPU tier part 2
+#   STEP=d   after the second review mend: verify --all-shapes --op all, GPU tier parts 2
+#            and 3 (part 1 with STEP=tier)
 #   STEP=tier ae-dec1's bf16 wgrad (the planner's new wgwgrad beside tcwgrad and cuDNN),
 #            then GPU tier part 1
 export PYTHONPATH=.
@@ -33,6 +35,11 @@ case "${STEP:-a}" in
     timeout 120 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
     echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep FAIL $OUT/verify-all.log | head
     LIMIT=300 PART=2 bash scripts/final_a.sh ;;
+  d)
+    timeout 120 python3 -m specgen verify --all-shapes --op all > $OUT/verify-all.log 2>&1
+    echo "verify rc=$?"; tail -1 $OUT/verify-all.log; grep FAIL $OUT/verify-all.log | head
+    LIMIT=150 PART=2 bash scripts/final_a.sh
+    LIMIT=300 PART=3 bash scripts/final_a.sh ;;
   tier)
     timeout 60 python3 -m specgen bench --shape "C=128,M=128,H=8,W=8,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc" --batch 128 --op wgrad \
       --variant wgwgrad_b128x128_p6_s14_bf16 --variant tcwgrad_b128x128_w2x2_k32_p4_s29_bf16 > $OUT/bench-aedec1-bf16-wgrad.log 2>&1
