@@ -206,6 +206,9 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # registers, and spilled 8 bytes (GPU tier draw, 2026-11-24); its second bound
         # is one block an SM
         ("C=29,M=16,H=16,W=7,K=1,pad=0,bias=1,act=relu", "mma_t64_tf32"),
+        # direct's fit at x2 m2 with global weights: 162 weights and 90 pixel loads a
+        # channel of a 9x9 window, 24 bytes at 255 registers (GPU tier draw, 2026-11-24)
+        ("C=13,M=30,H=22,W=18,K=9,pad=3,bias=1,dtype=bf16", "default direct"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

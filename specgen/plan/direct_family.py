@@ -37,6 +37,10 @@ DIRECT_FMAS_PER_CHANNEL = 800
 # registers under NVRTC 13 on the H200 (GPU tier, 2026-11-22), where layer1's dgrad view
 # (4 x 7 x 10 = 280) fits; with the channel loop kept, each channel's loads come and go.
 DIRECT_UNROLL_LOADS = 300
+# ...and with global weights, a channel's weights and pixel loads together: a 9x9 window
+# at x2 m2 (162 weights and 9 rows x 10 columns) took 255 registers and spilled 24 B
+# (C=13 M=30 pad 3, bf16 NCHW; GPU tier's draw, NVRTC 13, 2026-11-24).
+GLOBAL_LOADS_PER_CHANNEL = 240
 TUNE_MAX_FMAS = 3200  # keeps each tune candidate's compile under ~20 s
 
 
@@ -157,6 +161,8 @@ def default_coarsening(
         if cm > 16 or cm * kk * cx > DEFAULT_FMAS:
             return False
         if global_weights and cm * kk > GLOBAL_WEIGHTS_PER_CHANNEL:
+            return False
+        if global_weights and cm * kk + shape.R * (cx + shape.S - 1) > GLOBAL_LOADS_PER_CHANNEL:
             return False
         if not direct:
             return True
