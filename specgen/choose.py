@@ -107,10 +107,18 @@ WTAP_MIN_TAPS = 5
 DROW_MIN_TAPS = 5
 
 
+# Tried in 16-bit math for windows of 5 taps a row or more, where its fit takes the layer
+# (channels and maps that fill 3/4 of its k steps and n8 tiles): a pixel's channels side
+# by side, a window row's taps x channels one run of k.  bf16 NCHW at B=10000 (H200,
+# 2026-11-24): layer2's forward pass 0.354 ms against mmastrip's 0.430, mx-layer2's 0.91
+# against mmapersist's 1.15, mx-layer2's dgrad view 1.53 against mmafold's 3.38.
+HWC_MIN_TAPS = 5
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
     "wgmma",
     "tcgemm",
+    "mmahwc",
     "mmatoep",
     "mmafold",
     "mmastrip",
@@ -295,6 +303,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "mmafold" and not fold_suits(view):
                     continue
                 if key == "mmatoep" and not toep_suits(view):
+                    continue
+                if key == "mmahwc" and view.S < HWC_MIN_TAPS:
                     continue
                 # Among the wide layers wtap takes those whose lanes its fit tiles (4 maps x
                 # every row of a small window): the autoencoder's 3x3 layers in NCHW, 0.45

@@ -217,23 +217,25 @@ def test_few_channels_in_channels_last_fp32():
 
 
 def test_16bit_few_channel_windows_go_to_the_strip_and_flat_tensor_core_kernels():
-    """The 16-bit 7x7 layers (NCHW): mmatoep for at most 4 maps over at least 4
-    channels, mmafold where the maps fill at most half of an n8 tile (or the channels
-    are more than 16), mmastrip for up to 4 channels, mmapersist's m16n8k16 for up to
-    16, the rest as before; fp32 tensors and 3x3 windows are not offered them."""
+    """The 16-bit 7x7 layers (NCHW): mmahwc where channels and maps fill 3/4 of its k
+    steps and n8 tiles, mmatoep for at most 4 maps over at least 4 channels, mmafold
+    where the maps fill at most half of an n8 tile, mmastrip for few channels, the rest
+    as before; fp32 tensors and 3x3 windows are not offered them."""
     key = lambda spec: planned(parse_shape(spec), allow_tf32=True).variant.key  # noqa: E731
     assert key("C=1,M=4,H=86,W=86,K=7,dtype=bf16") == "mmafold"  # 4 maps
-    assert key("C=4,M=16,H=40,W=40,K=7,dtype=fp16") == "mmastrip"
+    assert key("C=4,M=16,H=40,W=40,K=7,dtype=fp16") == "mmahwc"
     assert key("C=1,M=12,H=72,W=72,K=7,dtype=bf16") == "mmastrip"  # 12 maps fill 3/4
-    assert key("C=12,M=24,H=33,W=33,K=7,dtype=bf16") == "mmapersist"
+    assert key("C=12,M=24,H=33,W=33,K=7,dtype=bf16") == "mmahwc"
+    assert key("C=2,M=16,H=40,W=40,K=7,dtype=bf16") == "mmastrip"  # 2 of 4 channels real
     # the dgrad views: 4 maps over 16 channels, 12 maps over 24, one map over 4 and 12
     assert key("C=4,M=16,H=40,W=40,K=7,dtype=bf16,op=dgrad") == "mmatoep"
-    assert key("C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad") == "mmafold"
+    assert key("C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad") == "mmahwc"
+    assert key("C=12,M=24,H=20,W=20,K=3,pad=1,dtype=bf16") != "mmahwc"  # 3x3: unmeasured
     assert key("C=1,M=4,H=86,W=86,K=7,dtype=fp16,op=dgrad") == "mmatoep"
     assert key("C=1,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad") == "mmatoep"
     # windows past 9 taps a row do not fit its k16 step
     assert key("C=1,M=4,H=86,W=86,K=11,dtype=bf16,op=dgrad") != "mmatoep"
-    assert key("C=4,M=16,H=40,W=40,K=7") not in ("mmastrip", "mmapersist", "mmafold")
+    assert key("C=4,M=16,H=40,W=40,K=7") not in ("mmastrip", "mmapersist", "mmafold", "mmahwc")
     assert key("C=3,M=64,H=32,W=32,K=3,pad=1,dtype=bf16") not in ("mmastrip", "mmafold")
     v = planned(parse_shape("C=1,M=4,H=86,W=86,K=7,dtype=bf16"), allow_tf32=False).variant
     assert v.precision is Precision.BF16

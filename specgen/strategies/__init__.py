@@ -15,6 +15,7 @@ from .im2col import Im2col
 from .implicit import Implicit
 from .inputtile import Inputtile
 from .mma import Mma
+from .mmahwc import Mmahwc
 from .mmapersist import Mmapersist
 from .mmastrip import Mmafold, Mmastrip
 from .mmatoep import Mmatoep
@@ -53,6 +54,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmastrip,
     Mmafold,
     Mmatoep,
+    Mmahwc,
     Tcgemm,
     Wgmma,
     Phased,
