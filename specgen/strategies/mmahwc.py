@@ -334,11 +334,12 @@ class Mmahwc(Variant):
     def fit(cls, problem, seed):
         """The tensors' own dtype, where at least 3/4 of the k steps and of the n8 map
         tiles carry real channels and maps; every map in a warp up to 3 tiles (else the
-        fewest even groups), pixel tiles up to 48 accumulators, and the band that lets two
+        fewest even groups), up to 6 pixel tiles within 64 accumulators, and the band that lets two
         blocks share an SM with the fewest input rows an image (taller on ties), else
         the tallest that fits.  bf16 at B=10000 (H200, 2026-11-24), mx-layer2's dgrad
-        view, 16 maps x 64 pixels a warp: bands of 17 rows (two blocks an SM) 1.58 ms,
-        of 11 1.53, whole images (one block) 1.70; 16 x 32 pixels in bands of 17, 1.84."""
+        view in bands of 11 rows (two blocks an SM): 16 maps x 96 pixels a warp 1.45 ms,
+        x 64 1.52, x 128 1.49; mx-layer2's forward pass in bands of 14, 24 maps x 80
+        pixels 0.79, x 64 0.88, x 48 0.93; whole images (one block an SM) 0.97."""
         own_dtype16(cls.key, problem, seed.precision, planning=False)
         C, M, K = problem.C, problem.M, problem.K
         if C > MAX_CHANNELS:
@@ -356,7 +357,7 @@ class Mmahwc(Variant):
             )
         map_tiles = ceil_div(M, 8)
         nt = ceil_div(map_tiles, ceil_div(map_tiles, 3))
-        p = max(1, min(4, 12 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
+        p = max(1, min(6, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
         base = replace(seed, regtile=(8 * nt, 16 * p))
         two, one = [], []
         for rows in range(problem.Ho, 0, -1):
@@ -379,12 +380,12 @@ class Mmahwc(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        """1 to 3 map tiles by 1 to 4 pixel tiles a warp (at most 64 accumulators),
+        """1 to 3 map tiles by 1 to 8 pixel tiles a warp (at most 64 accumulators),
         bands of Ho/k rows."""
         map_tiles = min(3, ceil_div(problem.M, 8))
         rows = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4, 6)}, reverse=True)
         return [
             cls(tile=r, regtile=(8 * nt, 16 * p), precision=precision)
-            for nt, p, r in itertools.product(range(1, map_tiles + 1), range(1, 5), rows)
+            for nt, p, r in itertools.product(range(1, map_tiles + 1), range(1, 9), rows)
             if 4 * nt * p <= MAX_ACCUMULATORS
         ]
