@@ -123,17 +123,14 @@ __device__ __forceinline__ void spread_hwc(unsigned* __restrict__ band, const un
         const int r = q / 40, col = q - r * 40;
         const int iy = iy0 + r;
         const int at = (iy - lo) * 40 + col;  // the pixel in a channel's rows
-        unsigned v[2];
+        unsigned v[2];  // channels 2k, 2k+1 in word k
 #pragma unroll
         for (int k = 0; k < 2; ++k)
             v[k] = 0u;
         if ((unsigned)iy < 40u) {
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const unsigned lo16 = 2 * k < 4 ? raw[first[min(2 * k, 3)] + at] : 0u;
-                const unsigned hi16 = 2 * k + 1 < 4 ? raw[first[min(2 * k + 1, 3)] + at] : 0u;
-                v[k] = lo16 | hi16 << 16;
-            }
+            for (int c = 0; c < 4; ++c)
+                v[c / 2] |= (unsigned)raw[first[c] + at] << 16 * (c % 2);
         }
         const int e = r * 200 + (col + 0) * 4;  // the pixel's first element
 #pragma unroll

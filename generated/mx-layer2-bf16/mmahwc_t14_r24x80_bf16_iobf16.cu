@@ -123,17 +123,14 @@ __device__ __forceinline__ void spread_hwc(unsigned* __restrict__ band, const un
         const int r = q / 33, col = q - r * 33;
         const int iy = iy0 + r;
         const int at = (iy - lo) * 33 + col;  // the pixel in a channel's rows
-        unsigned v[6];
+        unsigned v[6];  // channels 2k, 2k+1 in word k
 #pragma unroll
         for (int k = 0; k < 6; ++k)
             v[k] = 0u;
         if ((unsigned)iy < 33u) {
 #pragma unroll
-            for (int k = 0; k < 6; ++k) {
-                const unsigned lo16 = 2 * k < 12 ? raw[first[min(2 * k, 11)] + at] : 0u;
-                const unsigned hi16 = 2 * k + 1 < 12 ? raw[first[min(2 * k + 1, 11)] + at] : 0u;
-                v[k] = lo16 | hi16 << 16;
-            }
+            for (int c = 0; c < 12; ++c)
+                v[c / 2] |= (unsigned)raw[first[c] + at] << 16 * (c % 2);
         }
         const int e = r * 464 + (col + 0) * 12;  // the pixel's first element
 #pragma unroll

@@ -124,17 +124,14 @@ __device__ __forceinline__ void spread_hwc(unsigned* __restrict__ band, const un
         const int r = q / 27, col = q - r * 27;
         const int iy = iy0 + r;
         const int at = (iy - lo) * 27 + col;  // the pixel in a channel's rows
-        unsigned v[12];
+        unsigned v[12];  // channels 2k, 2k+1 in word k
 #pragma unroll
         for (int k = 0; k < 12; ++k)
             v[k] = 0u;
         if ((unsigned)iy < 27u) {
 #pragma unroll
-            for (int k = 0; k < 12; ++k) {
-                const unsigned lo16 = 2 * k < 24 ? raw[first[min(2 * k, 23)] + at] : 0u;
-                const unsigned hi16 = 2 * k + 1 < 24 ? raw[first[min(2 * k + 1, 23)] + at] : 0u;
-                v[k] = lo16 | hi16 << 16;
-            }
+            for (int c = 0; c < 24; ++c)
+                v[c / 2] |= (unsigned)raw[first[c] + at] << 16 * (c % 2);
         }
         const int e = r * 984 + (col + 6) * 24;  // the pixel's first element
 #pragma unroll

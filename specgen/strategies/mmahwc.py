@@ -52,14 +52,14 @@ from ..variants import EPILOGUE, Count, Pair, Variant, param
 from .mmapersist import (
     BLOCKS16,
     FRAGMENT16,
+    MAX_ACCUMULATORS,
     _warp_grid,
     band16_context,
     band16_words,
     own_dtype16,
-    warp_map_tiles,
+    warp_tiles,
 )
 
-MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: p pixel tiles x nt map tiles x 4
 # Channels padded past this would make a window row's k steps (and the unrolled body of
 # one row) long, and such layers are wgmma's.
 MAX_CHANNELS = 64
@@ -108,8 +108,9 @@ def _wavefronts(wo, pixels, cp, copies, stride, shift, paired):
 
 def _layout(shape: ConvProblem, rows: int) -> dict:
     """The band's numbers for bands of ``rows`` output rows: its padded channels and
-    copies, the k steps of a window row, the row stride and the second copy's shift
-    (the pair with the fewest ldmatrix conflicts), and the band's elements."""
+    copies, the k steps of a window row, the band's words, and what the bank model
+    chose: the row stride, the second copy's shift, the tiles' row order (``paired``)
+    and the pixels a tile row spans (``vw``), with the fewest ldmatrix wavefronts."""
     return _band_layout(shape.C, shape.K, shape.W + 2 * shape.pad, shape.Wo, rows)
 
 
@@ -154,26 +155,12 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     own_dtype16(Mmahwc.key, shape, v.precision, planning=True)
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
-    rows = v.tile
-    mw, pw = v.regtile
-    if rows < 1 or rows > Ho:
-        raise SpecError(f"mmahwc's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
     if C > MAX_CHANNELS:
         raise SpecError(
             f"mmahwc keeps a pixel's channels side by side for C up to {MAX_CHANNELS}, "
             f"not {C}; use --strategy wgmma or tcgemm"
         )
-    nt = warp_map_tiles(M, mw)
-    if pw < 16 or pw % 16:
-        raise SpecError(
-            f"register tile pixels {pw}: a warp takes whole m16 pixel tiles; choose 16, 32, 48 or 64"
-        )
-    p = pw // 16
-    if 4 * nt * p > MAX_ACCUMULATORS:
-        raise SpecError(
-            f"register tile {mw}x{pw} = {4 * nt * p} accumulators per thread, over "
-            f"{MAX_ACCUMULATORS}; choose fewer maps or pixels per warp"
-        )
+    rows, nt, p = warp_tiles(shape, v)
     lay = _layout(shape, rows)
     cp, copies, kr, ih, stride = lay["cp"], lay["copies"], lay["kr"], lay["ih"], lay["stride"]
     steps = K * kr
@@ -228,6 +215,13 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         raw_words=raw_words,
         band_at=b_words + raw_words,
         copy1_at=copy1_at,
+        copy1_words=copy1_at - b_words - raw_words,  # the second copy's word from the band's
+        # an odd column's run: from the second copy, 4 elements on
+        copy1_bytes=4 * (copy1_at - b_words - raw_words) + 8,
+        row_bytes=2 * stride,
+        last_pixel=rows * lay["vw"] - 1,
+        words_a_pixel=cp // 2,
+        step_fragments=map_tiles * 32,  # uint2 B fragments of one k step
         zero_words=words - b_words - raw_words,
         b_words=b_words,
         step_words=64 * map_tiles,

@@ -129,13 +129,15 @@ def warp_map_tiles(M: int, mw: int) -> int:
     return mw // 8
 
 
-def _tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
-    """(rows, n8 map tiles, m16 pixel tiles) of a warp, checked against the problem."""
+def warp_tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
+    """(rows, n8 map tiles, m16 pixel tiles) of a warp of a band-walking tensor-core
+    strategy (v.tile output rows a band, v.regtile maps x pixels a warp), checked against
+    the problem."""
     M, Ho = shape.M, shape.Ho
     rows = v.tile
     mw, pw = v.regtile
     if rows < 1 or rows > Ho:
-        raise SpecError(f"mmapersist's tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
+        raise SpecError(f"{v.key}'s tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
     warp_map_tiles(M, mw)
     if pw < 16 or pw % 16:
         raise SpecError(
@@ -169,7 +171,7 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
         )
     C, M, H, K, pad = shape.C, shape.M, shape.H, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
-    rows, nt, p = _tiles(shape, v)
+    rows, nt, p = warp_tiles(shape, v)
     map_tiles = ceil_div(M, 8)
     quads_per_row = ceil_div(K, 4)
     kx_pad = 4 * quads_per_row
@@ -373,7 +375,7 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
         )
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
-    rows, nt, p = _tiles(shape, v)
+    rows, nt, p = warp_tiles(shape, v)
     octets = ceil_div(K, 8)
     per_channel = K * octets  # octets of one channel, a k step two of them
     slots = C * per_channel
