@@ -7,7 +7,10 @@ export PYTHONPATH=.
 # runs its presets' default sets and long reductions, PART=3 its drawn problems.
 K=""
 case "${PART:-all}" in
-  1) FILES="tests/test_gpu.py"; K="not random and not network" ;;
+  1) FILES="tests/test_gpu.py"; K="not random and not network and not default_batch and not batch_128 and not streamed" ;;
+  # With mmahwc's tf32 kernels in the fp32 presets' default sets (2026-11-24) PART=1 outgrew
+  # a call again: PART=4 runs its long reductions and streamed batches.
+  4) FILES="tests/test_gpu.py"; K="default_batch or batch_128 or streamed" ;;
   2) FILES="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;
   3) FILES="tests/test_gpu.py"; K="random or network" ;;
   *) FILES="tests/test_gpu.py tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;

@@ -17,7 +17,12 @@ def test_space_holds_only_plannable_variants_of_the_asked_precision():
         for v in space:
             make_plan(shape, v)  # raises if the planner would refuse it
             assert v.precision is precision  # fp32 never becomes tf32 or fp16
-    assert {v.key for v in candidates(shape, Precision.TF32)} == {"mma", "mmatile", "mmapersist"}
+    assert {v.key for v in candidates(shape, Precision.TF32)} == {
+        "mma",
+        "mmatile",
+        "mmapersist",
+        "mmahwc",
+    }
 
 
 def test_winners_from_another_gpu_are_not_used(tmp_path, monkeypatch):

@@ -128,16 +128,18 @@ def _emulate_wstrip(shape, plan, x, dy):
 
 def band16_fetch(shape, ctx, x, item):
     """templates/gemm/band16.j2's 16-byte fetch in numpy, element for element: 16-byte
-    units from the boundary at or before each channel's run (zeros past its end, stale
-    finite values elsewhere).  Returns the raw band's elements from element 2 (the word
-    before it at 0, 1) and ``row_start(c, iy)``, its x offset of a row, as the kernel's."""
+    units (``raw_unit`` elements: 8 of 16 bits, 4 fp32) from the boundary at or before
+    each channel's run (zeros past its end, stale finite values elsewhere).  Returns the
+    raw band's elements from element 2 (the word before it at 0, 1) and ``row_start(c,
+    iy)``, its x offset of a row, as the kernel's."""
     C, H, W, pad = shape.C, shape.H, shape.W, shape.pad
     rows, ih, bpi = ctx["rows"], ctx["ih"], ctx["bands_per_image"]
     CHW, chunk_words = C * H * W, ctx["chunk_words"]
-    chunk = 2 * chunk_words
+    unit = ctx.get("raw_unit", 8)
+    chunk = unit // 4 * chunk_words
     n, iy0 = item // bpi, item % bpi * rows - pad
     lo, hi = max(iy0, 0), min(iy0 + ih, H)
-    skew = (n * (CHW % 8)) & 7
+    skew = (n * (CHW % unit)) & (unit - 1)
     flat = x.reshape(-1)
 
     def row_start(c, iy):
@@ -148,11 +150,11 @@ def band16_fetch(shape, ctx, x, item):
         start = row_start(c, lo)
         end = start + (hi - lo) * W
         for k in range(chunk_words // 4):
-            at = (start & ~7) + 8 * k
-            for e in range(8):
+            at = (start & ~(unit - 1)) + unit * k
+            for e in range(unit):
                 g = n * CHW - skew + at + e
-                inside = 2 * e < min(16, 2 * (end - at)) and 0 <= g < flat.size
-                raw[2 + c * chunk + 8 * k + e] = flat[g] if inside else 0.0
+                inside = e < min(unit, end - at) and 0 <= g < flat.size
+                raw[2 + c * chunk + unit * k + e] = flat[g] if inside else 0.0
     return raw, row_start
 
 

@@ -29,6 +29,26 @@ each thread spreads one pixel at a time: its channels' elements from the raw row
 in pairs, stored as 16-byte (or 8-byte) units.  The raw band is fetched again for the next
 item as soon as it is spread, under the multiplies.  Past the last tap of a run, the k
 step's tail reads the next pixel's channels (or the zeroed slack) against zero weights.
+
+**Shifts.**  With few maps the n8 tiles are mostly empty, or each A fragment feeds only one
+or two mma and the shared loads are the limit.  With ``shifts`` S > 1 the n side holds a
+map's S neighbouring output columns: column (m, d) of base pixel (oy, S*b) is output (m, oy,
+S*b + d), the run spans K + S - 1 pixels, and B gives column (m, d) the tap kx at pixel kx +
+d (zero elsewhere).  A fragment then feeds S times as many columns, and only every S-th pixel
+is a tile row.  For layer2 (4 channels) the run of 8 pixels costs no k step that 7 did not
+(28 elements pad to 32 either way): its bf16 forward pass went from 0.353 to 0.312 ms, and
+its dgrad view (16 channels, 4 maps: half an n8 tile with S=1) runs in 0.83 ms with S=4,
+against mmatoep's 1.09 (H200, B=10000).  Base pixels S*cp*2 bytes apart fall in one bank
+quad where that is a multiple of 128: the band may then be swizzled (16-byte unit u of
+128-byte line l kept at unit u ^ (l % 8)), at three integer operations a ldmatrix, where
+the bank model finds fewer wavefronts.
+
+**tf32.**  fp32 tensors take the same kernel in tf32: x is fetched in 16-byte units of 4
+floats, rounded to tf32 as it is spread, a k step of m16n8k8 is 8 elements (32 bytes, as
+m16n8k16's 16), and ldmatrix's 8 x 16-byte matrices are each a quarter of a tf32 A fragment
+(word t of row g).  A pixel of cp floats is a multiple of 16 bytes, so the band is kept once.
+layer2 in 0.576 ms (S=2) and mx-layer2 in 1.41 against mmapersist's 0.87 and 1.74 and
+cuDNN tf32's 2.57 and 4.05 (H200, B=10000).
 """
 
 from __future__ import annotations
@@ -48,7 +68,7 @@ from ..plan.common import (
     shape_context,
 )
 from ..shapes import ConvProblem, DType, Feature
-from ..variants import EPILOGUE, Count, Pair, Variant, param
+from ..variants import EPILOGUE, Count, Pair, Precision, Variant, param
 from .mmapersist import (
     BLOCKS16,
     FRAGMENT16,
@@ -56,7 +76,6 @@ from .mmapersist import (
     _warp_grid,
     band16_context,
     band16_words,
-    own_dtype16,
     warp_tiles,
 )
 
@@ -66,109 +85,204 @@ MAX_CHANNELS = 64
 # A channel count padded up by more than this share of its k steps is a waste of the
 # multiplies (1 to 3 channels pad to 4): mmastrip and mmatoep take those layers.
 MIN_K_USE = 0.75
+# With output columns on the n side (shifts), the share of the multiplies that meet a
+# real tap, channel and map below which the fit takes none.
+MIN_SHIFTED_USE = 0.5
+# Output columns a map may take on the n side: one, or an even number (a lane's two
+# accumulators of a map are then neighbours in a row).
+SHIFTS = (1, 2, 4, 8)
+# n8 tiles of a warp in the fit: 3 where each column is a map (as measured), 4 with shifts.
+FIT_TILES = {1: 3}
+FIT_TILES_SHIFTED = 4
 # The bank model of a band's A loads looks at this many of an item's tiles.
 MODELLED_TILES = 24
 
 
-def channels_padded(C: int) -> tuple[int, int]:
+def elem_bytes(precision: Precision) -> int:
+    """Bytes of a band element: tf32 words for fp32 tensors, else 16-bit values."""
+    return 4 if precision is Precision.TF32 else 2
+
+
+def own_math(shape: ConvProblem, precision: Precision) -> None:
+    """mmahwc multiplies fp32 tensors in tf32 and fp16/bf16 tensors in their own dtype."""
+    own = Precision.TF32 if shape.dtype is DType.FP32 else Precision(shape.dtype.value)
+    if precision is not own:
+        raise SpecError(
+            f"mmahwc multiplies {shape.dtype.value} tensors in {own.value}, not "
+            f"{precision.value}; take --precision {own.value}"
+        )
+
+
+def channels_padded(C: int, elem: int = 2, shifts: int = 1) -> tuple[int, int]:
     """(cp, copies): a pixel's channels padded to a multiple of 4, and the band's copies:
-    one where 2*cp bytes is a multiple of 16, else two (the second 4 elements on)."""
+    one where the base pixels' starts (shifts pixels of elem * cp bytes apart) are all on
+    16-byte boundaries, else two (the second 4 elements on)."""
     cp = ceil_div(C, 4) * 4
-    return cp, 1 if cp % 8 == 0 else 2
+    return cp, 1 if shifts * cp * elem % 16 == 0 else 2
 
 
 def _lane_pixel(lane: int, paired: bool) -> tuple[int, int]:
-    """(pixel of its tile, run element) whose ldmatrix row lane addresses: matrix lane/8
-    holds the tile's pixels 0-7 or 8-15 (``paired``: 0, 2, .., 14 or 1, 3, .., 15) at run
-    elements 0-7 or 8-15."""
-    return (2 * (lane % 8) + lane // 8 % 2 if paired else lane % 16), 8 * (lane // 16)
+    """(pixel of its tile, byte of the run) whose ldmatrix row lane addresses: matrix
+    lane/8 holds the tile's pixels 0-7 or 8-15 (``paired``: 0, 2, .., 14 or 1, 3, .., 15)
+    at run bytes 0-15 or 16-31 (k 0-7 or 8-15 of m16n8k16, 0-3 or 4-7 of tf32's m16n8k8)."""
+    return (2 * (lane % 8) + lane // 8 % 2 if paired else lane % 16), 16 * (lane // 16)
 
 
-def _wavefronts(wo, pixels, cp, copies, stride, shift, paired):
+def swizzled(at: int) -> int:
+    """A band byte's place where the band is swizzled: the 16-byte unit within its
+    128-byte line XOR the line's index mod 8."""
+    return at ^ ((at >> 3) & 0x70)
+
+
+def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle):
     """(wavefronts, worst) of an item's A loads: an ldmatrix matrix reads 8 rows of 16
     bytes, one wavefront for each of them in the same bank quad (of 8 per 128 bytes) at
-    worst; pixel (oy, ox) at element oy*stride + ox*cp, odd columns from the second copy,
-    ``shift`` bytes further into its line."""
+    worst; base pixel (oy, b) at byte oy*row_bytes + b*pitch, odd columns from the second
+    copy, ``shift`` bytes further into its line.  A swizzled band is modelled at the k
+    steps of a line and two window rows (its pattern moves with the address)."""
+    offsets = [32 * s + row_bytes * ky for ky in range(2) for s in range(4)] if swizzle else [0]
     total = worst = 0
-    for tile in range(min(ceil_div(pixels, 16), MODELLED_TILES)):
-        for matrix in range(4):
-            quads: dict[int, set[int]] = {}
-            for lane in range(8 * matrix, 8 * matrix + 8):
-                px, k = _lane_pixel(lane, paired)
-                oy, ox = divmod(min(tile * 16 + px, pixels - 1), wo)
-                at = 2 * (oy * stride + ox * cp + k)
-                if copies == 2 and ox % 2:
-                    at += 8 + shift + (1 << 24)  # another word, the same place in its line
-                quads.setdefault(at // 16 % 8, set()).add(at)
-            degree = max(len(v) for v in quads.values())
-            total += degree
-            worst = max(worst, degree)
-    return total, worst
+    for off in offsets:
+        for tile in range(min(ceil_div(pixels, 16), MODELLED_TILES)):
+            for matrix in range(4):
+                quads: dict[int, set[int]] = {}
+                for lane in range(8 * matrix, 8 * matrix + 8):
+                    px, kb = _lane_pixel(lane, paired)
+                    oy, b = divmod(min(tile * 16 + px, pixels - 1), vw)
+                    at = oy * row_bytes + b * pitch + kb + off
+                    if copies == 2 and b % 2:
+                        at += 8 + shift + (1 << 24)  # another word, the same place in its line
+                    if swizzle:
+                        at = swizzled(at)
+                    quads.setdefault(at // 16 % 8, set()).add(at)
+                degree = max(len(v) for v in quads.values())
+                total += degree
+                worst = max(worst, degree)
+    return total / len(offsets), worst
 
 
-def _layout(shape: ConvProblem, rows: int) -> dict:
+def _layout(shape: ConvProblem, rows: int, shifts: int = 1, elem: int = 2) -> dict:
     """The band's numbers for bands of ``rows`` output rows: its padded channels and
     copies, the k steps of a window row, the band's words, and what the bank model
-    chose: the row stride, the second copy's shift, the tiles' row order (``paired``)
-    and the pixels a tile row spans (``vw``), with the fewest ldmatrix wavefronts."""
-    return _band_layout(shape.C, shape.K, shape.W + 2 * shape.pad, shape.Wo, rows)
+    chose: the row stride, the second copy's shift, the swizzle, the tiles' row order
+    (``paired``) and the base pixels a tile row spans (``vw``), with the fewest ldmatrix
+    wavefronts."""
+    return _band_layout(shape.C, shape.K, shape.W + 2 * shape.pad, shape.Wo, rows, shifts, elem)
 
 
 @functools.lru_cache(maxsize=4096)
-def _band_layout(C: int, K: int, iw: int, Wo: int, rows: int) -> dict:
-    cp, copies = channels_padded(C)
-    kr = ceil_div(K * cp, 16)  # k steps of one window row
+def _band_layout(
+    C: int, K: int, iw: int, Wo: int, rows: int, shifts: int = 1, elem: int = 2
+) -> dict:
+    cp, copies = channels_padded(C, elem, shifts)
+    kr = ceil_div((K + shifts - 1) * cp * elem, 32)  # k steps (32 bytes) of one window row
+    nb = ceil_div(Wo, shifts)  # base pixels of an output row
+    pitch = shifts * cp * elem  # bytes from one base pixel to the next
     best = None
-    # Tiles run over rows of vw pixels: Wo, or one more where Wo is odd and the band is
-    # kept twice, so that a column's copy follows the pixel's parity in every row
+    # Tiles run over rows of vw base pixels: nb, or one more where nb is odd and the band
+    # is kept twice, so that a column's copy follows the pixel's parity in every row
     # (mx-layer2, 27 columns: 27% more A wavefronts in rows of 27 than of 28, whose last
     # pixel is computed and not stored).
-    for vw in sorted({Wo, Wo + Wo % 2 * (copies - 1)}):
-        # A row's last run (column vw-1) reads 16*kr elements, 4 more in the second copy.
-        least = max(iw * cp, (vw - 1) * cp + 16 * kr + 4 * (copies - 1))
-        least = ceil_div(least, 8) * 8
+    for vw in sorted({nb, nb + nb % 2 * (copies - 1)}):
+        # A row's last run (base vw-1) reads 32*kr bytes, 8 more in the second copy.
+        least = max(iw * cp * elem, (vw - 1) * pitch + 32 * kr + 8 * (copies - 1))
+        least = ceil_div(least, 16) * 16
         tiles = ceil_div(rows * vw, 16)
-        for paired in (True, False):
-            for stride in range(least, least + 64, 8):
-                for shift in range(0, 128, 16) if copies == 2 else (0,):
-                    total, worst = _wavefronts(vw, rows * vw, cp, copies, stride, shift, paired)
-                    # the A wavefronts of an item, then the fewest tiles
-                    cost = (total * tiles / min(tiles, MODELLED_TILES), tiles)
-                    if best is None or cost < best[0]:
-                        best = (
-                            cost,
-                            dict(vw=vw, paired=paired, stride=stride, shift=shift, degree=worst),
+        for paired in (True, False) if shifts == 1 else (False,):
+            for swizzle in (False, True) if copies == 1 else (False,):
+                for row_bytes in range(least, least + 128, 16):
+                    for shift in range(0, 128, 16) if copies == 2 else (0,):
+                        total, worst = _wavefronts(
+                            vw, rows * vw, pitch, copies, row_bytes, shift, paired, swizzle
                         )
+                        # the A wavefronts of an item, then the fewest tiles, unswizzled
+                        cost = (total * tiles / min(tiles, MODELLED_TILES), tiles, swizzle)
+                        if best is None or cost < best[0]:
+                            best = (
+                                cost,
+                                dict(
+                                    vw=vw,
+                                    paired=paired,
+                                    swizzle=swizzle,
+                                    stride=row_bytes // elem,
+                                    row_bytes=row_bytes,
+                                    shift=shift,
+                                    degree=worst,
+                                ),
+                            )
     lay = best[1]
     return dict(
         lay,
         cp=cp,
         copies=copies,
         kr=kr,
+        pitch=pitch,
         ih=rows + K - 1,
         iw=iw,
-        band_words=ceil_div((rows + K - 1) * lay["stride"], 64) * 32,  # a copy, whole lines
+        band_words=ceil_div((rows + K - 1) * lay["row_bytes"], 128) * 32,  # whole lines
     )
 
 
+def use(problem: ConvProblem, shifts: int, elem: int) -> float:
+    """The share of the multiplies that meet a real tap, channel and map: the k side's
+    run of K + shifts - 1 pixels padded to whole k steps, the n side's maps x shifts
+    padded to n8 tiles, each column's K of those pixels."""
+    C, M, K = problem.C, problem.M, problem.K
+    cp, _ = channels_padded(C, elem, shifts)
+    run = ceil_div((K + shifts - 1) * cp * elem, 32) * 32 // elem
+    return K * C * M * shifts / (run * 8 * ceil_div(M * shifts, 8))
+
+
+def _steps(problem: ConvProblem, shifts: int, elem: int) -> int:
+    """k steps of a window row's run of K + shifts - 1 pixels."""
+    cp, _ = channels_padded(problem.C, elem, shifts)
+    return ceil_div((problem.K + shifts - 1) * cp * elem, 32)
+
+
+def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, int]:
+    """(cost, n8 tiles, m16 tiles) of a warp for the fit: an image's tensor and shared
+    pipe clocks an SM, the larger of 2 a mma and one a wavefront (ldmatrix.x4 four, a
+    step's B fragment two).  Pixel tiles a warp: up to 6 with a column a map, up to 4
+    with shifts, whose items have fewer tiles and would leave too few warps (layer2's
+    bf16 dgrad view with shifts 4, B=10000, H200: 2 n8 tiles x 1, 2, 3, 6 pixel tiles
+    0.98, 0.83, 0.83 and 0.98 ms)."""
+    steps = problem.K * _steps(problem, shifts, elem)
+    cols = ceil_div(problem.M * shifts, 8)
+    most = FIT_TILES.get(shifts, FIT_TILES_SHIFTED)
+    nt = ceil_div(cols, ceil_div(cols, most))
+    tiles = problem.Ho * ceil_div(problem.Wo, shifts) / 16
+    p = max(1, min(6 if shifts == 1 else 4, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
+    mma = tiles * steps * cols
+    wavefronts = tiles * steps * (4 * ceil_div(cols, nt) + 2 * cols / p)
+    return max(2 * mma, wavefronts), nt, p
+
+
 def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
-    own_dtype16(Mmahwc.key, shape, v.precision, planning=True)
+    own_math(shape, v.precision)
     C, M, H, W, K, pad = shape.C, shape.M, shape.H, shape.W, shape.K, shape.pad
     Ho, Wo = shape.Ho, shape.Wo
+    S = v.shifts
+    tf32 = v.precision is Precision.TF32
+    elem = elem_bytes(v.precision)
     if C > MAX_CHANNELS:
         raise SpecError(
             f"mmahwc keeps a pixel's channels side by side for C up to {MAX_CHANNELS}, "
             f"not {C}; use --strategy wgmma or tcgemm"
         )
-    rows, nt, p = warp_tiles(shape, v)
-    lay = _layout(shape, rows)
+    if S not in SHIFTS:
+        raise SpecError(
+            f"mmahwc's shifts are the output columns of a map on the n side: "
+            f"{', '.join(map(str, SHIFTS[:-1]))} or {SHIFTS[-1]}, not {S}"
+        )
+    rows, nt, p = warp_tiles(shape, v, M * S)
+    lay = _layout(shape, rows, S, elem)
     cp, copies, kr, ih, stride = lay["cp"], lay["copies"], lay["kr"], lay["ih"], lay["stride"]
     steps = K * kr
-    map_tiles = ceil_div(M, 8)
+    map_tiles = ceil_div(M * S, 8)  # n8 tiles: maps x shifts
     map_groups = ceil_div(map_tiles, nt)
-    map_tiles = map_groups * nt  # B holds zero maps up to whole map groups
+    map_tiles = map_groups * nt  # B holds zero columns up to whole groups
     vw = lay["vw"]
-    pixels = rows * vw
+    pixels = rows * vw  # base pixels of an item
     tiles = ceil_div(pixels, 16)
     # Registers: accumulators, a step's A and B fragments, the tiles' addresses and about
     # 40 for the rest; two blocks an SM.
@@ -176,11 +290,11 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     warps = map_groups * pg
     threads = 32 * warps
 
-    # Shared memory in 32-bit words: B fragments [step][map tile][lane] of uint2, the raw
+    # Shared memory in 32-bit words: B fragments [step][n8 tile][lane] of uint2, the raw
     # band in x's order, then the band's copies, each [ih][stride], the second `shift`
     # bytes further into its 128-byte line.
     b_words = steps * map_tiles * 64
-    chunk_words, raw_words, _, _ = band16_words(shape, ih, 0)
+    chunk_words, raw_words, _, _ = band16_words(shape, ih, 0, elem)
     band_words = lay["band_words"]
     copy1_at = b_words + raw_words + band_words + lay["shift"] // 4
     words = b_words + raw_words + copies * band_words + (lay["shift"] // 4 + 4) * (copies - 1)
@@ -193,12 +307,19 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             f"{max(1, rows // 2)}"
         )
     bands_per_image = ceil_div(Ho, rows)
-    unit = 8 if copies == 1 else 4  # elements a spread store writes
-    kpad = 16 * steps
+    # Bytes a spread store writes: 16 where every pixel starts on a 16-byte boundary (and
+    # the band is kept once), else 8.
+    unit_bytes = 16 if copies == 1 and cp * elem % 16 == 0 else 8
+    unit = unit_bytes // elem
+    math = v.precision.value
+    kpad = 32 // elem * steps
     ctx = dict(
         shape_context(shape),
-        **band16_context(shape, ih, threads, chunk_words, spread=False),
-        elem="f16" if shape.dtype is DType.FP16 else "bf16",
+        **band16_context(shape, ih, threads, chunk_words, spread=False, elem_bytes=elem),
+        elem="tf32" if tf32 else "f16" if shape.dtype is DType.FP16 else "bf16",
+        tf32=tf32,
+        eb=elem,
+        xt="float" if tf32 else "unsigned short",
         rows=rows,
         ih=ih,
         iw=lay["iw"],
@@ -207,7 +328,11 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         kr=kr,
         steps=steps,
         stride=stride,
+        shifts=S,
+        pitch=lay["pitch"],
+        swizzle=lay["swizzle"],
         unit=unit,
+        unit_bytes=unit_bytes,
         units=cp // unit,
         chunk_words=chunk_words,
         copy_words=C * chunk_words,
@@ -218,9 +343,9 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         copy1_words=copy1_at - b_words - raw_words,  # the second copy's word from the band's
         # an odd column's run: from the second copy, 4 elements on
         copy1_bytes=4 * (copy1_at - b_words - raw_words) + 8,
-        row_bytes=2 * stride,
-        last_pixel=rows * lay["vw"] - 1,
-        words_a_pixel=cp // 2,
+        row_bytes=lay["row_bytes"],
+        last_pixel=pixels - 1,
+        words_a_pixel=cp * elem // 4,
         step_fragments=map_tiles * 32,  # uint2 B fragments of one k step
         zero_words=words - b_words - raw_words,
         b_words=b_words,
@@ -245,38 +370,55 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         band_pixels=ih * W,
         bands_per_image=bands_per_image,
         guard_rows=Ho % rows != 0,
-        guard_maps=map_tiles * 8 != M,
+        guard_maps=map_tiles * 8 != M * S,
         smem_bytes=nbytes,
-        precision_note=f"{shape.dtype.value} products exact, accumulated in fp32",
+        precision_note=(
+            "x and w rounded to tf32 (cvt.rna), products accumulated in fp32"
+            if tf32
+            else f"{shape.dtype.value} products exact, accumulated in fp32"
+        ),
     )
+    n_side = f"{M} maps x {S} output columns" if S > 1 else f"{M} maps"
     sizes = [
         Size("output", f"{M} x {Ho} x {Wo}", f"Ho = H + 2*pad - K + 1 = {H}+{2 * pad}-{K}+1"),
         Size(
             "fragment",
-            f"mma.m16n8k16, {shape.dtype.value}",
-            "16 pixels x 8 maps x 16 elements of a window row's taps x channels run",
+            f"mma.m16n8k{32 // elem}, {math}",
+            f"16 pixels x 8 columns x {32 // elem} elements of a window row's taps x channels run",
+        ),
+        Size(
+            "n side",
+            f"{n_side} -> {8 * map_tiles}",
+            (
+                f"column (m, d) of base pixel (oy, {S}b) is output (m, oy, {S}b + d): its "
+                f"run spans {K + S - 1} pixels, tap kx at pixel kx + d"
+                if S > 1
+                else "a column a map"
+            )
+            + f"; {100 * use(shape, S, elem):.0f}% of the multiplies meet a tap, channel and map",
         ),
         Size(
             "k padding",
-            f"{shape.reduction} -> {kpad} ({100.0 * (kpad - shape.reduction) / kpad:.1f}% zeros)",
+            f"{shape.reduction} -> {kpad}",
             (f"C to {cp}, " if cp != C else "")
-            + f"a window row's {K} x {cp} to {16 * kr}: {kr} k steps a row, {steps} in all",
+            + f"a window row's {K + S - 1} x {cp} to {32 // elem * kr}: {kr} k steps a row, "
+            f"{steps} in all",
         ),
         Size(
             "warp",
             f"{p} x {nt} mma per k step",
-            f"register tile {16 * p} pixels x {8 * nt} maps = {4 * nt * p} accumulators per "
-            f"thread; {p} ldmatrix.x4 and {nt} 8-byte B loads a step",
+            f"register tile {16 * p} base pixels x {8 * nt} columns = {4 * nt * p} "
+            f"accumulators per thread; {p} ldmatrix.x4 and {nt} 8-byte B loads a step",
         ),
         Size(
             "block",
             f"{threads} threads",
-            f"{map_groups} map group(s) x {pg} pixel group(s) of warps, two blocks an SM",
+            f"{map_groups} column group(s) x {pg} pixel group(s) of warps, two blocks an SM",
         ),
         Size(
             "work item",
-            f"{rows} output rows = {pixels} pixels"
-            + (f" (rows of {vw}: the last column computed, not stored)" if vw != Wo else ""),
+            f"{rows} output rows = {pixels} base pixels"
+            + (f" (rows of {vw}: the last computed, not stored)" if vw * S > Wo else ""),
             f"{tiles} m16 tiles in {passes} pass(es) of {pg * p} "
             f"({100.0 * (1 - tiles / (passes * pg * p)):.0f}% idle); "
             f"{bands_per_image} item(s) per image",
@@ -284,18 +426,19 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         Size(
             "smem B",
             f"{4 * b_words} B",
-            f"{steps} k steps x {map_tiles} map tiles x 32 lanes x 8 B",
+            f"{steps} k steps x {map_tiles} n8 tiles x 32 lanes x 8 B",
         ),
         Size(
             "smem raw band",
-            f"{4 * raw_words} B [{C}][{2 * chunk_words}]",
+            f"{4 * raw_words} B [{C}][{4 // elem * chunk_words}]",
             f"{ih} input rows of {W} per channel as x holds them, by 16-byte cp.async",
         ),
         Size(
             "smem band",
-            f"{copies} x [{ih}][{stride}] {shape.dtype.value}",
+            f"{copies} x [{ih}][{stride}] {'tf32' if tf32 else shape.dtype.value}",
             f"[row][column][{cp} channels], row stride {stride}"
             + (", the second copy 4 elements on (odd columns' runs aligned)" if copies == 2 else "")
+            + (", 16-byte units swizzled in their 128-byte line" if lay["swizzle"] else "")
             + f": {lay['degree']}-way ldmatrix conflicts at worst",
         ),
     ]
@@ -309,16 +452,22 @@ class Mmahwc(Variant):
     key = "mmahwc"
     family = "gemm"
     description = (
-        "persistent blocks on fp16/bf16 tensor cores over a band spread pixel by pixel "
-        "(HWC): a window row's taps x channels one run on the k side, A by ldmatrix"
+        "persistent blocks on tensor cores (fp16/bf16, tf32 for fp32 tensors) over a band "
+        "spread pixel by pixel (HWC): a window row's taps x channels one run on the k side, "
+        "A by ldmatrix, a map's neighbouring output columns on the n side"
     )
     serves = EPILOGUE | {Feature.DTYPE16}
-    precisions = FRAGMENT16
+    precisions = (*FRAGMENT16, Precision.TF32)
     tensor_core = True
 
     tile: int = param(16, Count("t"), "mmahwc: output rows per band")
     regtile: tuple[int, int] = param(
-        (24, 32), Pair("r"), "mmahwc: maps x pixels of a warp (whole n8 and m16 tiles)"
+        (24, 32),
+        Pair("r"),
+        "mmahwc: n-side columns (maps x shifts) x base pixels of a warp (whole n8 and m16 tiles)",
+    )
+    shifts: int = param(
+        1, Count("s"), "mmahwc: output columns of a map on the n side (1, 2, 4 or 8)"
     )
 
     def plan(self, problem):
@@ -326,60 +475,97 @@ class Mmahwc(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The tensors' own dtype, where at least 3/4 of the k steps and of the n8 map
-        tiles carry real channels and maps; every map in a warp up to 3 tiles (else the
-        fewest even groups), up to 6 pixel tiles within 64 accumulators, and the band that lets two
-        blocks share an SM with the fewest input rows an image (taller on ties), else
-        the tallest that fits.  bf16 at B=10000 (H200, 2026-11-24), mx-layer2's dgrad
-        view in bands of 11 rows (two blocks an SM): 16 maps x 96 pixels a warp 1.45 ms,
-        x 64 1.52, x 128 1.49; mx-layer2's forward pass in bands of 14, 24 maps x 80
-        pixels 0.79, x 64 0.88, x 48 0.93; whole images (one block an SM) 0.97."""
-        own_dtype16(cls.key, problem, seed.precision, planning=False)
+        """The tensors' own math (tf32 for fp32).  Shifts: of those that leave 3/4 of the
+        k steps and n8 tiles real with one column a map, or half the multiplies real
+        with more, the cheapest by ``_model``.  Every column in a warp up to 3 tiles (4
+        with shifts; else the fewest even groups), up to 6 pixel tiles within 64
+        accumulators, and the band (at least K - 1 rows) that lets two blocks share an
+        SM with the fewest input rows an image (taller on ties), else the tallest that
+        fits.  bf16 at
+        B=10000 (H200, 2026-11-24), mx-layer2's dgrad view in bands of 11 rows (two
+        blocks an SM): 16 maps x 96 pixels a warp 1.45 ms, x 64 1.52, x 128 1.49;
+        mx-layer2's forward pass in bands of 14, 24 maps x 80 pixels 0.79, x 64 0.88,
+        x 48 0.93; whole images (one block an SM) 0.97."""
+        own_math(problem, seed.precision)
         C, M, K = problem.C, problem.M, problem.K
         if C > MAX_CHANNELS:
             raise SpecError(
                 f"mmahwc keeps a pixel's channels side by side for C up to {MAX_CHANNELS}, "
                 f"not {C}; use --strategy wgmma or tcgemm"
             )
-        cp, _ = channels_padded(C)
-        use = C * K / (16 * ceil_div(K * cp, 16))
+        elem = elem_bytes(seed.precision)
+        cp, _ = channels_padded(C, elem)
+        k_use = C * K / (32 // elem * ceil_div(K * cp * elem, 32))
         fill = M / (8 * ceil_div(M, 8))
-        if use < MIN_K_USE or fill < MIN_K_USE:
+        fits = []
+        one = k_use >= MIN_K_USE and fill >= MIN_K_USE
+        if one:
+            fits.append((_model(problem, 1, elem), 1))
+        # Shifts where one column a map does not fit, or where they cost no k step (mx-layer2's
+        # bf16 dgrad view, 24 channels: 11 k steps a row with one column, 12 with two, and
+        # 1.45 ms against 1.88-2.06 with two, B=10000, H200).
+        fits += [
+            (_model(problem, S, elem), S)
+            for S in SHIFTS[1:]
+            if S <= problem.Wo
+            and use(problem, S, elem) >= MIN_SHIFTED_USE
+            and (not one or _steps(problem, S, elem) == _steps(problem, 1, elem))
+        ]
+        if not fits:
             raise SpecError(
-                f"mmahwc: {100 * use:.0f}% of the k side and {100 * fill:.0f}% of the map "
-                f"tiles would carry C={C}, M={M}; it wants {100 * MIN_K_USE:.0f}%"
+                f"mmahwc: {100 * k_use:.0f}% of the k side and {100 * fill:.0f}% of the map "
+                f"tiles would carry C={C}, M={M}, and at most "
+                f"{100 * max(use(problem, S, elem) for S in SHIFTS[1:]):.0f}% of the "
+                f"multiplies with output columns on the n side; it wants "
+                f"{100 * MIN_K_USE:.0f}% and {100 * MIN_SHIFTED_USE:.0f}%"
             )
-        map_tiles = ceil_div(M, 8)
-        nt = ceil_div(map_tiles, ceil_div(map_tiles, 3))
-        p = max(1, min(6, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
-        base = replace(seed, regtile=(8 * nt, 16 * p))
-        two, one = [], []
-        for rows in range(problem.Ho, 0, -1):
-            try:
-                plan = make_plan(problem, replace(base, tile=rows))
-            except SpecError:
-                continue
-            cost = (ceil_div(problem.Ho, rows) * (rows + K - 1), -rows)
-            if BLOCKS16 * (plan.dynamic_smem + 1024) <= SM_SHARED:
-                two.append((cost, rows))
-            else:
-                one.append(rows)
-        if two:
-            rows = min(two)[1]
-        elif one:
-            rows = max(one)
-        else:
+        # The cheapest shifts whose band lets two blocks share an SM, else the cheapest.
+        fallback = None
+        for (_, nt, p), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
+            base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S)
+            two, one = [], []
+            for rows in range(problem.Ho, 0, -1):
+                try:
+                    plan = make_plan(problem, replace(base, tile=rows))
+                except SpecError:
+                    continue
+                band_cost = (ceil_div(problem.Ho, rows) * (rows + K - 1), -rows)
+                # two blocks an SM, where the band is at least its halo's height
+                if BLOCKS16 * (plan.dynamic_smem + 1024) <= SM_SHARED and rows >= min(
+                    K - 1, problem.Ho
+                ):
+                    two.append((band_cost, rows))
+                else:
+                    one.append(rows)
+            if two:
+                fallback = (base, min(two)[1])
+                break
+            if one and fallback is None:
+                fallback = (base, max(one))
+        if fallback is None:
             raise SpecError("mmahwc: no band of this problem fits an SM's shared memory")
+        base, rows = fallback
         return replace(base, tile=ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
 
     @classmethod
     def space(cls, problem, precision):
-        """1 to 3 map tiles by 1 to 8 pixel tiles a warp (at most 64 accumulators),
-        bands of Ho/k rows."""
-        map_tiles = min(3, ceil_div(problem.M, 8))
+        """Shifts 1 (1 to 3 n8 tiles) and those whose multiplies are half real (up to 4),
+        1 to 8 pixel tiles a warp (at most 64 accumulators), bands of Ho/k rows; those
+        that plan."""
+        elem = elem_bytes(precision)
         rows = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4, 6)}, reverse=True)
-        return [
-            cls(tile=r, regtile=(8 * nt, 16 * p), precision=precision)
-            for nt, p, r in itertools.product(range(1, map_tiles + 1), range(1, 9), rows)
-            if 4 * nt * p <= MAX_ACCUMULATORS
-        ]
+        out = []
+        for S in SHIFTS:
+            if S > 1 and (S > problem.Wo or use(problem, S, elem) < MIN_SHIFTED_USE):
+                continue
+            most = min(FIT_TILES.get(S, FIT_TILES_SHIFTED), ceil_div(problem.M * S, 8))
+            for nt, p, r in itertools.product(range(1, most + 1), range(1, 9), rows):
+                v = cls(tile=r, regtile=(8 * nt, 16 * p), shifts=S, precision=precision)
+                if 4 * nt * p > MAX_ACCUMULATORS:
+                    continue
+                try:  # the B fragments and band of long runs may not fit shared memory
+                    plan_mmahwc(problem, v)
+                except SpecError:
+                    continue
+                out.append(v)
+        return out

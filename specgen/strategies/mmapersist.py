@@ -129,11 +129,11 @@ def warp_map_tiles(M: int, mw: int) -> int:
     return mw // 8
 
 
-def warp_tiles(shape: ConvProblem, v: Variant) -> tuple[int, int, int]:
+def warp_tiles(shape: ConvProblem, v: Variant, columns: int = 0) -> tuple[int, int, int]:
     """(rows, n8 map tiles, m16 pixel tiles) of a warp of a band-walking tensor-core
     strategy (v.tile output rows a band, v.regtile maps x pixels a warp), checked against
-    the problem."""
-    M, Ho = shape.M, shape.Ho
+    the problem: its M maps, or ``columns`` of the n side where a map has several."""
+    M, Ho = columns or shape.M, shape.Ho
     rows = v.tile
     mw, pw = v.regtile
     if rows < 1 or rows > Ho:
@@ -330,13 +330,17 @@ def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
     return best
 
 
-def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, int, int]:
+def band16_words(
+    shape: ConvProblem, ih: int, elements: int, elem_bytes: int = 2
+) -> tuple[int, int, int, int]:
     """Shared words of templates/gemm/band16.j2's buffers: (a channel's raw chunk, a raw
     band, the even copy, the odd copy) for bands of ih input rows whose copies hold
     ``elements`` 16-bit values each.  A chunk starts at the 16-byte boundary at or before
-    its channel's first element and is whole 16-byte units; the odd copy starts 16 banks
-    after the even one, so that a warp's loads from the two never meet in a bank."""
-    chunk_words = ceil_div(ih * shape.W + 7, 8) * 4
+    its channel's first element and is whole 16-byte units (of x's elements of
+    ``elem_bytes``); the odd copy starts 16 banks after the even one, so that a warp's
+    loads from the two never meet in a bank."""
+    unit = 16 // elem_bytes
+    chunk_words = ceil_div(ih * shape.W + unit - 1, unit) * 4
     raw_words = ceil_div(shape.C * chunk_words, 4) * 4
     even_words = ceil_div(ceil_div(elements, 2), 32) * 32 + 16
     odd_words = ceil_div(ceil_div(elements, 2) + 1, 4) * 4
@@ -344,16 +348,24 @@ def band16_words(shape: ConvProblem, ih: int, elements: int) -> tuple[int, int, 
 
 
 def band16_context(
-    shape: ConvProblem, ih: int, threads: int, chunk_words: int, spread: bool = True
+    shape: ConvProblem,
+    ih: int,
+    threads: int,
+    chunk_words: int,
+    spread: bool = True,
+    elem_bytes: int = 2,
 ) -> dict:
     """The numbers templates/gemm/band16.j2's fetch and spread loop over: a warp a row
     of the band's C x ih rows, a lane a column, in passes of 32 columns; ``spread``
-    False: the kernel lays the raw band out its own way, and band16 has no spread."""
+    False: the kernel lays the raw band out its own way, and band16 has no spread.
+    ``elem_bytes`` 4: x is fp32, fetched the same way, 4 elements a 16-byte unit."""
     iw = shape.W + 2 * shape.pad
     return dict(
         spread_rows=shape.C * ih,
         warps=threads // 32,
-        chunk_elems=2 * chunk_words,
+        raw_unit=16 // elem_bytes,
+        raw_type="float" if elem_bytes == 4 else "unsigned short",
+        chunk_elems=4 // elem_bytes * chunk_words,
         spread_words=ceil_div(iw, 2),  # a lane a word of each copy
         spread_word_passes=ceil_div(ceil_div(iw, 2), 32),
         band16_spread=spread,
