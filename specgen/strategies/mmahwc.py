@@ -91,9 +91,14 @@ MIN_SHIFTED_USE = 0.5
 # Output columns a map may take on the n side: one, or an even number (a lane's two
 # accumulators of a map are then neighbours in a row).
 SHIFTS = (1, 2, 4, 8)
-# n8 tiles of a warp in the fit: 3 where each column is a map (as measured), 4 with shifts.
-FIT_TILES = {1: 3}
-FIT_TILES_SHIFTED = 4
+
+
+def most_tiles(shifts: int) -> int:
+    """n8 tiles of a warp in the fit and the space: 3 where each column is a map (as
+    measured), 4 with shifts."""
+    return 3 if shifts == 1 else 4
+
+
 # The bank model of a band's A loads looks at this many of an item's tiles.
 MODELLED_TILES = 24
 
@@ -248,7 +253,7 @@ def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, in
     0.98, 0.83, 0.83 and 0.98 ms)."""
     steps = problem.K * _steps(problem, shifts, elem)
     cols = ceil_div(problem.M * shifts, 8)
-    most = FIT_TILES.get(shifts, FIT_TILES_SHIFTED)
+    most = most_tiles(shifts)
     nt = ceil_div(cols, ceil_div(cols, most))
     tiles = problem.Ho * ceil_div(problem.Wo, shifts) / 16
     p = max(1, min(6 if shifts == 1 else 4, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
@@ -274,7 +279,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             f"mmahwc's shifts are the output columns of a map on the n side: "
             f"{', '.join(map(str, SHIFTS[:-1]))} or {SHIFTS[-1]}, not {S}"
         )
-    rows, nt, p = warp_tiles(shape, v, M * S)
+    rows, nt, p = warp_tiles(shape, v, M * S, f"M x shifts = {M} x {S}" if S > 1 else "")
     lay = _layout(shape, rows, S, elem)
     cp, copies, kr, ih, stride = lay["cp"], lay["copies"], lay["kr"], lay["ih"], lay["stride"]
     steps = K * kr
@@ -319,7 +324,6 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         elem="tf32" if tf32 else "f16" if shape.dtype is DType.FP16 else "bf16",
         tf32=tf32,
         eb=elem,
-        xt="float" if tf32 else "unsigned short",
         rows=rows,
         ih=ih,
         iw=lay["iw"],
@@ -494,8 +498,7 @@ class Mmahwc(Variant):
                 f"not {C}; use --strategy wgmma or tcgemm"
             )
         elem = elem_bytes(seed.precision)
-        cp, _ = channels_padded(C, elem)
-        k_use = C * K / (32 // elem * ceil_div(K * cp * elem, 32))
+        k_use = C * K / (32 // elem * _steps(problem, 1, elem))
         fill = M / (8 * ceil_div(M, 8))
         fits = []
         one = k_use >= MIN_K_USE and fill >= MIN_K_USE
@@ -558,7 +561,7 @@ class Mmahwc(Variant):
         for S in SHIFTS:
             if S > 1 and (S > problem.Wo or use(problem, S, elem) < MIN_SHIFTED_USE):
                 continue
-            most = min(FIT_TILES.get(S, FIT_TILES_SHIFTED), ceil_div(problem.M * S, 8))
+            most = min(most_tiles(S), ceil_div(problem.M * S, 8))
             for nt, p, r in itertools.product(range(1, most + 1), range(1, 9), rows):
                 v = cls(tile=r, regtile=(8 * nt, 16 * p), shifts=S, precision=precision)
                 if 4 * nt * p > MAX_ACCUMULATORS:

@@ -117,28 +117,32 @@ def _warp_grid(
     return best[1], best[2]
 
 
-def warp_map_tiles(M: int, mw: int) -> int:
-    """The n8 map tiles of a warp's ``mw`` maps, which must be whole tiles of M's."""
+def warp_map_tiles(M: int, mw: int, of: str = "") -> int:
+    """The n8 map tiles of a warp's ``mw`` maps, which must be whole tiles of M's (``of``:
+    what M counts, where it is not the maps)."""
     map_tiles = ceil_div(M, 8)
     if mw < 8 or mw % 8 or mw > 8 * map_tiles:
         choices = ", ".join(str(8 * n) for n in range(1, map_tiles + 1))
         raise SpecError(
-            f"register tile maps {mw}: a warp takes whole n8 map tiles of M={M}; "
+            f"register tile maps {mw}: a warp takes whole n8 map tiles of {of or f'M={M}'}; "
             f"choose one of {choices}"
         )
     return mw // 8
 
 
-def warp_tiles(shape: ConvProblem, v: Variant, columns: int = 0) -> tuple[int, int, int]:
+def warp_tiles(
+    shape: ConvProblem, v: Variant, columns: int = 0, of: str = ""
+) -> tuple[int, int, int]:
     """(rows, n8 map tiles, m16 pixel tiles) of a warp of a band-walking tensor-core
     strategy (v.tile output rows a band, v.regtile maps x pixels a warp), checked against
-    the problem: its M maps, or ``columns`` of the n side where a map has several."""
+    the problem: its M maps, or ``columns`` of the n side (``of`` saying what they are)
+    where a map has several."""
     M, Ho = columns or shape.M, shape.Ho
     rows = v.tile
     mw, pw = v.regtile
     if rows < 1 or rows > Ho:
         raise SpecError(f"{v.key}'s tile is a band of output rows, 1 to Ho={Ho}; got {rows}")
-    warp_map_tiles(M, mw)
+    warp_map_tiles(M, mw, of)
     if pw < 16 or pw % 16:
         raise SpecError(
             f"register tile pixels {pw}: a warp takes whole m16 pixel tiles; choose 16, 32, 48 or 64"
@@ -363,8 +367,9 @@ def band16_context(
     return dict(
         spread_rows=shape.C * ih,
         warps=threads // 32,
-        raw_unit=16 // elem_bytes,
-        raw_type="float" if elem_bytes == 4 else "unsigned short",
+        raw_unit=16 // elem_bytes,  # x's elements a 16-byte unit
+        raw_bytes=elem_bytes,
+        xt="float" if elem_bytes == 4 else "unsigned short",  # x's element type
         chunk_elems=4 // elem_bytes * chunk_words,
         spread_words=ceil_div(iw, 2),  # a lane a word of each copy
         spread_word_passes=ceil_div(ceil_div(iw, 2), 32),
