@@ -10,6 +10,8 @@ default sets cover it (tests/test_gpu.py draws 16-bit windows and dgrad views)."
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -108,11 +110,12 @@ def _b_step(w, ctx, shape, s):
 
 def _emulate(shape, plan, x, w):
     """Every tile of every item: each lane's ldmatrix row (its base pixel's run, in the copy
-    the column's parity picks, through the swizzle), the k steps of every window row, the
-    stores of the columns in the band's rows and Wo's columns."""
+    the column's parity picks, through the swizzle) for each row of its stack, the k steps
+    of every window row, the stores of the columns in the band's rows and Wo's columns."""
     ctx = plan.context
     M, Ho, Wo = shape.M, shape.Ho, shape.Wo
     rows, bpi, vw, S = ctx["rows"], ctx["bands_per_image"], ctx["vw"], ctx["shifts"]
+    R = ctx["stack"]
     copy1 = 4 * (ctx["copy1_at"] - ctx["band_at"]) + 8
     steps = [_b_step(w, ctx, shape, s) for s in range(ctx["steps"])]
     order = [_lane_pixel(lane, ctx["paired"])[0] for lane in range(16)]
@@ -121,25 +124,26 @@ def _emulate(shape, plan, x, w):
         n, oy0 = item // bpi, item % bpi * rows
         smem = _spread(shape, ctx, x, item)
         valid = min(rows, Ho - oy0)
-        for tile in range(ctx["tiles"]):
+        for tile, r in itertools.product(range(ctx["tiles"]), range(R)):
             acc = np.zeros((16, 8 * ctx["map_tiles"]))
             base = []
             for row in range(16):
-                px = min(tile * 16 + order[row], ctx["pixels"] - 1)
+                px = min(tile * 16 + order[row], ctx["last_pixel"])
                 oy, b = divmod(px, vw)
-                at = oy * ctx["row_bytes"] + b * ctx["pitch"]
+                at = R * oy * ctx["row_bytes"] + b * ctx["pitch"]
                 if ctx["copies"] == 2 and b % 2:
                     at += copy1
                 base.append(at)
             for s in range(ctx["steps"]):
                 ky, k = divmod(s, ctx["kr"])
-                off = ky * ctx["row_bytes"] + 32 * k
+                off = (ky + r) * ctx["row_bytes"] + 32 * k  # row r of the stack meets ky + r
                 A = np.stack(
                     [np.concatenate([_unit(smem, ctx, b + off + h) for h in (0, 16)]) for b in base]
                 )
                 acc += A @ steps[s]
             for row in range(16):
-                oy, b = divmod(tile * 16 + order[row], vw)
+                j, b = divmod(tile * 16 + order[row], vw)
+                oy = R * j + r
                 for col in range(8 * ctx["map_tiles"]):
                     m, d = divmod(col, S)
                     if oy < valid and S * b + d < Wo and m < M:
@@ -151,13 +155,19 @@ CASES = [
     ("C=12,M=24,H=17,W=17,K=7", None),  # mx-layer2's kind: two copies, rows of Wo + 1
     ("C=24,M=12,H=11,W=11,K=7,pad=6", None),  # its dgrad view: one copy, maps past M
     ("C=4,M=16,H=20,W=20,K=7", None),  # layer2's kind: 4 channels, shifts 2
-    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s1"),  # pixel pairs, two copies
-    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t4_r16x32_s1"),  # C padded to 8; short last band
+    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s1_v1"),  # pixel pairs, two copies
+    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t4_r16x32_s1_v1"),  # C padded to 8; short last band
     ("C=20,M=16,H=9,W=15,K=3,pad=1", None),  # 20 channels: two copies, odd width
-    ("C=13,M=12,H=11,W=9,K=3,pad=1", "mmahwc_t4_r16x16_s1"),  # 16 channels, bands of 4
+    ("C=13,M=12,H=11,W=9,K=3,pad=1", "mmahwc_t4_r16x16_s1_v1"),  # 16 channels, bands of 4
     ("C=16,M=4,H=12,W=12,K=7,pad=6", None),  # layer2's dgrad view: shifts, swizzled
-    ("C=16,M=4,H=9,W=9,K=7,pad=6", "mmahwc_t5_r16x32_s4"),  # 15 columns: the last base's
-    ("C=12,M=6,H=10,W=13,K=5,pad=2", "mmahwc_t3_r24x16_s4"),  # 6 maps x 4: a guarded tile
+    ("C=16,M=4,H=9,W=9,K=7,pad=6", "mmahwc_t5_r16x32_s4_v1"),  # 15 columns: the last base's
+    ("C=12,M=6,H=10,W=13,K=5,pad=2", "mmahwc_t3_r24x16_s4_v1"),  # 6 maps x 4: a guarded tile
+    ("C=16,M=4,H=12,W=12,K=7,pad=6", "mmahwc_t6_r16x32_s4_v2"),  # stacks of 2, swizzled
+    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t8_r24x16_s1_v4"),  # stacks of 4, two copies, paired
+    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t6_r16x16_s1_v3"),  # 3 rows a stack, short band
+    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s2_v2"),  # stacks with shifts 2
+    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t11_r24x16_s1_v4"),  # a band of 2 stacks and 3 rows
+    ("C=16,M=4,H=9,W=10,K=7,pad=6", "mmahwc_t5_r16x16_s4_v3"),  # 5 rows: a stack past Ho
 ]
 
 
@@ -239,21 +249,23 @@ def test_defaults_and_neighbours_compile_clean(spec):
 
 
 def test_limits_are_one_line_refusals():
-    """Channels past 64, warp maps that are not whole n8 tiles, accumulators past 64,
-    fp32 tensors, shared memory past the block's; and the fit's refusal of layers whose
+    """Channels past 64, warp maps that are not whole n8 tiles, accumulators past 64
+    (stacked rows counted), fp32 tensors, shared memory past the block's; and the fit's refusal of layers whose
     channels or maps fill too little of its tiles."""
     assert_one_line_refusal(
-        "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_bf16", "C up to 64"
+        "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_v1_bf16", "C up to 64"
     )
     bf = "C=12,M=24,H=33,W=33,K=7,dtype=bf16"
-    assert_one_line_refusal(bf, "mmahwc_t8_r12x32_s1_bf16", "whole n8 map tiles")
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x96_s1_bf16", "accumulators per thread")
+    assert_one_line_refusal(bf, "mmahwc_t8_r12x32_s1_v1_bf16", "whole n8 map tiles")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x96_s1_v1_bf16", "accumulators per thread")
     assert_one_line_refusal(
-        "C=12,M=24,H=33,W=33,K=7", "mmahwc_t8_r24x32_s1_bf16", "take --precision tf32"
+        "C=12,M=24,H=33,W=33,K=7", "mmahwc_t8_r24x32_s1_v1_bf16", "take --precision tf32"
     )
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s3_bf16", "1, 2, 4 or 8")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s3_v1_bf16", "1, 2, 4 or 8")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s1_v4_bf16", "stacked rows x 4")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v5_bf16", "1, 2, 3 or 4")
     assert_one_line_refusal(
-        "C=64,M=64,H=200,W=200,K=7,dtype=bf16", "mmahwc_t194_r16x32_s1_bf16", "shared memory"
+        "C=64,M=64,H=200,W=200,K=7,dtype=bf16", "mmahwc_t194_r16x32_s1_v1_bf16", "shared memory"
     )
     with pytest.raises(Exception) as e:
         Mmahwc.default(parse_shape("C=1,M=4,H=86,W=86,K=7,dtype=bf16"), Precision.BF16)

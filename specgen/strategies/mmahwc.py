@@ -66,6 +66,7 @@ from ..plan.common import (
     band_walk_plan,
     ceil_div,
     shape_context,
+    smem_blocks,
 )
 from ..shapes import ConvProblem, DType, Feature
 from ..variants import EPILOGUE, Count, Pair, Precision, Variant, param
@@ -91,6 +92,9 @@ MIN_SHIFTED_USE = 0.5
 # Output columns a map may take on the n side: one, or an even number (a lane's two
 # accumulators of a map are then neighbours in a row).
 SHIFTS = (1, 2, 4, 8)
+# Output rows of a stack: a warp's tiles of pixels in each of them, each ldmatrix of an
+# input row feeding every row of the stack.
+STACKS = (1, 2, 3, 4)
 
 
 def most_tiles(shifts: int) -> int:
@@ -139,12 +143,13 @@ def swizzled(at: int) -> int:
     return at ^ ((at >> 3) & 0x70)
 
 
-def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle):
+def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle, stack=1):
     """(wavefronts, worst) of an item's A loads: an ldmatrix matrix reads 8 rows of 16
     bytes, one wavefront for each of them in the same bank quad (of 8 per 128 bytes) at
-    worst; base pixel (oy, b) at byte oy*row_bytes + b*pitch, odd columns from the second
-    copy, ``shift`` bytes further into its line.  A swizzled band is modelled at the k
-    steps of a line and two window rows (its pattern moves with the address)."""
+    worst; tile pixel q at base column b = q % vw of output row oy = stack * (q // vw), at
+    byte oy*row_bytes + b*pitch, odd columns from the second copy, ``shift`` bytes further
+    into its line.  A swizzled band is modelled at the k steps of a line and two window
+    rows (its pattern moves with the address)."""
     offsets = [32 * s + row_bytes * ky for ky in range(2) for s in range(4)] if swizzle else [0]
     total = worst = 0
     for off in offsets:
@@ -154,7 +159,7 @@ def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle):
                 for lane in range(8 * matrix, 8 * matrix + 8):
                     px, kb = _lane_pixel(lane, paired)
                     oy, b = divmod(min(tile * 16 + px, pixels - 1), vw)
-                    at = oy * row_bytes + b * pitch + kb + off
+                    at = stack * oy * row_bytes + b * pitch + kb + off
                     if copies == 2 and b % 2:
                         at += 8 + shift + (1 << 24)  # another word, the same place in its line
                     if swizzle:
@@ -166,18 +171,20 @@ def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle):
     return total / len(offsets), worst
 
 
-def _layout(shape: ConvProblem, rows: int, shifts: int = 1, elem: int = 2) -> dict:
-    """The band's numbers for bands of ``rows`` output rows: its padded channels and
-    copies, the k steps of a window row, the band's words, and what the bank model
-    chose: the row stride, the second copy's shift, the swizzle, the tiles' row order
-    (``paired``) and the base pixels a tile row spans (``vw``), with the fewest ldmatrix
-    wavefronts."""
-    return _band_layout(shape.C, shape.K, shape.W + 2 * shape.pad, shape.Wo, rows, shifts, elem)
+def _layout(shape: ConvProblem, rows: int, shifts: int = 1, elem: int = 2, stack: int = 1) -> dict:
+    """The band's numbers for bands of ``rows`` output rows (tiles over its stacks of
+    ``stack`` rows): its padded channels and copies, the k steps of a window row, the
+    band's words, and what the bank model chose: the row stride, the second copy's shift,
+    the swizzle, the tiles' row order (``paired``) and the base pixels a tile row spans
+    (``vw``), with the fewest ldmatrix wavefronts."""
+    return _band_layout(
+        shape.C, shape.K, shape.W + 2 * shape.pad, shape.Wo, rows, shifts, elem, stack
+    )
 
 
 @functools.lru_cache(maxsize=4096)
 def _band_layout(
-    C: int, K: int, iw: int, Wo: int, rows: int, shifts: int = 1, elem: int = 2
+    C: int, K: int, iw: int, Wo: int, rows: int, shifts: int = 1, elem: int = 2, stack: int = 1
 ) -> dict:
     cp, copies = channels_padded(C, elem, shifts)
     kr = ceil_div((K + shifts - 1) * cp * elem, 32)  # k steps (32 bytes) of one window row
@@ -192,13 +199,14 @@ def _band_layout(
         # A row's last run (base vw-1) reads 32*kr bytes, 8 more in the second copy.
         least = max(iw * cp * elem, (vw - 1) * pitch + 32 * kr + 8 * (copies - 1))
         least = ceil_div(least, 16) * 16
-        tiles = ceil_div(rows * vw, 16)
+        lead = rows // stack * vw  # the tiles' pixels: a stack's first row
+        tiles = ceil_div(lead, 16)
         for paired in (True, False) if shifts == 1 else (False,):
             for swizzle in (False, True) if copies == 1 else (False,):
                 for row_bytes in range(least, least + 128, 16):
                     for shift in range(0, 128, 16) if copies == 2 else (0,):
                         total, worst = _wavefronts(
-                            vw, rows * vw, pitch, copies, row_bytes, shift, paired, swizzle
+                            vw, lead, pitch, copies, row_bytes, shift, paired, swizzle, stack
                         )
                         # the A wavefronts of an item, then the fewest tiles, unswizzled
                         cost = (total * tiles / min(tiles, MODELLED_TILES), tiles, swizzle)
@@ -244,22 +252,44 @@ def _steps(problem: ConvProblem, shifts: int, elem: int) -> int:
     return ceil_div((problem.K + shifts - 1) * cp * elem, 32)
 
 
-def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, int]:
-    """(cost, n8 tiles, m16 tiles) of a warp for the fit: an image's tensor and shared
-    pipe clocks an SM, the larger of 2 a mma and one a wavefront (ldmatrix.x4 four, a
-    step's B fragment two).  Pixel tiles a warp: up to 6 with a column a map, up to 4
-    with shifts, whose items have fewer tiles and would leave too few warps (layer2's
-    bf16 dgrad view with shifts 4, B=10000, H200: 2 n8 tiles x 1, 2, 3, 6 pixel tiles
-    0.98, 0.83, 0.83 and 0.98 ms)."""
-    steps = problem.K * _steps(problem, shifts, elem)
+def stack_for(problem: ConvProblem, nt: int, elem: int) -> int:
+    """The fit's stack: 4 rows where a warp has one n8 tile, else 3, with one pixel tile;
+    none where a pixel has 4 channels or fewer (layer2's forward pass, whose short runs
+    leave the kernel bound by its band and stores: stacks of 2 or 4 took 0.51-0.55 ms
+    against 0.37 without, H100).  bf16, B=10000, H100 (2026-11-24): layer2's dgrad view
+    (16 channels, 4 maps) with shifts 2 and 8 columns a warp in stacks of 4, 0.534 ms
+    against 0.825 with shifts 4 and none; mx-layer2's forward pass (12 channels, 24 maps)
+    in stacks of 3, 0.716 against 0.790, of 4 (one block an SM) 0.768; its dgrad view in
+    stacks of 3, 1.046 against 1.447."""
+    if channels_padded(problem.C, elem)[0] <= 4:
+        return 1
+    return 4 if nt == 1 else 3
+
+
+def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, int, int]:
+    """(cost, n8 tiles, m16 tiles, stack) of a warp for the fit: an image's tensor and
+    shared pipe clocks an SM, the larger of 2 a mma and one a wavefront (ldmatrix.x4
+    four, a step's B fragment two).  Without stacks, pixel tiles a warp: up to 6 with a
+    column a map, up to 4 with shifts, whose items have fewer tiles and would leave too
+    few warps (layer2's bf16 dgrad view with shifts 4, B=10000, H200: 2 n8 tiles x 1, 2,
+    3, 6 pixel tiles 0.98, 0.83, 0.83 and 0.98 ms).  A stack of R rows loads each input
+    row's A once for the R rows (K + R - 1 rows for R x K window rows) and each B
+    fragment once for them."""
+    kr = _steps(problem, shifts, elem)
+    K = problem.K
     cols = ceil_div(problem.M * shifts, 8)
     most = most_tiles(shifts)
     nt = ceil_div(cols, ceil_div(cols, most))
     tiles = problem.Ho * ceil_div(problem.Wo, shifts) / 16
-    p = max(1, min(6 if shifts == 1 else 4, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
-    mma = tiles * steps * cols
-    wavefronts = tiles * steps * (4 * ceil_div(cols, nt) + 2 * cols / p)
-    return max(2 * mma, wavefronts), nt, p
+    R = stack_for(problem, nt, elem)
+    if R > 1:
+        p = 1
+    else:
+        p = max(1, min(6 if shifts == 1 else 4, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
+    mma = tiles * K * kr * cols
+    a = 4 * tiles / R * kr * (K + R - 1) * ceil_div(cols, nt)
+    b = 2 * tiles / (p * R) * kr * K * cols
+    return max(2 * mma, a + b), nt, p, R
 
 
 def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
@@ -280,21 +310,32 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             f"{', '.join(map(str, SHIFTS[:-1]))} or {SHIFTS[-1]}, not {S}"
         )
     rows, nt, p = warp_tiles(shape, v, M * S, f"M x shifts = {M} x {S}" if S > 1 else "")
-    lay = _layout(shape, rows, S, elem)
-    cp, copies, kr, ih, stride = lay["cp"], lay["copies"], lay["kr"], lay["ih"], lay["stride"]
+    R = v.stack
+    if R not in STACKS:
+        raise SpecError(
+            f"mmahwc's stack is the output rows that share each input row's ldmatrix: "
+            f"{', '.join(map(str, STACKS[:-1]))} or {STACKS[-1]}, not {R}"
+        )
+    if 4 * nt * p * R > MAX_ACCUMULATORS:
+        raise SpecError(
+            f"mmahwc r{8 * nt}x{16 * p} v{R}: {4 * nt * p * R} accumulators per thread "
+            f"(n8 tiles x pixel tiles x stacked rows x 4), over {MAX_ACCUMULATORS}; choose "
+            "fewer pixels or a lower stack"
+        )
+    # A band of rows that are not whole stacks computes the last stack's rows past it (not
+    # stored) from rows of the band that stay zero.
+    computed = ceil_div(rows, R) * R
+    lay = _layout(shape, computed, S, elem, R)
+    cp, copies, kr, stride = lay["cp"], lay["copies"], lay["kr"], lay["stride"]
+    ih = rows + K - 1  # the input rows a band holds; the band's words hold computed + K - 1
     steps = K * kr
     map_tiles = ceil_div(M * S, 8)  # n8 tiles: maps x shifts
     map_groups = ceil_div(map_tiles, nt)
     map_tiles = map_groups * nt  # B holds zero columns up to whole groups
     vw = lay["vw"]
     pixels = rows * vw  # base pixels of an item
-    tiles = ceil_div(pixels, 16)
-    # Registers: accumulators, a step's A and B fragments, the tiles' addresses and about
-    # 40 for the rest; two blocks an SM.
-    pg, passes = _warp_grid(tiles, p, map_groups, 4 * nt * p + 5 * p + 2 * nt + 40, BLOCKS16)
-    warps = map_groups * pg
-    threads = 32 * warps
-
+    lead = computed // R * vw  # the tiles' pixels: each stack's first row
+    tiles = ceil_div(lead, 16)
     # Shared memory in 32-bit words: B fragments [step][n8 tile][lane] of uint2, the raw
     # band in x's order, then the band's copies, each [ih][stride], the second `shift`
     # bytes further into its 128-byte line.
@@ -311,6 +352,19 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             f"the sm_90 limit of {OPTIN_SMEM_BYTES} bytes per block; choose --tile "
             f"{max(1, rows // 2)}"
         )
+    # Registers: accumulators, a step's A and B fragments (a stack's A of R + 1 input
+    # rows), the tiles' addresses and about 40 for the rest; two blocks an SM, or one
+    # where its shared memory leaves room for only one (its warps may then take all the
+    # registers: mx-layer2's bf16 forward pass in stacks of 3, whole images, 24 maps x 16
+    # pixels a warp: 8 warps 0.717 ms, H100).
+    registers = 4 * nt * p + 5 * p + 2 * nt + 40
+    if R > 1:
+        registers = 4 * nt * p * R + 4 * p * (R + 1) + p + 2 * nt + 40
+    blocks = min(BLOCKS16, smem_blocks(nbytes))
+    pg, passes = _warp_grid(tiles, p, map_groups, registers, blocks)
+    warps = map_groups * pg
+    threads = 32 * warps
+
     bands_per_image = ceil_div(Ho, rows)
     # Bytes a spread store writes: 16 where every pixel starts on a 16-byte boundary (and
     # the band is kept once), else 8.
@@ -326,6 +380,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         eb=elem,
         rows=rows,
         ih=ih,
+        band_rows=lay["ih"],
         iw=lay["iw"],
         cp=cp,
         copies=copies,
@@ -348,7 +403,8 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         # an odd column's run: from the second copy, 4 elements on
         copy1_bytes=4 * (copy1_at - b_words - raw_words) + 8,
         row_bytes=lay["row_bytes"],
-        last_pixel=pixels - 1,
+        last_pixel=lead - 1,
+        stack=R,
         words_a_pixel=cp * elem // 4,
         step_fragments=map_tiles * 32,  # uint2 B fragments of one k step
         zero_words=words - b_words - raw_words,
@@ -363,9 +419,10 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         pass_tiles=pg * p,
         warp_maps=8 * nt,
         warp_fragments=32 * nt,
-        accumulators=4 * nt * p,
+        accumulators=4 * nt * p * R,
         threads=threads,
-        launch_bounds=f"{threads}, {BLOCKS16}",
+        launch_bounds=f"{threads}, {blocks}",
+        blocks=blocks,
         launch_bounds_alt=f"{threads}, 1",
         pixels=pixels,
         vw=vw,
@@ -408,20 +465,33 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             + f"a window row's {K + S - 1} x {cp} to {32 // elem * kr}: {kr} k steps a row, "
             f"{steps} in all",
         ),
-        Size(
-            "warp",
-            f"{p} x {nt} mma per k step",
-            f"register tile {16 * p} base pixels x {8 * nt} columns = {4 * nt * p} "
-            f"accumulators per thread; {p} ldmatrix.x4 and {nt} 8-byte B loads a step",
+        (
+            Size(
+                "warp",
+                f"{p} x {R} x {nt} mma per k step and window row",
+                f"register tile {16 * p} base pixels x {R} stacked rows x {8 * nt} columns = "
+                f"{4 * nt * p * R} accumulators per thread; per k step and window row {p} "
+                f"ldmatrix.x4 (an input row's, for the {R} rows) and {nt} 8-byte B loads",
+            )
+            if R > 1
+            else Size(
+                "warp",
+                f"{p} x {nt} mma per k step",
+                f"register tile {16 * p} base pixels x {8 * nt} columns = {4 * nt * p} "
+                f"accumulators per thread; {p} ldmatrix.x4 and {nt} 8-byte B loads a step",
+            )
         ),
         Size(
             "block",
             f"{threads} threads",
-            f"{map_groups} column group(s) x {pg} pixel group(s) of warps, two blocks an SM",
+            f"{map_groups} column group(s) x {pg} pixel group(s) of warps, "
+            + ("two blocks an SM" if blocks == 2 else "one block an SM (by its shared memory)"),
         ),
         Size(
             "work item",
             f"{rows} output rows = {pixels} base pixels"
+            + (f" in stacks of {R} rows" if R > 1 else "")
+            + (f" ({computed - rows} more computed, not stored)" if computed > rows else "")
             + (f" (rows of {vw}: the last computed, not stored)" if vw * S > Wo else ""),
             f"{tiles} m16 tiles in {passes} pass(es) of {pg * p} "
             f"({100.0 * (1 - tiles / (passes * pg * p)):.0f}% idle); "
@@ -439,7 +509,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         ),
         Size(
             "smem band",
-            f"{copies} x [{ih}][{stride}] {'tf32' if tf32 else shape.dtype.value}",
+            f"{copies} x [{lay['ih']}][{stride}] {'tf32' if tf32 else shape.dtype.value}",
             f"[row][column][{cp} channels], row stride {stride}"
             + (", the second copy 4 elements on (odd columns' runs aligned)" if copies == 2 else "")
             + (", 16-byte units swizzled in their 128-byte line" if lay["swizzle"] else "")
@@ -473,6 +543,11 @@ class Mmahwc(Variant):
     shifts: int = param(
         1, Count("s"), "mmahwc: output columns of a map on the n side (1, 2, 4 or 8)"
     )
+    stack: int = param(
+        1,
+        Count("v"),
+        "mmahwc: output rows whose tiles share each input row's A fragments (1 to 4)",
+    )
 
     def plan(self, problem):
         return plan_mmahwc(problem, self)
@@ -483,7 +558,7 @@ class Mmahwc(Variant):
         k steps and n8 tiles real with one column a map, or half the multiplies real
         with more, the cheapest by ``_model``.  Every column in a warp up to 3 tiles (4
         with shifts; else the fewest even groups), up to 6 pixel tiles within 64
-        accumulators, and the band (at least K - 1 rows) that lets two blocks share an
+        accumulators, or one in a stack (``stack_for``), and the band (at least K - 1 rows) that lets two blocks share an
         SM with the fewest input rows an image (taller on ties), else the tallest that
         fits.  bf16 at
         B=10000 (H200, 2026-11-24), mx-layer2's dgrad view in bands of 11 rows (two
@@ -524,8 +599,8 @@ class Mmahwc(Variant):
             )
         # The cheapest shifts whose band lets two blocks share an SM, else the cheapest.
         fallback = None
-        for (_, nt, p), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
-            base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S)
+        for (_, nt, p, R), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
+            base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S, stack=R)
             two, one = [], []
             for rows in range(problem.Ho, 0, -1):
                 try:
