@@ -45,7 +45,7 @@ def test_fp32_tensors_get_tf32_only_where_allowed():
     assert maths(p, True) == (Precision.FP32, Precision.TF32)
     assert choose(p, H200, False).variant.precision is Precision.FP32
     # The shipped tf32 winner of layer2 is three times as fast as its fp32 one.
-    assert choose(p, H200, True).variant.name == "mmahwc_t34_r32x64_s2_v1_tf32"
+    assert choose(p, H200, True).variant.name == "mmahwc_t34_r32x64_s2_v1_k1_tf32"
 
 
 def test_half2_arithmetic_is_never_chosen_for_a_pytorch_user():

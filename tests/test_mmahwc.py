@@ -155,19 +155,20 @@ CASES = [
     ("C=12,M=24,H=17,W=17,K=7", None),  # mx-layer2's kind: two copies, rows of Wo + 1
     ("C=24,M=12,H=11,W=11,K=7,pad=6", None),  # its dgrad view: one copy, maps past M
     ("C=4,M=16,H=20,W=20,K=7", None),  # layer2's kind: 4 channels, shifts 2
-    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s1_v1"),  # pixel pairs, two copies
-    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t4_r16x32_s1_v1"),  # C padded to 8; short last band
+    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s1_v1_k1"),  # pixel pairs, two copies
+    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t4_r16x32_s1_v1_k1"),  # C padded to 8; short last band
     ("C=20,M=16,H=9,W=15,K=3,pad=1", None),  # 20 channels: two copies, odd width
-    ("C=13,M=12,H=11,W=9,K=3,pad=1", "mmahwc_t4_r16x16_s1_v1"),  # 16 channels, bands of 4
+    ("C=13,M=12,H=11,W=9,K=3,pad=1", "mmahwc_t4_r16x16_s1_v1_k1"),  # 16 channels, bands of 4
     ("C=16,M=4,H=12,W=12,K=7,pad=6", None),  # layer2's dgrad view: shifts, swizzled
-    ("C=16,M=4,H=9,W=9,K=7,pad=6", "mmahwc_t5_r16x32_s4_v1"),  # 15 columns: the last base's
-    ("C=12,M=6,H=10,W=13,K=5,pad=2", "mmahwc_t3_r24x16_s4_v1"),  # 6 maps x 4: a guarded tile
-    ("C=16,M=4,H=12,W=12,K=7,pad=6", "mmahwc_t6_r16x32_s4_v2"),  # stacks of 2, swizzled
-    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t8_r24x16_s1_v4"),  # stacks of 4, two copies, paired
-    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t6_r16x16_s1_v3"),  # 3 rows a stack, short band
-    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s2_v2"),  # stacks with shifts 2
-    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t11_r24x16_s1_v4"),  # a band of 2 stacks and 3 rows
-    ("C=16,M=4,H=9,W=10,K=7,pad=6", "mmahwc_t5_r16x16_s4_v3"),  # 5 rows: a stack past Ho
+    ("C=16,M=4,H=9,W=9,K=7,pad=6", "mmahwc_t5_r16x32_s4_v1_k1"),  # 15 columns: the last base's
+    ("C=12,M=6,H=10,W=13,K=5,pad=2", "mmahwc_t3_r24x16_s4_v1_k1"),  # 6 maps x 4: a guarded tile
+    ("C=16,M=4,H=12,W=12,K=7,pad=6", "mmahwc_t6_r16x32_s4_v2_k1"),  # stacks of 2, swizzled
+    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t8_r24x16_s1_v4_k1"),  # stacks of 4, two copies, paired
+    ("C=5,M=9,H=13,W=14,K=5,pad=2", "mmahwc_t6_r16x16_s1_v3_k1"),  # 3 rows a stack, short band
+    ("C=4,M=16,H=20,W=20,K=7", "mmahwc_t14_r16x32_s2_v2_k1"),  # stacks with shifts 2
+    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t11_r24x16_s1_v4_k1"),  # a band of 2 stacks and 3 rows
+    ("C=12,M=1,H=20,W=22,K=7,pad=6", "mmahwc_t9_r8x16_s8_v4_k3"),  # one map, 3 slices of k
+    ("C=16,M=4,H=9,W=10,K=7,pad=6", "mmahwc_t5_r16x16_s4_v3_k1"),  # 5 rows: a stack past Ho
 ]
 
 
@@ -253,19 +254,21 @@ def test_limits_are_one_line_refusals():
     (stacked rows counted), fp32 tensors, shared memory past the block's; and the fit's refusal of layers whose
     channels or maps fill too little of its tiles."""
     assert_one_line_refusal(
-        "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_v1_bf16", "C up to 64"
+        "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_v1_k1_bf16", "C up to 64"
     )
     bf = "C=12,M=24,H=33,W=33,K=7,dtype=bf16"
-    assert_one_line_refusal(bf, "mmahwc_t8_r12x32_s1_v1_bf16", "whole n8 map tiles")
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x96_s1_v1_bf16", "accumulators per thread")
+    assert_one_line_refusal(bf, "mmahwc_t8_r12x32_s1_v1_k1_bf16", "whole n8 map tiles")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x96_s1_v1_k1_bf16", "accumulators per thread")
     assert_one_line_refusal(
-        "C=12,M=24,H=33,W=33,K=7", "mmahwc_t8_r24x32_s1_v1_bf16", "take --precision tf32"
+        "C=12,M=24,H=33,W=33,K=7", "mmahwc_t8_r24x32_s1_v1_k1_bf16", "take --precision tf32"
     )
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s3_v1_bf16", "1, 2, 4 or 8")
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s1_v4_bf16", "stacked rows x 4")
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v5_bf16", "1, 2, 3 or 4")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s3_v1_k1_bf16", "1, 2, 4 or 8")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s1_v4_k1_bf16", "stacked rows x 4")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v5_k1_bf16", "1, 2, 3 or 4")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v1_k2_bf16", "take --stack 2")
+    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v2_k7_bf16", "choose 1 to 6")
     assert_one_line_refusal(
-        "C=64,M=64,H=200,W=200,K=7,dtype=bf16", "mmahwc_t194_r16x32_s1_v1_bf16", "shared memory"
+        "C=64,M=64,H=200,W=200,K=7,dtype=bf16", "mmahwc_t194_r16x32_s1_v1_k1_bf16", "shared memory"
     )
     with pytest.raises(Exception) as e:
         Mmahwc.default(parse_shape("C=1,M=4,H=86,W=86,K=7,dtype=bf16"), Precision.BF16)

@@ -325,10 +325,19 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     # A band of rows that are not whole stacks computes the last stack's rows past it (not
     # stored) from rows of the band that stay zero.
     computed = ceil_div(rows, R) * R
+    G = v.slices
+    if G > 1 and R == 1:
+        raise SpecError(
+            f"mmahwc k{G}: slices of the k steps come with stacked rows; take --stack 2 or more"
+        )
     lay = _layout(shape, computed, S, elem, R)
     cp, copies, kr, stride = lay["cp"], lay["copies"], lay["kr"], lay["stride"]
     ih = rows + K - 1  # the input rows a band holds; the band's words hold computed + K - 1
     steps = K * kr
+    if not 1 <= G <= min(8, kr):
+        raise SpecError(
+            f"mmahwc k{G}: a window row's run has {kr} k steps to slice; choose 1 to {min(8, kr)}"
+        )
     map_tiles = ceil_div(M * S, 8)  # n8 tiles: maps x shifts
     map_groups = ceil_div(map_tiles, nt)
     map_tiles = map_groups * nt  # B holds zero columns up to whole groups
@@ -361,9 +370,26 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     if R > 1:
         registers = 4 * nt * p * R + 4 * p * (R + 1) + p + 2 * nt + 40
     blocks = min(BLOCKS16, smem_blocks(nbytes))
-    pg, passes = _warp_grid(tiles, p, map_groups, registers, blocks)
-    warps = map_groups * pg
+    pg, passes = _warp_grid(tiles, p, map_groups * G, registers, blocks)
+    warps = map_groups * pg * G
     threads = 32 * warps
+    # Slices: each warp of tiles w past the first slice leaves its sums in slot (q - 1, w).
+    part_slot = map_groups * pg * 32 * 4 * nt * p * R  # words of one slice's sums
+    part_at = words
+    if G > 1:
+        if map_groups * pg > 15:
+            raise SpecError(
+                f"mmahwc k{G}: {map_groups * pg} warps' tiles, each group on its own named "
+                "barrier (15 at most); choose more pixels a warp or --slices 1"
+            )
+        words += (G - 1) * part_slot
+        nbytes = 4 * words
+        if nbytes > OPTIN_SMEM_BYTES:
+            raise SpecError(
+                f"mmahwc k{G}: the slices' sums take the shared memory to {nbytes} bytes, "
+                f"over the sm_90 limit of {OPTIN_SMEM_BYTES}; choose fewer slices or --tile "
+                f"{max(1, rows // 2)}"
+            )
 
     bands_per_image = ceil_div(Ho, rows)
     # Bytes a spread store writes: 16 where every pixel starts on a 16-byte boundary (and
@@ -405,6 +431,9 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         row_bytes=lay["row_bytes"],
         last_pixel=lead - 1,
         stack=R,
+        slices=G,
+        part_at=part_at,
+        part_slot=part_slot,
         words_a_pixel=cp * elem // 4,
         step_fragments=map_tiles * 32,  # uint2 B fragments of one k step
         zero_words=words - b_words - raw_words,
@@ -484,7 +513,9 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         Size(
             "block",
             f"{threads} threads",
-            f"{map_groups} column group(s) x {pg} pixel group(s) of warps, "
+            f"{map_groups} column group(s) x {pg} pixel group(s) of warps"
+            + (f" x {G} slices of the k steps, sums added in shared memory" if G > 1 else "")
+            + ", "
             + ("two blocks an SM" if blocks == 2 else "one block an SM (by its shared memory)"),
         ),
         Size(
@@ -547,6 +578,12 @@ class Mmahwc(Variant):
         1,
         Count("v"),
         "mmahwc: output rows whose tiles share each input row's A fragments (1 to 4)",
+    )
+    slices: int = param(
+        1,
+        Count("k"),
+        "mmahwc: warps that share a stack's tiles, each taking every k-th step of the "
+        "window rows' runs, their sums added in shared memory (with stacks)",
     )
 
     def plan(self, problem):
@@ -623,24 +660,46 @@ class Mmahwc(Variant):
         if fallback is None:
             raise SpecError("mmahwc: no band of this problem fits an SM's shared memory")
         base, rows = fallback
-        return replace(base, tile=ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
+        chosen = replace(base, tile=ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
+        # A stack's tiles in two slices of the k steps where a block would have 4 warps or
+        # fewer (mx-layer1's bf16 dgrad view, one map: 3 warps, 1.18 ms; two slices 0.98,
+        # four (one block an SM) 1.26; layer2's, 7 warps: 0.54 against 0.58 in two slices;
+        # H200, B=10000).
+        if chosen.stack > 1 and make_plan(problem, chosen).launches[0].block[0] <= 128:
+            sliced = replace(chosen, slices=2)
+            try:
+                make_plan(problem, sliced)
+                return sliced
+            except SpecError:
+                pass
+        return chosen
 
     @classmethod
     def space(cls, problem, precision):
         """Shifts 1 (1 to 3 n8 tiles) and those whose multiplies are half real (up to 4),
-        1 to 8 pixel tiles a warp (at most 64 accumulators), bands of Ho/k rows; those
+        1 to 8 pixel tiles a warp (at most 64 accumulators), or stacks of 2 to 4 rows with
+        1 or 2 pixel tiles in one or two slices of the k steps, bands of Ho/k rows; those
         that plan."""
         elem = elem_bytes(precision)
         rows = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4, 6)}, reverse=True)
+        shapes = [(p, 1, 1) for p in range(1, 9)]
+        shapes += [(p, R, G) for R in STACKS[1:] for p in (1, 2) for G in (1, 2)]
         out = []
         for S in SHIFTS:
             if S > 1 and (S > problem.Wo or use(problem, S, elem) < MIN_SHIFTED_USE):
                 continue
             most = min(most_tiles(S), ceil_div(problem.M * S, 8))
-            for nt, p, r in itertools.product(range(1, most + 1), range(1, 9), rows):
-                v = cls(tile=r, regtile=(8 * nt, 16 * p), shifts=S, precision=precision)
-                if 4 * nt * p > MAX_ACCUMULATORS:
+            for nt, (p, R, G), r in itertools.product(range(1, most + 1), shapes, rows):
+                if 4 * nt * p * R > MAX_ACCUMULATORS:
                     continue
+                v = cls(
+                    tile=r,
+                    regtile=(8 * nt, 16 * p),
+                    shifts=S,
+                    stack=R,
+                    slices=G,
+                    precision=precision,
+                )
                 try:  # the B fragments and band of long runs may not fit shared memory
                     plan_mmahwc(problem, v)
                 except SpecError:
