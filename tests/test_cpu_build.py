@@ -209,6 +209,13 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # direct's fit at x2 m2 with global weights: 162 weights and 90 pixel loads a
         # channel of a 9x9 window, 24 bytes at 255 registers (GPU tier draw, 2026-11-24)
         ("C=13,M=30,H=22,W=18,K=9,pad=3,bias=1,dtype=bf16", "default direct"),
+        # direct's fit at x4 m4: 144 constant weights over 12 spread columns for 9 under
+        # the channel loop, 72 bytes (GPU tier draw, 2026-11-24, NVRTC 13 and 12.9)
+        (
+            "C=6,M=4,H=28,W=8,K=6,pad=0,stride=1x2,dil=2x1,bias=1,act=relu,dtype=bf16,"
+            "layout=nhwc",
+            "default direct",
+        ),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

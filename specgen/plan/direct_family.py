@@ -41,6 +41,9 @@ DIRECT_UNROLL_LOADS = 300
 # at x2 m2 (162 weights and 9 rows x 10 columns) took 255 registers and spilled 24 B
 # (C=13 M=30 pad 3, bf16 NCHW; GPU tier's draw, NVRTC 13, 2026-11-24).
 GLOBAL_LOADS_PER_CHANNEL = 240
+# ...and with spread pixels under a kept channel loop, fewer weighted FMAs a channel
+# (default_coarsening says which draw spilled).
+SPREAD_LOOPED_FMAS_PER_CHANNEL = 600
 TUNE_MAX_FMAS = 3200  # keeps each tune candidate's compile under ~20 s
 
 
@@ -183,6 +186,11 @@ def default_coarsening(
         # x2 m4 took 111, x4 m2 40 (NVRTC 12.9).
         if looped and cx >= 4 and kk >= 49:
             return False
+        # Spread pixels under a kept channel loop: C=6 M=4 K=6 stride 1x2 dil 2x1 at x4 m4
+        # (12 columns for 9, 144 weights, 768 weighted FMAs) took 255 registers and spilled
+        # 72 B (bf16 NHWC; GPU tier's draw, NVRTC 13 and 12.9, 2026-11-24).
+        if looped and spread > 1:
+            return cm * kk * cx * spread <= SPREAD_LOOPED_FMAS_PER_CHANNEL
         return cm * kk * cx * spread <= DIRECT_FMAS_PER_CHANNEL
 
     best = None
