@@ -181,3 +181,26 @@ def test_a_strategy_without_precision_takes_the_tensors_own_math(tmp_path):
     r = run("emit", "--shape", "layer1", "--strategy", "mmastrip", *out)
     assert r.exit_code == 2 and "fp16 or bf16 tensors" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_mmahwc_k_slices_and_wsplit_slices_are_distinct_options(tmp_path):
+    """mmahwc's ``--kslices`` (a stack's k steps over warps) does not shadow wsplit's
+    ``--atomic/--slices`` flag; slices without stacks are a one-line refusal."""
+    out = str(tmp_path)
+    r = run(
+        "emit", "--shape", "mx-layer2-bf16", "--op", "dgrad", "--strategy", "mmahwc",
+        "--tile", "33", "--regtile", "16x16", "--stack", "3", "--kslices", "2", "--out", out,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "mx-layer2-bf16/mmahwc_t33_r16x16_s1_v3_k2_bf16_dgrad_iobf16.cu").exists()
+    r = run(
+        "emit", "--shape", "ae-enc2", "--op", "wgrad", "--strategy", "wsplit", "--slices",
+        "--out", out,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run(
+        "emit", "--shape", "mx-layer2-bf16", "--op", "dgrad", "--strategy", "mmahwc",
+        "--stack", "1", "--kslices", "2", "--out", out,
+    )  # fmt: skip
+    assert r.exit_code == 2 and "take --stack 2" in r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -54,7 +54,7 @@ view 0.83 -> 0.54 ms (shifts 2, stacks of 4), mx-layer2's forward pass 0.79 -> 0
 (stacks of 3), its dgrad view 1.46 -> 1.06.  Where a pixel has 4 channels (layer2's
 forward pass) the band and stores bound the kernel and stacks lose.
 
-**Slices.**  With ``slices`` G > 1, G warps share a stack's tiles, warp q taking k steps q,
+**Slices.**  With ``kslices`` G > 1, G warps share a stack's tiles, warp q taking k steps q,
 q + G, ..; warps q > 0 leave their sums in shared memory, and warp 0 adds them in order of
 q (a named barrier for each group of tiles) and stores.  For items with few tiles:
 mx-layer1's one-map dgrad view (9 base pixels a row) had 3 warps a block, and two slices
@@ -342,7 +342,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     # A band of rows that are not whole stacks computes the last stack's rows past it (not
     # stored) from rows of the band that stay zero.
     computed = ceil_div(rows, R) * R
-    G = v.slices
+    G = v.kslices
     if G > 1 and R == 1:
         raise SpecError(
             f"mmahwc k{G}: slices of the k steps come with stacked rows; take --stack 2 or more"
@@ -397,14 +397,14 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         if map_groups * pg > 15:
             raise SpecError(
                 f"mmahwc k{G}: {map_groups * pg} warps' tiles, each group on its own named "
-                "barrier (15 at most); choose more pixels a warp or --slices 1"
+                "barrier (15 at most); choose more pixels a warp or --kslices 1"
             )
         words += (G - 1) * part_slot
         nbytes = 4 * words
         if nbytes > OPTIN_SMEM_BYTES:
             raise SpecError(
                 f"mmahwc k{G}: the slices' sums take the shared memory to {nbytes} bytes, "
-                f"over the sm_90 limit of {OPTIN_SMEM_BYTES}; choose fewer slices or --tile "
+                f"over the sm_90 limit of {OPTIN_SMEM_BYTES}; choose fewer --kslices or --tile "
                 f"{max(1, rows // 2)}"
             )
 
@@ -596,7 +596,7 @@ class Mmahwc(Variant):
         Count("v"),
         "mmahwc: output rows whose tiles share each input row's A fragments (1 to 4)",
     )
-    slices: int = param(
+    kslices: int = param(
         1,
         Count("k"),
         "mmahwc: warps that share a stack's tiles, each taking every k-th step of the "
@@ -683,7 +683,7 @@ class Mmahwc(Variant):
         # four (one block an SM) 1.26; layer2's, 7 warps: 0.54 against 0.58 in two slices;
         # H200, B=10000).
         if chosen.stack > 1 and make_plan(problem, chosen).launches[0].block[0] <= 128:
-            sliced = replace(chosen, slices=2)
+            sliced = replace(chosen, kslices=2)
             try:
                 make_plan(problem, sliced)
                 return sliced
@@ -714,7 +714,7 @@ class Mmahwc(Variant):
                     regtile=(8 * nt, 16 * p),
                     shifts=S,
                     stack=R,
-                    slices=G,
+                    kslices=G,
                     precision=precision,
                 )
                 try:  # the B fragments and band of long runs may not fit shared memory
