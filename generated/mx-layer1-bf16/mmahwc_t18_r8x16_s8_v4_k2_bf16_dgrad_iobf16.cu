@@ -191,7 +191,7 @@ mmahwc_t18_r8x16_s8_v4_k2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x
     }
     // Zero the band once: the pad columns and the slack are never written, and
     // are read (against zero weights, or into sums that are not stored) as finite numbers.
-    for (int e = threadIdx.x; e < 13920; e += 192)
+    for (int e = threadIdx.x; e < 12384; e += 192)
         band[e] = 0u;
 
     // This lane's ldmatrix row of a tile: base pixel lane % 16, run bytes from 16 * (lane / 16).
@@ -272,13 +272,16 @@ mmahwc_t18_r8x16_s8_v4_k2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x
 #pragma unroll
                             for (int j = 0; j < 1; ++j)
 #pragma unroll
-                                for (int c = 0; c < 4; ++c)
-                                    mine[32 * (((i * 4 + r) * 1 + j) * 4 + c)] = acc[i][r][j][c];
+                                for (int c = 0; c < 4; ++c) {
+                                    const int e = 32 * (((i * 4 + r) * 1 + j) * 4 + c);  // sum (i, r, j, c) in a slot
+                                    mine[e] = acc[i][r][j][c];
+                                }
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(1 + w), "r"(64) : "memory");
                 if (q == 0) {
 #pragma unroll 1
-                    for (int o = 0; o < 1; ++o)
+                    for (int o = 0; o < 1; ++o) {
+                        const float* __restrict__ theirs = part + o * 1536;
 #pragma unroll
                         for (int i = 0; i < 1; ++i)
 #pragma unroll
@@ -286,8 +289,11 @@ mmahwc_t18_r8x16_s8_v4_k2_bf16_dgrad_iobf16(const unsigned short* __restrict__ x
 #pragma unroll
                                 for (int j = 0; j < 1; ++j)
 #pragma unroll
-                                    for (int c = 0; c < 4; ++c)
-                                        acc[i][r][j][c] += part[o * 1536 + 32 * (((i * 4 + r) * 1 + j) * 4 + c)];
+                                    for (int c = 0; c < 4; ++c) {
+                                        const int e = 32 * (((i * 4 + r) * 1 + j) * 4 + c);  // sum (i, r, j, c) in a slot
+                                        acc[i][r][j][c] += theirs[e];
+                                    }
+                    }
                 }
                 asm volatile("bar.sync %0, %1;" ::"r"(1 + w), "r"(64) : "memory");
                 if (q > 0)

@@ -392,7 +392,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     threads = 32 * warps
     # Slices: each warp of tiles w past the first slice leaves its sums in slot (q - 1, w).
     part_slot = map_groups * pg * 32 * 4 * nt * p * R  # words of one slice's sums
-    part_at = words
+    part_at = words  # past the words zeroed once: each slot is written before it is read
     if G > 1:
         if map_groups * pg > 15:
             raise SpecError(
@@ -453,7 +453,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
         part_slot=part_slot,
         words_a_pixel=cp * elem // 4,
         step_fragments=map_tiles * 32,  # uint2 B fragments of one k step
-        zero_words=words - b_words - raw_words,
+        zero_words=part_at - b_words - raw_words,
         b_words=b_words,
         step_words=64 * map_tiles,
         row_fragments=kr * map_tiles * 32,  # uint2 B fragments of one window row
