@@ -23,7 +23,7 @@ from specgen.reference import conv2d
 from specgen.render import render
 from specgen.shapes import parse_shape
 from specgen.strategies import Mmahwc, parse_variant_name
-from specgen.strategies.mmahwc import _band_layout, _lane_pixel, swizzled
+from specgen.strategies.mmahwc import _band_layout, _lane_pixel, _stacked_score, swizzled
 from specgen.variants import Precision
 from specgen.verify import check_resources
 from test_wgmma import ptx_of
@@ -170,6 +170,9 @@ CASES = [
     ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t11_r24x16_s1_v4_k1"),  # a band of 2 stacks and 3 rows
     ("C=12,M=1,H=20,W=22,K=7,pad=6", "mmahwc_t9_r8x16_s8_v4_k3"),  # one map, 3 slices of k
     ("C=16,M=4,H=9,W=10,K=7,pad=6", "mmahwc_t5_r16x16_s4_v3_k1"),  # 5 rows: a stack past Ho
+    ("C=16,M=4,H=14,W=14,K=7,pad=6", "mmahwc_t10_r8x16_s2_v5_k2"),  # stacks of 5, 2 slices
+    ("C=12,M=1,H=20,W=22,K=7,pad=6", "mmahwc_t9_r8x16_s8_v6_k3"),  # 6 rows, 3 past the band
+    ("C=12,M=24,H=17,W=17,K=7", "mmahwc_t11_r8x16_s1_v8_k1"),  # 8 rows, 3 map groups
 ]
 
 
@@ -255,31 +258,56 @@ def test_defaults_and_neighbours_compile_clean(spec):
     [
         # 4 channels: no stacks (the band and stores bound it; stacks lost 0.37 -> 0.51 ms)
         ("C=4,M=16,H=40,W=40,K=7,dtype=bf16", "bf16", "mmahwc_t34_r32x64_s2_v1_k1_bf16"),
-        # the measured winners: layer2's dgrad view in stacks of 4 with shifts 2, mx-layer2's
-        # forward pass in stacks of 3 over whole images
-        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "bf16", "mmahwc_t20_r8x16_s2_v4_k1_bf16"),
+        # the measured winners (H200, B=10000): layer2's dgrad view in stacks of 5 with
+        # shifts 2 in two slices (10 warps a block, two blocks an SM), in tf32 in three (one
+        # block of 15); mx-layer2's forward pass in stacks of 3 over whole images (two
+        # blocks), its tf32 one likewise (one block: 33 input rows an image against 45)
+        ("C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16", "bf16", "mmahwc_t20_r8x16_s2_v5_k2_bf16"),
+        ("C=16,M=4,H=34,W=34,K=7,pad=6", "tf32", "mmahwc_t20_r8x16_s2_v5_k3_tf32"),
         ("C=12,M=24,H=33,W=33,K=7,dtype=bf16", "bf16", "mmahwc_t27_r24x16_s1_v3_k1_bf16"),
-        # one map: 3 warps a block, so two slices of the k steps
-        ("C=12,M=1,H=66,W=66,K=7,pad=6", "tf32", "mmahwc_t18_r8x16_s8_v4_k2_tf32"),
+        ("C=12,M=24,H=33,W=33,K=7", "tf32", "mmahwc_t27_r24x16_s1_v3_k1_tf32"),
+        # mx-layer2's dgrad view: whole images, one block (39 input rows an image), beat
+        # 11-row bands, two blocks (51)
+        ("C=24,M=12,H=27,W=27,K=7,pad=6,dtype=bf16", "bf16", "mmahwc_t33_r16x16_s1_v3_k1_bf16"),
     ],
 )
 def test_the_fit_stacks_where_a_pixel_has_more_than_four_channels(spec, math, name):
-    """Stacks of 4 with one n8 tile a warp, else 3, one pixel tile a warp, where a pixel
-    has more than 4 channels; two slices where such a block would have 4 warps or fewer."""
+    """Where a pixel has more than 4 channels: the stack and band of least pipe clocks
+    times input rows an image (one block an SM weighed 1.2), then the fewest slices of
+    the k steps that give an SM 12 warps."""
     assert Mmahwc.default(parse_shape(spec), Precision(math)).name == name
 
 
+def test_the_stacked_score_orders_the_measured_bands():
+    """The stacked fit's score ranks each measured pair of bands as the H200 did (bf16,
+    B=10000): layer2's dgrad view in stacks of 5, 20-row bands (two blocks an SM) 0.498
+    ms against whole images (one block) 0.505; mx-layer2's in stacks of 3, whole images
+    1.055 against 11-row bands 1.349."""
+
+    def score(spec, name):
+        shape = parse_shape(spec)
+        v = parse_variant_name(name)
+        return _stacked_score(shape, make_plan(shape, v), v)
+
+    l2 = "C=16,M=4,H=34,W=34,K=7,pad=6,dtype=bf16"
+    assert score(l2, "mmahwc_t20_r8x16_s2_v5_k1_bf16") < score(l2, "mmahwc_t40_r8x16_s2_v5_k1_bf16")
+    mx = "C=24,M=12,H=27,W=27,K=7,pad=6,dtype=bf16"
+    assert score(mx, "mmahwc_t33_r16x16_s1_v3_k1_bf16") < score(
+        mx, "mmahwc_t11_r16x16_s1_v3_k1_bf16"
+    )
+
+
 def test_slices_add_their_sums_under_named_barriers():
-    """mx-layer1-bf16's dgrad winner (two slices of the k steps) compiles clean, and its
+    """mx-layer1-bf16's dgrad winner (three slices of the k steps) compiles clean, and its
     slices meet at a barrier named for their tiles (``bar.sync id, threads``), not the
     block's."""
     shape = parse_shape("C=1,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad")
-    plan = make_plan(shape, parse_variant_name("mmahwc_t18_r8x16_s8_v4_k2_bf16"))
+    plan = make_plan(shape, parse_variant_name("mmahwc_t18_r8x16_s8_v6_k3_bf16"))
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)
     assert not problems and stats["spills"] == 0, problems
     assert re.search(r"bar\.sync\s+%r\d+, %r\d+;", ptx_of(plan))
-    assert plan.context["slices"] == 2 and plan.context["threads"] == 2 * 3 * 32
+    assert plan.context["slices"] == 3 and plan.context["threads"] == 3 * 2 * 32
 
 
 def test_limits_are_one_line_refusals():
@@ -297,7 +325,7 @@ def test_limits_are_one_line_refusals():
     )
     assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s3_v1_k1_bf16", "1, 2, 4 or 8")
     assert_one_line_refusal(bf, "mmahwc_t8_r24x32_s1_v4_k1_bf16", "stacked rows x 4")
-    assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v5_k1_bf16", "1, 2, 3 or 4")
+    assert_one_line_refusal(bf, "mmahwc_t8_r8x16_s1_v9_k1_bf16", "7 or 8")
     assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v1_k2_bf16", "take --stack 2")
     assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v2_k7_bf16", "choose 1 to 6")
     assert_one_line_refusal(

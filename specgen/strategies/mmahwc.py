@@ -50,15 +50,16 @@ and the window rows, unrolled, inside it: each input row's ldmatrix feeds the R 
 each B fragment (one window row's) feeds them too, K + R - 1 A loads and K B loads for R x
 K row products.  A band need not be whole stacks: the last one computes rows past it from
 band rows that stay zero, and does not store them.  bf16, B=10000, H200: layer2's dgrad
-view 0.83 -> 0.54 ms (shifts 2, stacks of 4), mx-layer2's forward pass 0.79 -> 0.67
-(stacks of 3), its dgrad view 1.46 -> 1.06.  Where a pixel has 4 channels (layer2's
+view 0.83 -> 0.54 ms (shifts 2, stacks of 4) -> 0.48 (stacks of 5, whose 4 stacks of 20
+base pixels fill 5 m16 tiles), mx-layer2's forward pass 0.79 -> 0.67 (stacks of 3), its
+dgrad view 1.46 -> 1.05 -> 1.03 (stacks of 5).  Where a pixel has 4 channels (layer2's
 forward pass) the band and stores bound the kernel and stacks lose.
 
 **Slices.**  With ``kslices`` G > 1, G warps share a stack's tiles, warp q taking k steps q,
 q + G, ..; warps q > 0 leave their sums in shared memory, and warp 0 adds them in order of
 q (a named barrier for each group of tiles) and stores.  For items with few tiles:
 mx-layer1's one-map dgrad view (9 base pixels a row) had 3 warps a block, and two slices
-take it from 1.18 to 0.98 ms.
+take it from 1.18 to 0.98 ms; in stacks of 6 rows, three slices, 0.94 ms.
 
 **tf32.**  fp32 tensors take the same kernel in tf32: x is fetched in 16-byte units of 4
 floats, rounded to tf32 as it is spread, a k step of m16n8k8 is 8 elements (32 bytes, as
@@ -111,7 +112,25 @@ MIN_SHIFTED_USE = 0.5
 SHIFTS = (1, 2, 4, 8)
 # Output rows of a stack: a warp's tiles of pixels in each of them, each ldmatrix of an
 # input row feeding every row of the stack.
-STACKS = (1, 2, 3, 4)
+STACKS = (1, 2, 3, 4, 5, 6, 7, 8)
+# The fit's stacks keep at most this many accumulators a thread (n8 tiles x stacked rows x
+# 4): mx-layer2's bf16 dgrad view with 16 maps a warp in stacks of 6 (48) spilled 8 bytes
+# over whole images, in stacks of 5 (40) it did not.
+FIT_ACCUMULATORS = 40
+# The stacked fit's weight on a band that leaves room for one block an SM (its score is the
+# warp's pipe clocks times the input rows an image, this much more with one block): bf16,
+# B=10000, H200, layer2's dgrad view in stacks of 5, 20-row bands (52 input rows an image,
+# two blocks) 0.498 ms against 0.505 for whole images (46 rows, one block), each 5 m16
+# tiles a band's stacks; mx-layer2's in stacks of 3, whole images (39 rows, one block)
+# 1.055 against 11-row bands (51 rows, two) 1.349.  Any weight between 52/46 and about
+# 51/39 orders both as measured; this is near the middle.
+ONE_BLOCK_WEIGHT = 1.2
+# The stacked fit's slices: the fewest that give an SM this many warps (its blocks' warps
+# together).  H200, B=10000: layer2's tf32 dgrad view in stacks of 5, one block an SM of 5,
+# 10 and 15 warps (1, 2 and 3 slices) 1.272, 0.951 and 0.911 ms; mx-layer1's bf16 view in
+# stacks of 6, two blocks of 4 and 6 warps 1.024 and 0.940; layer2's bf16 view in stacks of
+# 4, two blocks of 7 warps 0.537 against 8 in two slices 0.581.
+WARPS_AN_SM = 12
 
 
 def most_tiles(shifts: int) -> int:
@@ -270,8 +289,8 @@ def _steps(problem: ConvProblem, shifts: int, elem: int) -> int:
 
 
 def stack_for(problem: ConvProblem, nt: int, elem: int) -> int:
-    """The fit's stack: 4 rows where a warp has one n8 tile, else 3, with one pixel tile;
-    none where a pixel has 4 channels or fewer (layer2's forward pass, whose short runs
+    """The stack that ``_model`` counts to rank the shifts (``_stacked_fit`` then chooses
+    its own): 4 rows where a warp has one n8 tile, else 3, with one pixel tile; none where a pixel has 4 channels or fewer (layer2's forward pass, whose short runs
     leave the kernel bound by its band and stores: stacks of 2 or 4 took 0.51-0.55 ms
     against 0.37 without, H100).  bf16, B=10000, H100 (2026-11-24): layer2's dgrad view
     (16 channels, 4 maps) with shifts 2 and 8 columns a warp in stacks of 4, 0.534 ms
@@ -307,6 +326,74 @@ def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, in
     a = 4 * tiles / R * kr * (K + R - 1) * ceil_div(cols, nt)
     b = 2 * tiles / (p * R) * kr * K * cols
     return max(2 * mma, a + b), nt, p, R
+
+
+def _stacked_score(problem: ConvProblem, plan, v: "Mmahwc") -> float:
+    """The stacked fit's score of a planned variant (lower is better): ``_model``'s pipe
+    clocks of an image counted over the tiles the bands really hold (a band's last stack
+    computes rows past it, a stack's pixels pad to whole m16 tiles), times the input rows
+    an image's bands hold, ``ONE_BLOCK_WEIGHT`` more where a band leaves room for one block
+    an SM."""
+    c = plan.context
+    elem = elem_bytes(v.precision)
+    K, R, S = problem.K, v.stack, v.shifts
+    nt, p = v.regtile[0] // 8, v.regtile[1] // 16
+    kr = _steps(problem, S, elem)
+    cols = ceil_div(problem.M * S, 8)
+    bands = ceil_div(problem.Ho, v.tile)
+    stacks = bands * c["tiles"]  # m16 tiles of the stacks' first rows, an image
+    mma = stacks * R * K * kr * cols
+    a = 4 * stacks * kr * (K + R - 1) * ceil_div(cols, nt)
+    b = 2 * stacks / p * kr * K * cols
+    weight = 1 if c["blocks"] == BLOCKS16 else ONE_BLOCK_WEIGHT
+    return max(2 * mma, a + b) * bands * (v.tile + K - 1) * weight
+
+
+def _stacked_fit(problem: ConvProblem, seed: "Mmahwc", fits: list) -> "Mmahwc":
+    """The stacked variant of least ``_stacked_score`` over the fit's shifts (``fits``), a
+    warp's n8 tiles for each, stacks of 2 rows up to ``FIT_ACCUMULATORS`` and bands of at
+    least K - 1 rows (up to 8 an image); then the fewest slices of the k steps that give an
+    SM ``WARPS_AN_SM`` warps, else those that give it the most.  Ties go to the taller band,
+    the fewer shifts and the deeper stack (where the multiplies bound the score, a deeper
+    stack still loads less)."""
+    K, Ho = problem.K, problem.Ho
+    heights = sorted(
+        {ceil_div(Ho, n) for n in range(1, 9)} & set(range(min(K - 1, Ho), Ho + 1)),
+        reverse=True,
+    )
+    best = None
+    for (_, nt, _, _), S in fits:
+        for R in STACKS[1:]:
+            if 4 * nt * R > FIT_ACCUMULATORS:
+                break
+            for rows in heights:
+                v = replace(seed, tile=rows, regtile=(8 * nt, 16), shifts=S, stack=R)
+                try:
+                    plan = make_plan(problem, v)
+                except SpecError:
+                    continue
+                key = (_stacked_score(problem, plan, v), -rows, S, -R)
+                if best is None or key < best[0]:
+                    best = (key, v, plan)
+    if best is None:
+        raise SpecError("mmahwc: no band of this problem fits an SM's shared memory")
+    _, chosen, plan = best
+
+    def warps_an_sm(plan) -> int:
+        return plan.context["threads"] // 32 * plan.context["blocks"]
+
+    most = warps_an_sm(plan)
+    for G in range(2, min(8, plan.context["kr"]) + 1):
+        if most >= WARPS_AN_SM:
+            break
+        v = replace(chosen, kslices=G)
+        try:
+            plan = make_plan(problem, v)
+        except SpecError:
+            continue
+        if warps_an_sm(plan) > most:
+            chosen, most = v, warps_an_sm(plan)
+    return chosen
 
 
 def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
@@ -594,7 +681,7 @@ class Mmahwc(Variant):
     stack: int = param(
         1,
         Count("v"),
-        "mmahwc: output rows whose tiles share each input row's A fragments (1 to 4)",
+        "mmahwc: output rows whose tiles share each input row's A fragments (1 to 8)",
     )
     kslices: int = param(
         1,
@@ -610,15 +697,15 @@ class Mmahwc(Variant):
     def fit(cls, problem, seed):
         """The tensors' own math (tf32 for fp32).  Shifts: of those that leave 3/4 of the
         k steps and n8 tiles real with one column a map, or half the multiplies real
-        with more, the cheapest by ``_model``.  Every column in a warp up to 3 tiles (4
-        with shifts; else the fewest even groups), up to 6 pixel tiles within 64
-        accumulators, or one in a stack (``stack_for``), and the band (at least K - 1 rows) that lets two blocks share an
-        SM with the fewest input rows an image (taller on ties), else the tallest that
-        fits.  bf16 at
-        B=10000 (H200, 2026-11-24), mx-layer2's dgrad view in bands of 11 rows (two
-        blocks an SM): 16 maps x 96 pixels a warp 1.45 ms, x 64 1.52, x 128 1.49;
-        mx-layer2's forward pass in bands of 14, 24 maps x 80 pixels 0.79, x 64 0.88,
-        x 48 0.93; whole images (one block an SM) 0.97."""
+        with more.  Where a pixel has more than 4 channels, stacked rows: the shifts,
+        stack, band and slices of ``_stacked_fit``.  Else the cheapest shifts by
+        ``_model``, every column in a warp up to 3 tiles (4 with shifts; else the fewest
+        even groups), up to 6 pixel tiles within 64 accumulators, and the band (at least
+        K - 1 rows) that lets two blocks share an SM with the fewest input rows an image
+        (taller on ties), else the tallest that fits.  bf16 at B=10000 (H200,
+        2026-11-24), mx-layer2's forward pass without stacks in bands of 14 (two blocks
+        an SM), 24 maps x 80 pixels 0.79, x 64 0.88, x 48 0.93; whole images (one block
+        an SM) 0.97."""
         own_math(problem, seed.precision)
         C, M, K = problem.C, problem.M, problem.K
         if C > MAX_CHANNELS:
@@ -651,10 +738,12 @@ class Mmahwc(Variant):
                 f"multiplies with output columns on the n side; it wants "
                 f"{100 * MIN_K_USE:.0f}% and {100 * MIN_SHIFTED_USE:.0f}%"
             )
+        if stack_for(problem, 1, elem) > 1:
+            return _stacked_fit(problem, seed, sorted(fits, key=lambda f: (f[0][0], f[1])))
         # The cheapest shifts whose band lets two blocks share an SM, else the cheapest.
         fallback = None
-        for (_, nt, p, R), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
-            base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S, stack=R)
+        for (_, nt, p, _), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
+            base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S)
             two, one = [], []
             for rows in range(problem.Ho, 0, -1):
                 try:
@@ -677,30 +766,19 @@ class Mmahwc(Variant):
         if fallback is None:
             raise SpecError("mmahwc: no band of this problem fits an SM's shared memory")
         base, rows = fallback
-        chosen = replace(base, tile=ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
-        # A stack's tiles in two slices of the k steps where a block would have 4 warps or
-        # fewer (mx-layer1's bf16 dgrad view, one map: 3 warps, 1.18 ms; two slices 0.98,
-        # four (one block an SM) 1.26; layer2's, 7 warps: 0.54 against 0.58 in two slices;
-        # H200, B=10000).
-        if chosen.stack > 1 and make_plan(problem, chosen).launches[0].block[0] <= 128:
-            sliced = replace(chosen, kslices=2)
-            try:
-                make_plan(problem, sliced)
-                return sliced
-            except SpecError:
-                pass
-        return chosen
+        return replace(base, tile=ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
 
     @classmethod
     def space(cls, problem, precision):
         """Shifts 1 (1 to 3 n8 tiles) and those whose multiplies are half real (up to 4),
         1 to 8 pixel tiles a warp (at most 64 accumulators), or stacks of 2 to 4 rows with
-        1 or 2 pixel tiles in one or two slices of the k steps, bands of Ho/k rows; those
-        that plan."""
+        1 or 2 pixel tiles in one or two slices of the k steps, or of 5 to 8 rows with one
+        in one to three slices, bands of Ho/k rows; those that plan."""
         elem = elem_bytes(precision)
         rows = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4, 6)}, reverse=True)
         shapes = [(p, 1, 1) for p in range(1, 9)]
-        shapes += [(p, R, G) for R in STACKS[1:] for p in (1, 2) for G in (1, 2)]
+        shapes += [(p, R, G) for R in STACKS[1:5] for p in (1, 2) for G in (1, 2)]
+        shapes += [(1, R, G) for R in STACKS[5:] for G in (1, 2, 3)]
         out = []
         for S in SHIFTS:
             if S > 1 and (S > problem.Wo or use(problem, S, elem) < MIN_SHIFTED_USE):
