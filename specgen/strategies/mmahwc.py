@@ -290,9 +290,10 @@ def _steps(problem: ConvProblem, shifts: int, elem: int) -> int:
 
 def stack_for(problem: ConvProblem, nt: int, elem: int) -> int:
     """The stack that ``_model`` counts to rank the shifts (``_stacked_fit`` then chooses
-    its own): 4 rows where a warp has one n8 tile, else 3, with one pixel tile; none where a pixel has 4 channels or fewer (layer2's forward pass, whose short runs
-    leave the kernel bound by its band and stores: stacks of 2 or 4 took 0.51-0.55 ms
-    against 0.37 without, H100).  bf16, B=10000, H100 (2026-11-24): layer2's dgrad view
+    its own): 4 rows where a warp has one n8 tile, else 3, with one pixel tile; none where
+    a pixel has 4 channels or fewer (layer2's forward pass, whose short runs leave the
+    kernel bound by its band and stores: stacks of 2 or 4 took 0.51-0.55 ms against 0.37
+    without, H100).  bf16, B=10000, H100 (2026-11-24): layer2's dgrad view
     (16 channels, 4 maps) with shifts 2 and 8 columns a warp in stacks of 4, 0.534 ms
     against 0.825 with shifts 4 and none; mx-layer2's forward pass (12 channels, 24 maps)
     in stacks of 3, 0.716 against 0.790, of 4 (one block an SM) 0.768; its dgrad view in
@@ -303,9 +304,8 @@ def stack_for(problem: ConvProblem, nt: int, elem: int) -> int:
 
 
 def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, int, int]:
-    """(cost, n8 tiles, m16 tiles, stack) of a warp for the fit: an image's tensor and
-    shared pipe clocks an SM, the larger of 2 a mma and one a wavefront (ldmatrix.x4
-    four, a step's B fragment two).  Without stacks, pixel tiles a warp: up to 6 with a
+    """(cost, n8 tiles, m16 tiles, stack) of a warp for the fit: an image's
+    ``_pipe_clocks`` over its output pixels' tiles.  Without stacks, pixel tiles a warp: up to 6 with a
     column a map, up to 4 with shifts, whose items have fewer tiles and would leave too
     few warps (layer2's bf16 dgrad view with shifts 4, B=10000, H200: 2 n8 tiles x 1, 2,
     3, 6 pixel tiles 0.98, 0.83, 0.83 and 0.98 ms).  A stack of R rows loads each input
@@ -322,10 +322,18 @@ def _model(problem: ConvProblem, shifts: int, elem: int) -> tuple[float, int, in
         p = 1
     else:
         p = max(1, min(6 if shifts == 1 else 4, 16 // nt, ceil_div(problem.Ho * problem.Wo, 16)))
-    mma = tiles * K * kr * cols
-    a = 4 * tiles / R * kr * (K + R - 1) * ceil_div(cols, nt)
-    b = 2 * tiles / (p * R) * kr * K * cols
-    return max(2 * mma, a + b), nt, p, R
+    return _pipe_clocks(K, kr, cols, nt, p, R, tiles / R), nt, p, R
+
+
+def _pipe_clocks(K: int, kr: int, cols: int, nt: int, p: int, R: int, stacks: float) -> float:
+    """Tensor and shared pipe clocks of ``stacks`` m16 tiles of stacks' first rows (of R
+    rows each), kr k steps a window row, cols n8 tiles in warps of nt and p pixel tiles: the
+    larger of 2 a mma and one a wavefront (ldmatrix.x4 four, a step's B fragment two), a
+    stack loading K + R - 1 input rows' A for each of its column groups."""
+    mma = stacks * R * K * kr * cols
+    a = 4 * stacks * kr * (K + R - 1) * ceil_div(cols, nt)
+    b = 2 * stacks / p * kr * K * cols
+    return max(2 * mma, a + b)
 
 
 def _stacked_score(problem: ConvProblem, plan, v: "Mmahwc") -> float:
@@ -335,18 +343,13 @@ def _stacked_score(problem: ConvProblem, plan, v: "Mmahwc") -> float:
     an image's bands hold, ``ONE_BLOCK_WEIGHT`` more where a band leaves room for one block
     an SM."""
     c = plan.context
-    elem = elem_bytes(v.precision)
-    K, R, S = problem.K, v.stack, v.shifts
-    nt, p = v.regtile[0] // 8, v.regtile[1] // 16
-    kr = _steps(problem, S, elem)
-    cols = ceil_div(problem.M * S, 8)
-    bands = ceil_div(problem.Ho, v.tile)
-    stacks = bands * c["tiles"]  # m16 tiles of the stacks' first rows, an image
-    mma = stacks * R * K * kr * cols
-    a = 4 * stacks * kr * (K + R - 1) * ceil_div(cols, nt)
-    b = 2 * stacks / p * kr * K * cols
+    K = problem.K
+    cols = ceil_div(problem.M * v.shifts, 8)
+    clocks = _pipe_clocks(
+        K, c["kr"], cols, c["nt"], c["p"], v.stack, c["bands_per_image"] * c["tiles"]
+    )
     weight = 1 if c["blocks"] == BLOCKS16 else ONE_BLOCK_WEIGHT
-    return max(2 * mma, a + b) * bands * (v.tile + K - 1) * weight
+    return clocks * c["bands_per_image"] * (c["rows"] + K - 1) * weight
 
 
 def _stacked_fit(problem: ConvProblem, seed: "Mmahwc", fits: list) -> "Mmahwc":
@@ -738,11 +741,12 @@ class Mmahwc(Variant):
                 f"multiplies with output columns on the n side; it wants "
                 f"{100 * MIN_K_USE:.0f}% and {100 * MIN_SHIFTED_USE:.0f}%"
             )
+        fits.sort(key=lambda f: (f[0][0], f[1]))
         if stack_for(problem, 1, elem) > 1:
-            return _stacked_fit(problem, seed, sorted(fits, key=lambda f: (f[0][0], f[1])))
+            return _stacked_fit(problem, seed, fits)
         # The cheapest shifts whose band lets two blocks share an SM, else the cheapest.
         fallback = None
-        for (_, nt, p, _), S in sorted(fits, key=lambda f: (f[0][0], f[1])):
+        for (_, nt, p, _), S in fits:
             base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S)
             two, one = [], []
             for rows in range(problem.Ho, 0, -1):
