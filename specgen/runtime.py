@@ -14,6 +14,7 @@ from .plan import Plan, make_plan
 from .render import render
 from .shapes import ConvProblem, Op
 from .tensors import BATCHED, INPUTS, STORAGE, Role, outputs, role_shape, w_shape
+from .tma import BoundMap
 from .variants import Variant
 
 DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller says otherwise
@@ -303,6 +304,9 @@ class Conv:
                 binding.append((None, images))  # the image count, a literal
             else:
                 binding.append((r, first * self.image_bytes(r) if r in BATCHED else 0))
+        for m in launch.maps:  # a tensor map, encoded for each address the role is at
+            offset = first * self.image_bytes(m.role) if m.role in BATCHED else 0
+            binding.append((m.role, BoundMap(m, images), offset))
         f = self.functions[launch.kernel]
         return _Step(f.ptr, grid, launch.block, launch.dynamic_smem, binding)
 
@@ -327,7 +331,9 @@ class _Step:
     """One kernel launch through the driver, its arguments bound: each parameter is an
     8-byte slot (a device address, or the image count in the low four bytes, which is
     what an ``int`` parameter reads) and ``params`` the array of the slots' addresses
-    that ``cuLaunchKernel`` copies from."""
+    that ``cuLaunchKernel`` copies from; a tensor map's entry there points at its
+    128-byte encoding for the address its tensor is at (binding ``(role, BoundMap,
+    byte offset)``)."""
 
     def __init__(self, func: int, grid, block, smem: int, binding):
         self.func, self.grid, self.block, self.smem = func, grid, block, smem
@@ -336,8 +342,11 @@ class _Step:
         self.params = (ctypes.c_void_p * len(binding))(*(base + 8 * i for i in range(len(binding))))
         self.params_at = ctypes.addressof(self.params)
         self.fill = []  # (slot, role, byte offset) filled at each call
-        for i, (role, value) in enumerate(binding):
-            if role is None:
+        self.maps = []  # (parameter, role, tma.BoundMap, byte offset): pointed at per call
+        for i, (role, value, *offset) in enumerate(binding):
+            if offset:
+                self.maps.append((i, role, value, offset[0]))
+            elif role is None:
                 self.slots[i] = value
             else:
                 self.fill.append((i, role, value))
@@ -377,6 +386,8 @@ class Launcher:
                 slots = st.slots
                 for i, role, offset in st.fill:
                     slots[i] = bufs[role] + offset
+                for i, role, bound, offset in st.maps:
+                    st.params[i] = bound.address(bufs[role] + offset)
                 gx, gy, gz = st.grid
                 bx, by, bz = st.block
                 launch(st.func, gx, gy, gz, bx, by, bz, st.smem, stream, st.params_at, 0)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import default_and_drawn, verify_on_the_gpu
+from problems import assert_one_line_refusal, default_and_drawn, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
@@ -17,6 +17,9 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
+from specgen.strategies.wgmma import Feed
+from specgen.tensors import Role
+from specgen.tma import box_load
 from specgen.variants import Precision
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
@@ -41,8 +44,8 @@ def ptx_of(plan) -> str:
 
 def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
     """The issue's CPU check for the sm_90 path: no spills, the multiplies not
-    serialized by ptxas, and in the PTX the warpgroup MMA with its fences and the
-    16-byte cp.async copies that feed it."""
+    serialized by ptxas, and in the PTX the warpgroup MMA with its fences and what
+    feeds it (the default's TMA copies, or 16-byte cp.async)."""
     p = PRESETS["ae-enc2-bf16"]
     (v,) = [x for x in default_set(p) if x.key == "wgmma"]
     plan = make_plan(p, v)
@@ -55,9 +58,12 @@ def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():
     bn = v.blocktile[0]
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
     assert f"wgmma.wait_group.sync.aligned {v.inflight - 1};" in ptx
-    assert "fence.proxy.async.shared::cta;" in ptx  # cp.async writes, wgmma reads
-    assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
-    if v.producer:  # the producer warpgroup and the consumers meet at mbarriers
+    if v.feed is Feed.TMA:  # the copy unit writes, an mbarrier counts the bytes
+        assert "cp.async.bulk.tensor.5d.shared::cluster.global.tile" in ptx
+    else:
+        assert "fence.proxy.async.shared::cta;" in ptx  # cp.async writes, wgmma reads
+        assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
+    if v.feed is not Feed.SY:  # the producer and the consumers meet at mbarriers
         assert "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64" in ptx
         assert "mbarrier.arrive.release.cta.shared::cta.b64" in ptx
 
@@ -267,3 +273,192 @@ def test_drawn_defaults_compile_without_spills(p):
             continue
         binary = compiled(make_plan(p, v))
         assert binary.spills == 0 and SERIALIZED not in binary.log, (p.spec, v.name)
+
+
+# ---- tma: the TMA feed ----
+
+
+@st.composite
+def tma_problems(draw):
+    """Problems whose output rows the tma boxes take whole: stride 1, the output
+    Ho x Wo a power-of-two grid, any window, dilation and padding that give it; groups,
+    channels past the chunk, maps past the tile, bias and relu, the three dtypes;
+    forward and dgrad (whose forward view has the same grid)."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec = 4 if dtype == "fp32" else 8
+    cg = vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 160 // vec))
+    R, S = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 3]))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    Ho, Wo = draw(st.sampled_from([1, 2, 4, 8, 16])), draw(st.sampled_from([2, 4, 8, 16, 32]))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    H, W = Ho - pads[0] - pads[1] + dh * (R - 1), Wo - pads[2] - pads[3] + dw * (S - 1)
+    assume(H >= 1 and W >= 1)
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"dil={dh}x{dw},groups={groups},dtype={dtype},layout=nhwc"
+    )
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    try:
+        p = parse_shape(spec + f",op={op}")
+        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
+        return p
+    except SpecError:
+        assume(False)
+
+
+def tma_variants(p) -> list:
+    """The tma members of the tune space that plan for p."""
+    out = []
+    for v in Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype]):
+        if v.feed is Feed.TMA:
+            try:
+                make_plan(p, v)
+                out.append(v)
+            except SpecError:
+                pass
+    return out
+
+
+def _load(x, p, v, plan, lr, ls, lc, p0, n0, grp, images):
+    """The producer's two boxes of chunk (lr, ls, lc) for the tile at p0, n0 of group
+    grp, at the coordinates the kernel gives them (wgmma.cu.j2, tma)."""
+    xmap, wmap = plan.launches[0].maps
+    c = plan.context
+    n, oh0 = p0 // (p.Ho * p.Wo), p0 % (p.Ho * p.Wo) // p.Wo
+    xs = box_load(
+        x[0], xmap, (lc, grp, ls * c["dw"] - c["pl"], oh0 + lr * c["dh"] - c["pt"], n), images
+    )
+    ws = box_load(x[1], wmap, (lc, lr * p.S + ls, n0, grp))
+    return xs, ws
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=tma_problems(), images=st.integers(1, 3), pick=st.integers(0, 10**6))
+def test_tma_boxes_hold_the_tiles_operands(p, images, pick):
+    """A NumPy replay of the copy unit: for a drawn problem and tile, each chunk's x box
+    holds the tile's pixels in order at that tap (zeros in the padding, past the batch
+    and past the group's channels) and its w box the tile's maps' weights there (zeros
+    past the group's maps and channels), as the implicit GEMM's operands are defined."""
+    import numpy as np
+
+    variants = tma_variants(p)
+    assume(variants)
+    v = variants[pick % len(variants)]
+    p = Wgmma.problem_for(p)  # the forward problem the kernel computes
+    plan = make_plan(p, v)
+    bn, bm = v.blocktile
+    chunk = plan.context["CHUNK"]
+    rng = np.random.default_rng(pick)
+    x = rng.standard_normal((images, p.H, p.W, p.C)) + 3.0  # no zero among them
+    w = rng.standard_normal((p.M, p.R, p.S, p.Cg)) + 3.0
+    flat = (x.reshape(-1), w.reshape(-1))
+    pixels = images * p.Ho * p.Wo
+    p0 = bn * rng.integers(0, -(-pixels // bn))
+    n0 = bm * rng.integers(0, -(-p.Mg // bm))
+    grp = int(rng.integers(0, p.groups))
+    (sh, sw), (dh, dw), (pt, _, pl, _) = p.stride, p.dil, p.pads
+    for lr in range(p.R):
+        for ls in range(p.S):
+            for lc in range(0, p.Cg, chunk):
+                xs, ws = _load(flat, p, v, plan, lr, ls, lc, p0, n0, grp, images)
+                assert xs.shape == (bn, chunk) and ws.shape == (bm, chunk)
+                want_x = np.zeros((bn, chunk))
+                for i in range(bn):
+                    q = p0 + i
+                    n, oh, ow = q // (p.Ho * p.Wo), q % (p.Ho * p.Wo) // p.Wo, q % p.Wo
+                    ih, iw = oh + lr * dh - pt, ow + ls * dw - pl
+                    if n < images and 0 <= ih < p.H and 0 <= iw < p.W:
+                        cs = slice(grp * p.Cg + lc, grp * p.Cg + min(lc + chunk, p.Cg))
+                        want_x[i, : cs.stop - cs.start] = x[n, ih, iw, cs]
+                want_w = np.zeros((bm, chunk))
+                for m in range(min(bm, p.Mg - n0)):
+                    row = w[grp * p.Mg + n0 + m, lr, ls, lc : lc + chunk]
+                    want_w[m, : len(row)] = row
+                assert np.array_equal(xs, want_x), (p.spec, v.name, lr, ls, lc, p0)
+                assert np.array_equal(ws, want_w), (p.spec, v.name, lr, ls, lc, n0)
+
+
+def test_tma_compiles_to_bulk_tensor_copies_under_mbarriers():
+    """The issue's other CPU check: ae-enc2 bf16 with the TMA feed compiles for sm_90a
+    with no spills and unserialized wgmma, its PTX issuing cp.async.bulk.tensor from the
+    __grid_constant__ maps, with transaction-counted mbarriers and no cp.async."""
+    p = PRESETS["ae-enc2-bf16"]
+    plan = make_plan(p, parse_variant_name("wgmma_b256x128_p4_q2_gr_tma_bf16"))
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    assert "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx
+    assert "cp.async.cg" not in ptx
+    assert plan.launches[0].block == (288, 1, 1)  # two consumer warpgroups and a producer warp
+    xmap, wmap = plan.launches[0].maps
+    assert xmap.box == (64, 1, 16, 16, 1) and wmap.box == (64, 1, 128, 1)
+    assert plan.context["a_stage"] + plan.context["b_stage"] == xmap.box_bytes + wmap.box_bytes
+
+
+@pytest.mark.parametrize(
+    "spec, name, words",
+    [
+        (AE_ENC2_BF16 + ",stride=2", "wgmma_b128x128_p4_q2_gr_tma_bf16", "stride 1"),
+        (
+            "C=64,M=64,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc",
+            "wgmma_b64x64_p4_q2_gr_tma_bf16",
+            "whole output rows",
+        ),
+        (AE_ENC2_BF16, "wgmma_b128x128_p4_q2_pe_tma_bf16", "persistent"),
+    ],
+)
+def test_tma_refusals_are_one_line(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
+
+
+def test_the_launcher_points_each_map_at_its_encoding(monkeypatch):
+    """The runtime's side: a map parameter points at the 128-byte encoding for the
+    address its tensor is at, encoded once per address (the driver mocked)."""
+    import ctypes
+
+    from specgen import runtime, tma
+
+    calls = []
+
+    def fake(m, ptr, images):
+        calls.append((m.role, ptr, images))
+        return (ctypes.c_ubyte * 192)()
+
+    monkeypatch.setattr(tma, "encode", fake)
+    m = tma.TensorMap(Role.X, 2, (64, 1, 16, 16, None), (128, 128, 2048, 32768), (64, 1, 16, 16, 1))
+    bound = tma.BoundMap(m, 5)
+    st_ = runtime._Step(0, (1, 1, 1), (32, 1, 1), 0, [(Role.Y, 0), (Role.X, bound, 4096)])
+    launched = []
+    monkeypatch.setattr(
+        "cupy.cuda.driver.launchKernel", lambda *a: launched.append(st_.params[1]), raising=False
+    )
+    launcher = runtime.Launcher([st_])
+    launcher({Role.X: 1 << 20, Role.Y: 1 << 24}, 0)
+    launcher({Role.X: 1 << 20, Role.Y: 1 << 24}, 0)
+    launcher({Role.X: 1 << 21, Role.Y: 1 << 24}, 0)
+    assert calls == [(Role.X, (1 << 20) + 4096, 5), (Role.X, (1 << 21) + 4096, 5)]
+    assert launched[0] == launched[1] != launched[2] and launched[0] % 64 == 0
+    assert st_.slots[0] == 1 << 24
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(p=tma_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_tma_on_drawn_problems_on_the_gpu(p, batch, pick):
+    """The TMA feed against the float64 reference on drawn problems, forward and through
+    dgrad's view: boxes past the batch and the image, channels past the chunk, maps past
+    the tile, groups, bias and relu."""
+    variants = tma_variants(p)
+    assume(variants)
+    verify_on_the_gpu(p, [variants[pick % len(variants)]], batch)

@@ -58,7 +58,12 @@ def _through_view(plan: Plan, problem: ConvProblem) -> Plan:
     view, old, new = plan.shape, plan.name, plan.variant.kernel_name(problem)
     swap = {Role.X: Role.DY, Role.Y: Role.DX}
     launches = tuple(
-        replace(l, kernel=new + l.kernel[len(old) :], args=tuple(swap.get(a, a) for a in l.args))
+        replace(
+            l,
+            kernel=new + l.kernel[len(old) :],
+            args=tuple(swap.get(a, a) for a in l.args),
+            maps=tuple(m.with_role(swap.get(m.role, m.role)) for m in l.maps),
+        )
         for l in plan.launches
     )
     how = Size(

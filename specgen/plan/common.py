@@ -67,6 +67,8 @@ class Launch:
     per_block: int
     dynamic_smem: int = 0
     persistent: bool = False
+    # TMA tensor maps (``tma.TensorMap``), passed after ``args`` as 128-byte parameters
+    maps: tuple = ()
 
     def __post_init__(self):
         odd = [a for a in self.args if not isinstance(a, Role)]

@@ -6,20 +6,30 @@ walked tap by tap, but computed transposed, D[m][p] = W[m][k] X[p][k]: a warpgro
 read from shared memory by the tensor cores themselves, so no thread spends issue slots
 or shared-memory bandwidth on ``ldmatrix`` (the limit of ``tcgemm``'s mma.sync on wide
 layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 64
-channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers through
-16-byte ``cp.async`` copies, zero-filled at the padding, laid out in the 128-byte swizzle
-that the operand descriptors name.  The multiplies of ``inflight`` chunks run at once
-(``wgmma.wait_group inflight - 1``).  Two ways to feed them:
+channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers, laid
+out in the 128-byte swizzle that the operand descriptors name, zero-filled at the
+padding.  The multiplies of ``inflight`` chunks run at once (``wgmma.wait_group
+inflight - 1``).  Three ways to feed them (``--feed``):
 
-* ``sy`` (the default): every warp copies, and the block meets at one barrier a chunk;
-  a stage is refilled ``inflight`` chunks after its multiply was issued, so
-  ``stages - inflight`` chunks of copies fly ahead.
-* ``ws``: a producer warpgroup of its own copies, and mbarriers say "landed" (after the
-  producer's own wait and proxy fence) and "retired" (by each consumer warp).  The
-  producer announces a chunk ``stages - inflight`` chunks after issuing it: a longer lag
-  deadlocks when the consumers retire a chunk only after multiplying the next.  On the
-  H200 the 128 producer threads issuing every copy were slower than ``sy`` (0.037 against
-  0.035 ms on ae-enc2), so ``ws`` stays in the tune space only.
+* ``tma`` (the default where it applies): one thread of a producer warp issues two
+  ``cp.async.bulk.tensor`` copies a chunk, a box of x (the tile's pixels at one tap:
+  whole output rows, or whole images) and a box of w (the tile's maps at that tap),
+  from tensor maps the runtime encodes for the tensors' addresses (``specgen.tma``).
+  The copy unit writes the swizzle and the zeros of the padding itself, and an mbarrier
+  a stage completes when the boxes' bytes have landed; the consumer warps retire each
+  stage at another.  It needs stride 1 and a tile of whole output rows.  On the H200 it
+  took the wide layers' bf16 forward from 0.035/0.038 ms to 0.031/0.034 (ae-enc2/ae-dec2)
+  and their tf32 forward from 0.066/0.071 to 0.057/0.062: the consumers issue nothing
+  but the multiplies and their waits.
+* ``sy``: every warp copies with 16-byte ``cp.async``, and the block meets at one
+  barrier a chunk; a stage is refilled ``inflight`` chunks after its multiply was
+  issued, so ``stages - inflight`` chunks of copies fly ahead.  Any stride and tile.
+* ``ws``: a producer warpgroup copies with ``cp.async``, and mbarriers say "landed"
+  (after the producer's own wait and proxy fence) and "retired" (by each consumer
+  warp).  The producer announces a chunk ``stages - inflight`` chunks after issuing it:
+  a longer lag deadlocks when the consumers retire a chunk only after multiplying the
+  next.  On the H200 the 128 producer threads issuing every copy were slower than
+  ``sy`` (0.037 against 0.035 ms on ae-enc2), so ``ws`` stays in the tune space only.
 
 ptxas serializes every wgmma when a non-wgmma instruction may read the sums while a
 multiply is in flight (a single ``cvt.rn.bf16.f32`` in the epilogue was enough): the
@@ -39,13 +49,25 @@ dgrad at stride 1 comes through the forward view, as for every forward strategy.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
-from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Switch, Variant, param
+from ..tma import TensorMap
+from ..variants import (
+    EPILOGUE,
+    GEOMETRY,
+    Choice,
+    Count,
+    Pair,
+    Precision,
+    Switch,
+    Variant,
+    param,
+)
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT, VECTOR
 
@@ -53,6 +75,14 @@ CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 c
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
+
+
+class Feed(enum.Enum):
+    """How chunks reach the ring (the tags of the variant names)."""
+
+    SY = "sy"  # every warp copies with cp.async, a barrier a chunk
+    WS = "ws"  # a producer warpgroup copies with cp.async, under mbarriers
+    TMA = "tma"  # a producer thread issues two TMA copies a chunk, under mbarriers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,11 +116,12 @@ class Wgmma(Variant):
         "wgmma: blocks for the SMs walk the tiles, the next tile's first chunks copied while "
         "this tile's sums go out (pe); or a block for each tile (gr)",
     )
-    producer: bool = param(
-        False,
-        Switch("ws", "sy", ("producer-warps", "every-warp-copies")),
-        "wgmma: a producer warpgroup copies under mbarriers (ws), or every warp copies and "
-        "the block syncs on each chunk (sy)",
+    feed: Feed = param(
+        Feed.TMA,
+        Choice(Feed, "feed"),
+        "wgmma: every warp copies and the block syncs on each chunk (sy); a producer "
+        "warpgroup copies under mbarriers (ws); a producer thread's TMA copies, a box of "
+        "each operand a chunk, under mbarriers (tma)",
     )
 
     def plan(self, problem):
@@ -98,7 +129,8 @@ class Wgmma(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The tensors' own math; 64 maps a warpgroup, as many warpgroups as the group's
+        """The tensors' own math; the TMA feed where its boxes take the tile (else
+        every warp copies); 64 maps a warpgroup, as many warpgroups as the group's
         maps fill (up to two), and the widest pixel tile that fits the registers and
         whose grid fills the SMs' waves within 10% of the best."""
         _math_of(problem, seed)
@@ -110,14 +142,21 @@ class Wgmma(Variant):
             blocks = ceil_div(pixels, bn) * tiles
             return blocks / (ceil_div(blocks, SMS) * SMS)
 
-        fits = []
-        for bn in PIXEL_TILES:
-            try:
-                plan_wgmma(problem, replace(seed, blocktile=(bn, maps)))
-                fits.append(bn)
-            except SpecError:
-                pass
-        fits = [bn for bn in fits if bn <= seed.blocktile[0]] or fits
+        # The seed's feed where some tile takes it; TMA's boxes need whole output rows
+        # and stride 1, and where no tile gives them every warp copies instead.
+        feeds = [seed.feed] + ([Feed.SY] if seed.feed is Feed.TMA else [])
+        for feed in feeds:
+            seed = replace(seed, feed=feed)
+            fits = []
+            for bn in PIXEL_TILES:
+                try:
+                    plan_wgmma(problem, replace(seed, blocktile=(bn, maps)))
+                    fits.append(bn)
+                except SpecError:
+                    pass
+            fits = [bn for bn in fits if bn <= seed.blocktile[0]] or fits
+            if fits:
+                break
         if not fits:  # every tile is refused: let the seed's plan say why
             return replace(seed, blocktile=(seed.blocktile[0], maps))
         best = max(filled(bn) for bn in fits)
@@ -140,12 +179,14 @@ class Wgmma(Variant):
             (128, 256, 4),
             (192, 192, 4),
         ):
-            for inflight, persistent, producer in (
-                (1, False, False),
-                (2, False, False),
-                (1, True, False),
-                (2, True, False),
-                (2, False, True),
+            for inflight, persistent, feed in (
+                (1, False, Feed.SY),
+                (2, False, Feed.SY),
+                (1, True, Feed.SY),
+                (2, True, Feed.SY),
+                (2, False, Feed.WS),
+                (1, False, Feed.TMA),
+                (2, False, Feed.TMA),
             ):
                 out.append(
                     cls(
@@ -153,7 +194,7 @@ class Wgmma(Variant):
                         stages=stages,
                         inflight=inflight,
                         persistent=persistent,
-                        producer=producer,
+                        feed=feed,
                         precision=precision,
                     )
                 )
@@ -167,6 +208,49 @@ def _math_of(p: ConvProblem, v: Wgmma) -> None:
             f"wgmma multiplies the tensors' own dtype (fp32 as tf32): {p.dtype.value} "
             f"tensors take --precision {want.value}"
         )
+
+
+def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, TensorMap]:
+    """The tensor maps of ``tma``: x as [N][H][W][groups][C/g] with a box of a chunk's
+    channels by the tile's whole output rows (or whole images) at one tap, so that the
+    box's rows are the tile's pixels in order and the copy unit zero-fills the padding;
+    w as [groups][M/g][R*S][C/g] with a box of a chunk's channels by the tile's maps at
+    one tap.  SpecError where the tile is not whole rows or the stride is not 1."""
+    HoWo, Wo = p.Ho * p.Wo, p.Wo
+    if p.stride != (1, 1):
+        raise SpecError(
+            f"wgmma tma copies a tap's box of whole rows, which needs stride 1, not "
+            f"{p.stride[0]}x{p.stride[1]}; choose --feed sy"
+        )
+    if bn >= HoWo and bn % HoWo == 0:
+        box_rows = (Wo, p.Ho, bn // HoWo)  # whole images
+    elif bn < HoWo and HoWo % bn == 0 and bn % Wo == 0:
+        box_rows = (Wo, bn // Wo, 1)  # whole rows of one image
+    else:
+        raise SpecError(
+            f"wgmma tma copies whole output rows: a tile of {bn} pixels is not whole rows "
+            f"of {Wo} pixels within one {p.Ho}x{Wo} image, nor whole images; choose --feed sy "
+            "or another pixel tile"
+        )
+    if max(box_rows) > 256:
+        raise SpecError(f"wgmma tma: a box of {box_rows} pixels is over 256 along one axis")
+    e = p.dtype.bytes
+    x = TensorMap(
+        Role.X,
+        e,
+        (p.Cg, p.groups, p.W, p.H, None),
+        (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
+        (chunk, 1, *box_rows),
+    )
+    rs = p.R * p.S
+    w = TensorMap(
+        Role.W,
+        e,
+        (p.Cg, rs, p.Mg, p.groups),
+        (p.Cg * e, rs * p.Cg * e, p.Mg * rs * p.Cg * e),
+        (chunk, 1, bm, 1),
+    )
+    return x, w
 
 
 def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
@@ -200,26 +284,30 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         raise SpecError(
             f"wgmma b{bn}x{bm}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256 maps"
         )
-    if v.persistent and v.producer:
+    producer = v.feed is not Feed.SY
+    tma = v.feed is Feed.TMA
+    if v.persistent and producer:
         raise SpecError(
-            "wgmma pe_ws: the persistent form copies with every warp; choose sy with pe, "
-            "or gr with ws"
+            f"wgmma pe_{v.feed.value}: the persistent form copies with every warp; choose sy "
+            f"with pe, or gr with {v.feed.value}"
         )
+    boxes = _boxes(p, bn, bm, chunk) if tma else None
     warpgroups = bm // 64
     consumers = 128 * warpgroups  # threads that multiply and store
-    copiers = 128 if v.producer else consumers
-    threads = consumers + (128 if v.producer else 0)
+    # threads that copy: all, a producer warpgroup, or one thread of a producer warp
+    copiers = 1 if tma else 128 if producer else consumers
+    threads = consumers + (32 if tma else 128 if producer else 0)
     nacc = bn // 2  # fp32 sums per thread: 64 x bn over 128 threads
     budget = min(255, REGISTERS // threads // 8 * 8)
     # Registers, as ptxas allotted them on sm_90a: the sums and about 30 more in a thread
     # that multiplies; five per pixel row and two per map row in a thread that copies.
-    copying = 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
-    need = max(nacc + 30, copying) if v.producer else nacc + copying + 10
+    copying = 0 if tma else 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
+    need = max(nacc + 30, copying) if producer else nacc + copying + 10
     if v.persistent:
         need += 45  # the walk over tiles keeps the copy state live beside the sums (ptxas)
     if need > budget:
         raise SpecError(
-            f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}{'_ws' if v.producer else ''}: "
+            f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}_{v.feed.value}: "
             f"{warpgroups} warpgroup(s) of "
             f"{nacc} fp32 sums a thread and {bn * 8 // copiers} pixel rows to copy need about "
             f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
@@ -241,11 +329,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     # tile's copies fill the ring meanwhile.
     staging_at = ring if v.persistent else 0
     bars_at = max(ring, staging_at + staging)  # the producer's mbarriers after the ring
-    bars = 16 * v.stages if v.producer else 0
+    bars = 16 * v.stages if producer else 0
     smem = bars_at + bars + 1024  # and the slack to align the ring to 1024 B
     if smem > STAGE_LIMIT:
         fit = (STAGE_LIMIT - 1024 - bars - (staging if v.persistent else 0)) // (
-            a_stage + b_stage + (16 if v.producer else 0)
+            a_stage + b_stage + (16 if producer else 0)
         )
         raise SpecError(
             f"wgmma's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
@@ -254,7 +342,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
 
     # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
     # other's multiplies); the bounds hold ptxas to the registers that takes.
-    per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and nacc <= 64 and threads <= 256 else 1
+    if tma:  # a producer warp beside the consumers: count their registers
+        two = 2 * threads * (nacc + 40) <= REGISTERS
+    else:
+        two = nacc <= 64 and threads <= 256
+    per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and two else 1
 
     # 2. work
     chunks_per_tap = ceil_div(p.Cg, chunk)
@@ -286,7 +378,9 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         threads=threads,
         consumers=consumers,
         copiers=copiers,
-        producer=v.producer,
+        producer=producer,
+        tma=tma,
+        chunks_per_tap=chunks_per_tap,
         persistent=v.persistent,
         staging_at=staging_at,
         bars_at=bars_at,
@@ -323,7 +417,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"{bm} maps x {bn} pixels",
             f"{warpgroups} warpgroup(s) of 64 maps x {bn} pixels: wgmma m64n{bn}k{8 if tf32 else 16}, "
             f"{nacc} fp32 sums per thread"
-            + ("; a producer warpgroup copies" if v.producer else "; every warp copies"),
+            + {
+                Feed.SY: "; every warp copies",
+                Feed.WS: "; a producer warpgroup copies",
+                Feed.TMA: "; a producer thread issues TMA copies",
+            }[v.feed],
         ),
         Size(
             "k walk",
@@ -337,11 +435,22 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             f"{v.stages} stages x ({bm} + {bn}) rows x 128 B in the 128B swizzle, "
             f"aligned to 1024 B; then the output tile; {per_sm} block(s) per SM",
         ),
-        Size(
-            "copies",
-            f"{bm * 8 // copiers} + {bn * 8 // copiers} per copying thread per chunk",
-            "16-byte cp.async.cg, zero-filled outside the image and past the channels"
-            + ("; mbarriers say landed and retired" if v.producer else "; a barrier a chunk"),
+        (
+            Size(
+                "copies",
+                f"2 TMA boxes a chunk: x {'x'.join(map(str, boxes[0].box))}, "
+                f"w {'x'.join(map(str, boxes[1].box))}",
+                "cp.async.bulk.tensor from tensor maps, zero-filled outside the image and "
+                "past the channels by the copy unit, laid out in the 128B swizzle; "
+                "mbarriers count the bytes landed, the consumer warps retire each stage",
+            )
+            if tma
+            else Size(
+                "copies",
+                f"{bm * 8 // copiers} + {bn * 8 // copiers} per copying thread per chunk",
+                "16-byte cp.async.cg, zero-filled outside the image and past the channels"
+                + ("; mbarriers say landed and retired" if producer else "; a barrier a chunk"),
+            )
         ),
     )
     if v.persistent:  # tiles numbered along one axis, the grid capped at the SMs' blocks
@@ -358,6 +467,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         bn,
         smem,
         persistent=v.persistent,
+        maps=boxes or (),
     )
     return Plan(
         shape=p,

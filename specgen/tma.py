@@ -1,0 +1,148 @@
+"""Tensor maps for Hopper's tensor memory accelerator (TMA): what a plan asks for (the
+tensor's dims and strides, the box one ``cp.async.bulk.tensor`` copies, the swizzle it
+lays the box out in), their encoding through the driver (``cuTensorMapEncodeTiled``,
+called through ctypes so that no CuPy build has to expose it), and a NumPy model of a
+box load that the CPU tier checks the plans' coordinates with.
+
+A tensor map holds the tensor's address, so a launch needs one per address its tensor
+lies at: ``BoundMap`` encodes one the first time it meets an address and keeps it."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import SpecError
+from .tensors import Role
+
+# CUtensorMapDataType: the copies move bits, so 16-bit floats go as UINT16 and fp32 as
+# UINT32; out-of-bounds elements are filled with zero bits either way (+0.0).
+DATA_TYPES = {2: 1, 4: 2}  # bytes an element -> CU_TENSOR_MAP_DATA_TYPE_UINT16 / UINT32
+SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}  # bytes -> CUtensorMapSwizzle
+L2_PROMOTION_256B = 3
+MAP_BYTES = 128  # sizeof(CUtensorMap), aligned to 64 bytes
+RANK_LIMIT = 5
+BOX_LIMIT = 256  # elements of a box along any dimension
+MAPS_KEPT = 64  # encoded addresses a bound map keeps (past these, it starts over)
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A tiled tensor map over ``role``'s tensor: ``dims`` in elements, innermost first,
+    the outermost ``None`` where it is the launch's image count; ``strides`` in bytes for
+    every dimension but the innermost; ``box`` the elements one copy moves along each."""
+
+    role: Role
+    element_bytes: int
+    dims: tuple
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+    def __post_init__(self):
+        rank = len(self.dims)
+        if not 1 <= rank <= RANK_LIMIT or len(self.box) != rank or len(self.strides) != rank - 1:
+            raise ValueError(f"tensor map of rank {rank}: {self}")
+        if any(s % 16 for s in self.strides):  # a planner's bug: TMA needs 16-byte strides
+            raise ValueError(f"tensor map strides {self.strides} are not multiples of 16")
+        if any(not 1 <= b <= BOX_LIMIT for b in self.box):
+            raise ValueError(f"tensor map box {self.box}: 1 to {BOX_LIMIT} elements a dimension")
+        if self.box[0] * self.element_bytes > max(self.swizzle, 16) and self.swizzle:
+            raise ValueError(f"a box row of {self.box[0]} elements exceeds the swizzle span")
+
+    def sized(self, images: int) -> tuple[int, ...]:
+        return tuple(images if d is None else d for d in self.dims)
+
+    @property
+    def box_bytes(self) -> int:
+        return int(np.prod(self.box)) * self.element_bytes
+
+    def with_role(self, role: Role) -> "TensorMap":
+        return TensorMap(role, self.element_bytes, self.dims, self.strides, self.box, self.swizzle)
+
+
+def box_load(tensor: np.ndarray, m: TensorMap, coords, images: int = 1) -> np.ndarray:
+    """What one tiled copy puts in shared memory, before the swizzle: ``tensor``'s
+    elements (a flat array viewed through the map's dims and strides) in the box at
+    ``coords`` (innermost first, any of them negative or past the end), zeros where the
+    box leaves the tensor; rows of box[0] elements, the innermost dimension fastest."""
+    dims = m.sized(images)
+    steps = (1,) + tuple(s // m.element_bytes for s in m.strides)
+    out = np.zeros(tuple(reversed(m.box)), dtype=tensor.dtype)
+    for idx in np.ndindex(*reversed(m.box)):
+        at = tuple(c + i for c, i in zip(coords, reversed(idx)))
+        if all(0 <= a < d for a, d in zip(at, dims)):
+            out[idx] = tensor[sum(a * s for a, s in zip(at, steps))]
+    return out.reshape(-1, m.box[0])
+
+
+class BoundMap:
+    """One launch's tensor map: encoded for each address it is given, the encodings
+    kept, so that a repeated launch over the same tensors encodes nothing."""
+
+    def __init__(self, m: TensorMap, images: int):
+        self.map, self.images = m, images
+        self.encoded: dict[int, ctypes.Array] = {}
+
+    def address(self, ptr: int) -> int:
+        """The host address of the 128-byte map for a tensor at device address ``ptr``."""
+        buf = self.encoded.get(ptr)
+        if buf is None:
+            if len(self.encoded) >= MAPS_KEPT:
+                self.encoded.clear()
+            buf = self.encoded[ptr] = encode(self.map, ptr, self.images)
+        return _aligned_address(buf)
+
+
+def _aligned_address(buf) -> int:
+    return (ctypes.addressof(buf) + 63) & ~63
+
+
+_driver: list = []
+
+
+def _encode_function():
+    if not _driver:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise SpecError(f"tensor maps need the CUDA driver (libcuda.so.1): {e}") from None
+        f = lib.cuTensorMapEncodeTiled
+        f.restype = ctypes.c_int
+        _driver.append(f)
+    return _driver[0]
+
+
+def encode(m: TensorMap, ptr: int, images: int):
+    """The driver's encoding of ``m`` for a tensor at ``ptr``: a buffer holding the 128
+    bytes at a 64-byte boundary (``_aligned_address``)."""
+    if ptr % 16:
+        raise SpecError(f"a tensor map needs its tensor on a 16-byte boundary, got {ptr:#x}")
+    rank = len(m.dims)
+    dims = (ctypes.c_uint64 * rank)(*m.sized(images))
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*m.strides)
+    box = (ctypes.c_uint32 * rank)(*m.box)
+    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    buf = (ctypes.c_ubyte * (MAP_BYTES + 64))()
+    status = _encode_function()(
+        ctypes.c_void_p(_aligned_address(buf)),
+        ctypes.c_int(DATA_TYPES[m.element_bytes]),
+        ctypes.c_uint32(rank),
+        ctypes.c_void_p(ptr),
+        dims,
+        strides,
+        box,
+        ones,
+        ctypes.c_int(0),  # no interleave
+        ctypes.c_int(SWIZZLES[m.swizzle]),
+        ctypes.c_int(L2_PROMOTION_256B),
+        ctypes.c_int(0),  # out-of-bounds elements read as zeros
+    )
+    if status:
+        raise SpecError(
+            f"cuTensorMapEncodeTiled refused the map of {m.role.value} (CUresult {status}): "
+            f"dims {m.sized(images)}, strides {m.strides}, box {m.box}"
+        )
+    return buf
