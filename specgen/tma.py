@@ -10,7 +10,7 @@ lies at: ``BoundMap`` encodes one the first time it meets an address and keeps i
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class TensorMap:
             raise ValueError(f"tensor map strides {self.strides} are not multiples of 16")
         if any(not 1 <= b <= BOX_LIMIT for b in self.box):
             raise ValueError(f"tensor map box {self.box}: 1 to {BOX_LIMIT} elements a dimension")
-        if self.box[0] * self.element_bytes > max(self.swizzle, 16) and self.swizzle:
+        if self.swizzle and self.box[0] * self.element_bytes > self.swizzle:
             raise ValueError(f"a box row of {self.box[0]} elements exceeds the swizzle span")
 
     def sized(self, images: int) -> tuple[int, ...]:
@@ -60,7 +60,7 @@ class TensorMap:
         return int(np.prod(self.box)) * self.element_bytes
 
     def with_role(self, role: Role) -> "TensorMap":
-        return TensorMap(role, self.element_bytes, self.dims, self.strides, self.box, self.swizzle)
+        return replace(self, role=role)
 
 
 def box_load(tensor: np.ndarray, m: TensorMap, coords, images: int = 1) -> np.ndarray:

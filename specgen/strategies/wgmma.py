@@ -19,7 +19,7 @@ inflight - 1``).  Three ways to feed them (``--feed``):
   a stage completes when the boxes' bytes have landed; the consumer warps retire each
   stage at another.  It needs stride 1 and a tile of whole output rows.  On the H200 it
   took the wide layers' bf16 forward from 0.035/0.038 ms to 0.031/0.034 (ae-enc2/ae-dec2)
-  and their tf32 forward from 0.066/0.071 to 0.057/0.062: the consumers issue nothing
+  and their tf32 forward from 0.066/0.071 to 0.058/0.062: the consumers issue nothing
   but the multiplies and their waits.
 * ``sy``: every warp copies with 16-byte ``cp.async``, and the block meets at one
   barrier a chunk; a stage is refilled ``inflight`` chunks after its multiply was
@@ -380,7 +380,6 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         copiers=copiers,
         producer=producer,
         tma=tma,
-        chunks_per_tap=chunks_per_tap,
         persistent=v.persistent,
         staging_at=staging_at,
         bars_at=bars_at,
