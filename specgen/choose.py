@@ -117,8 +117,17 @@ DROW_MIN_TAPS = 5
 # 1.41 against mmapersist's 0.87 and 1.74).
 HWC_MIN_TAPS = 5
 
+# Tried first in 16-bit math for at most this many maps (what kn2row's plan takes
+# besides: taps x maps of 64 at most, stride 1, one group), where an implicit GEMM's n
+# side is mostly padding and its reduction reads x once per tap.  bf16 NHWC at B=128
+# (H200, 2026-11-25): the autoencoder's 256 -> 3 layer in 0.024 ms against flane's 0.100,
+# tcgemm's 0.110 and cuDNN's 0.108, and ae-enc1's dgrad (the same view) 0.024 against
+# cuDNN's 0.506.
+KN2ROW_MAX_MAPS = 8
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
+    "kn2row",
     "wgmma",
     "tcgemm",
     "mmahwc",
@@ -306,6 +315,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "mmafold" and not fold_suits(view):
                     continue
                 if key == "mmatoep" and not toep_suits(view):
+                    continue
+                if key == "kn2row" and view.Mg > KN2ROW_MAX_MAPS:
                     continue
                 if key == "mmahwc" and view.S < HWC_MIN_TAPS:
                     continue

@@ -383,6 +383,8 @@ PRESETS: dict[str, ConvProblem] = {
         # channels_last tensors: what the tensor-core strategies are measured on.
         _preset("ae-enc2-bf16", 256, 128, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
         _preset("ae-dec2-bf16", 128, 256, 16, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
+        # ... and the output layer (3 maps), where kn2row's taps-as-columns GEMM runs.
+        _preset("ae-dec3-bf16", 256, 3, 32, 3, 1, 128, DType.BF16, TensorLayout.NHWC),
         # The seeds' 7x7 layers in bf16 (NCHW, as the courses store them): where the
         # 16-bit tensor-core kernels for few channels (mmastrip, mmapersist) are
         # generated, verified and benched against the issue's 16-bit targets.

@@ -14,6 +14,7 @@ from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
 from .inputtile import Inputtile
+from .kn2row import Kn2row
 from .mma import Mma
 from .mmahwc import Mmahwc
 from .mmapersist import Mmapersist
@@ -57,6 +58,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmahwc,
     Tcgemm,
     Wgmma,
+    Kn2row,
     Phased,
     Drow,
     Wband,
