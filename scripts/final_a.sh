@@ -11,9 +11,9 @@ case "${PART:-all}" in
   # With mmahwc's tf32 kernels in the fp32 presets' default sets (2026-11-24) PART=1 outgrew
   # a call again: PART=4 runs its long reductions and streamed batches.
   4) FILES="tests/test_gpu.py"; K="default_batch or batch_128 or streamed" ;;
-  2) FILES="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;
+  2) FILES="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py tests/test_kn2row.py" ;;
   3) FILES="tests/test_gpu.py"; K="random or network" ;;
-  *) FILES="tests/test_gpu.py tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py" ;;
+  *) FILES="tests/test_gpu.py tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py tests/test_kn2row.py" ;;
 esac
 timeout ${LIMIT:-560} python3 -m pytest -q -m gpu $FILES ${K:+-k "$K"} -p no:cacheprovider > $OUT/gpu-tier${PART:+-$PART}.log 2>&1
 echo "rc=$?"; tail -15 $OUT/gpu-tier${PART:+-$PART}.log | cut -c1-400
