@@ -245,3 +245,22 @@ def test_16bit_few_channel_windows_go_to_the_strip_and_flat_tensor_core_kernels(
     assert key("C=3,M=64,H=32,W=32,K=3,pad=1,dtype=bf16") not in ("mmastrip", "mmafold")
     v = planned(parse_shape("C=1,M=4,H=86,W=86,K=7,dtype=bf16"), allow_tf32=False).variant
     assert v.precision is Precision.BF16
+
+
+def test_16bit_channels_last_layers_of_few_maps_go_to_kn2row():
+    """The autoencoder's 256 -> 3 layer in bf16 and fp16 NHWC, and the dgrad view of its
+    3 -> 256 first layer (the same GEMM): every tap a column of kn2row's product; with
+    more than 8 maps, or in fp32 or NCHW, not."""
+    for dtype in ("bf16", "fp16"):
+        dec3 = parse_shape(f"C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype={dtype},layout=nhwc")
+        assert planned(dec3, allow_tf32=True, arch="sm_90").variant.key == "kn2row"
+        enc1_dgrad = parse_shape(f"C=3,M=256,H=32,W=32,K=3,pad=1,dtype={dtype},layout=nhwc")
+        c = planned(enc1_dgrad.with_op(Op.DGRAD), allow_tf32=True, arch="sm_90")
+        assert c.variant.key == "kn2row"
+        assert planned(replace(dec3, M=16), allow_tf32=True).variant.key != "kn2row"
+    fp32 = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,layout=nhwc")
+    assert planned(fp32, allow_tf32=True).variant.key != "kn2row"
+    nchw = parse_shape("C=256,M=3,H=32,W=32,K=3,pad=1,dtype=bf16")
+    assert planned(nchw, allow_tf32=True).variant.key != "kn2row"
+    c = choose(replace(PRESETS["ae-dec3-bf16"], bias=True), "NVIDIA H200", True)
+    assert (c.source, c.variant.key) == ("shipped", "kn2row")
