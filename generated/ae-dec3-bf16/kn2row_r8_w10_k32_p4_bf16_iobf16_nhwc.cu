@@ -180,8 +180,9 @@ kn2row_r8_w10_k32_p4_bf16_iobf16_nhwc(const unsigned short* __restrict__ x, cons
                 a_at = a_base + read_stage * 20480u;
                 b_at = b_base + read_stage * 2048u;
             }
-            if (kt + 1 < 8 || kk + 1 < 2)
-                load_fragments((kk + 1) % 2, a_at, b_at, (kk + 1) % 2);
+            // (after the last step: a harmless read of the ring, which the barrier
+            // below keeps before Z's writes; a guard here made ptxas spill)
+            load_fragments((kk + 1) % 2, a_at, b_at, (kk + 1) % 2);
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll

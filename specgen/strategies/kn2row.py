@@ -193,9 +193,12 @@ def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
             f"to; choose fewer --rows" + (f" or --stages {fit}" if 2 <= fit < v.stages else "")
         )
     # Registers: the sums, two sets of fragments, a pointer per copied row, about 30 for
-    # the walk, and as tcgemm 20 for each mma k step of a chunk past two.
+    # the walk, and as tcgemm 20 for each mma k step of a chunk past two.  ptxas caps a
+    # block's threads as if they were a whole number of 4-warp groups (an SM's four
+    # schedulers each hold a quarter): 10 warps get the registers of 12, 168 a thread
+    # (a 10-warp k64 variant spilled at 168 on a drawn problem).
     a_vecs = bm * per_row // threads
-    budget = min(255, 65536 // threads // 8 * 8)
+    budget = min(255, 65536 // (ceil_div(threads, 128) * 128) // 8 * 8)
     need = fm * fn * 4 + 2 * (fm * 4 + fn * 2) + 2 * a_vecs + 30 + 20 * max(0, per_row // 2 - 2)
     if need > budget:
         raise SpecError(
