@@ -14,6 +14,11 @@ LIMIT=${L2:-300} PART=2 bash scripts/final_a.sh
 timeout ${LT:-150} python3 -m pytest -q -m gpu tests/test_torch.py -p no:cacheprovider > $OUT/torch-tests.log 2>&1
 echo "torch tests rc=$?"; tail -3 $OUT/torch-tests.log | cut -c1-300 ;;
 b)
+timeout 120 python3 -m pytest -q -m gpu tests/test_kn2row.py -p no:cacheprovider > $OUT/kn2row-tests.log 2>&1
+echo "kn2row tests rc=$?"; tail -2 $OUT/kn2row-tests.log | cut -c1-300
+timeout 60 python3 -m specgen verify --shape ae-dec3-bf16 --op all > $OUT/verify-ae-dec3-bf16.log 2>&1; echo "verify rc=$?"; tail -1 $OUT/verify-ae-dec3-bf16.log
+for op in fprop dgrad wgrad; do timeout 60 python3 -m specgen bench --shape ae-dec3-bf16 --op $op --best > $OUT/best-ae-dec3-bf16-$op.log 2>&1
+echo "bench --best $op rc=$?"; grep -E "^cudnn-bf16|verified|not timed" $OUT/best-ae-dec3-bf16-$op.log | cut -c1-130; done
 LIMIT=${L1:-150} PART=1 bash scripts/final_a.sh
 LIMIT=${L3:-400} PART=3 bash scripts/final_a.sh ;;
 c)
