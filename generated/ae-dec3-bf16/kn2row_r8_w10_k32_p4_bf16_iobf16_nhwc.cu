@@ -116,6 +116,9 @@ kn2row_r8_w10_k32_p4_bf16_iobf16_nhwc(const unsigned short* __restrict__ x, cons
         lc += 32;
     };
 
+    // (The ring's last fragment read, after the last step, is of a stage nobody copies
+    // into any more; the barrier below keeps it before Z's writes. A guard on it made
+    // ptxas spill.)
     // ldmatrix addresses of this lane for each k16 step of a chunk, in the first
     // fragment of its warp's tile; the next fragments are 16 rows on (the swizzle
     // repeats every 8 lines, so they are a constant offset away).
@@ -180,8 +183,6 @@ kn2row_r8_w10_k32_p4_bf16_iobf16_nhwc(const unsigned short* __restrict__ x, cons
                 a_at = a_base + read_stage * 20480u;
                 b_at = b_base + read_stage * 2048u;
             }
-            // (after the last step: a harmless read of the ring, which the barrier
-            // below keeps before Z's writes; a guard here made ptxas spill)
             load_fragments((kk + 1) % 2, a_at, b_at, (kk + 1) % 2);
 #pragma unroll
             for (int i = 0; i < 2; ++i)
