@@ -9,7 +9,6 @@ there).  cuDNN beside specgen.
 """
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -21,18 +20,7 @@ sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
 import autoencoder as ae  # noqa: E402
 from step_host import MATHS, models, setup  # noqa: E402
-
-
-def idle(step, steps):
-    wall, cpu = [], []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t, c = time.perf_counter(), time.process_time()
-        step()
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
+from step_timeline import host_times  # noqa: E402
 
 
 def back_to_back(step, steps):
@@ -79,9 +67,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}, {args.math}, B=128 channels_last: ms per step")
     for who, model in (("cuDNN", cu), ("specgen", ours)):
         step = ae.training_step(model, x, 0.05, autocast)
-        for _ in range(10):
-            step()
-        w, c = idle(step, 30)
+        w, c = host_times(step)  # each step on an idle queue
         bw, bc, total, spread = back_to_back(step, args.steps)
         p10, p50, p90, top = spread
         print(

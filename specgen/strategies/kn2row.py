@@ -72,17 +72,11 @@ class Kn2row(Variant):
         0.024 ms; warps of 64 pixels 0.025, bands of 4 or 16 rows 0.026, chunks of 64
         channels 0.028); shorter bands, or warps of 64 pixels, where the image is wide
         enough that these take more than 16 warps or more shared memory than there is."""
-        want = MATH.get(problem.dtype)
-        if want is None or seed.precision is not want:
-            raise SpecError(
-                f"kn2row multiplies 16-bit tensors in their own dtype, not "
-                f"{problem.dtype.value} tensors in {seed.precision.value}"
-            )
         error = None
         for rows in dict.fromkeys(min(r, problem.Ho) for r in (seed.rows, 4, 2, 1)):
-            pixels = (rows + (problem.R - 1) * problem.dil[0]) * problem.W
             for per_warp in (32, 64):
-                v = replace(seed, rows=rows, warps=ceil_div(pixels, per_warp), chunk=32)
+                warps = ceil_div(band_pixels(problem, rows), per_warp)
+                v = replace(seed, rows=rows, warps=warps, chunk=32)
                 try:
                     plan_kn2row(problem, v)
                     return v
@@ -94,9 +88,8 @@ class Kn2row(Variant):
     def space(cls, problem, precision):
         out = []
         for rows in (4, 8, 16):
-            pixels = (rows + (problem.R - 1) * problem.dil[0]) * problem.W
             for per_warp in (32, 64):
-                warps = ceil_div(pixels, per_warp)
+                warps = ceil_div(band_pixels(problem, rows), per_warp)
                 if warps > 16:
                     continue
                 for chunk in (32, 64):
@@ -113,11 +106,37 @@ class Kn2row(Variant):
         return out
 
 
+def band_pixels(p: ConvProblem, rows: int) -> int:
+    """The x pixels a band of ``rows`` output rows reads: whole rows, the band's and the
+    window's R - 1 (dilated) below it."""
+    return (rows + (p.R - 1) * p.dil[0]) * p.W
+
+
 def z_stride(maps: int, columns: int) -> int:
     """Z's row pitch in words: at least its columns, and maps more than a multiple of 32,
     so that the shift-add's threads (consecutive (pixel, map) outputs) read 32 distinct
     banks."""
     return columns + (maps - columns) % 32
+
+
+def shift_taps(p: ConvProblem, zs: int) -> list[dict]:
+    """The shift-add's taps (r, s) in order: ``z``, the word offset of the tap's column at
+    its pixel from Z's word for tap (0, 0) at output column ow (``zq``); ``col``, how far
+    the tap's x column lies from ow; ``inside``, whether it is inside the image for every
+    output column (no bounds test)."""
+    (dh, dw), pl = p.dil, p.pads[2]
+    out = []
+    for r in range(p.R):
+        for s in range(p.S):
+            col = s * dw - pl
+            out.append(
+                dict(
+                    z=(r * dh * p.W + col) * zs + (r * p.S + s) * p.M,
+                    col=col,
+                    inside=col >= 0 and p.Wo - 1 + col < p.W,
+                )
+            )
+    return out
 
 
 def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
@@ -164,8 +183,8 @@ def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
         raise SpecError(f"kn2row p{v.stages}: the ring holds 2 to 8 chunks")
     if not 1 <= v.warps <= 16:
         raise SpecError(f"kn2row w{v.warps}: a block has 1 to 16 warps")
-    in_rows = v.rows + (p.R - 1) * p.dil[0]  # x rows the band's windows read
-    pixels = in_rows * p.W
+    pixels = band_pixels(p, v.rows)
+    in_rows = pixels // p.W
     warp_m = ceil_div(ceil_div(pixels, v.warps), 16) * 16
     bm = warp_m * v.warps  # the pixel tile, padded to the warps' m16 fragments
     bn = ceil_div(columns, 16) * 16
@@ -248,6 +267,8 @@ def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
         bands=bands,
         zs=zs,
         outputs=v.rows * p.Wo * p.M,
+        row_out=p.Wo * p.M,  # a y row's outputs
+        shift_taps=shift_taps(p, zs),
         band_tail=p.Ho % v.rows != 0,
         guard_chans=p.C % v.chunk != 0,
         image_in=p.H * p.W * p.C,
