@@ -369,6 +369,36 @@ def gather_source(source: str, target: str) -> tuple[str, str]:
     return name, text
 
 
+_launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once imported
+
+
+def _driver_launch():
+    from cupy.cuda import driver as drv
+
+    _launch_kernel.append(drv.launchKernel)
+    return drv.launchKernel
+
+
+def cast_source(dtype: str, a: str, b: str) -> tuple[str, str]:
+    """The autocast weight cast's name and CUDA source: fp32 weights rounded to ``dtype``
+    (bf16 or fp16), its two packed outputs stored as ``a`` and ``b`` (``dtype`` itself,
+    or fp32 holding the rounded value)."""
+    from .render import render_template
+
+    name = f"cast_{dtype}_{a}_{b}"
+    words = {"fp32": "float", dtype: "unsigned short"}
+    text = render_template(
+        "torch/cast.cu.j2",
+        name=name,
+        dtype=dtype,
+        a=a,
+        b=b,
+        words=words,
+        ptx={"bf16": "bf16", "fp16": "f16"}[dtype],
+    )
+    return name, text
+
+
 class Launcher:
     """A plan's launches at one batch, in order.  The argument slots are shared, so a
     call fills and launches them under a lock (the driver copies them at the launch)."""
@@ -378,9 +408,7 @@ class Launcher:
         self.lock = threading.Lock()
 
     def __call__(self, bufs: dict, stream: int) -> None:
-        from cupy.cuda import driver as drv
-
-        launch = drv.launchKernel
+        launch = _launch_kernel[0] if _launch_kernel else _driver_launch()
         with self.lock:
             for st in self.steps:
                 slots = st.slots

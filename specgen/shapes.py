@@ -30,6 +30,10 @@ class Op(enum.Enum):
     WGRAD = "wgrad"  # dw = sum over images and output pixels of dy x x (+ db with bias=1)
     BGRAD = "bgrad"  # db = dy summed over images and output pixels
 
+    # Members are singletons compared by identity: hash them so too, in C (Enum's own
+    # hash runs Python code, and the operator's eager path keys its lookups by op).
+    __hash__ = object.__hash__
+
 
 class Act(enum.Enum):
     NONE = "none"
@@ -51,6 +55,8 @@ class DType(enum.Enum):
 class TensorLayout(enum.Enum):
     NCHW = "nchw"
     NHWC = "nhwc"
+
+    __hash__ = object.__hash__  # as Op's
 
 
 class Feature(enum.Enum):

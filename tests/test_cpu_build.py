@@ -316,3 +316,19 @@ def test_the_operators_weight_gather_compiles_without_spills(source, target):
     name, text = gather_source(source, target)
     binary = compile_source(text, name, "sm_90")
     assert binary.spills == 0 and set(binary.resources) == {name}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("a", ["fp32", "16"])
+@pytest.mark.parametrize("b", ["fp32", "16"])
+def test_the_operators_autocast_weight_cast_compiles_without_spills(dtype, a, b):
+    """The PyTorch operator's autocast cast (fp32 weights rounded to 16 bits into two
+    packed layouts, each 16-bit or widened back to fp32) compiles for sm_90 without
+    spills, and rounds with PTX's round-to-nearest-even conversion, as PyTorch does."""
+    from specgen.runtime import cast_source
+
+    a, b = (dtype if v == "16" else v for v in (a, b))
+    name, text = cast_source(dtype, a, b)
+    assert f"cvt.rn.{'bf16' if dtype == 'bf16' else 'f16'}.f32" in text
+    binary = compile_source(text, name, "sm_90")
+    assert binary.spills == 0 and set(binary.resources) == {name}

@@ -545,6 +545,43 @@ def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtyp
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize(
+    "C,M,layout", [(16, 32, "nhwc"), (3, 16, "nhwc"), (16, 3, "nhwc"), (8, 8, "nchw")]
+)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
+def test_autocast_casts_fp32_weights_in_one_launch_to_the_bits_of_casting_first(
+    dtype, C, M, layout, weights
+):
+    """Under autocast the operator casts the model's fp32 weights itself, in one launch
+    that also packs them for the forward kernel and for dgrad's (``E.Cast``): the
+    same bits as calling it with the weights cast by PyTorch first, forward and every
+    gradient, the weight's in fp32 as autocast gives it; and one launch fewer than a
+    cast and a gather wherever dx is wanted."""
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    x = torch.randn(4, C, 12, 12, device="cuda").contiguous(memory_format=fmt)
+    w32 = torch.randn(M, C, 3, 3, device="cuda")
+    if weights == "channels_last":
+        w32 = w32.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(M, device="cuda")
+    x16 = x.to(DT[dtype]).requires_grad_()
+    w32.requires_grad_(), b.requires_grad_()
+    with torch.autocast("cuda", dtype=DT[dtype]):
+        y = sg.conv2d(x16, w32, b, padding=1)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x16, w32, b], dy)
+    assert got[1].dtype == torch.float32 and got[2].dtype == torch.float32
+    w16 = w32.detach().to(DT[dtype]).requires_grad_()
+    b2 = b.detach().requires_grad_()
+    ref_y = sg.conv2d(x16, w16, b2, padding=1)
+    ref = torch.autograd.grad(ref_y, [x16, w16, b2], dy)
+    assert torch.equal(y, ref_y)
+    assert torch.equal(got[0], ref[0])
+    assert torch.equal(got[1], ref[1].float()) and torch.equal(got[2], ref[2].float())
+    casts = [c for lay in E._layers.values() for c in lay.casts.values()]
+    assert any(len(c.sizes) == 2 for c in casts), "dgrad's packing came with the cast"
+
+
 def test_tf32_wgrad_of_channels_last_fp32_on_tensor_cores_within_its_bound():
     """With tf32 allowed, fp32 channels_last wgrad runs tcwgrad in tf32 on the tensors
     as they lie (no NCHW copies): dw and db against float64 autograd, within tf32's

@@ -106,21 +106,27 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     unbatched = input.dim() == 3
     if unbatched:
         input = input.unsqueeze(0)
+    compiling = torch.compiler.is_compiling()
+    cast = False
     if input.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         if input.dtype is not dt:  # a layer's output is in it already: no call
             input = input.to(dt)
-        weight = weight.to(dt)
+        # fp32 weights on the eager path are cast by the operator, in the launch that
+        # packs them for its kernels (_engine.Cast); traced, autocast's cast stays
+        cast = weight.dtype is torch.float32 and dt is not torch.float32 and not compiling
+        if not cast:
+            weight = weight.to(dt)
         if bias is not None and bias.dtype is not torch.float32:
             bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
-    if torch.compiler.is_compiling():
+    if compiling:
         _check_shapes(input, weight, bias, groups)
         y = torch.ops.specgen.conv2d(
             input, weight, bias, list(stride), list(pads), list(dilation), groups
         )
     else:
         lay, input = _engine.layer(
-            input, weight, bias, stride, pads, dilation, groups, _check_shapes
+            input, weight, bias, stride, pads, dilation, groups, _check_shapes, cast
         )
         y = _ops.Conv2dFunction.apply(input, weight, bias, lay)
     return y.squeeze(0) if unbatched else y

@@ -192,6 +192,7 @@ class Layer:
         # the layout wgrad computes in: the tensors' own but for fp32 few-map layers
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32)
         self.kernels: dict = {}
+        self.casts: dict = {}  # (bias, dgrad too, the weights' strides) -> Cast
         self.problem(Op.FPROP, False, 1)  # a problem no convolution has fails here, once
 
     def problem(self, op: Op, bias: bool, batch: int) -> ConvProblem:
@@ -218,6 +219,17 @@ class Layer:
             )
         return k
 
+    def cast(self, w: torch.Tensor, bias: bool, batch: int, dgrad: bool) -> "Cast":
+        """The autocast cast of fp32 weights ``w`` for the forward kernel (with a bias
+        or not) and, where ``dgrad``, for dgrad's."""
+        key = (bias, dgrad, w.stride())
+        c = self.casts.get(key)
+        if c is None:
+            forward = self.kernel(Op.FPROP, bias, batch)
+            back = self.kernel(Op.DGRAD, False, batch) if dgrad else None
+            c = self.casts[key] = Cast(forward, back, w.stride(), self.index)
+        return c
+
 
 FORMATS = {TensorLayout.NCHW: torch.contiguous_format, TensorLayout.NHWC: torch.channels_last}
 
@@ -237,12 +249,13 @@ def layer_of(x_size, layout, dtype, index, w_size, w_stride, stride, pads, dilat
     return found
 
 
-def layer(x, weight, bias, stride, pads, dilation, groups, check=None):
+def layer(x, weight, bias, stride, pads, dilation, groups, check=None, cast=False):
     """The layer of these tensors and arguments (tuples), and x made dense in its
     layout, keyed by what PyTorch reads off the tensors in well under a microsecond
     each (sizes, strides, dtypes, devices): a miss checks the tensors (``check(x,
     weight, bias, groups)`` first where given, then ``check_tensors``: one clear
-    SpecError for what no kernel serves) and finds the layer; a hit checks nothing."""
+    SpecError for what no kernel serves) and finds the layer; a hit checks nothing.
+    ``cast``: autocast is on and fp32 weights are the layer's to cast (``Cast``)."""
     key = (
         x.shape,
         x.stride(),
@@ -258,12 +271,13 @@ def layer(x, weight, bias, stride, pads, dilation, groups, check=None):
         dilation,
         groups,
         torch.backends.cudnn.allow_tf32,
+        cast,
     )
     found = _eager.get(key)
     if found is None:
         if check is not None:
             check(x, weight, bias, groups)
-        check_tensors(x, weight, bias)
+        check_tensors(x, weight, bias, cast)
         lay = layout_of(x)
         found = layer_of(
             x.shape,
@@ -284,9 +298,10 @@ def layer(x, weight, bias, stride, pads, dilation, groups, check=None):
     return lay, (x if is_dense else x.contiguous(memory_format=lay.fmt))
 
 
-def check_tensors(x, weight=None, bias=None) -> None:
+def check_tensors(x, weight=None, bias=None, cast=False) -> None:
     """One clear SpecError for tensors no kernel takes together: not on CUDA, on two
-    devices, of two dtypes, of a dtype specgen has no kernels for; a bias in fp32 or
+    devices, of two dtypes (but fp32 weights for 16-bit x where ``cast``: autocast's,
+    cast by the operator), of a dtype specgen has no kernels for; a bias in fp32 or
     the tensors' dtype, on their device."""
     for t in (x, weight):
         if t is None:
@@ -295,7 +310,7 @@ def check_tensors(x, weight=None, bias=None) -> None:
             raise SpecError(f"specgen's convolution runs on CUDA tensors, got one on {t.device}")
         if t.device != x.device:
             raise SpecError(f"tensors on {x.device} and {t.device}: put them on one device")
-        if t.dtype != x.dtype:
+        if t.dtype != x.dtype and not (cast and t is weight and t.dtype == torch.float32):
             raise SpecError(
                 f"tensors of {x.dtype} and {t.dtype}: specgen's convolution takes one "
                 "dtype for all (autocast casts them for you)"
@@ -487,12 +502,28 @@ def gather_kernel(index: int, source: str, target: str) -> int:
 
 
 def _load_gather(index: int, source: str, target: str) -> int:
+    from ..runtime import gather_source
+
+    return _load(index, *gather_source(source, target))
+
+
+def _load(index: int, name: str, text: str) -> int:
+    """The function ``name`` of CUDA source ``text``, compiled and loaded on device
+    ``index`` once (its module kept for the process's life)."""
+    func = _loaded.get((index, name))
+    if func is None:
+        func = _loaded[(index, name)] = _compile_and_load(index, name, text)
+    return func
+
+
+_loaded: dict[tuple, int] = {}  # (device, function name) -> the function
+
+
+def _compile_and_load(index: int, name: str, text: str) -> int:
     import cupy
 
     from ..compile import compile_source
-    from ..runtime import gather_source
 
-    name, text = gather_source(source, target)
     with cupy.cuda.Device(index):
         binary = compile_source(text, name, device_arch())
         module = cupy.cuda.function.Module()
@@ -502,6 +533,14 @@ def _load_gather(index: int, source: str, target: str) -> int:
 
 
 _modules: list = []
+
+
+def _channels_last_strides(size) -> tuple:
+    """The strides of a channels_last tensor of 4-D ``size``, unless that memory format
+    is also the contiguous one (one channel, or 1x1 windows), where it reads as that."""
+    M, C, R, S = size
+    last, first = (R * S * C, 1, S * C, C), (C * R * S, R * S, S, 1)
+    return last if last != first else None
 
 
 def channels_last_offsets(p: ConvProblem):
@@ -514,8 +553,8 @@ def channels_last_offsets(p: ConvProblem):
     return np.ascontiguousarray(at).reshape(-1)
 
 
-def _gather(conv: Conv, index: int):
-    """The flat index of PyTorch's weight read at each packed position, on the device,
+def _packed_ids(conv: Conv):
+    """The flat index of PyTorch's weight read at each packed position (a NumPy array),
     or None where the packed layout is PyTorch's own."""
     import numpy as np
 
@@ -533,7 +572,81 @@ def _gather(conv: Conv, index: int):
     ids = np.arange(p.weight_count, dtype=np.int64).reshape(w_shape(p))
     if plan.weight_transform == "dgrad":
         ids = dgrad_weights(ids, p.groups)
-    return torch.as_tensor(host_pack(ids, plan.weight_format), device=f"cuda:{index}")
+    return host_pack(ids, plan.weight_format)
+
+
+def _gather(conv: Conv, index: int):
+    """``_packed_ids`` on the device, or None where the packed layout is PyTorch's own."""
+    ids = _packed_ids(conv)
+    return None if ids is None else torch.as_tensor(ids, device=f"cuda:{index}")
+
+
+def storage_offsets(k: Kernel, w_stride):
+    """Where each weight of k's packed layout lies in the storage of weights of these
+    strides (of PyTorch's [M][C/g][R][S]): a NumPy array."""
+    import numpy as np
+
+    ids = _packed_ids(k.conv)
+    if ids is None:
+        ids = np.arange(k.problem.weight_count, dtype=np.int64)
+    where = np.unravel_index(ids, w_shape(k.problem))
+    return sum(i * np.int64(stride) for i, stride in zip(where, w_stride))
+
+
+class Cast:
+    """Under autocast, the model's fp32 weights rounded to the layer's 16-bit dtype and
+    packed for its forward kernel and, where dx is wanted, its dgrad kernel, by one
+    launch of the operator's cast (``templates/torch/cast.cu.j2``) on the current
+    stream: the work of autocast's cast, a re-layout for the kernels that read fp32
+    weights, and dgrad's gather in the backward, which took one to three launches.
+    Built once per layer, weights' strides and whether dgrad's packing comes too."""
+
+    def __init__(self, forward: Kernel, dgrad: Kernel | None, w_stride, index: int):
+        import numpy as np
+
+        from ..runtime import cast_source
+
+        if torch.cuda.is_current_stream_capturing():
+            raise SpecError(
+                "specgen cannot set up its autocast weight cast while a CUDA graph is being "
+                "captured: run the model once before capturing (or call specgen.torch.warmup)"
+            )
+        parts = [forward] if dgrad is None else [forward, dgrad]
+        at = [storage_offsets(k, w_stride) for k in parts]
+        stored = [weight_dtype(k.conv.plan.weight_format) for k in parts]
+        dtype = forward.problem.dtype.value
+        for k, kind in zip(parts, stored):
+            if kind not in ("fp32", dtype):
+                raise SpecError(f"{k.conv.plan.name} reads {kind} weights from {dtype} tensors")
+        offsets = np.concatenate(at)
+        if offsets.max(initial=0) >= 2**31:
+            raise SpecError("weights past 2**31 elements are more than the operator's cast indexes")
+        self.at = torch.as_tensor(offsets.astype(np.int32), device=f"cuda:{index}")
+        self.sizes = [len(a) for a in at]
+        self.dtypes = [STORED[kind] for kind in stored]
+        name, text = cast_source(dtype, stored[0], stored[-1])
+        func = _load(index, name, text)
+        n = len(offsets)
+        binding = [
+            (Role.W, 0),
+            (None, self.at.data_ptr()),
+            (Role.Y, 0),
+            (Role.DX, 0),
+            (None, self.sizes[0]),
+            (None, n),
+        ]
+        self.launcher = Launcher([_Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)])
+        self.device, self.index = self.at.device, index
+        # the weights' own memory format, which their gradient is handed back in
+        channels_last = tuple(w_stride) == _channels_last_strides(w_shape(forward.problem))
+        self.w_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __call__(self, w: torch.Tensor):
+        """The packed weights of the forward kernel, and of dgrad's (or None)."""
+        out = [torch.empty(n, dtype=d, device=self.device) for n, d in zip(self.sizes, self.dtypes)]
+        ptrs = {Role.W: w.data_ptr(), Role.Y: out[0].data_ptr(), Role.DX: out[-1].data_ptr()}
+        on_device(self.index, self.launcher, ptrs, raw_stream(self.index))
+        return out[0], (out[1] if len(out) > 1 else None)
 
 
 # Bytes: the widest access a kernel makes (16-byte cp.async copies, uint4 stores).
@@ -551,10 +664,10 @@ def _aligned(t: torch.Tensor, keep: list) -> torch.Tensor:
     return t
 
 
-def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
+def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, ready=False) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
     on the current stream of ``device`` (a torch.device); ``w`` and ``bias`` for the
-    ops that read them."""
+    ops that read them, ``w`` packed already where ``ready`` (``Cast``)."""
     if batch == 0:
         return
     index = device.index
@@ -567,7 +680,7 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
             at = _aligned(t, keep).data_ptr()
         ptrs[role] = at
     if w is not None:
-        packed = _aligned(pack_weights(k, w), keep)
+        packed = _aligned(w if ready else pack_weights(k, w), keep)
         keep.append(packed)
         at = k.conv.upload_weights(
             packed.data_ptr(), packed.numel() * packed.element_size(), stream
@@ -612,21 +725,22 @@ def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
 # registered ops both call these, so the two paths run the same kernels.
 
 
-def forward(lay: Layer, x, w, bias):
-    """y of the convolution (x dense in the layer's layout)."""
+def forward(lay: Layer, x, w, bias, ready=False):
+    """y of the convolution (x dense in the layer's layout; w packed where ``ready``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
     y = empty((N, *lay.y_rest), x, lay.layout)
-    launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
+    launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias, ready=ready)
     return y
 
 
-def input_grad(lay: Layer, dy, w):
-    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense)."""
+def input_grad(lay: Layer, dy, w, ready=False):
+    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense; w packed
+    where ``ready``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
     dx = empty((N, *lay.x_rest), dy, lay.layout)
-    launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w)
+    launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w, ready=ready)
     return dx
 
 

@@ -243,20 +243,35 @@ class Conv2dFunction(torch.autograd.Function):
     # arguments through inspect.signature, a fifth of the eager path's host time.
     @staticmethod
     def forward(ctx, x, weight, bias, lay):
-        ctx.save_for_backward(x, weight)
         ctx.lay, ctx.has_bias = lay, bias is not None
+        ctx.cast = weight.dtype is not x.dtype
+        if ctx.cast:
+            # autocast, and the model's fp32 weights: cast and packed for the forward
+            # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
+            # dw comes back in x's dtype, and autograd casts it to the weights'
+            cast = lay.cast(weight, ctx.has_bias, x.shape[0], ctx.needs_input_grad[0])
+            w, ctx.dgrad_w = cast(weight)
+            ctx.w_format = cast.w_format
+            ctx.save_for_backward(x)
+            return E.forward(lay, x, w, bias, ready=True)
+        ctx.save_for_backward(x, weight)
         return E.forward(lay, x, weight, bias)
 
     @staticmethod
     @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        lay = ctx.lay
+        saved = ctx.saved_tensors
+        x, lay = saved[0], ctx.lay
+        w = ctx.dgrad_w if ctx.cast else saved[1]  # packed for dgrad where cast
         dy = E.dense(dy, lay.layout)
         dx, dw, db = _gradients(
             ctx,
-            lambda: E.input_grad(lay, dy, weight),
+            lambda: E.input_grad(lay, dy, w, ready=ctx.cast),
             lambda bias: E.weight_grads(lay, x, dy, bias),
             lambda: E.bias_grad(lay, dy),
         )
+        if ctx.cast and dw is not None:
+            # to fp32 in the weights' memory format in one op, where autograd would
+            # cast it and then copy it to that format for .grad
+            dw = dw.to(torch.float32, memory_format=ctx.w_format)
         return dx, dw, db, None
