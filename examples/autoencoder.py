@@ -102,35 +102,47 @@ def training_step(model, x, lr, autocast=None):
     return step
 
 
-def time_steps(model, x, lr, steps, warmup, autocast=None):
-    """Two figures of one training step (forward, MSE, backward, SGD), by CUDA events:
-    the median of single steps, each waited for (the host's launch latency shows), and
-    the mean over ``steps`` steps queued back to back (the throughput of a training
-    loop, where the host runs ahead of the GPU); plus the p10 and p90 of the first."""
-    step = training_step(model, x, lr, autocast)
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    back_to_back = start.elapsed_time(end) / steps
-    return (
-        statistics.median(times),
-        back_to_back,
-        np.percentile(times, 10),
-        np.percentile(times, 90),
-    )
+def time_steps(models, x, lr, steps, warmup, autocast=None, rounds=5):
+    """Two figures of one training step (forward, MSE, backward, SGD) for each model, by
+    CUDA events: the median of ``steps`` single steps, each waited for (the host's launch
+    latency shows), and the median over ``rounds`` rounds of the mean of ``steps`` steps
+    queued back to back (the throughput of a training loop, where the host runs ahead of
+    the GPU); plus the p10 and p90 of the first.  The models alternate, step by step and
+    round by round, the one that goes first alternating too: the host's speed drifts by
+    a tenth and more from second to second, and so it meets every model alike."""
+    fns = [training_step(m, x, lr, autocast) for m in models]
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    order = list(range(len(fns)))
+    single = [[] for _ in fns]
+    for i in range(steps):
+        for j in order if i % 2 == 0 else order[::-1]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[j]()
+            end.record()
+            end.synchronize()
+            single[j].append(start.elapsed_time(end))
+    loop = [[] for _ in fns]
+    for r in range(rounds):
+        for j in order if r % 2 == 0 else order[::-1]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                fns[j]()
+            end.record()
+            end.synchronize()
+            loop[j].append(start.elapsed_time(end) / steps)
+    return [
+        (
+            statistics.median(times),
+            statistics.median(means),
+            np.percentile(times, 10),
+            np.percentile(times, 90),
+        )
+        for times, means in zip(single, loop)
+    ]
 
 
 def time_graphed(model, x, lr, steps, autocast=None) -> float:
@@ -206,7 +218,7 @@ def profile(model, x, lr, autocast) -> str:
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        time_steps(model, x, lr, 5, 0, autocast)
+        time_steps([model], x, lr, 5, 0, autocast, rounds=1)
     return prof.key_averages().table(
         sort_by="cuda_time_total", row_limit=25, max_name_column_width=70
     )
@@ -294,8 +306,7 @@ def main() -> int:
         with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
             sg.warmup(ours, x)
         torch.backends.cudnn.benchmark = True
-        t_cu = time_steps(cu, x, args.lr, args.timed, 10, autocast)
-        t_sg = time_steps(ours, x, args.lr, args.timed, 10, autocast)
+        t_cu, t_sg = time_steps([cu, ours], x, args.lr, args.timed, 10, autocast)
         g_cu = time_graphed(cu, x, args.lr, args.timed, autocast)
         g_sg = time_graphed(ours, x, args.lr, args.timed, autocast)
         if args.profile:
@@ -318,8 +329,9 @@ def main() -> int:
     print(
         f"\ntraining step at B={args.batch} on {torch.cuda.get_device_name()}"
         f"{', channels_last' if args.channels_last else ''}, ms: the median "
-        f"of {args.timed} single steps, the mean of {args.timed} steps back to back, and "
-        f"the mean of {args.timed} replays of the step captured in a CUDA graph"
+        f"of {args.timed} single steps, the median over 5 rounds of the mean of {args.timed} "
+        "steps back to back (cuDNN's and specgen's alternated, step by step and round by "
+        f"round), and the mean of {args.timed} replays of the step captured in a CUDA graph"
     )
     head = f"{'cuDNN':>8} {'specgen':>8} {'speedup':>8}"
     print(f"{'math':<14} {head} {head} {head}")

@@ -73,6 +73,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--math", choices=list(MATHS), action="append")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", action="append", help="just this variant (repeatable)")
     args = ap.parse_args()
     x, base = setup()
     raw = dict(on_device=E.on_device, launch=E.launch, fn=_ops.Conv2dFunction)
@@ -85,17 +86,21 @@ def main():
         cu, ours, autocast = models(base, x, math)
         cudnn = ae.training_step(cu, x, 0.05, autocast)
         step = ae.training_step(ours, x, 0.05, autocast)
-        found = {k: [] for k in [*variants, "no engine"]}
+        names = args.only or [*variants, "no engine"]
+        found = {k: [] for k in names}
         for _ in range(args.rounds):
             for name, patch in variants.items():
+                if name not in names:
+                    continue
                 for attr, fn in patch.items():
                     setattr(E, attr, fn)
                 found[name].append(paired_ms(cudnn, step))
                 for attr in patch:
                     setattr(E, attr, raw[attr])
-            _ops.Conv2dFunction = _Nothing
-            found["no engine"].append(paired_ms(cudnn, step))
-            _ops.Conv2dFunction = raw["fn"]
+            if "no engine" in names:
+                _ops.Conv2dFunction = _Nothing
+                found["no engine"].append(paired_ms(cudnn, step))
+                _ops.Conv2dFunction = raw["fn"]
         print(f"\n{torch.cuda.get_device_name()}, {math}: host ms a step, per round")
         print("  (each: cuDNN's median / this one's median / the median of their ratio)")
         for name, runs in found.items():

@@ -337,6 +337,7 @@ class _Step:
 
     def __init__(self, func: int, grid, block, smem: int, binding):
         self.func, self.grid, self.block, self.smem = func, grid, block, smem
+        self.head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
         self.slots = (ctypes.c_uint64 * len(binding))()
         base = ctypes.addressof(self.slots)
         self.params = (ctypes.c_void_p * len(binding))(*(base + 8 * i for i in range(len(binding))))
@@ -373,10 +374,13 @@ _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once impo
 
 
 def _driver_launch():
-    from cupy.cuda import driver as drv
+    """CuPy's cuLaunchKernel: (function, grid x y z, block x y z, shared bytes, stream,
+    address of the parameters' addresses, extra)."""
+    if not _launch_kernel:
+        from cupy.cuda import driver as drv
 
-    _launch_kernel.append(drv.launchKernel)
-    return drv.launchKernel
+        _launch_kernel.append(drv.launchKernel)
+    return _launch_kernel[0]
 
 
 def cast_source(dtype: str, a: str, b: str) -> tuple[str, str]:
@@ -414,11 +418,11 @@ class Launcher:
                 slots = st.slots
                 for i, role, offset in st.fill:
                     slots[i] = bufs[role] + offset
-                for i, role, bound, offset in st.maps:
-                    st.params[i] = bound.address(bufs[role] + offset)
-                gx, gy, gz = st.grid
-                bx, by, bz = st.block
-                launch(st.func, gx, gy, gz, bx, by, bz, st.smem, stream, st.params_at, 0)
+                if st.maps:
+                    params = st.params
+                    for i, role, bound, offset in st.maps:
+                        params[i] = bound.address(bufs[role] + offset)
+                launch(*st.head, stream, st.params_at, 0)
 
 
 def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:

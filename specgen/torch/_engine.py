@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv, Launcher, _Step, device_arch, weight_dtype
+from ..runtime import Conv, Launcher, _driver_launch, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..tensors import Role, w_shape
@@ -59,6 +59,10 @@ class Kernel:
     # strides) -> how pack_weights packs such weights
     runs: dict = field(default_factory=dict)
     packs: dict = field(default_factory=dict)
+    constant: bool = False  # the plan reads its weights from __constant__ memory
+
+    def __post_init__(self):
+        self.constant = bool(self.conv.plan.const_bytes)
 
     def run(self, batch: int):
         """The launches bound at this batch and the scratch bytes they need."""
@@ -635,17 +639,23 @@ class Cast:
             (None, self.sizes[0]),
             (None, n),
         ]
-        self.launcher = Launcher([_Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)])
+        self.step = _Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)
+        self.lock = threading.Lock()  # the step's argument slots are shared
         self.device, self.index = self.at.device, index
         # the weights' own memory format, which their gradient is handed back in
         channels_last = tuple(w_stride) == _channels_last_strides(w_shape(forward.problem))
         self.w_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def __call__(self, w: torch.Tensor):
-        """The packed weights of the forward kernel, and of dgrad's (or None)."""
+        """The packed weights of the forward kernel, and of dgrad's (or None): one
+        launch, its three addresses written straight into its argument slots."""
         out = [torch.empty(n, dtype=d, device=self.device) for n, d in zip(self.sizes, self.dtypes)]
-        ptrs = {Role.W: w.data_ptr(), Role.Y: out[0].data_ptr(), Role.DX: out[-1].data_ptr()}
-        on_device(self.index, self.launcher, ptrs, raw_stream(self.index))
+        step = self.step
+        with self.lock:
+            slots = step.slots
+            slots[0], slots[2], slots[3] = w.data_ptr(), out[0].data_ptr(), out[-1].data_ptr()
+            stream = raw_stream(self.index)
+            on_device(self.index, _driver_launch(), *step.head, stream, step.params_at, 0)
         return out[0], (out[1] if len(out) > 1 else None)
 
 
@@ -682,10 +692,12 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, read
     if w is not None:
         packed = _aligned(w if ready else pack_weights(k, w), keep)
         keep.append(packed)
-        at = k.conv.upload_weights(
-            packed.data_ptr(), packed.numel() * packed.element_size(), stream
-        )
-        ptrs[Role.W] = at or 0  # None: the plan reads them from __constant__
+        if k.constant:  # the plan reads them from __constant__: copied there first
+            nbytes = packed.numel() * packed.element_size()
+            k.conv.upload_weights(packed.data_ptr(), nbytes, stream)
+            ptrs[Role.W] = 0
+        else:
+            ptrs[Role.W] = packed.data_ptr()
     if bias is not None:
         if bias.dtype is not torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
