@@ -468,14 +468,14 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
             f"the sm_90 limit of {OPTIN_SMEM_BYTES} bytes per block; choose --tile "
             f"{max(1, rows // 2)}"
         )
-    # Registers: accumulators, a step's A and B fragments (a stack's A of R + 1 input
-    # rows), the tiles' addresses and about 40 for the rest; two blocks an SM, or one
-    # where its shared memory leaves room for only one (its warps may then take all the
-    # registers: mx-layer2's bf16 forward pass in stacks of 3, whole images, 24 maps x 16
-    # pixels a warp: 8 warps 0.717 ms, H100).
-    registers = 4 * nt * p + 5 * p + 2 * nt + 40
-    if R > 1:
-        registers = 4 * nt * p * R + 4 * p * (R + 1) + p + 2 * nt + 40
+    # Registers: accumulators, a step's A fragments (4 a tile for each input row it
+    # reads: a stack of R > 1 rows reads R + 1) and B fragments, the tiles' addresses and
+    # about 40 for the rest; two blocks an SM, or one where its shared memory leaves room
+    # for only one (its warps may then take all the registers: mx-layer2's bf16 forward
+    # pass in stacks of 3, whole images, 24 maps x 16 pixels a warp: 8 warps 0.717 ms,
+    # H100).
+    a_rows = R + 1 if R > 1 else 1
+    registers = 4 * nt * p * R + 4 * p * a_rows + p + 2 * nt + 40
     blocks = min(BLOCKS16, smem_blocks(nbytes))
     pg, passes = _warp_grid(tiles, p, map_groups * G, registers, blocks)
     warps = map_groups * pg * G
