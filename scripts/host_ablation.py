@@ -4,6 +4,7 @@ onto an idle queue) with pieces of the operator taken out, each alternated step 
 with PyTorch+cuDNN's step (the host's drift is large from second to second):
 
 - ``specgen``: as it runs;
+- ``no cuLaunch``: the driver's launch call skipped (the launchers' Python runs);
 - ``no driver``: every launch skipped at ``on_device`` (the launcher and the driver);
 - ``no launch``: ``E.launch`` skipped (weights' packing, scratch, pointers too);
 - ``no engine``: the Function's forward and backward only allocate their outputs.
@@ -25,6 +26,7 @@ sys.path.insert(0, "scripts")
 import autoencoder as ae  # noqa: E402
 from step_host import MATHS, models, setup  # noqa: E402
 
+import specgen.runtime as R  # noqa: E402
 from specgen.shapes import TensorLayout  # noqa: E402
 from specgen.torch import _engine as E  # noqa: E402
 from specgen.torch import _ops  # noqa: E402
@@ -79,6 +81,7 @@ def main():
     raw = dict(on_device=E.on_device, launch=E.launch, fn=_ops.Conv2dFunction)
     variants = {
         "specgen": {},
+        "no cuLaunch": {},  # the launcher's Python runs, the driver's call does not
         "no driver": {"on_device": lambda *a: None},
         "no launch": {"launch": lambda *a, **k: None},
     }
@@ -94,7 +97,10 @@ def main():
                     continue
                 for attr, fn in patch.items():
                     setattr(E, attr, fn)
+                if name == "no cuLaunch":
+                    R._launch_kernel[:] = [lambda *a: None]
                 found[name].append(paired_ms(cudnn, step))
+                R._launch_kernel.clear()
                 for attr in patch:
                     setattr(E, attr, raw[attr])
             if "no engine" in names:
