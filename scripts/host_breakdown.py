@@ -9,14 +9,13 @@ and without the timers.  Nothing is checked: the step runs as it does in trainin
 
 import argparse
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
 import autoencoder as ae  # noqa: E402
-from step_host import MATHS, host_ms, models, setup  # noqa: E402
+from step_host import MATHS, Tally, host_ms, models, setup  # noqa: E402
 
 import specgen.runtime as R  # noqa: E402
 import specgen.torch as sg  # noqa: E402
@@ -54,17 +53,11 @@ def main():
     cu, ours, autocast = models(base, x, args.math)
     step = ae.training_step(ours, x, 0.05, autocast)
     plain = {"cuDNN": host_ms(ae.training_step(cu, x, 0.05, autocast)), "specgen": host_ms(step)}
-    spent, calls = {}, {}
+    tally = Tally()
+    spent, calls = tally.spent, tally.calls
 
     def timed(label, fn, static):
-        def run(*a, **k):
-            t = time.perf_counter_ns()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[label] = spent.get(label, 0) + time.perf_counter_ns() - t
-                calls[label] = calls.get(label, 0) + 1
-
+        run = tally.wrap(fn, label)
         return staticmethod(run) if static else run
 
     for owner, name, label in PATH:

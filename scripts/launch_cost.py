@@ -16,24 +16,11 @@ import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
-import autoencoder as ae  # noqa: E402
-from step_host import models, setup  # noqa: E402
+from launch_micro import per_call  # noqa: E402
+from step_host import ready_step  # noqa: E402
 
 import specgen.torch as sg  # noqa: E402
 from specgen.torch import _engine as E  # noqa: E402
-
-
-def per_call(fn, n=1000):
-    torch.cuda.synchronize()
-    spent = 0
-    for i in range(n):
-        t = time.perf_counter_ns()
-        fn()
-        spent += time.perf_counter_ns() - t
-        if i % 100 == 99:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return spent / n / 1e3
 
 
 def idle_call(fn, n=200):
@@ -55,11 +42,7 @@ def main():
 
     from cupy.cuda import driver as drv
 
-    x, base = setup()
-    cu, ours, autocast = models(base, x, "bf16")
-    step = ae.training_step(ours, x, 0.05, autocast)
-    step()
-    torch.cuda.synchronize()
+    x, cu, ours, autocast, step = ready_step("bf16")
     dev = x.device
     legacy = E.raw_stream(dev.index)
     side = torch.cuda.Stream()

@@ -15,8 +15,7 @@ import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
-import autoencoder as ae  # noqa: E402
-from step_host import models, setup  # noqa: E402
+from step_host import ready_step  # noqa: E402
 
 from specgen.tensors import Role  # noqa: E402
 from specgen.torch import _engine as E  # noqa: E402
@@ -38,11 +37,7 @@ def per_call(fn, n=1000):
 def main():
     from cupy.cuda import driver as drv
 
-    x, base = setup()
-    cu, ours, autocast = models(base, x, "bf16")
-    step = ae.training_step(ours, x, 0.05, autocast)
-    step()
-    torch.cuda.synchronize()
+    x, cu, ours, autocast, step = ready_step("bf16")
     dev = x.device
     index = dev.index
     stream = E.raw_stream(index)

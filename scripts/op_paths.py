@@ -11,14 +11,13 @@ step is host time too).  Nothing is checked.
 import argparse
 import gc
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
 import autoencoder as ae  # noqa: E402
-from step_host import MATHS, host_ms, models, setup  # noqa: E402
+from step_host import MATHS, Tally, host_ms, models, setup  # noqa: E402
 
 from specgen.torch import _engine as E  # noqa: E402
 
@@ -42,19 +41,9 @@ def main():
         step = ae.training_step(ours, x, 0.05, autocast)
         step()
         torch.cuda.synchronize()
-        spent, calls = {}, {}
-        raw = E.launch
-
-        def timed(k, *a, **kw):
-            t = time.perf_counter_ns()
-            try:
-                return raw(k, *a, **kw)
-            finally:
-                name = k.conv.plan.name
-                spent[name] = spent.get(name, 0) + time.perf_counter_ns() - t
-                calls[name] = calls.get(name, 0) + 1
-
-        E.launch = timed
+        tally, raw = Tally(), E.launch
+        spent, calls = tally.spent, tally.calls
+        E.launch = tally.wrap(raw, lambda k, *a, **kw: k.conv.plan.name)
         for _ in range(args.steps):
             step()
             torch.cuda.synchronize()

@@ -37,6 +37,29 @@ def host_ms(step, steps=30):
     return 1e3 * float(np.median(used))
 
 
+class Tally:
+    """Calls and host nanoseconds, by key, of the functions ``wrap`` times (the dev
+    scripts' timers on the operator's path)."""
+
+    def __init__(self):
+        self.spent, self.calls = {}, {}
+
+    def wrap(self, fn, key):
+        """``fn`` timed: each call's host time added under ``key``, or under
+        ``key(*args)`` where it is a function of the call's arguments."""
+
+        def run(*a, **k):
+            t = time.perf_counter_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                name = key(*a, **k) if callable(key) else key
+                self.spent[name] = self.spent.get(name, 0) + time.perf_counter_ns() - t
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return run
+
+
 def profiled(step, steps=20) -> cProfile.Profile:
     """cProfile's record of ``steps`` steps (the GPU drained after)."""
     prof = cProfile.Profile()
@@ -66,6 +89,18 @@ def models(base, x, math):
     with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
         sg.warmup(ours, x)
     return cu, ours, autocast
+
+
+def ready_step(math: str, warm: int = 1):
+    """The batch, cuDNN's model and specgen's, autocast's dtype, and specgen's training
+    step, run ``warm`` times and drained: what the dev scripts start from."""
+    x, base = setup()
+    cu, ours, autocast = models(base, x, math)
+    step = ae.training_step(ours, x, 0.05, autocast)
+    for _ in range(warm):
+        step()
+    torch.cuda.synchronize()
+    return x, cu, ours, autocast, step
 
 
 def main():

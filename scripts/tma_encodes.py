@@ -9,14 +9,12 @@ tensor.  Nothing is checked.
 
 import argparse
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "examples")
 sys.path.insert(0, "scripts")
-import autoencoder as ae  # noqa: E402
-from step_host import MATHS, models, setup  # noqa: E402
+from step_host import MATHS, Tally, ready_step  # noqa: E402
 
 from specgen import tma  # noqa: E402
 
@@ -26,32 +24,17 @@ def main():
     ap.add_argument("--math", choices=list(MATHS), default="bf16")
     ap.add_argument("--steps", type=int, default=50)
     args = ap.parse_args()
-    x, base = setup()
-    cu, ours, autocast = models(base, x, args.math)
-    step = ae.training_step(ours, x, 0.05, autocast)
-    for _ in range(10):
-        step()
-    torch.cuda.synchronize()
-    raw = tma.encode
-    count, spent = {}, [0]
-
-    def counted(m, ptr, images):
-        t = time.perf_counter_ns()
-        try:
-            return raw(m, ptr, images)
-        finally:
-            spent[0] += time.perf_counter_ns() - t
-            key = (m.role.value, tuple(m.dims))
-            count[key] = count.get(key, 0) + 1
-
-    tma.encode = counted
+    x, cu, ours, autocast, step = ready_step(args.math, warm=10)
+    raw, tally = tma.encode, Tally()
+    tma.encode = tally.wrap(raw, lambda m, ptr, images: (m.role.value, tuple(m.dims)))
     for _ in range(args.steps):
         step()
         torch.cuda.synchronize()
     tma.encode = raw
+    count, spent = tally.calls, sum(tally.spent.values())
     total = sum(count.values())
     print(f"{torch.cuda.get_device_name()}, {args.math}: tensor maps encoded a step")
-    print(f"  all: {total / args.steps:.2f} a step, {spent[0] / max(total, 1) / 1e3:.1f} us each")
+    print(f"  all: {total / args.steps:.2f} a step, {spent / max(total, 1) / 1e3:.1f} us each")
     for key, n in sorted(count.items(), key=lambda kv: -kv[1]):
         print(f"  {key[0]} {key[1]}: {n / args.steps:.2f} a step")
 
