@@ -412,7 +412,7 @@ class Launcher:
         self.lock = threading.Lock()
 
     def __call__(self, bufs: dict, stream: int) -> None:
-        launch = _launch_kernel[0] if _launch_kernel else _driver_launch()
+        launch = _driver_launch()
         with self.lock:
             for st in self.steps:
                 slots = st.slots

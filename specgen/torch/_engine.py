@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths
 from ..errors import SpecError
-from ..runtime import Conv, Launcher, _driver_launch, _Step, device_arch, weight_dtype
+from ..runtime import Conv, _driver_launch, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..tensors import Role, w_shape
@@ -87,9 +87,15 @@ def layout_of(x: torch.Tensor) -> TensorLayout:
         return TensorLayout.NCHW
     if not x.is_contiguous():
         return TensorLayout.NHWC
-    N, C, H, W = x.shape
+    return TensorLayout.NHWC if x.stride() == channels_last_strides(x.shape) else TensorLayout.NCHW
+
+
+def channels_last_strides(size) -> tuple | None:
+    """The strides of a channels_last tensor of 4-D ``size``, or None where that memory
+    format is also the contiguous one (one channel, or a single pixel a channel)."""
+    N, C, H, W = size
     last, first = (H * W * C, 1, W * C, C), (C * H * W, H * W, W, 1)
-    return TensorLayout.NHWC if x.stride() == last and last != first else TensorLayout.NCHW
+    return last if last != first else None
 
 
 def computed_layout(op: Op, layout: TensorLayout, dtype: DType, w_size=None, groups=1, tf32=None):
@@ -453,6 +459,27 @@ def _as_they_are(w: torch.Tensor) -> torch.Tensor:
 _gathers: dict[tuple, int] = {}  # (device, source dtype, target dtype) -> the gather kernel
 
 
+class Direct:
+    """One launch of an operator's own kernel over ``n`` items in blocks of 256, its
+    arguments bound once (``binding`` as ``runtime._Step``'s): a call writes the
+    addresses of the binding's roles, in their order, straight into the argument slots
+    and launches on the device's current stream."""
+
+    def __init__(self, func: int, n: int, binding: list, index: int):
+        self.step = _Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)
+        self.slots = [i for i, _, _ in self.step.fill]
+        self.lock = threading.Lock()  # the slots are shared
+        self.index = index
+
+    def __call__(self, *addresses: int) -> None:
+        step = self.step
+        with self.lock:
+            for i, at in zip(self.slots, addresses):
+                step.slots[i] = at
+            stream = raw_stream(self.index)
+            on_device(self.index, _driver_launch(), *step.head, stream, step.params_at, 0)
+
+
 class Gather:
     """Weights' storage read at ``at`` (int32 indices, on their device) into ``dtype``
     (their own, or fp32 from 16-bit weights) by specgen's own gather kernel
@@ -465,13 +492,12 @@ class Gather:
         func = gather_kernel(index, DTYPES[source].value, DTYPES[dtype].value)
         n = at.numel()
         binding = [(Role.W, 0), (None, at.data_ptr()), (Role.Y, 0), (None, n)]
-        self.launcher = Launcher([_Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)])
-        self.at, self.n, self.dtype, self.device, self.index = at, n, dtype, at.device, index
+        self.launch = Direct(func, n, binding, index)
+        self.at, self.n, self.dtype, self.device = at, n, dtype, at.device
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:
         out = torch.empty(self.n, dtype=self.dtype, device=self.device)
-        ptrs = {Role.W: w.data_ptr(), Role.Y: out.data_ptr()}
-        on_device(self.index, self.launcher, ptrs, raw_stream(self.index))
+        self.launch(w.data_ptr(), out.data_ptr())
         return out
 
 
@@ -537,14 +563,6 @@ def _compile_and_load(index: int, name: str, text: str) -> int:
 
 
 _modules: list = []
-
-
-def _channels_last_strides(size) -> tuple:
-    """The strides of a channels_last tensor of 4-D ``size``, unless that memory format
-    is also the contiguous one (one channel, or 1x1 windows), where it reads as that."""
-    M, C, R, S = size
-    last, first = (R * S * C, 1, S * C, C), (C * R * S, R * S, S, 1)
-    return last if last != first else None
 
 
 def channels_last_offsets(p: ConvProblem):
@@ -639,23 +657,16 @@ class Cast:
             (None, self.sizes[0]),
             (None, n),
         ]
-        self.step = _Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)
-        self.lock = threading.Lock()  # the step's argument slots are shared
-        self.device, self.index = self.at.device, index
+        self.launch = Direct(func, n, binding, index)
+        self.device = self.at.device
         # the weights' own memory format, which their gradient is handed back in
-        channels_last = tuple(w_stride) == _channels_last_strides(w_shape(forward.problem))
+        channels_last = tuple(w_stride) == channels_last_strides(w_shape(forward.problem))
         self.w_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def __call__(self, w: torch.Tensor):
-        """The packed weights of the forward kernel, and of dgrad's (or None): one
-        launch, its three addresses written straight into its argument slots."""
+        """The packed weights of the forward kernel, and of dgrad's (or None)."""
         out = [torch.empty(n, dtype=d, device=self.device) for n, d in zip(self.sizes, self.dtypes)]
-        step = self.step
-        with self.lock:
-            slots = step.slots
-            slots[0], slots[2], slots[3] = w.data_ptr(), out[0].data_ptr(), out[-1].data_ptr()
-            stream = raw_stream(self.index)
-            on_device(self.index, _driver_launch(), *step.head, stream, step.params_at, 0)
+        self.launch(w.data_ptr(), out[0].data_ptr(), out[-1].data_ptr())
         return out[0], (out[1] if len(out) > 1 else None)
 
 

@@ -248,7 +248,7 @@ class Conv2dFunction(torch.autograd.Function):
         if ctx.cast:
             # autocast, and the model's fp32 weights: cast and packed for the forward
             # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
-            # dw comes back in x's dtype, and autograd casts it to the weights'
+            # the backward hands dw back in the weights' dtype and memory format
             cast = lay.cast(weight, ctx.has_bias, x.shape[0], ctx.needs_input_grad[0])
             w, ctx.dgrad_w = cast(weight)
             ctx.w_format = cast.w_format
