@@ -157,6 +157,11 @@ def error_coefficient(variant: Variant, problem, terms: int | None = None) -> fl
     Worst-case first-order bounds, whatever the order of summation:
     fp32: n roundings of the running sum, n = C/groups*R*S (+1 for the bias; an FMA
     rounds once).
+    fp32 in three tf32 products (``three_tf32``: tc3wgrad): v = hi + lo with hi v
+    rounded to tf32 (|v - hi| <= u|v|, u = 2^-11) and lo = v - hi, which the tensor
+    cores truncate (by up to 2u|lo| <= 2u^2|v|); lo*hi + hi*lo + hi*hi misses the
+    product by lo*lo and the two truncations' terms, at most 5 u^2 of it; then fp32
+    sums of ``terms`` additions (the plan counts three a product).
     tf32, fp16, bf16 inputs: each input rounded once (2 u per product, u of the input
     format; twice u for tf32 that the tensor cores truncate), then fp32 sums.
     fp16 arithmetic (direct family): inputs and each product rounded to half, S-term
@@ -165,6 +170,8 @@ def error_coefficient(variant: Variant, problem, terms: int | None = None) -> fl
     n = terms if terms is not None else problem.reduction + (1 if problem.bias else 0)
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
+        if getattr(variant, "three_tf32", False):
+            gamma += 5 * U_HALF**2
     elif variant.tensor_core:
         u = U_BF16 if variant.precision is Precision.BF16 else U_HALF
         if variant.precision is Precision.TF32 and getattr(variant, "tf32_truncated", False):

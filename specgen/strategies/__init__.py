@@ -25,6 +25,7 @@ from .persist import Persist
 from .phased import Phased
 from .split import Split
 from .stream import Stream
+from .tc3wgrad import Tc3wgrad
 from .tcgemm import Tcgemm
 from .tcwgrad import Tcwgrad
 from .tcwhalo import Tcwhalo
@@ -67,6 +68,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgwgrad,
     Tcwgrad,
     Tcwhalo,
+    Tc3wgrad,
     Wstrip,
     Wlane,
     Wsplit,
