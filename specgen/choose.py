@@ -100,6 +100,26 @@ def toep_suits(view: ConvProblem) -> bool:
 # 11.36 and cuDNN fp32's 10.6, 7.0, 7.3 and 11.1.
 WTAP_MIN_TAPS = 5
 
+# Tried for fp32 wgrad (three tf32 products each on the tensor cores) where a group's
+# maps fill its m16 tiles and its channels an n8 fragment: NCHW fp32 at B=128 (H200,
+# 2026-11-25) the autoencoder's ae-enc2 and ae-dec2 in 0.29 ms against wtap's 0.43 and
+# cuDNN fp32's 0.23, ae-dec1 0.052 against wgemm's 0.082 and cuDNN's 0.068, ae-enc1 (3
+# channels) 0.096 against wtap's 0.110 and cuDNN's 0.139; with 3 maps (ae-dec3) wtap
+# keeps it, 0.156 against 0.178.
+TC3_MIN_MAPS, TC3_MIN_CHANNELS = 16, 3
+
+
+def three_tf32_suits(view: ConvProblem) -> bool:
+    """Whether tc3wgrad is tried for the wgrad problem ``view``: maps and channels
+    enough, and a default that plans."""
+    if view.Mg < TC3_MIN_MAPS or view.Cg < TC3_MIN_CHANNELS:
+        return False
+    try:
+        return _plans(view, BY_KEY["tc3wgrad"].default(view, Precision.FP32))
+    except SpecError:
+        return False
+
+
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
 # zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
 # 0.74, 1.58, 1.41 and 4.80 ms against stream's and persist's 1.37, 2.73, 2.53 and 8.90
@@ -158,6 +178,7 @@ PREFERENCE = {
         "tcwhalo",
         "wstrip",
         "wlane",
+        "tc3wgrad",
         "wtap",
         "wband",
         "wgemm",
@@ -284,6 +305,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
             "tcwhalo",
             "wstrip",
             "wlane",
+            "tc3wgrad",
             "wtap",
             "wgemm",
             "wsplit",
@@ -326,6 +348,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "wtap" and not (lane_tiled(view) if wide else view.S >= WTAP_MIN_TAPS):
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
+                    continue
+                if key == "tc3wgrad" and not three_tf32_suits(view):
                     continue
                 v = cls.default(view, math)
             except SpecError:

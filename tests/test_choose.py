@@ -112,10 +112,14 @@ def test_every_op_of_an_odd_problem_gets_a_plannable_default(spec):
 def test_wgrad_default_follows_the_weight_count():
     narrow = ConvProblem(C=3, M=64, H=32, W=32, R=3, S=3, pads=(1, 1, 1, 1), op=Op.WGRAD)
     wide = replace(narrow, C=256, M=256)
-    assert choose(narrow, "some GPU").variant.key == "wband"
-    # NCHW 3x3 windows over many channels and maps: wtap's lanes of 4 maps x 3 rows
-    assert choose(wide, "some GPU").variant.key == "wtap"
-    assert choose(wide, "some GPU").variant.regtile == (4, 3)
+    # NCHW fp32 3x3 windows over maps enough for m16 tiles: three tf32 products each
+    assert choose(narrow, "some GPU").variant.key == "tc3wgrad"
+    assert choose(wide, "some GPU").variant.key == "tc3wgrad"
+    # without them (a row of pixels tc3wgrad cannot copy 16 bytes at a time): wband for
+    # few weights, wtap's lanes of 4 maps x 3 rows for many
+    assert choose(replace(narrow, W=30), "some GPU").variant.key == "wband"
+    assert choose(replace(wide, W=30), "some GPU").variant.key == "wtap"
+    assert choose(replace(wide, W=30), "some GPU").variant.regtile == (4, 3)
     assert choose(replace(wide, R=5, S=5, pads=(2,) * 4), "some GPU").variant.key == "wgemm"
     nhwc = replace(wide, layout=TensorLayout.NHWC)
     assert choose(nhwc, "some GPU").variant.key == "wgemm"
