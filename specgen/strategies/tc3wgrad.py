@@ -43,6 +43,7 @@ from ..shapes import DType, Op, TensorLayout
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
+from .tcwhalo import halo_tile_limits
 
 MAPS_TILES = (16, 32, 64, 128)
 CHANNEL_TILES = (8, 16, 32, 64)
@@ -231,35 +232,9 @@ def plan_tc3wgrad(p, v: Tc3wgrad) -> Plan:
         )
     bm, bc = v.blocktile
     wm_count, wc_count = v.warpgrid
-    if bm not in MAPS_TILES or bc not in CHANNEL_TILES:
-        raise SpecError(
-            f"tc3wgrad b{bm}x{bc}: maps per block must be one of {MAPS_TILES}, channels one "
-            f"of {CHANNEL_TILES}"
-        )
-    if bm % (16 * wm_count) or bc % (8 * wc_count):
-        raise SpecError(
-            f"tc3wgrad b{bm}x{bc} w{wm_count}x{wc_count}: each warp needs a multiple of 16 "
-            "maps and 8 channels; choose fewer warps"
-        )
-    warp_m, warp_c = bm // wm_count, bc // wc_count
-    fm, fc = warp_m // 16, warp_c // 8
-    taps = p.R * p.S
-    sums = fm * fc * taps * 4
-    if sums > MAX_SUMS:
-        raise SpecError(
-            f"tc3wgrad's warp tile of {warp_m} maps x {warp_c} channels x {taps} taps needs "
-            f"{sums} fp32 sums per thread, over {MAX_SUMS}; choose more warps (--warpgrid) "
-            "or a smaller --blocktile"
-        )
-    threads = 32 * wm_count * wc_count
-    if threads > 512:
-        raise SpecError(f"tc3wgrad w{wm_count}x{wc_count}: {threads} threads, over 512")
-    if not 1 <= v.rows <= p.Ho:
-        raise SpecError(f"tc3wgrad r{v.rows}: a chunk is 1 to {p.Ho} output rows (Ho)")
-    if not 2 <= v.stages <= 8:
-        raise SpecError(f"tc3wgrad p{v.stages}: the ring holds 2 to 8 chunks")
-    if v.splits > 65535:
-        raise SpecError(f"tc3wgrad s{v.splits}: at most 65535 slices (grid z)")
+    warp_m, warp_c, fm, fc, taps, sums, threads = halo_tile_limits(
+        p, v, MAPS_TILES, CHANNEL_TILES, MAX_SUMS
+    )
     geo = _geometry(p, v.rows)
     ksteps = geo["KC"] // 8
     row_steps = geo["WOP"] // 8  # the k8 steps of one output row

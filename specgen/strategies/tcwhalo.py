@@ -223,6 +223,47 @@ def _swizzle(units: int) -> tuple[int, int]:
     return {4: (1, 3), 2: (2, 1), 1: (0, 0)}[units]
 
 
+def halo_tile_limits(p, v, maps_tiles, channel_tiles, max_sums: int) -> tuple:
+    """The limits the halo-tile wgrads (tcwhalo, tc3wgrad) share: the block's maps and
+    channels among the tiles given, warps of 16 maps and 8 channels, at most
+    ``max_sums`` sums a thread and 512 threads, rows within the image, a ring of 2 to 8
+    chunks, slices within grid z.  Returns (warp maps, warp channels, m16 fragments,
+    8-channel groups, taps, sums, threads)."""
+    key = v.key
+    bm, bc = v.blocktile
+    wm_count, wc_count = v.warpgrid
+    if bm not in maps_tiles or bc not in channel_tiles:
+        raise SpecError(
+            f"{key} b{bm}x{bc}: maps per block must be one of {maps_tiles}, channels one "
+            f"of {channel_tiles}"
+        )
+    if bm % (16 * wm_count) or bc % (8 * wc_count):
+        raise SpecError(
+            f"{key} b{bm}x{bc} w{wm_count}x{wc_count}: each warp needs a multiple of 16 maps "
+            "and 8 channels; choose fewer warps"
+        )
+    warp_m, warp_c = bm // wm_count, bc // wc_count
+    fm, fc = warp_m // 16, warp_c // 8
+    taps = p.R * p.S
+    sums = fm * fc * taps * 4
+    if sums > max_sums:
+        raise SpecError(
+            f"{key}'s warp tile of {warp_m} maps x {warp_c} channels x {taps} taps needs "
+            f"{sums} fp32 sums per thread, over {max_sums}; choose more warps "
+            "(--warpgrid) or a smaller --blocktile"
+        )
+    threads = 32 * wm_count * wc_count
+    if threads > 512:
+        raise SpecError(f"{key} w{wm_count}x{wc_count}: {threads} threads, over 512")
+    if not 1 <= v.rows <= p.Ho:
+        raise SpecError(f"{key} r{v.rows}: a chunk is 1 to {p.Ho} output rows (Ho)")
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"{key} p{v.stages}: the ring holds 2 to 8 chunks")
+    if v.splits > 65535:
+        raise SpecError(f"{key} s{v.splits}: at most 65535 slices (grid z)")
+    return warp_m, warp_c, fm, fc, taps, sums, threads
+
+
 def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
@@ -238,35 +279,9 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
         )
     bm, bc = v.blocktile
     wm_count, wc_count = v.warpgrid
-    if bm not in MAPS_TILES or bc not in CHANNEL_TILES:
-        raise SpecError(
-            f"tcwhalo b{bm}x{bc}: maps per block must be one of {MAPS_TILES}, channels one "
-            f"of {CHANNEL_TILES}"
-        )
-    if bm % (16 * wm_count) or bc % (8 * wc_count):
-        raise SpecError(
-            f"tcwhalo b{bm}x{bc} w{wm_count}x{wc_count}: each warp needs a multiple of 16 maps "
-            "and 8 channels; choose fewer warps"
-        )
-    warp_m, warp_c = bm // wm_count, bc // wc_count
-    fm, fc = warp_m // 16, warp_c // 8
-    taps = p.R * p.S
-    sums = fm * fc * taps * 4
-    if sums > MAX_ACCUMULATORS:
-        raise SpecError(
-            f"tcwhalo's warp tile of {warp_m} maps x {warp_c} channels x {taps} taps needs "
-            f"{sums} fp32 sums per thread, over {MAX_ACCUMULATORS}; choose more warps "
-            "(--warpgrid) or a smaller --blocktile"
-        )
-    threads = 32 * wm_count * wc_count
-    if threads > 512:
-        raise SpecError(f"tcwhalo w{wm_count}x{wc_count}: {threads} threads, over 512")
-    if not 1 <= v.rows <= p.Ho:
-        raise SpecError(f"tcwhalo r{v.rows}: a chunk is 1 to {p.Ho} output rows (Ho)")
-    if not 2 <= v.stages <= 8:
-        raise SpecError(f"tcwhalo p{v.stages}: the ring holds 2 to 8 chunks")
-    if v.splits > 65535:
-        raise SpecError(f"tcwhalo s{v.splits}: at most 65535 slices (grid z)")
+    warp_m, warp_c, fm, fc, taps, sums, threads = halo_tile_limits(
+        p, v, MAPS_TILES, CHANNEL_TILES, MAX_ACCUMULATORS
+    )
     stage = _stage_bytes(p, bm, bc, v.rows)
     smem = v.stages * stage
     if smem > STAGE_LIMIT:
