@@ -18,6 +18,7 @@ from .kn2row import Kn2row
 from .mma import Mma
 from .mmahwc import Mmahwc
 from .mmapersist import Mmapersist
+from .mmarows import Mmarows
 from .mmastrip import Mmafold, Mmastrip
 from .mmatoep import Mmatoep
 from .mmatile import Mmatile
@@ -57,6 +58,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmafold,
     Mmatoep,
     Mmahwc,
+    Mmarows,
     Tcgemm,
     Wgmma,
     Kn2row,
