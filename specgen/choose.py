@@ -145,11 +145,19 @@ HWC_MIN_TAPS = 5
 # cuDNN's 0.506.
 KN2ROW_MAX_MAPS = 8
 
+# Tried in 16-bit math for one map a group and windows of at least this many rows (its
+# n side is the window's rows, 8 a tile): the dgrad views of the one-channel 7x7 layers.
+# bf16 NCHW at B=10000 (H100, 2026-11-27, cuDNN and the shipped winners in the same run):
+# mx-layer1's 0.600 ms against mmahwc's 0.939 and cuDNN's 25.8, layer1's 0.383 against
+# mmatoep's 0.406 and cuDNN's 35.7.
+ROWS_MIN_TAPS = 5
+
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
     "kn2row",
     "wgmma",
     "tcgemm",
+    "mmarows",
     "mmahwc",
     "mmatoep",
     "mmafold",
@@ -341,6 +349,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "kn2row" and view.Mg > KN2ROW_MAX_MAPS:
                     continue
                 if key == "mmahwc" and view.S < HWC_MIN_TAPS:
+                    continue
+                if key == "mmarows" and (view.Mg != 1 or view.R < ROWS_MIN_TAPS):
                     continue
                 # Among the wide layers wtap takes those whose lanes its fit tiles (4 maps x
                 # every row of a small window): the autoencoder's 3x3 layers in NCHW, 0.45

@@ -237,10 +237,15 @@ def test_16bit_few_channel_windows_go_to_the_strip_and_flat_tensor_core_kernels(
     assert key("C=4,M=16,H=40,W=40,K=7,dtype=bf16,op=dgrad") == "mmahwc"
     assert key("C=12,M=24,H=33,W=33,K=7,dtype=bf16,op=dgrad") == "mmahwc"
     assert key("C=12,M=24,H=20,W=20,K=3,pad=1,dtype=bf16") != "mmahwc"  # 3x3: unmeasured
-    assert key("C=1,M=4,H=86,W=86,K=7,dtype=fp16,op=dgrad") == "mmatoep"
-    assert key("C=1,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad") == "mmatoep"
-    # windows past 9 taps a row do not fit its k16 step
-    assert key("C=1,M=4,H=86,W=86,K=11,dtype=bf16,op=dgrad") != "mmatoep"
+    # one map: its window rows on mmarows' n side (mx-layer1's view 0.600 ms against
+    # mmahwc's 0.939, layer1's 0.383 against mmatoep's 0.406, B=10000, H100)
+    assert key("C=1,M=4,H=86,W=86,K=7,dtype=fp16,op=dgrad") == "mmarows"
+    assert key("C=1,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad") == "mmarows"
+    # two maps, or 3-row windows: not mmarows
+    assert key("C=2,M=12,H=72,W=72,K=7,dtype=bf16,op=dgrad") != "mmarows"
+    assert key("C=1,M=12,H=72,W=72,K=3,pad=1,dtype=bf16,op=dgrad") != "mmarows"
+    # windows past 8 rows do not fit its n8 tile, nor past 9 taps a row mmatoep's k16 step
+    assert key("C=1,M=4,H=86,W=86,K=11,dtype=bf16,op=dgrad") not in ("mmarows", "mmatoep")
     assert key("C=4,M=16,H=40,W=40,K=7") not in ("mmastrip", "mmapersist", "mmafold")
     # fp32 tensors where tf32 is allowed: mmahwc in tf32 (layer2 0.576 ms against
     # mmapersist's 0.872, B=10000, H200)
