@@ -147,9 +147,9 @@ KN2ROW_MAX_MAPS = 8
 
 # Tried in 16-bit math for one map a group and windows of at least this many rows (its
 # n side is the window's rows, 8 a tile): the dgrad views of the one-channel 7x7 layers.
-# bf16 NCHW at B=10000 (H100, 2026-11-27, cuDNN and the shipped winners in the same run):
-# mx-layer1's 0.600 ms against mmahwc's 0.939 and cuDNN's 25.8, layer1's 0.383 against
-# mmatoep's 0.406 and cuDNN's 35.7.
+# bf16 NCHW at B=10000 (H200, 2026-11-27, cuDNN and the earlier winners in the same run):
+# mx-layer1's 0.604 ms against mmahwc's 0.941 and cuDNN's 25.5, layer1's 0.385 against
+# mmatoep's 0.406 and cuDNN's 36.0.
 ROWS_MIN_TAPS = 5
 
 # The forward strategies, in the order tried; dgrad tries them on its forward view.

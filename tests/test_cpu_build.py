@@ -248,14 +248,15 @@ def test_variants_that_once_spilled_do_not(spec, name):
 )
 def test_16bit_seven_by_seven_layers_compile_clean_on_their_tensor_core_kernels(spec):
     """The planner's tensor-core kernels for the seeds' 7x7 layers in 16 bits (mmahwc,
-    mmatoep, mmafold, mmastrip, mmapersist; wstrip for wgrad), and dgrad views, compile
-    for sm_90 with no spills."""
+    mmatoep, mmafold, mmastrip, mmapersist; mmarows for one-map dgrad views; wstrip for
+    wgrad), and dgrad views, compile for sm_90 with no spills."""
     from specgen.choose import planned
     from specgen.shapes import parse_shape
 
     p = parse_shape(spec)
     v = planned(p, allow_tf32=False).variant
-    assert v.key in ("mmahwc", "mmatoep", "mmafold", "mmastrip", "mmapersist", "wstrip"), v.name
+    tensor_core = ("mmahwc", "mmatoep", "mmafold", "mmastrip", "mmapersist", "mmarows", "wstrip")
+    assert v.key in tensor_core, v.name
     plan = make_plan(p, v)
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)

@@ -133,14 +133,15 @@ SEVEN_BY_SEVEN_16 = [
 
 @pytest.mark.parametrize("spec", SEVEN_BY_SEVEN_16)
 def test_16bit_seven_by_seven_layers_at_batch_1000(spec, arch):
-    """The planner's tensor-core kernel for each layer (mmahwc, mmatoep, mmafold, mmastrip
-    or mmapersist), over a thousand images: every persistent block walks many (image,
-    band) items."""
+    """The planner's tensor-core kernel for each layer (mmahwc, mmatoep, mmafold, mmastrip,
+    mmapersist, or mmarows for the one-map dgrad views), over a thousand images: every
+    persistent block walks many (image, band) items."""
     from specgen.choose import planned
 
     p = parse_shape(spec)
     v = planned(p, allow_tf32=False).variant
-    assert v.key in ("mmahwc", "mmatoep", "mmafold", "mmastrip", "mmapersist"), v.name
+    tensor_core = ("mmahwc", "mmatoep", "mmafold", "mmastrip", "mmapersist", "mmarows")
+    assert v.key in tensor_core, v.name
     row = verify_variant(p, v, arch=arch, batch=1000, numbers=True)
     assert row.status == "PASS", (spec, v.name, row.problems)
 
