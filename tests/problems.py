@@ -72,21 +72,27 @@ def problem_specs(draw, largest: int = 24):
         assume(False)  # a window larger than the padded image: PyTorch refuses it too
 
 
+def planned_space(p, cls, precision) -> list:
+    """The members of the strategy's tune space (over ``p``'s view) that plan for ``p``;
+    each one refused is refused in one line."""
+    from specgen.plan import make_plan
+
+    out = []
+    for v in cls.space(cls.problem_for(p), precision):
+        try:
+            make_plan(p, v)
+            out.append(v)
+        except SpecError as e:
+            assert "\n" not in str(e), (p.spec, v.name)
+    return out
+
+
 def default_and_drawn(p, cls, precision, pick: int) -> list:
     """The strategy's default for ``p`` and the ``pick``-th member (modulo) of its tune
     space that plans: what the tensor-core strategies' GPU tests verify on each drawn
     problem."""
-    from specgen.plan import make_plan
-
-    view = cls.problem_for(p)
-    variants = [cls.default(view, precision)]
-    space = []
-    for v in cls.space(view, precision):
-        try:
-            make_plan(p, v)
-            space.append(v)
-        except SpecError:
-            pass
+    variants = [cls.default(cls.problem_for(p), precision)]
+    space = planned_space(p, cls, precision)
     if space:
         variants.append(space[pick % len(space)])
     return variants

@@ -6,10 +6,16 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import GPU_DRAWS, assert_one_line_refusal, default_and_drawn, verify_on_the_gpu
+from problems import (
+    GPU_DRAWS,
+    assert_one_line_refusal,
+    default_and_drawn,
+    planned_space,
+    verify_on_the_gpu,
+)
 from specgen.compile import compile_source
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -88,15 +94,7 @@ def test_pixel_pitch_puts_a_warps_eleven_pixels_in_distinct_bank_pairs():
 
 def test_tune_space_plans_or_refuses_in_one_line():
     for problem in (MX1_DGRAD, L1_DGRAD):
-        view = Mmarows.problem_for(problem)
-        planned = 0
-        for v in Mmarows.space(view, Precision.BF16):
-            try:
-                make_plan(problem, v)
-                planned += 1
-            except SpecError as e:
-                assert "\n" not in str(e)
-        assert planned >= 5
+        assert len(planned_space(problem, Mmarows, Precision.BF16)) >= 5
 
 
 @pytest.mark.parametrize(
@@ -111,8 +109,7 @@ def test_tune_space_plans_or_refuses_in_one_line():
     ids=["mx-layer1", "layer1", "drawn-nhwc"],
 )
 def test_every_planned_variant_of_the_tune_space_compiles_without_spills(problem):
-    view = Mmarows.problem_for(problem)
-    for v in Mmarows.space(view, own(problem)):
+    for v in planned_space(problem, Mmarows, own(problem)):
         plan = make_plan(problem, v)
         binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
         assert binary.spills == 0, (plan.name, binary.resources)
@@ -141,7 +138,10 @@ def mmarows_problems(draw):
     if op == "fprop" and draw(st.booleans()):
         spec += ",bias=1,act=relu"
     p = parse_shape(spec)
-    make_plan(p, Mmarows.default(Mmarows.problem_for(p), own(p)))
+    try:
+        make_plan(p, Mmarows.default(Mmarows.problem_for(p), own(p)))
+    except SpecError:
+        assume(False)  # none seen: every draw above is one it serves
     return p
 
 

@@ -197,7 +197,6 @@ def plan_mmarows(p, v) -> Plan:
         items=items,
         per_thread=per_thread,
         item_words=item_words,
-        half_w=p.W // 2,
         chan_words=p.H * p.W // 2,  # a channel plane in 32-bit words (pairs mode)
         image_elems=p.C * p.H * p.W,
         row_guard=steps % v.rows != 0,
