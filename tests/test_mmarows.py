@@ -161,7 +161,7 @@ def mmarows_model(x, w, plan):
     view, w [C][R][S] (its one map); returns y [images][Ho][Wo]."""
     ctx = plan.context
     images, cols, warps, pw = ctx["images"], ctx["cols"], ctx["warps"], ctx["pw"]
-    pt, pl, lag, steps = ctx["pt"], ctx["pl"], ctx["lag"], ctx["steps"]
+    pl, shift, steps = ctx["pl"], ctx["shift"], ctx["steps"]
     sh, cq, H, W = ctx["s_steps"], ctx["c_quads"], ctx["H"], ctx["W"]
     Ho, Wo = ctx["Ho"], ctx["Wo"]
     C, R, S = w.shape
@@ -208,7 +208,7 @@ def mmarows_model(x, w, plan):
                     got = part + (sent[(g, t - 1)][half] if t else 0.0)
                     st_["h2"][half] = st_["h1"][half]
                     st_["h1"][half] = got
-                    oy = iy + pt - lag
+                    oy = iy + shift
                     img, col = slots[row]
                     if t == 3 and 0 <= oy < Ho and col < Wo:
                         y[img, oy, col] = got

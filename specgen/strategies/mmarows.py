@@ -91,6 +91,11 @@ def fill_mode(p) -> str:
     return "pairs" if p.W % 2 == 0 else "pixels"
 
 
+def _offset(n: int) -> str:
+    """`` + n``, `` - |n|`` or nothing: a constant added in the source as a person writes it."""
+    return f" + {n}" if n > 0 else (f" - {-n}" if n < 0 else "")
+
+
 def plan_mmarows(p, v) -> Plan:
     # 1. limits
     key = v.key
@@ -171,6 +176,15 @@ def plan_mmarows(p, v) -> Plan:
     blocks = max(1, min(smem_blocks(ring), 65536 // (ceil_div(warps, 4) * 128 * need), 8))
 
     dynamic = ring > STATIC_SMEM_BYTES
+    # Byte offsets in the ring: a k step's load from a lane's pixel (window columns 4h on,
+    # channels 4q on), fragment row g + 8's pixel from row g's, a stage row, a stage.
+    kstep_list = [
+        dict(i=h * c_quads + q, s=4 * h, c=4 * q, at=4 * (4 * h * pw + 2 * q))
+        for h in range(s_steps)
+        for q in range(c_quads)
+    ]
+    hi_bytes = 4 * (8 * pw if v.images == 1 else row_words)
+    shift = pt - (PIPELINE - 1)  # lane 3 holds output row iy + shift whole
     ctx = shape_context(p)
     ctx.update(
         elem="f16" if p.dtype is DType.FP16 else "bf16",
@@ -183,7 +197,13 @@ def plan_mmarows(p, v) -> Plan:
         rows=v.rows,
         steps=steps,
         stages=stages,
-        lag=PIPELINE - 1,
+        kstep_list=kstep_list,
+        hi_bytes=hi_bytes,
+        row_bytes=4 * v.images * row_words,
+        stage_bytes=4 * stage_words,
+        shift=shift,
+        row_shift=_offset(shift),  # "iy + shift", spelled
+        out_shift=_offset(shift * p.Wo),
         s_steps=s_steps,
         c_quads=c_quads,
         ksteps=ksteps,
