@@ -41,8 +41,8 @@ def main():
         lay, _ = E.layer(act, m.weight, m.bias, *args, cast=True)
         cast = lay.cast(m.weight, True, 128, C != 3)
         row.append(idle_call(lambda: cast(m.weight)))
-        w, _ = cast(m.weight)
-        row.append(idle_call(lambda: E.forward(lay, act, w, m.bias, ready=True)))
+        packed, at, _ = cast(m.weight)
+        row.append(idle_call(lambda: E.forward(lay, act, cast.w_bytes, m.bias, ready=at)))
         print(f"  {f'{C} -> {M}':<12} " + " ".join(f"{v:8.1f}" for v in row))
 
 

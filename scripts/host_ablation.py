@@ -79,6 +79,7 @@ def main():
     args = ap.parse_args()
     x, base = setup()
     raw = dict(on_device=E.on_device, launch=E.launch, fn=_ops.Conv2dFunction)
+    eager = getattr(_ops, "conv2d_eager", None)  # the eager entry, where this package has one
     variants = {
         "specgen": {},
         "no cuLaunch": {},  # the launcher's Python runs, the driver's call does not
@@ -105,8 +106,12 @@ def main():
                     setattr(E, attr, raw[attr])
             if "no engine" in names:
                 _ops.Conv2dFunction = _Nothing
+                if eager is not None:
+                    _ops.conv2d_eager = _Nothing.apply
                 found["no engine"].append(paired_ms(cudnn, step))
                 _ops.Conv2dFunction = raw["fn"]
+                if eager is not None:
+                    _ops.conv2d_eager = eager
         print(f"\n{torch.cuda.get_device_name()}, {math}: host ms a step, per round")
         print("  (each: cuDNN's median / this one's median / the median of their ratio)")
         for name, runs in found.items():

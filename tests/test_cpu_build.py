@@ -333,3 +333,46 @@ def test_the_operators_autocast_weight_cast_compiles_without_spills(dtype, a, b)
     assert f"cvt.rn.{'bf16' if dtype == 'bf16' else 'f16'}.f32" in text
     binary = compile_source(text, name, "sm_90")
     assert binary.spills == 0 and set(binary.resources) == {name}
+
+
+# The autoencoder's layers as the PyTorch operator meets them under bf16 autocast
+# (channels_last, bias), and one fp16 layer of groups: their wgrad plans on the kernels
+# whose second pass is backward/tc_sums.j2.
+FP32_GRADS = [
+    "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=128,M=128,H=8,W=8,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=32,M=64,H=10,W=10,K=3,pad=1,groups=2,dtype=fp16,layout=nhwc,op=wgrad",
+]
+
+
+@pytest.mark.parametrize("spec", FP32_GRADS)
+@pytest.mark.parametrize("grads32", ["mcrs", "mrsc"])
+def test_wgrads_second_pass_writes_fp32_grads_in_the_weights_format(spec, grads32):
+    """The PyTorch operator's wgrad under autocast: the second pass of every tensor-core
+    wgrad of these layers' default sets, rendered with dw and db in fp32 and dw in
+    either memory format of the weights, compiles for sm_90 without spills; its dw and
+    db are float pointers, and the main kernel's source is the plan's own."""
+    from specgen.shapes import parse_shape
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    p = parse_shape(spec)
+    served = 0
+    for v in default_set(p):
+        plan = make_plan(p, v)
+        wide = with_fp32_grads(plan, grads32)
+        if wide is None:
+            assert plan.context.get("second_pass") is None, v.name
+            continue
+        served += 1
+        src, text = render(plan), render(wide)
+        reduce = text[text.index(f"{plan.name}_reduce(") :]
+        signature = reduce[: reduce.index(")")]
+        assert "float* __restrict__ dw" in signature
+        assert ("float* __restrict__ db" in signature) == p.bias
+        assert src[: src.rindex("// ws[0..")] == text[: text.rindex("// ws[0..")]
+        binary = compile_source(text, wide.name, wide.target("sm_90"))
+        stats, problems = check_resources(wide, binary)
+        assert not problems and stats["spills"] == 0, (v.name, problems)
+    assert served, f"no tensor-core wgrad in {spec}'s default set"

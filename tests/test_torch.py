@@ -46,8 +46,8 @@ def poisoned(monkeypatch):
     """Every output the operator allocates starts as NaN, so an unwritten element fails."""
     real = E.empty
 
-    def nan_filled(size, like, layout):
-        return real(size, like, layout).fill_(float("nan"))
+    def nan_filled(size, like, layout, dtype=None):
+        return real(size, like, layout, dtype).fill_(float("nan"))
 
     monkeypatch.setattr(E, "empty", nan_filled)
 
@@ -555,9 +555,11 @@ def test_autocast_casts_fp32_weights_in_one_launch_to_the_bits_of_casting_first(
 ):
     """Under autocast the operator casts the model's fp32 weights itself, in one launch
     that also packs them for the forward kernel and for dgrad's (``E.Cast``): the
-    same bits as calling it with the weights cast by PyTorch first, forward and every
-    gradient, the weight's in fp32 as autocast gives it; and one launch fewer than a
-    cast and a gather wherever dx is wanted."""
+    same bits as calling it with the weights cast by PyTorch first, forward and dx,
+    and one launch fewer than a cast and a gather wherever dx is wanted.  dw and db
+    come in fp32 as autocast gives them, dw in the weights' memory format: where the
+    wgrad kernel writes them so (its second pass, ``Kernel.grads32``), its fp32 sums
+    unrounded, which round to the bits of the 16-bit path; else those bits widened."""
     fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
     x = torch.randn(4, C, 12, 12, device="cuda").contiguous(memory_format=fmt)
     w32 = torch.randn(M, C, 3, 3, device="cuda")
@@ -571,13 +573,39 @@ def test_autocast_casts_fp32_weights_in_one_launch_to_the_bits_of_casting_first(
     dy = torch.randn_like(y)
     got = torch.autograd.grad(y, [x16, w32, b], dy)
     assert got[1].dtype == torch.float32 and got[2].dtype == torch.float32
+    fmt_w = torch.channels_last if weights == "channels_last" else torch.contiguous_format
+    assert got[1].is_contiguous(memory_format=fmt_w)
     w16 = w32.detach().to(DT[dtype]).requires_grad_()
     b2 = b.detach().requires_grad_()
     ref_y = sg.conv2d(x16, w16, b2, padding=1)
     ref = torch.autograd.grad(ref_y, [x16, w16, b2], dy)
     assert torch.equal(y, ref_y)
     assert torch.equal(got[0], ref[0])
-    assert torch.equal(got[1], ref[1].float()) and torch.equal(got[2], ref[2].float())
+    wide = [
+        k
+        for k in E._kernels.values()
+        if k.grads32
+        and k.problem.spec
+        == E.problem(
+            Op.WGRAD,
+            x.shape,
+            w32.shape,
+            True,
+            (1, 1),
+            (1, 1, 1, 1),
+            (1, 1),
+            1,
+            E.DTYPES[DT[dtype]],
+            E.layout_of(x),
+        ).spec
+    ]
+    if wide:  # fp32 sums as they are: rounded, the 16-bit path's bits
+        assert torch.equal(got[1].to(DT[dtype]), ref[1]), "dw"
+        assert torch.equal(got[2].to(DT[dtype]).float(), ref[2]), "db"
+    else:
+        assert torch.equal(got[1], ref[1].float()) and torch.equal(got[2], ref[2].float())
+    if layout == "nhwc" and min(C, M) >= 8:
+        assert wide, "the tensor-core wgrad wrote dw and db in fp32"
     casts = [c for lay in E._layers.values() for c in lay.casts.values()]
     assert any(len(c.sizes) == 2 for c in casts), "dgrad's packing came with the cast"
 

@@ -27,7 +27,7 @@ from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT
-from .wsplit import per_slice, sums_context
+from .wsplit import TC_SUMS, per_slice, sums_context
 
 TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
 
@@ -102,7 +102,7 @@ def slice_sums(p, name: str, splits: int):
     context (``sums_context``, db fused where the layer has a bias), the workspace's
     bytes, the second kernel that adds the slices in order (``backward/tc_sums.j2``), and
     the plan's lines for the GEMM and the workspace."""
-    ctx = sums_context(p, 1, splits, False, p.bias)
+    ctx = dict(sums_context(p, 1, splits, False, p.bias), second_pass=TC_SUMS)
     row = ctx["row"]
     workspace = 4 * splits * row
     outs = (Role.DW, *((Role.DB,) if p.bias else ()))

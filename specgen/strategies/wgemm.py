@@ -34,7 +34,7 @@ from ..shapes import DType, Feature, Op
 from ..shapes import TensorLayout as Layout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Variant, param
-from .wsplit import per_slice, sums_context
+from .wsplit import TC_SUMS, per_slice, sums_context
 
 MICRO = 8  # a thread's register tile: 8 maps x 8 columns
 DB_THREADS = 128
@@ -180,6 +180,7 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
     min_blocks = max(1, 512 // threads)
     if nhwc:
         ctx.update(
+            second_pass=TC_SUMS,
             VA=VA,
             VB=VB,
             a_rows=threads // (bm // VA),

@@ -112,6 +112,25 @@ def per_slice(name: str, row: int, kind: str, args) -> Launch:
     )
 
 
+# The second pass that ``backward/tc_sums.j2`` renders: where a plan's context names it
+# (``second_pass``), the PyTorch operator may render that pass with dw and db in fp32,
+# dw in the weights' own memory format (its ``grads32``).
+TC_SUMS = "tc_sums"
+
+
+def with_fp32_grads(plan, grads32: str):
+    """``plan`` (a wgrad's) with its second pass writing dw and db in fp32, dw laid out
+    as ``grads32``: "mcrs", PyTorch's contiguous [M][C/g][R][S], or "mrsc", its
+    channels_last [M][R][S][C/g]; None where that pass is not ``backward/tc_sums.j2``.
+    The PyTorch operator's, under autocast: the fp32 parameters take the sums as they
+    are, with no rounding to 16 bits and no cast or copy after."""
+    if grads32 not in ("mcrs", "mrsc"):
+        raise ValueError(f"grads32 is 'mcrs' or 'mrsc', got {grads32!r}")
+    if plan.shape.op is not Op.WGRAD or plan.context.get("second_pass") != TC_SUMS:
+        return None
+    return replace(plan, context=dict(plan.context, grads32=grads32))
+
+
 def sums_context(p, maps: int, splits: int, bgrad: bool, with_db: bool) -> dict:
     """What both wgrad templates read about the sums a thread keeps and how a slice row
     of them is laid out (dw as [M][C/groups][R][S], then db), for backward/reduce.j2 too."""

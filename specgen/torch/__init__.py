@@ -128,7 +128,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         lay, input = _engine.layer(
             input, weight, bias, stride, pads, dilation, groups, _check_shapes, cast
         )
-        y = _ops.Conv2dFunction.apply(input, weight, bias, lay)
+        y = _ops.conv2d_eager(input, weight, bias, lay)
     return y.squeeze(0) if unbatched else y
 
 

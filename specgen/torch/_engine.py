@@ -17,6 +17,7 @@ from ..errors import SpecError
 from ..runtime import Conv, _driver_launch, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
+from ..strategies.wsplit import with_fp32_grads
 from ..tensors import Role, w_shape
 
 log = logging.getLogger("specgen.torch")
@@ -60,6 +61,10 @@ class Kernel:
     runs: dict = field(default_factory=dict)
     packs: dict = field(default_factory=dict)
     constant: bool = False  # the plan reads its weights from __constant__ memory
+    # wgrad's dw and db in fp32, dw in the weights' memory format ("mcrs" or "mrsc"),
+    # where the plan was asked for that and its second pass renders it; else ""
+    grads32: str = ""
+    device: int = 0  # the device's index
 
     def __post_init__(self):
         self.constant = bool(self.conv.plan.const_bytes)
@@ -132,20 +137,22 @@ def dense(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
 _strides: dict[tuple, tuple] = {}  # (size, layout) -> its strides in that memory format
 
 
-def empty(size: tuple, like: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
-    """Every output the operator returns is allocated here (the tests poison it): with
-    the strides that ``torch.empty`` gives the size in the layout's memory format, read
-    off its first allocation, then by ``empty_strided``, which costs the host a third
-    less a call (4.2 against 6.5 us, H200 machine, ``scripts/alloc_micro.py``)."""
+def empty(size: tuple, like: torch.Tensor, layout: TensorLayout, dtype=None) -> torch.Tensor:
+    """Every output the operator returns is allocated here (the tests poison it), in
+    ``like``'s dtype (or ``dtype``) on its device: with the strides that ``torch.empty``
+    gives the size in the layout's memory format, read off its first allocation, then
+    by ``empty_strided``, which costs the host a third less a call (4.2 against 6.5 us,
+    H200 machine, ``scripts/alloc_micro.py``)."""
+    dtype = dtype or like.dtype
     strides = _strides.get((size, layout))
     if strides is None:
         fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
-        t = torch.empty(size, dtype=like.dtype, device=like.device, memory_format=fmt)
+        t = torch.empty(size, dtype=dtype, device=like.device, memory_format=fmt)
         if len(_strides) >= LAYERS_KEPT:
             _strides.clear()
         _strides[(size, layout)] = t.stride()
         return t
-    return torch.empty_strided(size, strides, dtype=like.dtype, device=like.device)
+    return torch.empty_strided(size, strides, dtype=dtype, device=like.device)
 
 
 def dtype_of(t: torch.Tensor) -> DType:
@@ -228,12 +235,13 @@ class Layer:
             layout,
         )
 
-    def kernel(self, op: Op, bias: bool, batch: int) -> Kernel:
-        """The op's kernel, chosen for the batch of its first call (as ``kernel_for``)."""
-        k = self.kernels.get((op, bias))
+    def kernel(self, op: Op, bias: bool, batch: int, grads32: str = "") -> Kernel:
+        """The op's kernel, chosen for the batch of its first call (as ``kernel_for``;
+        ``grads32`` for wgrad under the autocast cast)."""
+        k = self.kernels.get((op, bias, grads32))
         if k is None:
-            k = self.kernels[(op, bias)] = kernel_for(
-                self.problem(op, bias, batch), self.device, self.tf32
+            k = self.kernels[(op, bias, grads32)] = kernel_for(
+                self.problem(op, bias, batch), self.device, self.tf32, grads32
             )
         return k
 
@@ -351,28 +359,57 @@ def out_size(x_size, w_size, stride, padding, dilation) -> list:
     return [N, M, Ho, Wo]
 
 
-def kernel_for(p: ConvProblem, device: torch.device, tf32: bool | None = None) -> Kernel:
+def kernel_for(
+    p: ConvProblem, device: torch.device, tf32: bool | None = None, grads32: str = ""
+) -> Kernel:
+    """The problem's kernel on the device, chosen and compiled once per process.
+    ``grads32`` ("mcrs" or "mrsc"; wgrad under autocast's cast): the same kernel with
+    dw and db written in fp32, dw in the weights' memory format, where its plan's
+    second pass can (``Kernel.grads32`` says whether it does); else the kernel itself."""
     tf32 = allow_tf32() if tf32 is None else tf32
-    key = (replace(p, batch=1), device.index, tf32)
+    key = (replace(p, batch=1), device.index, tf32, grads32)
     k = _kernels.get(key)
     if k is not None:
         return k
+    base = kernel_for(p, device, tf32) if grads32 else None
     with _lock:
         k = _kernels.get(key)
         if k is None:
-            k = _kernels[key] = _build(p, device.index, tf32)
+            k = _kernels[key] = (
+                _widened(base, grads32) if grads32 else _build(p, device.index, tf32)
+            )
     return k
 
 
-def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
-    import cupy
-
+def _refuse_under_capture(p: ConvProblem) -> None:
     if torch.cuda.is_current_stream_capturing():
         raise SpecError(
             f"specgen has no kernel yet for {p.spec} and cannot compile one while a CUDA "
             "graph is being captured: run the model once before capturing "
             "(or call specgen.torch.warmup)"
         )
+
+
+def _widened(base: Kernel, grads32: str) -> Kernel:
+    """``base`` (a wgrad kernel) with its second pass writing fp32 grads (``grads32``),
+    or ``base`` itself where that pass cannot."""
+    import cupy
+
+    plan = with_fp32_grads(base.conv.plan, grads32)
+    if plan is None:
+        return base
+    p = base.problem
+    _refuse_under_capture(p)
+    with cupy.cuda.Device(base.device):
+        conv = Conv(p, base.choice.variant, plan=plan)
+    log.info("specgen: %s %s -> %s, dw and db in fp32 (%s)", p.op.value, p.spec, plan.name, grads32)
+    return Kernel(p, base.choice, conv, grads32=grads32, device=base.device)
+
+
+def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
+    import cupy
+
+    _refuse_under_capture(p)
     gpu = gpu_name(index)
     with cupy.cuda.Device(index):
         arch = device_arch()
@@ -383,7 +420,7 @@ def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
         reads_w = p.op in (Op.FPROP, Op.DGRAD)
         gather = _gather(conv, index) if reads_w else None
     log.info("specgen: %s %s -> %s (%s)", p.op.value, p.spec, conv.plan.name, choice.why)
-    k = Kernel(p, choice, conv, gather)
+    k = Kernel(p, choice, conv, gather, device=index)
     if gather is not None:
         at = torch.as_tensor(channels_last_offsets(p), device=f"cuda:{index}")
         k.gather_cl = at[gather]
@@ -654,6 +691,13 @@ class Cast:
         self.at = torch.as_tensor(offsets.astype(np.int32), device=f"cuda:{index}")
         self.sizes = [len(a) for a in at]
         self.dtypes = [STORED[kind] for kind in stored]
+        # both packings in one allocation, dgrad's from the first 16-byte boundary past
+        # the forward kernel's
+        nbytes = [n * d.itemsize for n, d in zip(self.sizes, self.dtypes)]
+        # each packing's bytes (a __constant__ upload's count)
+        self.w_bytes, self.dgrad_bytes = nbytes[0], nbytes[-1]
+        self.second = -(-nbytes[0] // ALIGNED) * ALIGNED if dgrad is not None else 0
+        self.nbytes = self.second + nbytes[-1] if dgrad is not None else nbytes[0]
         name, text = cast_source(dtype, stored[0], stored[-1])
         func = _load(index, name, text)
         n = len(offsets)
@@ -670,12 +714,17 @@ class Cast:
         # the weights' own memory format, which their gradient is handed back in
         channels_last = tuple(w_stride) == channels_last_strides(w_shape(forward.problem))
         self.w_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.grads32 = "mrsc" if channels_last else "mcrs"  # wgrad's fp32 dw in that format
 
-    def __call__(self, w: torch.Tensor):
-        """The packed weights of the forward kernel, and of dgrad's (or None)."""
-        out = [torch.empty(n, dtype=d, device=self.device) for n, d in zip(self.sizes, self.dtypes)]
-        self.launch(w.data_ptr(), out[0].data_ptr(), out[-1].data_ptr())
-        return out[0], (out[1] if len(out) > 1 else None)
+    def __call__(self, w: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """The packed weights in one new allocation (held for as long as a kernel is to
+        read them), and the addresses of the forward kernel's packing and of dgrad's
+        (the forward's where dgrad's did not come too)."""
+        packed = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        a = packed.data_ptr()
+        b = a + self.second
+        self.launch(w.data_ptr(), a, b)
+        return packed, a, b
 
 
 # Bytes: the widest access a kernel makes (16-byte cp.async copies, uint4 stores).
@@ -693,10 +742,11 @@ def _aligned(t: torch.Tensor, keep: list) -> torch.Tensor:
     return t
 
 
-def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, ready=False) -> None:
+def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, ready=0) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
     on the current stream of ``device`` (a torch.device); ``w`` and ``bias`` for the
-    ops that read them, ``w`` packed already where ``ready`` (``Cast``)."""
+    ops that read them.  ``ready``: the device address of the weights packed already
+    (by ``Cast``, 16-byte aligned, ``w`` their byte count), in place of ``w``."""
     if batch == 0:
         return
     index = device.index
@@ -708,8 +758,14 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, read
         if at % ALIGNED and role in READ:  # outputs are ours, and aligned
             at = _aligned(t, keep).data_ptr()
         ptrs[role] = at
-    if w is not None:
-        packed = _aligned(w if ready else pack_weights(k, w), keep)
+    if ready:
+        if k.constant:  # the plan reads them from __constant__: copied there first
+            k.conv.upload_weights(ready, w, stream)
+            ptrs[Role.W] = 0
+        else:
+            ptrs[Role.W] = ready
+    elif w is not None:
+        packed = _aligned(pack_weights(k, w), keep)
         keep.append(packed)
         if k.constant:  # the plan reads them from __constant__: copied there first
             nbytes = packed.numel() * packed.element_size()
@@ -756,8 +812,9 @@ def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
 # registered ops both call these, so the two paths run the same kernels.
 
 
-def forward(lay: Layer, x, w, bias, ready=False):
-    """y of the convolution (x dense in the layer's layout; w packed where ``ready``)."""
+def forward(lay: Layer, x, w, bias, ready=0):
+    """y of the convolution (x dense in the layer's layout; ``ready``: the address of
+    the weights packed already, ``w`` their byte count, as ``launch``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
     y = empty((N, *lay.y_rest), x, lay.layout)
@@ -765,9 +822,9 @@ def forward(lay: Layer, x, w, bias, ready=False):
     return y
 
 
-def input_grad(lay: Layer, dy, w, ready=False):
-    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense; w packed
-    where ``ready``)."""
+def input_grad(lay: Layer, dy, w, ready=0):
+    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense; ``ready`` and
+    ``w`` as ``launch``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
     dx = empty((N, *lay.x_rest), dy, lay.layout)
@@ -775,16 +832,24 @@ def input_grad(lay: Layer, dy, w, ready=False):
     return dx
 
 
-def weight_grads(lay: Layer, x, dy, bias: bool):
+def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     """dw, and db with it where ``bias`` (wgrad, db fused), in the layout the layer
-    computes them in (x and dy copied there where it is not theirs)."""
+    computes them in (x and dy copied there where it is not theirs).  ``grads32``
+    ("mcrs" or "mrsc": the fp32 weights' memory format, under autocast's cast): both
+    in fp32, dw in that format, where the kernel writes them so (``Kernel.grads32``);
+    else in the tensors' dtype, and the caller casts them."""
     N = x.shape[0]
-    k = lay.kernel(Op.WGRAD, bias, N)
+    k = lay.kernel(Op.WGRAD, bias, N, grads32)
     x, dy = dense(x, lay.wgrad_layout), dense(dy, lay.wgrad_layout)
-    dw = empty(lay.w_size, x, TensorLayout.NCHW)
+    if k.grads32:
+        lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
+        dw = empty(lay.w_size, x, lay32, torch.float32)
+    else:
+        dw = empty(lay.w_size, x, TensorLayout.NCHW)
     out = {Role.X: x, Role.DY: dy, Role.DW: dw}
     if bias:
-        out[Role.DB] = empty((lay.w_size[0],), x, TensorLayout.NCHW)
+        db_size = (lay.w_size[0],)
+        out[Role.DB] = empty(db_size, x, TensorLayout.NCHW, torch.float32 if k.grads32 else None)
     if N == 0:  # an empty sum
         dw.zero_()
         out.get(Role.DB, dw).zero_()

@@ -244,16 +244,17 @@ class Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lay):
         ctx.lay, ctx.has_bias = lay, bias is not None
-        ctx.cast = weight.dtype is not x.dtype
-        if ctx.cast:
+        if weight.dtype is not x.dtype:
             # autocast, and the model's fp32 weights: cast and packed for the forward
             # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
-            # the backward hands dw back in the weights' dtype and memory format
-            cast = lay.cast(weight, ctx.has_bias, x.shape[0], ctx.needs_input_grad[0])
-            w, ctx.dgrad_w = cast(weight)
-            ctx.w_format = cast.w_format
+            # the backward hands dw and db back in fp32, dw in the weights' memory format
+            dgrad = ctx.needs_input_grad[0]
+            cast = ctx.cast = lay.cast(weight, ctx.has_bias, x.shape[0], dgrad)
+            packed, at, ctx.dgrad_at = cast(weight)
+            ctx.packed = packed if dgrad else None  # dgrad's packing, kept for it
             ctx.save_for_backward(x)
-            return E.forward(lay, x, w, bias, ready=True)
+            return E.forward(lay, x, cast.w_bytes, bias, ready=at)
+        ctx.cast = None
         ctx.save_for_backward(x, weight)
         return E.forward(lay, x, weight, bias)
 
@@ -261,17 +262,49 @@ class Conv2dFunction(torch.autograd.Function):
     @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
         saved = ctx.saved_tensors
-        x, lay = saved[0], ctx.lay
-        w = ctx.dgrad_w if ctx.cast else saved[1]  # packed for dgrad where cast
+        x, lay, cast = saved[0], ctx.lay, ctx.cast
         dy = E.dense(dy, lay.layout)
+        if cast is None:
+            dx, dw, db = _gradients(
+                ctx,
+                lambda: E.input_grad(lay, dy, saved[1]),
+                lambda bias: E.weight_grads(lay, x, dy, bias),
+                lambda: E.bias_grad(lay, dy),
+            )
+            return dx, dw, db, None
         dx, dw, db = _gradients(
             ctx,
-            lambda: E.input_grad(lay, dy, w, ready=ctx.cast),
-            lambda bias: E.weight_grads(lay, x, dy, bias),
+            lambda: E.input_grad(lay, dy, cast.dgrad_bytes, ready=ctx.dgrad_at),
+            lambda bias: E.weight_grads(lay, x, dy, bias, cast.grads32),
             lambda: E.bias_grad(lay, dy),
         )
-        if ctx.cast and dw is not None:
-            # to fp32 in the weights' memory format in one op, where autograd would
-            # cast it and then copy it to that format for .grad
-            dw = dw.to(torch.float32, memory_format=ctx.w_format)
+        if dw is not None and dw.dtype is not torch.float32:
+            # a kernel that writes dw in the tensors' dtype: to fp32 in the weights'
+            # memory format in one op, where autograd would cast it and then copy it
+            dw = dw.to(torch.float32, memory_format=cast.w_format)
         return dx, dw, db, None
+
+
+def _apply_of(function):
+    """``function.apply`` without its Python layer where functorch's transforms are off
+    (as they are but under vmap or grad): that layer then only unwraps dead functorch
+    wrappers before the C entry beneath it, and costs the host 6 of a bare apply's
+    21 us (H200 machine, ``scripts/host_pieces.py``); this does the same unwrapping
+    and enters directly.  ``function.apply`` itself where PyTorch lacks either hook."""
+    functorch = getattr(torch._C, "_functorch", None)
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    unwrap = getattr(functorch, "unwrap_if_dead", None)
+    if active is None or unwrap is None:
+        return function.apply
+    enter = super(torch.autograd.Function, function).apply
+    slow = function.apply
+
+    def apply(x, weight, bias, lay):
+        if active():
+            return slow(x, weight, bias, lay)
+        return enter(unwrap(x), unwrap(weight), None if bias is None else unwrap(bias), lay)
+
+    return apply
+
+
+conv2d_eager = _apply_of(Conv2dFunction)
