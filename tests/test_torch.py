@@ -685,3 +685,21 @@ def test_a_tensor_that_starts_off_alignment_is_read_as_an_aligned_one(
         torch.autograd.grad(y, [x, w], dy), torch.autograd.grad(y2, [x2, w], dy.clone())
     ):
         assert torch.equal(g, h)
+
+
+def test_fp32_grads_widen_the_wgrads_that_can_and_leave_the_rest_one_kernel():
+    """Under autocast's cast wgrad is asked for dw and db in fp32: a kernel whose
+    second pass is ``tc_sums`` gets a widened copy of its own (the plain one stays for
+    calls without the cast); one whose pass cannot is the plain kernel itself, not a
+    second compile of it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    args = (True, (1, 1), (1, 1, 1, 1), (1, 1), 1, E.DType.BF16)
+    nhwc = E.problem(Op.WGRAD, (4, 16, 12, 12), (32, 16, 3, 3), *args, TensorLayout.NHWC)
+    wide, plain = E.kernel_for(nhwc, dev, None, "mrsc"), E.kernel_for(nhwc, dev)
+    assert wide.grads32 == "mrsc" and plain.grads32 == "" and wide is not plain
+    from specgen.render import render
+
+    assert "float* __restrict__ dw" in render(wide.conv.plan)
+    nchw = E.problem(Op.WGRAD, (4, 8, 12, 12), (8, 8, 3, 3), *args, TensorLayout.NCHW)
+    k = E.kernel_for(nchw, dev, None, "mcrs")
+    assert k.grads32 == "" and k is E.kernel_for(nchw, dev)

@@ -14,6 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths, three_tf32_suits
 from ..errors import SpecError
+from ..plan import make_plan
 from ..runtime import Conv, _driver_launch, _Step, device_arch, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
@@ -64,7 +65,6 @@ class Kernel:
     # wgrad's dw and db in fp32, dw in the weights' memory format ("mcrs" or "mrsc"),
     # where the plan was asked for that and its second pass renders it; else ""
     grads32: str = ""
-    device: int = 0  # the device's index
 
     def __post_init__(self):
         self.constant = bool(self.conv.plan.const_bytes)
@@ -363,64 +363,46 @@ def kernel_for(
     p: ConvProblem, device: torch.device, tf32: bool | None = None, grads32: str = ""
 ) -> Kernel:
     """The problem's kernel on the device, chosen and compiled once per process.
-    ``grads32`` ("mcrs" or "mrsc"; wgrad under autocast's cast): the same kernel with
-    dw and db written in fp32, dw in the weights' memory format, where its plan's
-    second pass can (``Kernel.grads32`` says whether it does); else the kernel itself."""
+    ``grads32`` ("mcrs" or "mrsc"; wgrad under autocast's cast): its plan with the
+    second pass writing dw and db in fp32, dw in the weights' memory format, where that
+    pass can (``Kernel.grads32`` says whether it does); else the kernel itself."""
     tf32 = allow_tf32() if tf32 is None else tf32
     key = (replace(p, batch=1), device.index, tf32, grads32)
     k = _kernels.get(key)
     if k is not None:
         return k
-    base = kernel_for(p, device, tf32) if grads32 else None
     with _lock:
         k = _kernels.get(key)
         if k is None:
-            k = _kernels[key] = (
-                _widened(base, grads32) if grads32 else _build(p, device.index, tf32)
-            )
+            k = _kernels[key] = _build(p, device.index, tf32, grads32)
+            if grads32 and not k.grads32:  # the same kernel as without: one of it
+                k = _kernels[key] = _kernels.setdefault(key[:3] + ("",), k)
     return k
 
 
-def _refuse_under_capture(p: ConvProblem) -> None:
+def _build(p: ConvProblem, index: int, tf32: bool, grads32: str = "") -> Kernel:
+    import cupy
+
     if torch.cuda.is_current_stream_capturing():
         raise SpecError(
             f"specgen has no kernel yet for {p.spec} and cannot compile one while a CUDA "
             "graph is being captured: run the model once before capturing "
             "(or call specgen.torch.warmup)"
         )
-
-
-def _widened(base: Kernel, grads32: str) -> Kernel:
-    """``base`` (a wgrad kernel) with its second pass writing fp32 grads (``grads32``),
-    or ``base`` itself where that pass cannot."""
-    import cupy
-
-    plan = with_fp32_grads(base.conv.plan, grads32)
-    if plan is None:
-        return base
-    p = base.problem
-    _refuse_under_capture(p)
-    with cupy.cuda.Device(base.device):
-        conv = Conv(p, base.choice.variant, plan=plan)
-    log.info("specgen: %s %s -> %s, dw and db in fp32 (%s)", p.op.value, p.spec, plan.name, grads32)
-    return Kernel(p, base.choice, conv, grads32=grads32, device=base.device)
-
-
-def _build(p: ConvProblem, index: int, tf32: bool) -> Kernel:
-    import cupy
-
-    _refuse_under_capture(p)
     gpu = gpu_name(index)
     with cupy.cuda.Device(index):
         arch = device_arch()
         if autotuning() and choose(p, gpu, tf32, arch).source != "tuned":
             _tune(p, gpu, tf32, arch)
         choice = choose(p, gpu, tf32, arch)
-        conv = Conv(p, choice.variant)
+        plan = make_plan(p, choice.variant)
+        wide = with_fp32_grads(plan, grads32) if grads32 else None
+        conv = Conv(p, choice.variant, plan=wide or plan)
         reads_w = p.op in (Op.FPROP, Op.DGRAD)
         gather = _gather(conv, index) if reads_w else None
-    log.info("specgen: %s %s -> %s (%s)", p.op.value, p.spec, conv.plan.name, choice.why)
-    k = Kernel(p, choice, conv, gather, device=index)
+    out = f", dw and db in fp32 ({grads32})" if wide else ""
+    log.info("specgen: %s %s -> %s (%s)%s", p.op.value, p.spec, plan.name, choice.why, out)
+    k = Kernel(p, choice, conv, gather, grads32=grads32 if wide else "")
     if gather is not None:
         at = torch.as_tensor(channels_last_offsets(p), device=f"cuda:{index}")
         k.gather_cl = at[gather]
