@@ -703,3 +703,36 @@ def test_fp32_grads_widen_the_wgrads_that_can_and_leave_the_rest_one_kernel():
     nchw = E.problem(Op.WGRAD, (4, 8, 12, 12), (8, 8, 3, 3), *args, TensorLayout.NCHW)
     k = E.kernel_for(nchw, dev, None, "mcrs")
     assert k.grads32 == "" and k is E.kernel_for(nchw, dev)
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_channels_last_weights_get_dw_in_their_layout(tf32):
+    """fp32 channels_last weights: wgrad writes dw in their layout where its second pass
+    can (tcwgrad's, in tf32), so autograd has no copy to make for .grad; the values are
+    those of contiguous weights, bit for bit, and db comes with them."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    cl = torch.channels_last
+    x = torch.randn(4, 16, 12, 12, device="cuda").contiguous(memory_format=cl)
+    w = torch.randn(32, 16, 3, 3, device="cuda")
+    b = torch.randn(32, device="cuda")
+    x.requires_grad_()
+    grads = []
+    for weights in (w, w.contiguous(memory_format=cl)):
+        weights = weights.clone().requires_grad_()
+        bias = b.clone().requires_grad_()
+        y = sg.conv2d(x, weights, bias, padding=1)
+        grads.append(torch.autograd.grad(y, [weights, bias], torch.ones_like(y)))
+    (dw, db), (dw_cl, db_cl) = grads
+    assert torch.equal(dw, dw_cl) and torch.equal(db, db_cl)
+    assert dw.is_contiguous()
+    # this problem's wgrad under this math, widened (keys: problem, device, tf32, format)
+    this = (Op.WGRAD, 16, 32, 12, E.DType.FP32, tf32, "mrsc")
+    wide = [
+        k
+        for (p, _, math, fmt), k in E._kernels.items()
+        if (p.op, p.C, p.M, p.H, p.dtype, math, fmt) == this and k.grads32
+    ]
+    if tf32:
+        assert wide, "tcwgrad wrote dw in the weights' channels_last layout"
+    if wide:
+        assert dw_cl.is_contiguous(memory_format=cl)

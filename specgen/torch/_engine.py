@@ -218,6 +218,10 @@ class Layer:
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32, nchw)
         self.kernels: dict = {}
         self.casts: dict = {}  # (bias, dgrad too, the weights' strides) -> Cast
+        # fp32 channels_last weights: wgrad asked to write dw in their layout ("mrsc",
+        # ``weight_grads``), which autograd would otherwise copy dw into for .grad
+        cl = w_stride is not None and tuple(w_stride) == channels_last_strides(w_size)
+        self.fp32_dw = "mrsc" if dtype is DType.FP32 and cl else ""
         self.problem(Op.FPROP, False, 1)  # a problem no convolution has fails here, once
 
     def problem(self, op: Op, bias: bool, batch: int) -> ConvProblem:
@@ -817,9 +821,10 @@ def input_grad(lay: Layer, dy, w, ready=0):
 def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     """dw, and db with it where ``bias`` (wgrad, db fused), in the layout the layer
     computes them in (x and dy copied there where it is not theirs).  ``grads32``
-    ("mcrs" or "mrsc": the fp32 weights' memory format, under autocast's cast): both
-    in fp32, dw in that format, where the kernel writes them so (``Kernel.grads32``);
-    else in the tensors' dtype, and the caller casts them."""
+    ("mcrs" or "mrsc": fp32 weights' memory format, under autocast's cast or for fp32
+    tensors): both in fp32, dw in that format, where the kernel writes them so
+    (``Kernel.grads32``); else in the tensors' dtype and PyTorch's [M][C/g][R][S],
+    and the caller (or autograd) makes them what the weights need."""
     N = x.shape[0]
     k = lay.kernel(Op.WGRAD, bias, N, grads32)
     x, dy = dense(x, lay.wgrad_layout), dense(dy, lay.wgrad_layout)

@@ -268,7 +268,7 @@ class Conv2dFunction(torch.autograd.Function):
             dx, dw, db = _gradients(
                 ctx,
                 lambda: E.input_grad(lay, dy, saved[1]),
-                lambda bias: E.weight_grads(lay, x, dy, bias),
+                lambda bias: E.weight_grads(lay, x, dy, bias, lay.fp32_dw),
                 lambda: E.bias_grad(lay, dy),
             )
             return dx, dw, db, None
