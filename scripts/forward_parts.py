@@ -39,10 +39,10 @@ def main():
             row.append(idle_call(lambda: m(act)))
             row.append(idle_call(lambda: E.layer(act, m.weight, m.bias, *args, cast=True)))
         lay, _ = E.layer(act, m.weight, m.bias, *args, cast=True)
-        cast = lay.cast(m.weight, True, 128, C != 3)
+        cast = lay.cast(True, 128, C != 3)
         row.append(idle_call(lambda: cast(m.weight)))
-        packed, at, _ = cast(m.weight)
-        row.append(idle_call(lambda: E.forward(lay, act, cast.w_bytes, m.bias, ready=at)))
+        packed, w, _ = cast(m.weight)
+        row.append(idle_call(lambda: E.forward(lay, act, w, m.bias)))
         print(f"  {f'{C} -> {M}':<12} " + " ".join(f"{v:8.1f}" for v in row))
 
 

@@ -73,18 +73,18 @@ def main():
     args = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
     row("E.layer lookup", lambda: E.layer(act, m.weight, m.bias, *args, cast=True))
     lay, _ = E.layer(act, m.weight, m.bias, *args, cast=True)
-    cast = lay.cast(m.weight, True, 128, True)
-    row("lay.cast lookup", lambda: lay.cast(m.weight, True, 128, True))
+    cast = lay.cast(True, 128, True)
+    row("lay.cast lookup", lambda: lay.cast(True, 128, True))
     row("cast(weight): 2 allocs + launch", lambda: cast(m.weight))
-    packed, at, _ = cast(m.weight)
-    row("E.forward (ready)", lambda: E.forward(lay, act, cast.w_bytes, m.bias, ready=at))
+    packed, w, _ = cast(m.weight)
+    row("E.forward (ready)", lambda: E.forward(lay, act, w, m.bias))
     k = lay.kernel(E.Op.FPROP, True, 128)
     launcher, _ = k.run(128)
-    y = E.forward(lay, act, cast.w_bytes, m.bias, ready=at)
+    y = E.forward(lay, act, w, m.bias)
     ptrs = {
         Role.X: act.data_ptr(),
         Role.Y: y.data_ptr(),
-        Role.W: at,
+        Role.W: w[0],
         Role.BIAS: m.bias.data_ptr(),
     }
     stream = E.raw_stream(dev.index)

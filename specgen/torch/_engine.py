@@ -217,10 +217,13 @@ class Layer:
             nchw = problem(Op.WGRAD, (1, *x_rest), w_size, False, *args, dtype, TensorLayout.NCHW)
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32, nchw)
         self.kernels: dict = {}
-        self.casts: dict = {}  # (bias, dgrad too, the weights' strides) -> Cast
-        # fp32 channels_last weights: wgrad asked to write dw in their layout ("mrsc",
-        # ``weight_grads``), which autograd would otherwise copy dw into for .grad
+        self.casts: dict = {}  # (bias, dgrad too) -> Cast
+        # the weights' memory format, which their gradient goes back in: dw in fp32 from
+        # wgrad in that order ("mrsc" or "mcrs", ``weight_grads``) under autocast's cast,
+        # and for fp32 channels_last weights, which autograd would otherwise copy dw into
         cl = w_stride is not None and tuple(w_stride) == channels_last_strides(w_size)
+        self.w_format = torch.channels_last if cl else torch.contiguous_format
+        self.dw_order = "mrsc" if cl else "mcrs"
         self.fp32_dw = "mrsc" if dtype is DType.FP32 and cl else ""
         self.problem(Op.FPROP, False, 1)  # a problem no convolution has fails here, once
 
@@ -249,15 +252,15 @@ class Layer:
             )
         return k
 
-    def cast(self, w: torch.Tensor, bias: bool, batch: int, dgrad: bool) -> "Cast":
-        """The autocast cast of fp32 weights ``w`` for the forward kernel (with a bias
-        or not) and, where ``dgrad``, for dgrad's."""
-        key = (bias, dgrad, w.stride())
+    def cast(self, bias: bool, batch: int, dgrad: bool) -> "Cast":
+        """The autocast cast of the layer's fp32 weights (of its ``w_stride``) for the
+        forward kernel (with a bias or not) and, where ``dgrad``, for dgrad's."""
+        key = (bias, dgrad)
         c = self.casts.get(key)
         if c is None:
             forward = self.kernel(Op.FPROP, bias, batch)
             back = self.kernel(Op.DGRAD, False, batch) if dgrad else None
-            c = self.casts[key] = Cast(forward, back, w.stride(), self.index)
+            c = self.casts[key] = Cast(forward, back, self.w_stride, self.index)
         return c
 
 
@@ -697,20 +700,15 @@ class Cast:
         ]
         self.launch = Direct(func, n, binding, index)
         self.device = self.at.device
-        # the weights' own memory format, which their gradient is handed back in
-        channels_last = tuple(w_stride) == channels_last_strides(w_shape(forward.problem))
-        self.w_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.grads32 = "mrsc" if channels_last else "mcrs"  # wgrad's fp32 dw in that format
 
-    def __call__(self, w: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    def __call__(self, w: torch.Tensor) -> tuple[torch.Tensor, tuple, tuple]:
         """The packed weights in one new allocation (held for as long as a kernel is to
-        read them), and the addresses of the forward kernel's packing and of dgrad's
-        (the forward's where dgrad's did not come too)."""
+        read them), and the forward kernel's packing and dgrad's as (address, bytes)
+        for ``launch`` (dgrad's the forward's where it did not come too)."""
         packed = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         a = packed.data_ptr()
-        b = a + self.second
-        self.launch(w.data_ptr(), a, b)
-        return packed, a, b
+        self.launch(w.data_ptr(), a, a + self.second)
+        return packed, (a, self.w_bytes), (a + self.second, self.dgrad_bytes)
 
 
 # Bytes: the widest access a kernel makes (16-byte cp.async copies, uint4 stores).
@@ -728,11 +726,11 @@ def _aligned(t: torch.Tensor, keep: list) -> torch.Tensor:
     return t
 
 
-def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, ready=0) -> None:
+def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> None:
     """Enqueue the kernel over ``tensors`` (Role -> dense tensor of the problem's layout)
     on the current stream of ``device`` (a torch.device); ``w`` and ``bias`` for the
-    ops that read them.  ``ready``: the device address of the weights packed already
-    (by ``Cast``, 16-byte aligned, ``w`` their byte count), in place of ``w``."""
+    ops that read them, ``w`` PyTorch's weights or, packed already (by ``Cast``, 16-byte
+    aligned), their (address, bytes)."""
     if batch == 0:
         return
     index = device.index
@@ -744,21 +742,17 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None, read
         if at % ALIGNED and role in READ:  # outputs are ours, and aligned
             at = _aligned(t, keep).data_ptr()
         ptrs[role] = at
-    if ready:
-        if k.constant:  # the plan reads them from __constant__: copied there first
-            k.conv.upload_weights(ready, w, stream)
-            ptrs[Role.W] = 0
+    if w is not None:
+        if isinstance(w, tuple):
+            at, nbytes = w
         else:
-            ptrs[Role.W] = ready
-    elif w is not None:
-        packed = _aligned(pack_weights(k, w), keep)
-        keep.append(packed)
+            packed = _aligned(pack_weights(k, w), keep)
+            keep.append(packed)
+            at, nbytes = packed.data_ptr(), packed.numel() * packed.element_size()
         if k.constant:  # the plan reads them from __constant__: copied there first
-            nbytes = packed.numel() * packed.element_size()
-            k.conv.upload_weights(packed.data_ptr(), nbytes, stream)
-            ptrs[Role.W] = 0
-        else:
-            ptrs[Role.W] = packed.data_ptr()
+            k.conv.upload_weights(at, nbytes, stream)
+            at = 0
+        ptrs[Role.W] = at
     if bias is not None:
         if bias.dtype is not torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
@@ -798,23 +792,22 @@ def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
 # registered ops both call these, so the two paths run the same kernels.
 
 
-def forward(lay: Layer, x, w, bias, ready=0):
-    """y of the convolution (x dense in the layer's layout; ``ready``: the address of
-    the weights packed already, ``w`` their byte count, as ``launch``)."""
+def forward(lay: Layer, x, w, bias):
+    """y of the convolution (x dense in the layer's layout; ``w`` as ``launch``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
     y = empty((N, *lay.y_rest), x, lay.layout)
-    launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias, ready=ready)
+    launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
     return y
 
 
-def input_grad(lay: Layer, dy, w, ready=0):
-    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense; ``ready`` and
-    ``w`` as ``launch``)."""
+def input_grad(lay: Layer, dy, w):
+    """dx: the adjoint of the convolution applied to dy (dgrad; dy dense; ``w`` as
+    ``launch``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
     dx = empty((N, *lay.x_rest), dy, lay.layout)
-    launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w, ready=ready)
+    launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w)
     return dx
 
 

@@ -249,12 +249,12 @@ class Conv2dFunction(torch.autograd.Function):
             # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
             # the backward hands dw and db back in fp32, dw in the weights' memory format
             dgrad = ctx.needs_input_grad[0]
-            cast = ctx.cast = lay.cast(weight, ctx.has_bias, x.shape[0], dgrad)
-            packed, at, ctx.dgrad_at = cast(weight)
+            packed, w, ctx.dgrad_w = lay.cast(ctx.has_bias, x.shape[0], dgrad)(weight)
             ctx.packed = packed if dgrad else None  # dgrad's packing, kept for it
+            ctx.cast = True
             ctx.save_for_backward(x)
-            return E.forward(lay, x, cast.w_bytes, bias, ready=at)
-        ctx.cast = None
+            return E.forward(lay, x, w, bias)
+        ctx.cast = False
         ctx.save_for_backward(x, weight)
         return E.forward(lay, x, weight, bias)
 
@@ -262,9 +262,9 @@ class Conv2dFunction(torch.autograd.Function):
     @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
         saved = ctx.saved_tensors
-        x, lay, cast = saved[0], ctx.lay, ctx.cast
+        x, lay = saved[0], ctx.lay
         dy = E.dense(dy, lay.layout)
-        if cast is None:
+        if not ctx.cast:
             dx, dw, db = _gradients(
                 ctx,
                 lambda: E.input_grad(lay, dy, saved[1]),
@@ -274,14 +274,14 @@ class Conv2dFunction(torch.autograd.Function):
             return dx, dw, db, None
         dx, dw, db = _gradients(
             ctx,
-            lambda: E.input_grad(lay, dy, cast.dgrad_bytes, ready=ctx.dgrad_at),
-            lambda bias: E.weight_grads(lay, x, dy, bias, cast.grads32),
+            lambda: E.input_grad(lay, dy, ctx.dgrad_w),
+            lambda bias: E.weight_grads(lay, x, dy, bias, lay.dw_order),
             lambda: E.bias_grad(lay, dy),
         )
         if dw is not None and dw.dtype is not torch.float32:
             # a kernel that writes dw in the tensors' dtype: to fp32 in the weights'
             # memory format in one op, where autograd would cast it and then copy it
-            dw = dw.to(torch.float32, memory_format=cast.w_format)
+            dw = dw.to(torch.float32, memory_format=lay.w_format)
         return dx, dw, db, None
 
 
