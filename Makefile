@@ -21,7 +21,7 @@ demo: $(STAMP)
 # CPU tier everywhere; the GPU tier too where a GPU is present.
 test: $(STAMP)
 	$(BIN)/black --check specgen tests examples
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist worksteal
 
 # Regenerate generated/ (the default variant set of every preset, every op), without
 # the files of variants that left the set.

@@ -70,11 +70,18 @@ def box_load(tensor: np.ndarray, m: TensorMap, coords, images: int = 1) -> np.nd
     box leaves the tensor; rows of box[0] elements, the innermost dimension fastest."""
     dims = m.sized(images)
     steps = (1,) + tuple(s // m.element_bytes for s in m.strides)
+    # One index grid a dimension (innermost last, as the box's rows are laid out): the
+    # flat offset of each element, and whether every coordinate lies inside the tensor.
+    grids = np.meshgrid(
+        *(c + np.arange(b) for c, b in zip(reversed(coords), reversed(m.box))), indexing="ij"
+    )
+    inside = np.ones(grids[0].shape, dtype=bool)
+    flat = np.zeros(grids[0].shape, dtype=np.int64)
+    for g, d, s in zip(grids, reversed(dims), reversed(steps)):
+        inside &= (g >= 0) & (g < d)
+        flat += g.astype(np.int64) * s
     out = np.zeros(tuple(reversed(m.box)), dtype=tensor.dtype)
-    for idx in np.ndindex(*reversed(m.box)):
-        at = tuple(c + i for c, i in zip(coords, reversed(idx)))
-        if all(0 <= a < d for a, d in zip(at, dims)):
-            out[idx] = tensor[sum(a * s for a, s in zip(at, steps))]
+    out[inside] = tensor[flat[inside]]
     return out.reshape(-1, m.box[0])
 
 

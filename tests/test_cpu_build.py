@@ -2,6 +2,7 @@
 the compile cache."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,32 +14,85 @@ from specgen.parallel import precompile
 from specgen.plan import make_plan
 from specgen.render import render
 from specgen.shapes import PRESETS, Op
-from specgen.strategies import default_set
+from specgen import tunedb
+from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.direct import Direct
-from specgen.variants import Precision
+from specgen.variants import Precision, split_problem_tags
 from specgen.verify import check_resources
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
-# Every op's default set of every preset: what generated/ holds.
+# Every op's default set of every preset: what generated/ holds (rendered and compared).
 PROBLEMS = [s.with_op(op) for s in PRESETS.values() for op in Op]
 ALL = [(s, v) for s in PROBLEMS for v in default_set(s)]
 
 
+def code_path(plan) -> str:
+    """A kernel's name less its sizes: the strategy, its choices (layout, weights, unroll,
+    gather, feed ...), the math, the op, the tensors' dtype and layout.  Kernels of one
+    code path differ in numbers the planner derived, not in the template's branches."""
+    return re.sub(r"[0-9]+", "#", plan.name)
+
+
+def _compiled_sweep(items):
+    """Of each code path, the kernel with the shortest source (NVRTC's time grows with
+    it: layer2's unrolled 7x7 tiles take 5-10 s each), and every kernel shipped as a
+    winner, which is what the operator runs.  ``verify --all-shapes --op all`` compiles
+    and checks every member of every default set on the GPU machine;
+    SPECGEN_FULL_SWEEP=1 does it here."""
+    if os.environ.get("SPECGEN_FULL_SWEEP"):
+        return list(items)
+    shortest: dict[str, tuple[int, int]] = {}
+    keep = set()
+    for i, (s, v) in enumerate(items):
+        plan = make_plan(s, v)
+        size = len(render(plan))
+        if code_path(plan) not in shortest or size < shortest[code_path(plan)][0]:
+            shortest[code_path(plan)] = (size, i)
+        if v.name in _shipped(s):
+            keep.add(i)
+    keep |= {i for _, i in shortest.values()}
+    return [items[i] for i in sorted(keep)]
+
+
+def _shipped(problem) -> set[str]:
+    names = [split_problem_tags(n) for n in tunedb.shipped_names(problem.slug)]
+    return {v for v, tags in names if tags.get("op", Op.FPROP) is problem.op}
+
+
+SWEEP = _compiled_sweep(ALL)
+
+
 @pytest.fixture(scope="session")
 def compiled():
-    """Compile every preset x default variant once, on every core."""
-    errors = precompile(ALL, "sm_90", jobs=os.cpu_count() or 1)
-    return errors
+    """Without pytest-xdist: the sweep compiled once, on every core.  Under xdist each
+    worker compiles its own tests' kernels into the shared cache."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return {}
+    return precompile(SWEEP, "sm_90", jobs=os.cpu_count() or 1)
 
 
-@pytest.mark.parametrize("shape,variant", ALL, ids=[f"{s.name}-{v.kernel_name(s)}" for s, v in ALL])
+@pytest.mark.parametrize(
+    "shape,variant", SWEEP, ids=[f"{s.name}-{v.kernel_name(s)}" for s, v in SWEEP]
+)
 def test_compiles_for_sm90_without_spills_and_as_planned(shape, variant, compiled):
     plan = make_plan(shape, variant)
-    assert compiled[plan.name] is None, compiled[plan.name]
+    assert compiled.get(plan.name) is None, compiled[plan.name]
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     stats, problems = check_resources(plan, binary)
     assert not problems, problems
     assert stats["spills"] == 0
+
+
+def test_the_sweep_covers_every_code_path_and_every_shipped_winner():
+    """The compiled sweep is a cover, not a sample: each code path of generated/ and each
+    shipped winner is in it."""
+    swept = {make_plan(s, v).name for s, v in SWEEP}
+    assert {code_path(make_plan(s, v)) for s, v in ALL} == {
+        code_path(make_plan(s, v)) for s, v in SWEEP
+    }
+    for s in PROBLEMS:
+        for name in _shipped(s):
+            assert parse_variant_name(name).kernel_name(s) in swept, (s.name, name)
 
 
 def test_layer2_tile16_file_is_what_the_brief_asks():

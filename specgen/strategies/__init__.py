@@ -5,6 +5,8 @@ parsing, the default set, tune's space) reads this table."""
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import SpecError
 from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, split_problem_tags
@@ -126,6 +128,13 @@ def default_set(problem: ConvProblem) -> list[Variant]:
     """One of each strategy and precision that can serve the problem, and for a preset
     the winners shipped for it (``tunedb.shipped_winners``), so that the kernels worth
     reading are in generated/ and covered by ``verify --all``."""
+    return list(_default_set(problem))
+
+
+@functools.lru_cache(maxsize=1024)
+def _default_set(problem: ConvProblem) -> tuple[Variant, ...]:
+    """``default_set``, planned once a process: the CLI, the operator and the tests ask
+    for the same problems' sets many times, and some planners search a bank model."""
     from .. import tunedb
     from ..plan import make_plan
 
@@ -146,7 +155,7 @@ def default_set(problem: ConvProblem) -> list[Variant]:
             v = parse_variant_name(split_problem_tags(name)[0])
             if v not in out:
                 out.append(v)
-    return out
+    return tuple(out)
 
 
 def default_strategy(problem: ConvProblem) -> type[Variant]:

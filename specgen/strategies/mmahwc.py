@@ -75,6 +75,8 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..errors import SpecError
 from ..plan import make_plan
 from ..plan.common import (
@@ -185,26 +187,29 @@ def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle, st
     worst; tile pixel q at base column b = q % vw of output row oy = stack * (q // vw), at
     byte oy*row_bytes + b*pitch, odd columns from the second copy, ``shift`` bytes further
     into its line.  A swizzled band is modelled at the k steps of a line and two window
-    rows (its pattern moves with the address)."""
+    rows (its pattern moves with the address).  Computed for every (offset, tile,
+    matrix) at once: axis -1 is the matrix's 8 lanes."""
     offsets = [32 * s + row_bytes * ky for ky in range(2) for s in range(4)] if swizzle else [0]
-    total = worst = 0
-    for off in offsets:
-        for tile in range(min(ceil_div(pixels, 16), MODELLED_TILES)):
-            for matrix in range(4):
-                quads: dict[int, set[int]] = {}
-                for lane in range(8 * matrix, 8 * matrix + 8):
-                    px, kb = _lane_pixel(lane, paired)
-                    oy, b = divmod(min(tile * 16 + px, pixels - 1), vw)
-                    at = stack * oy * row_bytes + b * pitch + kb + off
-                    if copies == 2 and b % 2:
-                        at += 8 + shift + (1 << 24)  # another word, the same place in its line
-                    if swizzle:
-                        at = swizzled(at)
-                    quads.setdefault(at // 16 % 8, set()).add(at)
-                degree = max(len(v) for v in quads.values())
-                total += degree
-                worst = max(worst, degree)
-    return total / len(offsets), worst
+    tiles = min(ceil_div(pixels, 16), MODELLED_TILES)
+    lane = np.arange(32)
+    px = 2 * (lane % 8) + lane // 8 % 2 if paired else lane % 16  # as _lane_pixel
+    kb = 16 * (lane // 16)
+    q = np.minimum(np.arange(tiles)[:, None] * 16 + px[None, :], pixels - 1)  # (tile, lane)
+    oy, b = np.divmod(q, vw)
+    at = stack * oy * row_bytes + b * pitch + kb[None, :]
+    if copies == 2:
+        at = at + np.where(b % 2 == 1, 8 + shift + (1 << 24), 0)
+    at = at[None, :, :] + np.asarray(offsets)[:, None, None]  # (offset, tile, lane)
+    if swizzle:
+        at = at ^ ((at >> 3) & 0x70)
+    at = np.sort(at.reshape(len(offsets), tiles, 4, 8), axis=-1)
+    # A row's address counts once in its quad (lanes reading the same 16 bytes share it).
+    first = np.ones(at.shape, dtype=bool)
+    first[..., 1:] = at[..., 1:] != at[..., :-1]
+    quad = at // 16 % 8
+    per_quad = ((quad[..., None] == np.arange(8)) & first[..., None]).sum(axis=-2)
+    degree = per_quad.max(axis=-1)  # (offset, tile, matrix)
+    return int(degree.sum()) / len(offsets), int(degree.max())
 
 
 def _layout(shape: ConvProblem, rows: int, shifts: int = 1, elem: int = 2, stack: int = 1) -> dict:
