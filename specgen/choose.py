@@ -132,7 +132,7 @@ DROW_MIN_TAPS = 5
 # by side, a window row's taps x channels one run of k.  bf16 NCHW at B=10000 (H200,
 # 2026-11-24): layer2's forward pass 0.354 ms against mmastrip's 0.430, mx-layer2's 0.91
 # against mmapersist's 1.15, mx-layer2's dgrad view 1.53 against mmafold's 3.38.  With a
-# map's output columns on the n side (twenty-third session) it also takes layer2's dgrad
+# map's output columns on the n side (shifts, 2026-11-24) it also takes layer2's dgrad
 # view (0.83 against mmatoep's 1.09), and fp32 tensors in tf32 (layer2 0.58, mx-layer2
 # 1.41 against mmapersist's 0.87 and 1.74).
 HWC_MIN_TAPS = 5

@@ -12,7 +12,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped where there is none")
-    # Keep test compilations out of the user's cache, but share them across a session.
+    # Keep test compilations out of the user's cache, but share them across a run.
     os.environ.setdefault("SPECGEN_CACHE_DIR", str(config.rootpath / ".cache" / "specgen"))
 
 

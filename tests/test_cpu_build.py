@@ -62,7 +62,7 @@ def _shipped(problem) -> set[str]:
 SWEEP = _compiled_sweep(ALL)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compiled():
     """Without pytest-xdist: the sweep compiled once, on every core.  Under xdist each
     worker compiles its own tests' kernels into the shared cache."""
@@ -190,7 +190,7 @@ def test_every_compile_reports_resources_even_a_repeated_one(tmp_path, monkeypat
 
 
 # CI runs a fixed draw (whether ptxas spills is the compiler's call, and a new spill
-# should fail a session that can look into it, not a submission at random);
+# should fail a change that can be looked into, not a submission at random);
 # SPECGEN_DRAWN_EXAMPLES=N draws N fresh problems.
 HUNT = int(os.environ.get("SPECGEN_DRAWN_EXAMPLES", "0"))
 

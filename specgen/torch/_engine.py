@@ -142,7 +142,7 @@ def empty(size: tuple, like: torch.Tensor, layout: TensorLayout, dtype=None) -> 
     ``like``'s dtype (or ``dtype``) on its device: with the strides that ``torch.empty``
     gives the size in the layout's memory format, read off its first allocation, then
     by ``empty_strided``, which costs the host a third less a call (4.2 against 6.5 us,
-    H200 machine, ``scripts/alloc_micro.py``)."""
+    H200, ``docs/measurements/alloc-micro-2026-11-24-h200.log``)."""
     dtype = dtype or like.dtype
     strides = _strides.get((size, layout))
     if strides is None:

@@ -1,0 +1,31 @@
+#!/bin/bash
+# The GPU tier on a GPU machine, from the source tree: every strategy's numbers against
+# float64 on the presets and on drawn problems.  Log under $OUT (default out/).
+#
+#   PART=1  test_gpu.py: the presets' default sets (the short reductions)
+#   PART=2  the tensor-core strategies' own GPU tests (tcgemm, wgmma, tcwhalo, wgwgrad,
+#           kn2row, tc3wgrad, mmarows)
+#   PART=3  test_gpu.py: drawn problems and the networks
+#   PART=4  test_gpu.py: the long reductions and streamed batches
+#   PART=op the PyTorch operator's tests (tests/test_torch.py)
+#   (none)  all of the above in one run
+#
+# Each part fits one 10-minute device call; LIMIT (seconds, default 560) bounds it.
+export PYTHONPATH=.
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+TC="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py
+    tests/test_kn2row.py tests/test_tc3wgrad.py tests/test_mmarows.py"
+K=""
+case "${PART:-all}" in
+  1) FILES="tests/test_gpu.py"; K="not random and not network and not default_batch and not batch_128 and not streamed" ;;
+  2) FILES="$TC" ;;
+  3) FILES="tests/test_gpu.py"; K="random or network" ;;
+  4) FILES="tests/test_gpu.py"; K="default_batch or batch_128 or streamed" ;;
+  op) FILES="tests/test_torch.py" ;;
+  *) FILES="tests/test_gpu.py $TC tests/test_torch.py" ;;
+esac
+LOG="$OUT/gpu-tier${PART:+-$PART}.log"
+timeout "${LIMIT:-560}" python3 -m pytest -q -m gpu $FILES ${K:+-k "$K"} -p no:cacheprovider > "$LOG" 2>&1
+echo "rc=$?"
+tail -15 "$LOG" | cut -c1-400
