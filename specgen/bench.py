@@ -297,7 +297,7 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
         # against b256x128's 0.066 at B=128, H200)
         fitted = replace(shape, batch=b)
         if best:
-            from .tune import best_picks
+            from .choose import best_picks
 
             try:
                 chosen = [v for v, _ in best_picks(shape, device_name())] or default_set(fitted)

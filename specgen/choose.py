@@ -389,3 +389,33 @@ def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) 
         or shipped(problem, gpu, allow_tf32, arch)
         or planned(problem, allow_tf32, arch)
     )
+
+
+def best_picks(shape: ConvProblem, gpu: str) -> list[tuple[Variant, str | None]]:
+    """(variant, banner note) for each precision's winner on ``gpu``: this machine's
+    database first, else the winners shipped for that GPU, else nothing.  All or
+    nothing: a recorded winner that the planner now refuses is an error that names its
+    database line."""
+    found = tunedb.winners(shape.spec, gpu)
+    if not found:
+        shipped = tunedb.shipped_names(shape.slug, gpu) if shape.name else []
+        ours = [split_problem_tags(n) for n in shipped]  # winners are per op
+        return [
+            (parse_variant_name(base), None)
+            for base, tags in ours
+            if tags.get("op", Op.FPROP) is shape.op
+        ]
+    picks = []
+    for r in found.values():
+        try:
+            v = parse_variant_name(r["variant"])
+            make_plan(shape, v)
+        except SpecError as e:
+            raise SpecError(
+                f"{tunedb.db_path()} line {r['line']}: the recorded winner '{r['variant']}' "
+                f"cannot be planned any more ({e}); run specgen tune again"
+            ) from None
+        tie = f", a tie with {r['runner_up']}" if r.get("tie") else ""
+        note = f"tuned winner: {r['ms']:.4f} ms at B={r['batch']} on {r['gpu']}, {r['date']}{tie}"
+        picks.append((v, note))
+    return picks

@@ -295,7 +295,7 @@ def emit(shape_text, all_shapes, op_text, all_, best, gpu, out, **opts):
 def _best(shape, gpu):
     from . import tunedb
     from .runtime import gpu_available
-    from .tune import best_picks
+    from .choose import best_picks
 
     if gpu is None:
         if not gpu_available():

@@ -272,9 +272,7 @@ class Variant:
             return problem
         if problem.op is Op.DGRAD and Op.FPROP in cls.ops:
             return problem.dgrad_view()
-        from .strategies import TABLE
-
-        able = [s.key for s in TABLE if problem.op in s.ops]
+        able = [s.key for s in strategy_table() if problem.op in s.ops]
         raise SpecError(
             f"{cls.key} computes {' and '.join(o.value for o in Op if o in cls.ops)}, not "
             f"op={problem.op.value}; use --strategy {' or '.join(able)}"
@@ -316,6 +314,21 @@ class Variant:
 # ---- the problem's part of a kernel name ----
 
 IO_TAG = "io"  # io<dtype>: the tensors' storage dtype, where it is not fp32
+
+
+# The strategy table, in the order of the default set and of the CLI's help.  Every
+# strategy module lives in specgen.strategies, whose __init__ registers the table before
+# any of them can be used, so the planner can name the strategies that would serve a
+# problem without importing them (which would close a circle through every strategy).
+_TABLE: list[type[Variant]] = []
+
+
+def register_table(table) -> None:
+    _TABLE[:] = table
+
+
+def strategy_table() -> tuple[type[Variant], ...]:
+    return tuple(_TABLE)
 
 
 def problem_tags(problem: ConvProblem) -> list[str]:

@@ -13,26 +13,24 @@ from typing import Iterable
 from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..tensors import Role
-from ..variants import Variant
+from ..variants import Variant, strategy_table
 from .common import Launch, Plan, Size, check_grid
 
 
 def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
-    from ..strategies import TABLE
-
     problem = type(variant).problem_for(shape)
     if problem is not shape:
         return _through_view(make_plan(problem, variant), shape)
 
     missing = {f: text for f, text in shape.features().items() if f not in variant.serves}
     if missing:
-        able = [s.key for s in TABLE if set(missing) <= s.serves]
+        able = [s.key for s in strategy_table() if set(missing) <= s.serves]
         raise SpecError(
             f"{variant.key} cannot serve {', '.join(missing.values())}; "
             f"use --strategy {' or '.join(able)}"
         )
     if variant.precision not in variant.precisions:
-        able = [s.key for s in TABLE if variant.precision in s.precisions]
+        able = [s.key for s in strategy_table() if variant.precision in s.precisions]
         names = [p.value for p in variant.precisions]
         spelled = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         raise SpecError(

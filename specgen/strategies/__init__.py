@@ -9,7 +9,7 @@ import functools
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, Op
-from ..variants import Precision, Variant, split_problem_tags
+from ..variants import Precision, Variant, register_table, split_problem_tags
 from .direct import Direct
 from .drow import Drow
 from .flane import Flane
@@ -77,6 +77,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wlane,
     Wsplit,
 )
+register_table(TABLE)
 BY_KEY = {s.key: s for s in TABLE}
 
 

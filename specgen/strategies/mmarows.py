@@ -318,7 +318,8 @@ class Mmarows(Variant):
         against 0.702 in 2 and 0.677 in 8, and 0.652-0.830 with 8 columns of two images,
         whose 72 columns waste none; layer1's (2 k steps) 0.383 in stages of 8 against
         0.501-0.511 in 2 or 4, and 0.420 with two images.  On the H200 the two defaults
-        took 0.604 and 0.385 (``docs/measurements/bench-dgrad-*-bf16-2026-11-27-h200-35d8191.log``)."""
+        took 0.604 and 0.385 (``docs/measurements/bench-dgrad-*-bf16-2026-11-27-h200-35d8191.log``).
+        """
         own_dtype16(cls.key, problem, seed.precision, planning=False)
         ksteps = ceil_div(problem.S, 4) * ceil_div(problem.C, 4)
         fits = [r for r in STAGE_ROWS if r * ksteps <= FIT_STAGE_MMA] or [1]
