@@ -114,9 +114,25 @@ def test_layer2_tile16_file_is_what_the_brief_asks():
 
 
 def test_render_is_deterministic_and_strict():
+    """Another process with another hash seed plans and renders the same bytes (set and
+    dict orders never reach the source), and a missing value is an error."""
+    import subprocess
+    import sys
+
+    shape = PRESETS["layer2-bf16"].with_op(Op.DGRAD)
+    plan = make_plan(shape, default_set(shape)[-1])
+    script = (
+        "import sys; from specgen.shapes import PRESETS, Op; from specgen.plan import make_plan;"
+        "from specgen.render import render; from specgen.strategies import default_set;"
+        "s = PRESETS['layer2-bf16'].with_op(Op.DGRAD);"
+        "sys.stdout.write(render(make_plan(s, default_set(s)[-1])))"
+    )
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
+        assert out.returncode == 0, out.stderr.decode()
+        assert out.stdout.decode() == render(plan)
     shape = PRESETS["layer1"]
-    plan = make_plan(shape, default_set(shape)[0])
-    assert render(plan) == render(plan)
     broken = make_plan(shape, default_set(shape)[0])
     del broken.context["tiles_x"]
     import jinja2
