@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test gpu-check bench generated format clean
+.PHONY: demo test gpu-check bench generated docs format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP)
 generated: $(STAMP)
 	rm -f generated/*/*.cu
 	$(BIN)/specgen emit --all-shapes --op all --all
+
+# docs/strategies.md from the strategy table (a test fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/specgen strategies --markdown > docs/strategies.md
 
 format: $(STAMP)
 	$(BIN)/black specgen tests examples

@@ -96,6 +96,27 @@ def shapes():
         )
 
 
+@main.command()
+@click.argument("name", required=False)
+@click.option("--markdown", is_flag=True, help="the whole catalog as docs/strategies.md holds it")
+def strategies(name, markdown):
+    """List the strategies (ops, math, what each is), or describe one: what it serves,
+    its options with their defaults, its templates."""
+    from .strategies import TABLE
+    from .strategies.catalog import catalog, describe, lookup
+
+    if markdown:
+        click.echo(catalog(), nl=False)
+    elif name:
+        click.echo(describe(lookup(name)), nl=False)
+    else:
+        click.echo(f"{'strategy':<11} {'computes':<19} {'math':<16} what it is")
+        for cls in TABLE:
+            ops = ",".join(o.value for o in cls.ops_in_order())
+            math = ",".join(p.value for p in cls.precisions)
+            click.echo(f"{cls.key:<11} {ops:<19} {math:<16} {cls.description}")
+
+
 OP_HELP = (
     "fprop (default), dgrad, wgrad, bgrad, or all of them: the pass of the shape's layer "
     "(its act is the forward pass's; wgrad with a bias adds db)"

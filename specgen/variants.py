@@ -213,6 +213,7 @@ class Variant:
 
     key: ClassVar[str] = ""  # the strategy's name: CLI, file names, templates/<family>/
     family: ClassVar[str] = ""  # direct | gemm | outer (persist's register-tiled outer product)
+    templates: ClassVar[tuple[str, ...]] = ()  # under templates/, the ones its plans render
     description: ClassVar[str] = ""  # the banner's first line
     serves: ClassVar[frozenset] = frozenset()  # problem features it computes
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32,)
@@ -222,6 +223,10 @@ class Variant:
     ops: ClassVar[frozenset] = frozenset({Op.FPROP})
 
     precision: Precision = Precision.FP32
+
+    @classmethod
+    def ops_in_order(cls) -> list[Op]:
+        return [o for o in Op if o in cls.ops]
 
     @classmethod
     def params(cls) -> list[dataclasses.Field]:

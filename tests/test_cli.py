@@ -204,3 +204,41 @@ def test_mmahwc_k_slices_and_wsplit_slices_are_distinct_options(tmp_path):
     )  # fmt: skip
     assert r.exit_code == 2 and "take --stack 2" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_strategies_lists_the_table_and_describes_one():
+    from specgen.strategies import TABLE
+
+    r = run("strategies")
+    assert r.exit_code == 0, r.output
+    assert [line.split()[0] for line in r.output.splitlines()[1:]] == [c.key for c in TABLE]
+    r = run("strategies", "tcgemm")
+    assert r.exit_code == 0 and "`--blocktile`" in r.output and "gemm/tcgemm.cu.j2" in r.output
+    r = run("strategies", "gemm")
+    assert r.exit_code == 2 and "unknown strategy 'gemm'" in r.output
+
+
+def test_docs_strategies_is_the_catalog_of_today():
+    from pathlib import Path
+
+    from specgen.strategies.catalog import catalog
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "strategies.md"
+    assert docs.read_text() == catalog(), "docs/strategies.md is stale: run make docs"
+
+
+def test_each_strategys_templates_are_the_ones_its_plans_render():
+    """The catalog's template list is checked against the planner: every default-set
+    plan of every preset renders one of its strategy's templates, and each listed
+    template exists."""
+    from specgen.plan import make_plan
+    from specgen.render import TEMPLATES
+    from specgen.shapes import PRESETS, Op
+    from specgen.strategies import TABLE, default_set
+
+    for cls in TABLE:
+        assert cls.templates and all((TEMPLATES / t).is_file() for t in cls.templates), cls.key
+    for s in PRESETS.values():
+        for op in Op:
+            for v in default_set(s.with_op(op)):
+                assert make_plan(s.with_op(op), v).template in type(v).templates, v.name

@@ -29,6 +29,7 @@ UNROLL = param(
 @dataclass(frozen=True, kw_only=True)
 class Direct(DirectFamily):
     key = "direct"
+    templates = ("direct/conv.cu.j2",)
     description = "direct convolution, input pixels read from global memory"
 
     tile: int = TILE

@@ -92,6 +92,7 @@ def _copies(p, v, threads: int) -> dict:
 @dataclass(frozen=True, kw_only=True)
 class Drow(Variant):
     key = "drow"
+    templates = ("backward/drow.cu.j2",)
     family = "backward"
     description = (
         "fp32 dgrad walking dy's rows: a lane keeps one dx row in registers, the window's "

@@ -41,6 +41,7 @@ TARGET_BLOCKS = 528  # four blocks on each of the H200's 132 SMs
 @dataclass(frozen=True, kw_only=True)
 class Flane(Variant):
     key = "flane"
+    templates = ("direct/flane.cu.j2",)
     family = "direct"
     description = (
         "forward pass of channels-last layers with few maps: the channels across a warp's "

@@ -12,6 +12,7 @@ from .implicit import Implicit
 @dataclass(frozen=True, kw_only=True)
 class Im2col(Implicit):
     key = "im2col"
+    templates = ("gemm/im2col.cu.j2",)
     description = (
         "explicit im2col: an unroll kernel writes the (C*K*K) x (Ho*Wo) matrix, "
         "a tiled GEMM multiplies"

@@ -16,6 +16,7 @@ GEMM_TILE = param(64, Count("t"), "im2col, implicit, mma: output pixels per bloc
 @dataclass(frozen=True, kw_only=True)
 class Implicit(Variant):
     key = "implicit"
+    templates = ("gemm/implicit.cu.j2",)
     family = "gemm"
     description = "fused implicit GEMM: input tiles gathered straight from x, no unrolled matrix"
     serves = EVERY_FEATURE

@@ -44,6 +44,7 @@ TILES = (16, 8, 4)
 @dataclass(frozen=True, kw_only=True)
 class Inputtile(Variant):
     key = "inputtile"
+    templates = ("direct/inputtile.cu.j2",)
     family = "direct"
     description = (
         "the block is the input tile with its halo: every thread stages one pixel per "

@@ -39,6 +39,7 @@ MATH = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}
 @dataclass(frozen=True, kw_only=True)
 class Kn2row(Variant):
     key = "kn2row"
+    templates = ("gemm/kn2row.cu.j2",)
     family = "gemm"
     description = (
         "taps as GEMM columns (kn2row): a band's x pixels times the weights as "

@@ -181,6 +181,7 @@ def plan_mma(shape: ConvProblem, v: Variant) -> Plan:
 @dataclass(frozen=True, kw_only=True)
 class Mma(Variant):
     key = "mma"
+    templates = ("gemm/mma.cu.j2",)
     family = "gemm"
     description = "fused implicit GEMM on tensor cores (mma.sync), fp32 accumulation"
     serves = EVERY_FEATURE

@@ -667,6 +667,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
 @dataclass(frozen=True, kw_only=True)
 class Mmahwc(Variant):
     key = "mmahwc"
+    templates = ("gemm/mmahwc.cu.j2",)
     family = "gemm"
     description = (
         "persistent blocks on tensor cores (fp16/bf16, tf32 for fp32 tensors) over a band "

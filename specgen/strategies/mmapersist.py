@@ -558,6 +558,7 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
 @dataclass(frozen=True, kw_only=True)
 class Mmapersist(Variant):
     key = "mmapersist"
+    templates = ("gemm/mmapersist.cu.j2", "gemm/mmapersist16.cu.j2")
     family = "gemm"
     description = (
         "persistent blocks on tensor cores: tf32 B fragments resident in shared memory, "

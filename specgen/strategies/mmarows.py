@@ -294,6 +294,7 @@ def plan_mmarows(p, v) -> Plan:
 @dataclass(frozen=True, kw_only=True)
 class Mmarows(Variant):
     key = "mmarows"
+    templates = ("gemm/mmarows.cu.j2",)
     family = "gemm"
     description = (
         "fp16/bf16 tensor cores for one map: each warp walks the input rows under 16 output "

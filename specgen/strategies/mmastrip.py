@@ -356,6 +356,7 @@ def _rows_per_strip(rows: int, most: int, k: int) -> int:
 @dataclass(frozen=True, kw_only=True)
 class Mmastrip(Variant):
     key = "mmastrip"
+    templates = ("gemm/mmastrip.cu.j2",)
     family = "gemm"
     description = (
         "persistent blocks on fp16/bf16 tensor cores for few channels: each warp a strip "
@@ -451,6 +452,8 @@ class Mmafold(Mmastrip):
     for 8 x 16 outputs where mmastrip's 1-map fragment wastes 7 of its 8 columns."""
 
     key = "mmafold"
+
+    templates = ("gemm/mmastrip.cu.j2",)
     description = (
         "persistent blocks on fp16/bf16 tensor cores for few maps: each mma's n8 side "
         "output rows x maps, the k side the input rows under them, the weights banded"

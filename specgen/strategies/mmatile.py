@@ -185,6 +185,7 @@ def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
 @dataclass(frozen=True, kw_only=True)
 class Mmatile(Variant):
     key = "mmatile"
+    templates = ("gemm/mmatile.cu.j2",)
     family = "gemm"
     description = (
         "tensor cores (mma.sync) reading B fragments straight from a shared-memory band "

@@ -276,6 +276,7 @@ def plan_mmatoep(shape, v):
 @dataclass(frozen=True, kw_only=True)
 class Mmatoep(Variant):
     key = "mmatoep"
+    templates = ("gemm/mmatoep.cu.j2",)
     family = "gemm"
     description = (
         "persistent blocks on fp16/bf16 tensor cores for narrow windows: each mma 16 output "

@@ -285,6 +285,7 @@ def tallest_band(problem: ConvProblem, v: Variant, most: int) -> Variant:
 @dataclass(frozen=True, kw_only=True)
 class Persist(Variant):
     key = "persist"
+    templates = ("direct/persist.cu.j2",)
     family = "outer"
     description = (
         "persistent blocks: weights resident in shared memory, input bands double-buffered "

@@ -48,6 +48,7 @@ def _phase_taps(a: int, pad: int, dil: int, stride: int, taps: int) -> list[tupl
 @dataclass(frozen=True, kw_only=True)
 class Phased(Variant):
     key = "phased"
+    templates = ("backward/dgrad.cu.j2",)
     family = "backward"
     description = "dgrad gathered per stride phase: each phase a kernel over its own taps"
     serves = EVERY_FEATURE

@@ -20,6 +20,7 @@ SPLITS = param(2, Count("s"), "split: how many channel groups, each a block")
 @dataclass(frozen=True, kw_only=True)
 class Split(DirectFamily):
     key = "split"
+    templates = ("direct/conv.cu.j2",)
     description = (
         "tiled direct convolution, input channels split over blocks, atomicAdd of partial sums"
     )

@@ -260,6 +260,7 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
 @dataclass(frozen=True, kw_only=True)
 class Stream(Variant):
     key = "stream"
+    templates = ("direct/stream.cu.j2",)
     family = "outer"
     description = (
         "weights and input bands streamed through shared memory a chunk of channels at a "

@@ -65,6 +65,7 @@ UNIT = 4  # fp32 words per 16-byte copy
 @dataclass(frozen=True, kw_only=True)
 class Tc3wgrad(Variant):
     key = "tc3wgrad"
+    templates = ("backward/tc3wgrad.cu.j2",)
     family = "backward"
     description = (
         "fp32 wgrad of NCHW layers on tensor cores in 3xTF32 (fp32 accuracy): whole output "

@@ -39,6 +39,7 @@ TARGET_BLOCKS = 132  # a block for each of the H200's SMs
 @dataclass(frozen=True, kw_only=True)
 class Tcgemm(Variant):
     key = "tcgemm"
+    templates = ("gemm/tcgemm.cu.j2",)
     family = "gemm"
     description = (
         "pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a "

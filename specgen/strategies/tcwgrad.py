@@ -35,6 +35,7 @@ TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
 @dataclass(frozen=True, kw_only=True)
 class Tcwgrad(Variant):
     key = "tcwgrad"
+    templates = ("backward/tcwgrad.cu.j2",)
     family = "backward"
     description = (
         "wgrad on tensor cores for channels-last tensors: pixels as the reduction, cp.async "

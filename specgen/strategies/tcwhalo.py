@@ -42,6 +42,7 @@ SUMS_PER_WARP = 72  # fp32 sums per thread the default's warp tile keeps at most
 @dataclass(frozen=True, kw_only=True)
 class Tcwhalo(Variant):
     key = "tcwhalo"
+    templates = ("backward/tcwhalo.cu.j2",)
     family = "backward"
     description = (
         "wgrad on tensor cores for channels-last 16-bit tensors with few channels or maps: "

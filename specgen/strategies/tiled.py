@@ -20,6 +20,7 @@ LAYOUT = param(
 @dataclass(frozen=True, kw_only=True)
 class Tiled(DirectFamily):
     key = "tiled"
+    templates = ("direct/conv.cu.j2",)
     description = "direct convolution on a shared-memory halo tile of all input channels"
 
     tile: int = TILE

@@ -40,6 +40,7 @@ SMEM_BUDGET = 96 * 1024  # both band buffers: two blocks fit an SM
 @dataclass(frozen=True, kw_only=True)
 class Wband(Variant):
     key = "wband"
+    templates = ("backward/wband.cu.j2",)
     family = "backward"
     description = (
         "wgrad with every tap of a channel per block: sums in registers over its slice of the "

@@ -47,6 +47,7 @@ SMEM_LIMIT = 48 * 1024  # static shared memory
 @dataclass(frozen=True, kw_only=True)
 class Wgemm(Variant):
     key = "wgemm"
+    templates = ("backward/wgemm.cu.j2",)
     family = "backward"
     description = (
         "wgrad as an implicit GEMM on the CUDA cores: 8x8 register tiles, multi-buffered "

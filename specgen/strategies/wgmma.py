@@ -88,6 +88,7 @@ class Feed(enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class Wgmma(Variant):
     key = "wgmma"
+    templates = ("gemm/wgmma.cu.j2",)
     family = "gemm"
     description = (
         "implicit GEMM on Hopper's warpgroup tensor cores (sm_90a): NHWC 16-bit tensors, "

@@ -46,6 +46,7 @@ MOST_SUMS = 128 * 256  # a block's: 128 a thread of 256, or 64 of 512
 @dataclass(frozen=True, kw_only=True)
 class Wgwgrad(Variant):
     key = "wgwgrad"
+    templates = ("backward/wgwgrad.cu.j2",)
     family = "backward"
     description = (
         "wgrad on Hopper's warpgroup tensor cores (sm_90a) for 16-bit channels-last tensors: "

@@ -37,6 +37,7 @@ THREADS = (32, 64, 128, 256)
 @dataclass(frozen=True, kw_only=True)
 class Wlane(Variant):
     key = "wlane"
+    templates = ("backward/wlane.cu.j2",)
     family = "backward"
     description = (
         "wgrad of channels-last layers with few maps: one input channel a lane, every map "

@@ -40,6 +40,7 @@ MAX_ACCUMULATORS = 64
 @dataclass(frozen=True, kw_only=True)
 class Wsplit(Variant):
     key = "wsplit"
+    templates = ("backward/wgrad.cu.j2",)
     family = "backward"
     description = (
         "wgrad and db split over the batch: register partial sums, shuffle and shared-memory "

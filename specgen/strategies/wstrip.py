@@ -48,6 +48,7 @@ ONES = {DType.BF16: "0x3f803f80u", DType.FP16: "0x3c003c00u"}
 @dataclass(frozen=True, kw_only=True)
 class Wstrip(Variant):
     key = "wstrip"
+    templates = ("backward/wstrip.cu.j2",)
     family = "backward"
     description = (
         "wgrad on fp16/bf16 tensor cores for few channels: window rows x taps against maps, "

@@ -87,6 +87,7 @@ def pairs(p, v) -> int:
 @dataclass(frozen=True, kw_only=True)
 class Wtap(Variant):
     key = "wtap"
+    templates = ("backward/wtap.cu.j2",)
     family = "backward"
     description = (
         "fp32 wgrad with a lane per (map, window row): a warp walks the same pixels, its x "
