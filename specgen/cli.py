@@ -100,8 +100,8 @@ def shapes():
 @click.argument("name", required=False)
 @click.option("--markdown", is_flag=True, help="the whole catalog as docs/strategies.md holds it")
 def strategies(name, markdown):
-    """List the strategies (ops, math, what each is), or describe one: what it serves,
-    its options with their defaults, its templates."""
+    """List the strategies (ops, math, what each is), or describe the one called NAME:
+    what it serves, its options with their defaults, its templates."""
     from .strategies import TABLE
     from .strategies.catalog import catalog, describe, lookup
 

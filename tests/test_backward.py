@@ -709,7 +709,8 @@ def test_best_picks_each_ops_shipped_winners(tmp_path):
             + ["--out", str(tmp_path)],
         )
         assert r.exit_code == 0, r.output
-        assert all(f.name.startswith(prefix) for f in (tmp_path / "layer1").glob(f"*_{op}.cu"))
+        written = list((tmp_path / "layer1").glob(f"*_{op}.cu"))
+        assert written and all(f.name.startswith(prefix) for f in written), written
     r = run(main, ["emit", "--shape", "ae-enc2", "--op", "bgrad", "--best", "--gpu", "NVIDIA H200"])
     assert r.exit_code == 2 and "specgen tune --shape ae-enc2 --op bgrad" in r.output, r.output
 
