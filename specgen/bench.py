@@ -94,10 +94,17 @@ def ceilings(refresh: bool = False) -> dict:
     path = cache_dir() / "ceilings.json"
     try:
         known = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # missing, damaged or nested too deep
         known = {}
-    if name in known and not refresh:
-        return known[name]
+    if not isinstance(known, dict):
+        known = {}
+    entry = known.get(name)
+    rates = ("copy_bytes_per_s", "fp32_flops_per_s")
+    if isinstance(entry, dict) and all(
+        isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in rates
+    ):
+        if not refresh:
+            return entry
     a = cupy.empty(2**28, dtype=np.float32)  # 1 GiB
     b = cupy.empty_like(a)
     t = statistics.median(time_launches(lambda i: b.__setitem__(Ellipsis, a), reps=10))

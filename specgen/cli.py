@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-import unicodedata
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import SpecError
+from .errors import SpecError, one_line
 from .shapes import INDEX_LIMIT, PRESETS, Op, parse_shape
 from .strategies import (
     BY_KEY,
@@ -40,21 +39,13 @@ def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def one_line(message: str) -> str:
-    """A message as one printable line: the user's own text may hold line breaks."""
-    return "".join(
-        (
-            c.encode("unicode_escape").decode()
-            if unicodedata.category(c)[0] in "CZ" and c != " "
-            else c
-        )
-        for c in message
-    )
-
-
 def fail(message: str, status: int = 2):
     click.echo(f"error: {one_line(message)}", err=True)
     sys.exit(status)
+
+
+# click 8.2 and later raise this for a bare group; 8.1 prints the help and exits itself.
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class Group(click.Group):
@@ -65,6 +56,9 @@ class Group(click.Group):
         kwargs["standalone_mode"] = False
         try:
             code = super().main(*args, **kwargs)
+        except NO_ARGS_IS_HELP as e:  # bare `specgen`: the help as it reads, lines and all
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
         except click.exceptions.ClickException as e:
             fail(e.format_message(), e.exit_code)
         except click.exceptions.Abort:
@@ -206,15 +200,17 @@ def _shapes(shape_text, all_shapes, op_text=None):
     return [_with_op(s, op_text) for s in shapes]
 
 
-def _with_op(shape, op_text):
+def _with_op(shape, op_text, all_allowed=True):
     from .shapes import Op
 
     if op_text is None:
         return shape
     op = next((o for o in Op if o.value == op_text.lower()), None)
     if op is None:
+        names = ", ".join(o.value for o in Op)
         raise SpecError(
-            f"unknown op '{op_text}'; choose one of {', '.join(o.value for o in Op)} or all"
+            f"unknown op '{op_text}'; choose one of {names}"
+            + (" or all" if all_allowed else " (tune searches one op at a time)")
         )
     if shape.op is not Op.FPROP and shape.op is not op:
         raise SpecError(f"--op {op.value} and the spec's op={shape.op.value} disagree; drop one")
@@ -328,6 +324,10 @@ def _best(shape, gpu):
         from .bench import device_name
 
         gpu = device_name()
+    elif not gpu.strip() or one_line(gpu) != gpu or len(gpu) > 200:
+        raise SpecError(
+            f"--gpu names a GPU as the driver spells it, e.g. 'NVIDIA H200', not {gpu!r}"
+        )
     picks = best_picks(shape, gpu)
     if not picks:
         backward = shape.op.value != "fprop"
@@ -549,10 +549,15 @@ def _tune_math(shape, strat) -> str:
 )
 @click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option("--strategy", default=None, help="search only this strategy's variants")
-@click.option("--op", "op_text", default=None, help=OP_HELP)
+@click.option(
+    "--op",
+    "op_text",
+    default=None,
+    help="fprop (default), dgrad, wgrad or bgrad: the pass to tune, one at a time",
+)
 def tune(shape_text, precision, budget, batch, strategy, op_text):
     """Search the variant space of every strategy for the fastest verified kernel."""
-    shape = _with_op(parse_shape(shape_text), op_text)
+    shape = _with_op(parse_shape(shape_text), op_text, all_allowed=False)
     strat = strategy_class(strategy) if strategy else None
     if strat is not None:
         strat.problem_for(shape)  # a strategy that does not compute the op: say so first

@@ -22,6 +22,7 @@ from .errors import SpecError, warn_once
 from .files import atomic_write
 
 DEFAULT_ARCH = "sm_90"
+OLDEST_SM = 80  # the oldest architecture whose instructions every template may use
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
 # A template that defines its launch bounds under this macro offers a second choice,
 # which the compile step takes when the first one spills.
@@ -71,6 +72,11 @@ def supported_arch(arch: str) -> None:
     m = re.fullmatch(r"sm_([0-9]{2,3})a?", arch)
     if not m:
         raise SpecError(f"malformed architecture '{arch}'; write sm_XX, for example sm_90")
+    if int(m.group(1)) < OLDEST_SM:
+        raise SpecError(
+            f"specgen's kernels need sm_{OLDEST_SM} or later (cp.async, mma.sync in bf16 and "
+            f"tf32, rounding to bf16), not {arch}; choose --arch sm_{OLDEST_SM} or sm_90"
+        )
     try:
         known = tuple(nvrtc.getSupportedArchs())
     except (AttributeError, RuntimeError):
@@ -150,13 +156,17 @@ def symbol_sizes(cubin: bytes) -> dict[str, int]:
         raise ValueError("not an ELF cubin")
     try:
         return _elf_objects(cubin)
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError, OverflowError) as e:
+        # OverflowError: a header whose offsets pass what a range or slice can hold
         raise ValueError(f"malformed cubin: {e}") from None
 
 
 def _elf_objects(cubin: bytes) -> dict[str, int]:
     (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    # An ELF64 section header is 64 bytes, and the table lies inside the file.
+    if cubin[4] != 2 or shentsize != 64 or shoff + shnum * shentsize > len(cubin):
+        raise ValueError("section header table outside the file")
     sections = [
         struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)
     ]
@@ -238,8 +248,8 @@ def _load_cached(path: Path, key: str, arch: str) -> Binary | None:
         if not isinstance(defines, list) or not all(isinstance(d, str) for d in defines):
             return None
         symbol_sizes(cubin)  # raises ValueError on anything but an ELF cubin
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None  # RecursionError: metadata nested past what json.loads descends
     # The resources are read from ptxas's log again, not trusted from a stored copy.
     return Binary(cubin, arch, parse_resources(log), key, log, tuple(defines))
 

@@ -2,6 +2,7 @@
 and the one way specgen warns about something it worked around."""
 
 import sys
+import unicodedata
 
 _warned: set[str] = set()
 
@@ -21,3 +22,16 @@ def warn_once(key: str, message: str) -> None:
         return
     _warned.add(key)
     print(f"warning: {message}", file=sys.stderr)
+
+
+def one_line(message: str) -> str:
+    """Text as one printable line: every control character and line or paragraph
+    separator escaped (the user's own text, a file's, may hold any of them)."""
+    return "".join(
+        (
+            c.encode("unicode_escape").decode()
+            if unicodedata.category(c)[0] in "CZ" and c != " "
+            else c
+        )
+        for c in str(message)
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .errors import one_line
 from .plan import Plan
 
 
@@ -75,6 +76,15 @@ def _description(plan: Plan) -> list[str]:
     return lines
 
 
+def comment_text(text: str) -> str:
+    """Text from outside specgen (a results database's fields, a GPU's name, a spec) as
+    it may stand in a // comment: every control, line or paragraph separator escaped, so
+    that nothing it holds can end the comment and become code, and no trailing backslash
+    to splice the next line into it."""
+    out = one_line(text)
+    return out + " " if out.endswith("\\") else out
+
+
 def render(plan: Plan, note: str | None = None) -> str:
     template = _env.get_template(plan.template)
     kernels = [dict(vars(launch), grid_text=_grid_text(launch)) for launch in plan.launches]
@@ -83,10 +93,10 @@ def render(plan: Plan, note: str | None = None) -> str:
         name=plan.name,
         shape=plan.shape,
         problem=plan.shape.banner(),
-        shape_name=plan.shape.name or "inline spec",
+        shape_name=comment_text(plan.shape.name or "inline spec"),
         version=__version__,
-        command=emit_command(plan),
-        description=_description(plan) + ([note] if note else []),
+        command=comment_text(emit_command(plan)),
+        description=[comment_text(d) for d in _description(plan) + ([note] if note else [])],
         sizes=plan.sizes,
         kernels=kernels,
     )

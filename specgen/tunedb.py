@@ -90,7 +90,7 @@ def records() -> list[dict]:
             continue
         try:
             record = json.loads(raw.decode("utf-8"))
-        except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        except (ValueError, RecursionError):  # undecodable, malformed, or nested too deep
             record = None
         if valid(record):
             out.append(dict(record, line=number))
@@ -191,5 +191,5 @@ def shipped_ms(slug: str, gpu: str) -> dict[str, float]:
 
 def shipped_names(slug: str, gpu: str | None = None) -> list[str]:
     """The names shipped for a preset on ``gpu``, or on every GPU when none is named."""
-    tables = [shipped().get(gpu, {})] if gpu else shipped().values()
+    tables = [shipped().get(gpu, {})] if gpu is not None else shipped().values()
     return [name for table in tables for name in table.get(slug, [])]

@@ -212,7 +212,7 @@ HUNT = int(os.environ.get("SPECGEN_DRAWN_EXAMPLES", "0"))
 
 
 @settings(
-    max_examples=HUNT or 10,
+    max_examples=HUNT or 6,
     derandomize=not HUNT,
     deadline=None,
     suppress_health_check=list(HealthCheck),
@@ -350,7 +350,7 @@ def test_direct_keeps_the_channel_loop_where_unrolled_loads_would_spill():
 
 
 @settings(
-    max_examples=HUNT or 8,
+    max_examples=HUNT or 6,
     derandomize=not HUNT,
     deadline=None,
     suppress_health_check=list(HealthCheck),

@@ -104,7 +104,7 @@ def test_refusals_of_shapes(spec, extra, needle, tmp_path):
         (["verify", "--all"], "give --shape S or --all-shapes"),
         (["verify", "--shape", "layer2", "--all-shapes"], "give --shape S or --all-shapes"),
         (["verify", "--shape", "layer2", "--strategy", "split", "--splits", "0"], "'--splits'"),
-        (["verify", "--shape", "layer2", "--arch", "sm_10"], "cannot compile for sm_10"),
+        (["verify", "--shape", "layer2", "--arch", "sm_10"], "need sm_80 or later"),
         (["verify", "--shape", "layer2", "--arch", "90"], "malformed architecture '90'"),
         (["verify", "--shape", "layer2", "--jobs", "0"], "'--jobs': 0 is not in the range"),
         (["bench", "--shape", "layer2", "--best", "--all"], "choose one of"),

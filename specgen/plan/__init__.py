@@ -14,7 +14,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..tensors import Role
 from ..variants import Variant, strategy_table
-from .common import Launch, Plan, Size, check_grid
+from .common import Launch, Plan, Size, check_grid, check_launch_bounds
 
 
 def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
@@ -46,6 +46,7 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
     )
     for launch in plan.launches:
         check_grid(launch, hint)
+    check_launch_bounds(plan.context, "choose fewer --blocks")
     return plan
 
 

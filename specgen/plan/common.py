@@ -38,6 +38,8 @@ def smem_blocks(nbytes: int) -> int:
 
 
 MAX_THREADS = 1024
+MAX_THREADS_SM = 2048  # threads resident on one sm_90 SM
+MAX_BLOCKS_SM = 32  # blocks resident on one sm_90 SM
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 MAX_REGISTERS = 255
 
@@ -295,3 +297,22 @@ def bank_conflict_degree(addresses: list[int]) -> int:
     for a in addresses:
         banks.setdefault(a % 32, set()).add(a)
     return max(len(words) for words in banks.values())
+
+
+def check_launch_bounds(context: dict, hint: str) -> None:
+    """``__launch_bounds__(threads, blocks)`` asks ptxas for registers that let ``blocks``
+    blocks share an SM: a request the SM cannot hold (more than 32 blocks, or more than
+    2048 threads) is refused, not written into the source."""
+    for key in ("launch_bounds", "launch_bounds_alt"):
+        text = context.get(key)
+        if not text:
+            continue
+        numbers = [int(t) for t in str(text).split(",")]
+        threads, blocks = numbers[0], numbers[1] if len(numbers) > 1 else 1
+        most = max(1, min(MAX_BLOCKS_SM, MAX_THREADS_SM // threads))
+        if not 1 <= blocks <= most:
+            raise SpecError(
+                f"__launch_bounds__({threads}, {blocks}): an sm_90 SM holds at most "
+                f"{most} blocks of {threads} threads ({MAX_BLOCKS_SM} blocks, "
+                f"{MAX_THREADS_SM} threads); {hint}"
+            )

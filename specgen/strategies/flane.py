@@ -81,8 +81,8 @@ def plan_flane(p, v: Flane) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "flane reads channels-last tensors (the channels across a warp): use --layout "
-            "nhwc, or --strategy stream for NCHW"
+            "flane reads channels-last tensors (the channels across a warp): use layout=nhwc "
+            "in the shape spec, or --strategy stream for NCHW"
         )
     if p.groups != 1:
         raise SpecError("flane sums every channel across one warp: groups are not served")

@@ -145,13 +145,13 @@ def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "kn2row reads channels-last tensors (16-byte copies along the channels): use "
-            "--layout nhwc"
+            "layout=nhwc in the shape spec"
         )
     want = MATH.get(p.dtype)
     if want is None:
         raise SpecError(
             f"kn2row multiplies 16-bit tensors on tensor cores, not {p.dtype.value}: use "
-            "--dtype bf16 or fp16, or --strategy tcgemm"
+            "dtype=bf16 or fp16 in the shape spec, or --strategy tcgemm"
         )
     if v.precision is not want:
         raise SpecError(

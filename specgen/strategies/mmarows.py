@@ -120,7 +120,7 @@ def plan_mmarows(p, v) -> Plan:
     if mode == "nhwc" and p.C % 4:
         raise SpecError(
             f"{key} copies NHWC pixels 4 channels (8 bytes) at a time: {p.C} channels are "
-            "not a multiple of 4; use --layout nchw or --strategy mmahwc"
+            "not a multiple of 4; use layout=nchw in the shape spec or --strategy mmahwc"
         )
     s_steps, c_quads = ceil_div(p.S, 4), ceil_div(p.C, 4)
     ksteps = s_steps * c_quads

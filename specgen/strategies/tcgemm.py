@@ -124,7 +124,7 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "tcgemm reads channels-last tensors (16-byte copies along the channels): use "
-            "--layout nhwc, or --strategy mma"
+            "layout=nhwc in the shape spec, or --strategy mma"
         )
     want = MATH[p.dtype]
     if v.precision is not want:

@@ -139,7 +139,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "tcwgrad reads channels-last tensors (16-byte copies along the channels and "
-            "maps): use --layout nhwc, or --strategy wgemm"
+            "maps): use layout=nhwc in the shape spec, or --strategy wgemm"
         )
     own = MATH[p.dtype]
     if v.precision is not own:

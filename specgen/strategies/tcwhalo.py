@@ -269,8 +269,8 @@ def plan_tcwhalo(p, v: Tcwhalo) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NHWC or p.dtype is DType.FP32:
         raise SpecError(
-            "tcwhalo reads channels-last 16-bit tensors: use --dtype bf16 or fp16 with "
-            "--layout nhwc, or --strategy wband"
+            "tcwhalo reads channels-last 16-bit tensors: use dtype=bf16 or fp16 with "
+            "layout=nhwc in the shape spec, or --strategy wband"
         )
     own = _own(p)
     if v.precision is not own:

@@ -259,7 +259,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "wgmma reads channels-last tensors (16-byte copies along the channels): "
-            "use --layout nhwc, or --strategy mma"
+            "use layout=nhwc in the shape spec, or --strategy mma"
         )
     _math_of(p, v)
     tf32 = p.dtype is DType.FP32

@@ -142,7 +142,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "wgwgrad reads channels-last tensors (rows of pixels, 16-byte copies along the "
-            "channels and maps): use --layout nhwc, or --strategy wstrip"
+            "channels and maps): use layout=nhwc in the shape spec, or --strategy wstrip"
         )
     _math_of(p, v)
     bm, bn = v.blocktile

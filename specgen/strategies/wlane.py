@@ -107,7 +107,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "wlane reads channels-last tensors (a lane a channel): use --layout nhwc, or "
+            "wlane reads channels-last tensors (a lane a channel): use layout=nhwc in the shape spec, or "
             "--strategy wband for NCHW"
         )
     if v.threads not in THREADS:

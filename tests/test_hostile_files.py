@@ -1,0 +1,298 @@
+"""CPU tier, hostile input of a second kind: text from files and options that reaches a
+generated source, crafted cache entries and database lines, numbers past what the
+hardware takes, and refusals whose advice must name an option or key that exists."""
+
+import hashlib
+import json
+import re
+import struct
+
+import pytest
+from click.testing import CliRunner
+
+from specgen import compile as comp
+from specgen import tunedb
+from specgen.cli import main
+from specgen.compile import compile_source
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.render import comment_text, render
+from specgen.shapes import PRESETS, parse_shape
+from specgen.strategies import BY_KEY
+
+HOSTILE = [
+    "2026-11-22\n#error injected",
+    "a\r#error carriage return",
+    "a\u2028#error line separator",
+    "a\u0085#error next line",
+    "a\x0b\x0c#error vertical tab and form feed",
+    "ends in a backslash\\",
+    "*/ #error closing a block comment",
+    "\x00nul and \x1b[31mescape",
+]
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def refused(r, needle):
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _banner_lines(source: str) -> list[str]:
+    head = source[: source.index("\n\n")]
+    return head.splitlines()
+
+
+# --- 1. text from outside in a generated file ------------------------------------------
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_comment_text_leaves_one_line_that_cannot_end_a_comment(text):
+    out = comment_text(text)
+    assert len(out.splitlines()) == 1 and out == out.strip("\n")
+    assert not out.endswith("\\")
+    assert all(c == " " or c.isprintable() for c in out)
+
+
+def test_a_note_of_every_hostile_kind_stays_in_the_banner_and_compiles():
+    shape = PRESETS["layer1"]
+    plan = make_plan(shape, BY_KEY["direct"].default(shape, BY_KEY["direct"].precisions[0]))
+    source = render(plan, note=" | ".join(HOSTILE))
+    for line in _banner_lines(source):
+        assert line.startswith("//"), repr(line)
+    assert "#error" not in source.replace("// ", "").split("\n//")[0]
+    binary = compile_source(source, plan.name, "sm_90")
+    assert plan.name in binary.resources
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tunedb, "warn_once", lambda key, message: None)
+    path = tunedb.db_path()
+    path.parent.mkdir(parents=True)
+    return path
+
+
+def _winner(**kw):
+    rec = dict(
+        kind="winner",
+        shape=PRESETS["layer2"].spec,
+        slug="layer2",
+        batch=10000,
+        precision="fp32",
+        variant="persist_t12_r4x17_fp32",
+        ms=1.79,
+        gpu="GPU A",
+        date="2026-11-22",
+        tie=True,
+        runner_up="persist_t34_r8x4_fp32",
+    )
+    rec.update(kw)
+    return rec
+
+
+@pytest.mark.parametrize("field", ["date", "runner_up", "gpu"])
+def test_database_fields_reach_the_banner_escaped(db, tmp_path, field):
+    """A results-database record whose text fields hold line breaks and code: emit
+    --best writes them as one comment line each, and the file compiles."""
+    hostile = "x\n#error injected through " + field
+    rec = _winner(**{field: hostile})
+    db.write_text(json.dumps(rec) + "\n")
+    gpu = rec["gpu"]
+    if "\n" in gpu:  # --gpu itself refuses a name no driver spells
+        refused(run("emit", "--shape", "layer2", "--best", "--gpu", gpu), "--gpu names a GPU")
+        return
+    r = run("emit", "--shape", "layer2", "--best", "--gpu", gpu, "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    (path,) = (tmp_path / "out" / "layer2").glob("*.cu")
+    source = path.read_text()
+    assert all(line.startswith("//") for line in _banner_lines(source))
+    assert "\\n#error injected" in source and "\n#error" not in source
+    assert compile_source(source, path.stem, "sm_90").resources
+
+
+@pytest.mark.parametrize("gpu", ["", "   ", "NVIDIA H200\n#error x", "x" * 201])
+def test_a_gpu_name_no_driver_spells_is_refused(gpu):
+    refused(run("emit", "--shape", "layer2", "--best", "--gpu", gpu), "--gpu names a GPU")
+
+
+# --- 2. crafted files ----------------------------------------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(comp, "warn_once", lambda key, message: None)
+    src = 'extern "C" __global__ void k(float* __restrict__ y) { y[threadIdx.x] = 1.0f; }'
+    first = compile_source(src, "k")
+    (entry,) = tmp_path.rglob("*.entry")
+    return src, first, entry
+
+
+def _forge(entry, head: bytes | None = None, cubin: bytes | None = None) -> None:
+    """Rewrite the entry with a valid checksum: only its parser can refuse it."""
+    _, body = entry.read_bytes().split(b"\n", 1)
+    old_head, old_cubin = body.split(b"\n", 1)
+    body = (old_head if head is None else head) + b"\n" + (old_cubin if cubin is None else cubin)
+    entry.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+def _absurd_elf(cubin: bytes, offset: int, fmt: str, value: int) -> bytes:
+    out = bytearray(cubin)
+    struct.pack_into(fmt, out, offset, value)
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("shoff past 2^63", 0x28, "<Q", 2**64 - 1),
+        ("shoff past the file", 0x28, "<Q", 2**40),
+        ("65535 sections", 0x3C, "<H", 65535),
+        ("section entries of size 0", 0x3A, "<H", 0),
+    ],
+    ids=lambda w: w[0],
+)
+def test_a_checksummed_entry_with_an_absurd_elf_header_is_compiled_again(cache, where):
+    src, first, entry = cache
+    _, offset, fmt, value = where
+    _forge(entry, cubin=_absurd_elf(first.cubin, offset, fmt, value))
+    again = compile_source(src, "k")
+    assert again.cubin == first.cubin and again.resources == first.resources
+
+
+def test_cache_metadata_nested_100000_deep_is_compiled_again(cache):
+    src, first, entry = cache
+    _forge(entry, head=b"[" * 100_000 + b"]" * 100_000)
+    assert compile_source(src, "k").cubin == first.cubin
+
+
+def test_a_database_line_nested_100000_deep_is_skipped(db):
+    db.write_bytes(b"[" * 100_000 + b"]" * 100_000 + b"\n" + json.dumps(_winner()).encode() + b"\n")
+    found = tunedb.winners(PRESETS["layer2"].spec, "GPU A")
+    assert found["fp32"]["variant"] == "persist_t12_r4x17_fp32" and found["fp32"]["line"] == 2
+
+
+# --- 3. numbers past the hardware's limits ---------------------------------------------
+
+
+@pytest.mark.parametrize("blocks", ["2147483647", "33", "10"])
+def test_launch_bounds_no_sm_can_hold_are_refused(blocks, tmp_path):
+    r = run("emit", "--shape", "layer2", "--op", "dgrad", "--strategy", "drow")
+    assert r.exit_code == 0, r.output  # the default plans
+    r = run(
+        "emit",
+        "--shape",
+        "layer2",
+        "--op",
+        "dgrad",
+        "--strategy",
+        "drow",
+        "--blocks",
+        blocks,
+        "--out",
+        tmp_path,
+    )
+    refused(r, "an sm_90 SM holds at most")
+    assert not list(tmp_path.rglob("*.cu"))
+
+
+def test_launch_bounds_at_the_limit_are_taken(tmp_path):
+    """drow's default block of layer2's dgrad is 224 threads: 9 fit the SM's 2048."""
+    r = run(
+        "emit",
+        "--shape",
+        "layer2",
+        "--op",
+        "dgrad",
+        "--strategy",
+        "drow",
+        "--blocks",
+        "9",
+        "--out",
+        tmp_path,
+    )
+    assert r.exit_code == 0, r.output
+    assert "__launch_bounds__(224, 9)" in next(tmp_path.rglob("*.cu")).read_text()
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_75", "sm_60"])
+def test_an_architecture_older_than_the_kernels_is_refused(arch):
+    refused(
+        run("verify", "--shape", "layer2", "--variant", "mma_t64_fp16", "--arch", arch),
+        f"need sm_80 or later (cp.async, mma.sync in bf16 and tf32, rounding to bf16), not {arch}",
+    )
+
+
+# --- 4. advice that exists ---------------------------------------------------------------
+
+CHANNELS_LAST = {
+    "tcgemm": "C=64,M=64,H=16,W=16,K=3,pad=1,dtype=bf16",
+    "wgmma": "C=64,M=64,H=16,W=16,K=3,pad=1,dtype=bf16",
+    "kn2row": "C=64,M=3,H=16,W=16,K=3,pad=1,dtype=bf16",
+    "flane": "C=64,M=3,H=16,W=16,K=3,pad=1",
+    "tcwgrad": "C=64,M=64,H=16,W=16,K=3,pad=1,dtype=bf16,op=wgrad",
+    "wgwgrad": "C=64,M=64,H=16,W=16,K=3,pad=1,dtype=bf16,op=wgrad",
+    "tcwhalo": "C=3,M=64,H=16,W=16,K=3,pad=1,dtype=bf16,op=wgrad",
+    "wlane": "C=64,M=3,H=16,W=16,K=3,pad=1,op=wgrad",
+}
+
+
+def _advice_applied(spec: str, message: str) -> list[str]:
+    """The specs and options a refusal's advice names, applied: `key=value in the shape
+    spec` edits the spec; `--strategy NAME` names a strategy."""
+    specs = []
+    for keys in re.findall(r"use ((?:\w+=\w+(?: or \w+)?(?: with )?)+) in the shape spec", message):
+        edited = spec
+        for key, value in re.findall(r"(\w+)=(\w+)", keys):
+            edited = re.sub(rf",{key}=\w+", "", edited) + f",{key}={value}"
+        specs.append(edited)
+    for name in re.findall(r"--strategy (\w+)", message):
+        assert name in BY_KEY, (name, message)
+    for option in re.findall(r"(--[a-z][a-z-]*)", message):
+        assert option in ("--strategy", "--tile", "--maps", "--images", "--stages"), message
+    return specs
+
+
+@pytest.mark.parametrize("key,spec", CHANNELS_LAST.items(), ids=list(CHANNELS_LAST))
+def test_the_channels_last_advice_names_the_spec_key_and_it_plans(key, spec):
+    cls = BY_KEY[key]
+    p = parse_shape(spec)
+    precision = next(iter(cls.precisions))
+    with pytest.raises(SpecError) as e:
+        make_plan(p, cls.default(cls.problem_for(p), precision))
+    message = str(e.value)
+    assert "--layout" not in message and "--dtype" not in message, message
+    (fixed,) = _advice_applied(spec, message)
+    q = parse_shape(fixed)
+    for precision in cls.precisions:
+        try:
+            make_plan(q, cls.default(cls.problem_for(q), precision))
+            return
+        except SpecError:
+            continue
+    pytest.fail(f"{key}: the advised {fixed} does not plan")
+
+
+# --- 5. the command line's own text ----------------------------------------------------
+
+
+def test_bare_specgen_prints_its_help_as_lines():
+    r = run()
+    assert r.exit_code == 0
+    assert r.output.startswith("Usage: ") and len(r.output.splitlines()) > 5
+    assert "\\n" not in r.output
+
+
+def test_tune_neither_offers_nor_takes_all_ops():
+    r = run("tune", "--help")
+    assert r.exit_code == 0 and " all" not in r.output.split("--op", 1)[1].split("--", 1)[0]
+    message = refused(run("tune", "--shape", "layer2", "--op", "all"), "unknown op 'all'")
+    assert "or all" not in message
