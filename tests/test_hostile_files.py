@@ -296,3 +296,35 @@ def test_tune_neither_offers_nor_takes_all_ops():
     assert r.exit_code == 0 and " all" not in r.output.split("--op", 1)[1].split("--", 1)[0]
     message = refused(run("tune", "--shape", "layer2", "--op", "all"), "unknown op 'all'")
     assert "or all" not in message
+
+
+# --- 6. planning in bounded time ---------------------------------------------------------
+
+LARGE = [
+    "C=3,M=16,H=4096,W=4096,K=3,pad=1",
+    "C=3,M=16,H=1024,W=1024,K=3,pad=1",
+    "C=1,M=1,H=100000,W=2,K=1",
+    "C=16,M=16,H=1024,W=1024,K=3,pad=1,dtype=bf16",
+    "C=64,M=64,H=4096,W=4096,K=3,pad=1,dtype=bf16,layout=nhwc",
+    "C=4,M=16,H=100000,W=40,K=7,dtype=fp16",
+]
+
+
+@pytest.mark.parametrize("spec", LARGE)
+def test_large_problems_plan_in_bounded_time(spec):
+    """Every op's default set and the operator's pick of a large image or a 100000-row
+    strip: searches over band heights bisect or climb a ladder, so each takes about a
+    second here; the bound is generous for a busy 2-core machine (it took 75 s to over
+    300 s when every band height was planned)."""
+    import time
+
+    from specgen.choose import choose
+    from specgen.shapes import Op
+    from specgen.strategies import default_set
+
+    for op in (Op.FPROP, Op.DGRAD, Op.WGRAD):
+        p = parse_shape(spec).with_op(op)
+        start = time.monotonic()
+        assert default_set(p)
+        choose(p, "NVIDIA H200", True)
+        assert time.monotonic() - start < 15, (p.spec, time.monotonic() - start)

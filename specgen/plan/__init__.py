@@ -96,4 +96,69 @@ def first_planned(shape: ConvProblem, candidates: Iterable[Variant]) -> Variant:
     raise error
 
 
-__all__ = ["Launch", "Plan", "Size", "make_plan", "first_planned"]
+# Band heights a search tries one by one from the top: every preset's whole image (the
+# tallest, layer1's, has 80 output rows), so the presets' bands are the exhaustive
+# search's; below them the searches bisect or climb a ladder (large images).
+EXACT_HEIGHTS = 96
+
+
+def tallest(most: int, accepted, exact: int = EXACT_HEIGHTS) -> int | None:
+    """The tallest height r <= ``most`` with ``accepted(r)``, or None.  The top ``exact``
+    heights are tried in turn; below them what a band needs (shared memory, registers)
+    grows with its height, so the accepted heights are a prefix and the tallest is found
+    by bisection: about log2(most) tries where an image of 100000 rows took 100000."""
+    for r in range(most, max(most - exact, 0), -1):
+        if accepted(r):
+            return r
+    hi = most - exact + 1  # refused, or past the top
+    if hi <= 1 or not accepted(1):
+        return None
+    lo = 1  # accepted
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if accepted(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def ladder(most: int, exact: int = EXACT_HEIGHTS) -> list[int]:
+    """Heights to compare, tallest first: every one of the top ``exact``, then each about
+    a tenth below the last, down to 1 (some 120 heights for 100000 rows)."""
+    out = list(range(most, max(most - exact, 0), -1))
+    h = most - exact
+    while h > 0:
+        out.append(h)
+        h = min(h - 1, int(h / 1.1))
+    return out
+
+
+def tallest_planned(shape: ConvProblem, make, most: int) -> Variant:
+    """``make(r)`` for the tallest band height r <= ``most`` that the planner accepts;
+    the error of the shortest band where none is."""
+
+    def plans(r):
+        try:
+            make_plan(shape, make(r))
+            return True
+        except SpecError:
+            return False
+
+    r = tallest(most, plans)
+    if r is None:
+        make_plan(shape, make(1))  # raises the refusal of the smallest band
+        raise SpecError(f"no band of at most {most} rows plans")
+    return make(r)
+
+
+__all__ = [
+    "Launch",
+    "Plan",
+    "Size",
+    "make_plan",
+    "first_planned",
+    "ladder",
+    "tallest",
+    "tallest_planned",
+]

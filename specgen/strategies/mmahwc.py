@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import SpecError
-from ..plan import make_plan
+from ..plan import ladder, make_plan
 from ..plan.common import (
     OPTIN_SMEM_BYTES,
     SM_SHARED,
@@ -755,7 +755,7 @@ class Mmahwc(Variant):
         for (_, nt, p, _), S in fits:
             base = replace(seed, regtile=(8 * nt, 16 * p), shifts=S)
             two, one = [], []
-            for rows in range(problem.Ho, 0, -1):
+            for rows in ladder(problem.Ho):
                 try:
                     plan = make_plan(problem, replace(base, tile=rows))
                 except SpecError:

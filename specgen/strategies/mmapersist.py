@@ -27,10 +27,14 @@ strips waste 18% of 34- and 27-wide rows, and it issued more instructions per mm
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import SpecError
+from ..plan import tallest
 from ..shapes import ConvProblem, DType, Feature
 from ..variants import EPILOGUE, Precision, Variant
 from .persist import BAND, REGTILE, tallest_band
@@ -39,7 +43,6 @@ from ..plan.common import (
     Plan,
     Size,
     band_walk_plan,
-    bank_conflict_degree,
     ceil_div,
     launch_bounds,
     shape_context,
@@ -76,23 +79,22 @@ def own_dtype16(key: str, shape: ConvProblem, precision: Precision, planning: bo
 SLACK = 8  # floats after the last plane: the quad padding of the last row reads there
 
 
+@functools.lru_cache(maxsize=256)
 def _row_stride(iw: int, wo: int) -> tuple[int, int]:
     """(stride, conflict degree): the input row pad, at most 7 floats, that gives the
     fewest bank conflicts over the A loads of the 16-pixel tiles of a band's first rows
-    (flat pixel p sits at p // Wo * stride + p % Wo, lane (g, t) reads + t)."""
+    (flat pixel p sits at p // Wo * stride + p % Wo, lane (g, t) reads + t).  Every
+    tile and half-warp of a pad at once: axis -1 is the 32 lanes."""
+    lane = np.arange(32)
+    tiles = np.arange(max(1, ceil_div(4 * wo, 16)))
+    p = (
+        tiles[:, None, None] * 16 + np.array([0, 8])[None, :, None] + lane // 4
+    )  # (tile, half, lane)
     best = None
     for pad in range(8):
-        stride = iw + pad
-        worst = 1
-        for tile in range(max(1, ceil_div(4 * wo, 16))):
-            for half in (0, 8):
-                addrs = []
-                for lane in range(32):
-                    p = tile * 16 + half + lane // 4
-                    addrs.append(p // wo * stride + p % wo + lane % 4)
-                worst = max(worst, bank_conflict_degree(addrs))
+        worst = max(1, _worst_bank(np.sort(p // wo * (iw + pad) + p % wo + lane % 4, axis=-1)))
         if best is None or worst < best[1]:
-            best = (stride, worst)
+            best = (iw + pad, worst)
     return best
 
 
@@ -201,7 +203,7 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
 
     nbytes = smem_bytes(rows)
     if nbytes > OPTIN_SMEM_BYTES:
-        fit = next((r for r in range(rows - 1, 0, -1) if smem_bytes(r) <= OPTIN_SMEM_BYTES), None)
+        fit = tallest(rows - 1, lambda r: smem_bytes(r) <= OPTIN_SMEM_BYTES)
         hint = f"choose --tile {fit}" if fit else "use --strategy mma (weights stream from L2)"
         raise SpecError(
             f"mmapersist needs {nbytes} bytes of shared memory (B fragments {4 * w_words} B "
@@ -311,27 +313,33 @@ def plan_mmapersist(shape: ConvProblem, v: Variant) -> Plan:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
     """(stride, conflict degree) of the 16-bit band: the even row length, iw to iw+14,
     with the fewest bank conflicts over a warp's A loads of a band's first rows.  Lane
     (g, t) reads the word of taps 2t, 2t+1 at its pixel's band offset a + 2t: from the
     even copy at word a/2 + t when a is even, else from the odd copy (16 banks over) at
-    (a-1)/2 + t."""
+    (a-1)/2 + t.  Every tile and half-warp of a stride at once: axis -1 is the lanes."""
+    lane = np.arange(32)
+    tiles = np.arange(max(1, ceil_div(4 * wo, 16)))
+    px = tiles[:, None, None] * 16 + np.array([0, 8])[None, :, None] + lane // 4
     best = None
     for stride in range(iw + iw % 2, iw + 16, 2):
-        worst = 1
-        for tile in range(max(1, ceil_div(4 * wo, 16))):
-            for half in (0, 8):
-                words = []
-                for lane in range(32):
-                    px = tile * 16 + half + lane // 4
-                    a = px // wo * stride + px % wo
-                    odd = a % 2
-                    words.append(odd * (32 * 2**20 + 16) + (a - odd) // 2 + lane % 4)
-                worst = max(worst, bank_conflict_degree(words))
+        a = px // wo * stride + px % wo
+        odd = a % 2
+        words = np.sort(odd * (32 * 2**20 + 16) + (a - odd) // 2 + lane % 4, axis=-1)
+        worst = max(1, _worst_bank(words))
         if best is None or worst < best[1]:
             best = (stride, worst)
     return best
+
+
+def _worst_bank(words) -> int:
+    """The most distinct words one bank serves in any row of ``words`` (sorted along
+    its last axis, a warp's 32 lanes)."""
+    first = np.ones(words.shape, dtype=bool)  # a word counts once in its bank
+    first[..., 1:] = words[..., 1:] != words[..., :-1]
+    return int(((words[..., None] % 32 == np.arange(32)) & first[..., None]).sum(axis=-2).max())
 
 
 def band16_words(

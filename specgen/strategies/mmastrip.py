@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from math import gcd
 
 from ..errors import SpecError
-from ..plan import make_plan
+from ..plan import ladder, make_plan, tallest
 from ..plan.common import (
     OPTIN_SMEM_BYTES,
     Plan,
@@ -408,14 +408,17 @@ class Mmastrip(Variant):
             r = _rows_per_strip(rows, most, K)
             return replace(seed, tile=rows, regtile=(8 * nt, r), staged=staged)
 
-        for rows in range(problem.Ho, 0, -1):
+        def two_an_sm(rows):
             try:
                 plan = make_plan(problem, variant(rows))
             except SpecError:
-                continue
-            if BLOCKS16 * (plan.dynamic_smem + 1024) <= SM_SHARED:
-                return variant(ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
-        raise SpecError("mmastrip: no band of this problem fits two blocks an SM")
+                return False
+            return BLOCKS16 * (plan.dynamic_smem + 1024) <= SM_SHARED
+
+        rows = tallest(problem.Ho, two_an_sm)
+        if rows is None:
+            raise SpecError("mmastrip: no band of this problem fits two blocks an SM")
+        return variant(ceil_div(problem.Ho, ceil_div(problem.Ho, rows)))
 
     @classmethod
     def space(cls, problem, precision):
@@ -491,7 +494,7 @@ class Mmafold(Mmastrip):
         # the bands that fit, the fewest rows computed past the image, then the tallest.
         for blocks, least in ((BLOCKS16, min(Ho, 2 * strip)), (1, 1)):
             fits = []
-            for rows in range(Ho, least - 1, -1):
+            for rows in (h for h in ladder(Ho) if h >= least):
                 try:
                     plan = make_plan(problem, variant(rows))
                 except SpecError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..tensors import Role
-from ..plan import first_planned
+from ..plan import tallest, tallest_planned
 from ..variants import EPILOGUE, Precision, Variant
 from .persist import BAND
 from ..plan.common import (
@@ -67,12 +67,8 @@ def plan_mmatile(shape: ConvProblem, v: Variant) -> Plan:
     hp = rows + K - 1
     plane = hp * row_stride
     nbytes = _band_bytes(shape, rows, row_stride, steps, fm)
-    fit = [
-        r
-        for r in range(Ho, 0, -1)
-        if _band_bytes(shape, r, row_stride, steps, fm) <= OPTIN_SMEM_BYTES
-    ]
-    hint = f"choose --tile {fit[0]}" if fit else "C*H*W is too large for one band: use mma"
+    fit = tallest(Ho, lambda r: _band_bytes(shape, r, row_stride, steps, fm) <= OPTIN_SMEM_BYTES)
+    hint = f"choose --tile {fit}" if fit else "C*H*W is too large for one band: use mma"
     static, dynamic = smem_placement(nbytes, f"the band of {rows} output rows", hint)
     warps = 8 if dynamic else 4
     threads = 32 * warps
@@ -205,7 +201,7 @@ class Mmatile(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The tallest band that fits."""
-        return first_planned(problem, (replace(seed, tile=r) for r in range(problem.Ho, 0, -1)))
+        return tallest_planned(problem, lambda r: replace(seed, tile=r), problem.Ho)
 
     @classmethod
     def build(cls, problem, precision, given):

@@ -32,7 +32,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan import make_plan
+from ..plan import ladder, make_plan
 from ..plan.common import OPTIN_SMEM_BYTES, Size, band_walk_plan, ceil_div, shape_context
 from ..shapes import DType, Feature
 from ..variants import EPILOGUE, Count, Pair, Variant, param
@@ -324,7 +324,7 @@ class Mmatoep(Variant):
                 return replace(seed, tile=rows, regtile=(mw, ct), maps=bm)
 
             two, one, any_ = [], [], []
-            for rows in range(Ho, 0, -1):
+            for rows in ladder(Ho):
                 try:
                     plan = make_plan(problem, variant(rows))
                 except SpecError:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
-from ..plan import first_planned
+from ..plan import tallest, tallest_planned
 from ..variants import EPILOGUE, Count, Pair, Variant, param
 from ..plan.common import (
     MAX_THREADS,
@@ -179,9 +179,7 @@ def plan_persist(shape: ConvProblem, v: Variant) -> Plan:
     stride, degree = lay["stride"], lay["degree"]
     ih = rows + K - 1
     if nbytes > OPTIN_SMEM_BYTES:
-        fit = next(
-            (r for r in range(rows - 1, 0, -1) if layout(r)["nbytes"] <= OPTIN_SMEM_BYTES), None
-        )
+        fit = tallest(rows - 1, lambda r: layout(r)["nbytes"] <= OPTIN_SMEM_BYTES)
         hint = f"choose --tile {fit}" if fit else "use --strategy tiled or implicit"
         raise SpecError(
             f"persist needs {nbytes} bytes of shared memory (weights {4 * wn} B + two "
@@ -278,8 +276,7 @@ def even_segments(width: int, most: int) -> set[int]:
 
 def tallest_band(problem: ConvProblem, v: Variant, most: int) -> Variant:
     """v with the tallest band of at most ``most`` output rows that the planner accepts."""
-    rows = range(min(problem.Ho, most), 0, -1)
-    return first_planned(problem, (replace(v, tile=r) for r in rows))
+    return tallest_planned(problem, lambda r: replace(v, tile=r), min(problem.Ho, most))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
+from ..plan import tallest
 from ..plan.common import OPTIN_SMEM_BYTES, Launch, Plan, Size, ceil_div, smem_blocks
 from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
@@ -85,14 +86,17 @@ class Wstrip(Variant):
             return replace(seed, tile=rows, regtile=(8 * nt, r), splits=SMS * blocks)
 
         for blocks in (2, 1):
-            for rows in range(problem.Ho, 0, -1):
+
+            def resident_enough(rows):
                 try:
-                    plan = plan_wstrip(problem, variant(rows, blocks))
+                    return resident(plan_wstrip(problem, variant(rows, blocks))) >= blocks
                 except SpecError:
-                    continue
-                if resident(plan) >= blocks:
-                    # the same number of bands an image, cut evenly
-                    return variant(ceil_div(problem.Ho, ceil_div(problem.Ho, rows)), blocks)
+                    return False
+
+            rows = tallest(problem.Ho, resident_enough)
+            if rows is not None:
+                # the same number of bands an image, cut evenly
+                return variant(ceil_div(problem.Ho, ceil_div(problem.Ho, rows)), blocks)
         raise SpecError("wstrip: no band of this problem fits in shared memory")
 
     @classmethod

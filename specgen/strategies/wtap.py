@@ -39,6 +39,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
+from ..plan import tallest
 from ..plan.common import (
     OPTIN_SMEM_BYTES,
     Launch,
@@ -200,11 +201,10 @@ def _fit_band(p, v: Wtap) -> Wtap:
     split = max(1, min(MAX_SPLITS, FIT_WARPS // warps, p.Ho))
     v = replace(v, warps=split, tile=p.Ho)
     budget = SMALL_BLOCK_SMEM if block_warps(p, v) <= 8 else OPTIN_SMEM_BYTES
-    tile = p.Ho
-    while tile > 1 and (
-        _smem_bytes(p, replace(v, tile=tile))[0] > budget or tile % split and tile > split
-    ):
-        tile -= 1
+    # the tallest band that fits (its buffers grow with it), in whole row splits
+    tile = tallest(p.Ho, lambda t: _smem_bytes(p, replace(v, tile=t))[0] <= budget) or 1
+    if tile > split:
+        tile -= tile % split
     tile = ceil_div(p.Ho, ceil_div(p.Ho, tile))
     items = p.groups * (p.Mg // v.maps) * (p.Cg // v.chans)
     splits = max(1, min(TARGET_BLOCKS // items, 65535))
