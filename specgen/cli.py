@@ -8,6 +8,7 @@ names one, ``--all`` is the shape's default set (``--strategy`` may filter it).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,17 @@ def fail(message: str, status: int = 2):
     sys.exit(status)
 
 
+class _Stop:
+    """SIGTERM handled as Ctrl-C is: the work in progress unwinds (a pool of compile
+    workers is ended, not left running), then exit status 143."""
+
+    received = False
+
+    def __call__(self, signum, frame):
+        self.received = True
+        raise KeyboardInterrupt
+
+
 # click 8.2 and later raise this for a bare group; 8.1 prints the help and exits itself.
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
@@ -54,6 +66,11 @@ class Group(click.Group):
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
+        stop = _Stop()
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread (an embedding program's worker)
+            previous = None
         try:
             code = super().main(*args, **kwargs)
         except NO_ARGS_IS_HELP as e:  # bare `specgen`: the help as it reads, lines and all
@@ -62,12 +79,16 @@ class Group(click.Group):
         except click.exceptions.ClickException as e:
             fail(e.format_message(), e.exit_code)
         except click.exceptions.Abort:
-            fail("interrupted", 130)
+            # Ctrl-C or SIGTERM: workers ended, every file written is whole
+            fail(*(("terminated", 143) if stop.received else ("interrupted", 130)))
         except SpecError as e:
             fail(str(e))
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
             fail(f"{where}{e.strerror or e}")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import click
 
@@ -23,23 +23,42 @@ def _compile_one(shape, variant, arch):
         return plan.name, str(e)
 
 
+def _ignore_interrupts():
+    """A worker leaves Ctrl-C to its parent, which ends every worker at once (the
+    terminal sends SIGINT to the whole process group)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _compile_item(item):
+    return _compile_one(*item)
+
+
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant); returns name -> error or None.
-    With no writable cache there is nothing to fill: each variant compiles when used."""
+    With no writable cache there is nothing to fill: each variant compiles when used.
+    Interrupted (Ctrl-C, or SIGTERM through the CLI), it ends its workers at once rather
+    than finish the queue; every cache entry is whole (written, then renamed)."""
     results = {}
     if not cache_writable(arch):
         return results
+    items = list(items)
     if jobs <= 1 or len(items) <= 1:
         for shape, v in items:
             name, err = _compile_one(shape, v, arch)
             results[name] = err
         return results
     ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_compile_one, s, v, arch) for s, v in items]
-        with click.progressbar(length=len(futures), label=label, file=sys.stderr) as bar:
-            for f in as_completed(futures):
-                name, err = f.result()
+    pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
+    try:
+        work = pool.imap_unordered(_compile_item, [(s, v, arch) for s, v in items])
+        with click.progressbar(length=len(items), label=label, file=sys.stderr) as bar:
+            for name, err in work:
                 results[name] = err
                 bar.update(1)
+        pool.close()
+    except BaseException:
+        pool.terminate()  # the workers end now, mid-compile; their entries are not renamed
+        raise
+    finally:
+        pool.join()
     return results

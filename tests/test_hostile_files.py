@@ -3,6 +3,7 @@ generated source, crafted cache entries and database lines, numbers past what th
 hardware takes, and refusals whose advice must name an option or key that exists."""
 
 import hashlib
+import os
 import json
 import re
 import struct
@@ -328,3 +329,65 @@ def test_large_problems_plan_in_bounded_time(spec):
         assert default_set(p)
         choose(p, "NVIDIA H200", True)
         assert time.monotonic() - start < 15, (p.spec, time.monotonic() - start)
+
+
+# --- 7. signals --------------------------------------------------------------------------
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out |= {int(c) for c in f.read().split()}
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM to specgen"])
+def test_a_signal_mid_compile_ends_every_worker_within_two_seconds(tmp_path, how):
+    """verify of every preset and op with an empty cache compiles for minutes on two
+    workers; a signal once they run ends specgen and its workers within 2 s, with one
+    line and the shell's status, and leaves no temporary file in the cache."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "specgen", "verify", "--all-shapes", "--op", "all", "--jobs", "2"]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
+    workers = set()
+    while time.monotonic() < deadline and len(workers) < 2:
+        time.sleep(0.2)
+        workers = {c for c in _children(proc.pid) if _alive(c)} if proc.poll() is None else set()
+        assert proc.poll() is None, proc.communicate()
+    assert workers, "no compile workers started"
+    time.sleep(1.0)  # mid-compile
+    start = time.monotonic()
+    if how.startswith("SIGINT"):
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    else:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert took < 2.0, took
+    assert proc.returncode == (130 if how.startswith("SIGINT") else 143), err
+    assert err.decode().strip().splitlines()[-1] in ("error: interrupted", "error: terminated")
+    assert "Traceback" not in err.decode()
+    time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)], "a worker outlived specgen"
+    assert not list((tmp_path / "cache").rglob("*.tmp*"))
