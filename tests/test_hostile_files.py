@@ -362,13 +362,26 @@ def test_a_signal_mid_compile_ends_every_worker_within_two_seconds(tmp_path, how
     import signal
     import subprocess
     import sys
-    import time
 
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
     cmd = [sys.executable, "-m", "specgen", "verify", "--all-shapes", "--op", "all", "--jobs", "2"]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
+    try:
+        _signal_and_check(proc, how, tmp_path)
+    finally:  # whatever failed above, nothing of this test keeps running
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _signal_and_check(proc, how, tmp_path):
+    import signal
+    import time
+
     deadline = time.monotonic() + 120
     workers = set()
     while time.monotonic() < deadline and len(workers) < 2:
@@ -391,3 +404,43 @@ def test_a_signal_mid_compile_ends_every_worker_within_two_seconds(tmp_path, how
     time.sleep(0.2)
     assert not [w for w in workers if _alive(w)], "a worker outlived specgen"
     assert not list((tmp_path / "cache").rglob("*.tmp*"))
+
+
+def test_every_count_option_refuses_a_value_past_the_hardware(tmp_path):
+    """Each strategy's count options (tiles, maps, warps, stages, splits, blocks ...) at
+    2^31-1 on a problem the strategy serves: refused in one line, never written."""
+    from specgen.strategies import TABLE
+    from specgen.variants import Count
+
+    problems = [
+        "C=4,M=16,H=40,W=40,K=7",
+        "C=64,M=64,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc",
+        "C=16,M=16,H=20,W=20,K=3,pad=1,dtype=bf16",
+        "C=1,M=12,H=72,W=72,K=7,dtype=bf16",
+        "C=12,M=1,H=72,W=72,K=7,dtype=bf16",
+        "C=64,M=3,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc",
+        "C=64,M=3,H=16,W=16,K=3,pad=1,layout=nhwc",
+        "C=64,M=64,H=16,W=16,K=3,pad=1",
+    ]
+    checked = 0
+    for cls in TABLE:
+        served = None
+        for spec in problems:
+            for op in ("", ",op=dgrad", ",op=wgrad", ",op=bgrad"):
+                p = parse_shape(spec + op)
+                for precision in cls.precisions:
+                    try:
+                        make_plan(p, cls.default(cls.problem_for(p), precision))
+                        served = served or (p, precision)
+                    except SpecError:
+                        pass
+        assert served, cls.key
+        p, precision = served
+        for f in cls.params():
+            if isinstance(f.metadata["codec"], Count):
+                args = ["emit", "--shape", p.spec, "--strategy", cls.key]
+                args += ["--precision", precision.value, f"--{f.name}", "2147483647"]
+                args += ["--out", tmp_path]
+                refused(run(*args), "")
+                checked += 1
+    assert checked > 40

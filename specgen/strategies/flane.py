@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import (
+    MAX_BLOCKS_SM,
     STATIC_SMEM_BYTES,
     launch_bounds,
     Launch,
@@ -36,6 +37,8 @@ MAX_MAPS = 4  # a 16-byte shared-memory read holds every map's weight of a chann
 MAX_SUMS = 32  # maps x pixels sums a lane keeps
 WARPS = (1, 2, 4, 8)
 TARGET_BLOCKS = 528  # four blocks on each of the H200's 132 SMs
+SMS = 132  # the H100's and H200's
+MAX_RESIDENT = SMS * MAX_BLOCKS_SM  # more blocks only wait for these to finish
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +110,12 @@ def plan_flane(p, v: Flane) -> Plan:
             f"flane keeps every weight in shared memory: {smem} bytes for C={p.C} and a "
             f"{p.R}x{p.S} window, over {STATIC_SMEM_BYTES}; use --strategy stream"
         )
-    if v.blocks > 2**31 - 1:
-        raise SpecError(f"flane g{v.blocks}: too many blocks")
+    if v.blocks > MAX_RESIDENT:
+        raise SpecError(
+            f"flane g{v.blocks}: blocks that stride over the runs need be no more than an "
+            f"sm_90 GPU holds at once ({SMS} SMs x {MAX_BLOCKS_SM}); choose --blocks "
+            f"{MAX_RESIDENT} or fewer"
+        )
 
     # 2. work
     runs = row_runs(p, v.pixels)
