@@ -148,6 +148,24 @@ MUTANTS = [
         "x0 = ceil_div(pl, UNIT) * UNIT",
         "x0 = pl",
     ),
+    (
+        "wsplit's input row without the padding",
+        "templates/backward/wgrad.cu.j2",
+        "const int iy = oy * {{ sh }} + r * {{ dh }} - {{ pt }};",
+        "const int iy = oy * {{ sh }} + r * {{ dh }};",
+    ),
+    (
+        "wsplit's column guard dropped",
+        "templates/backward/wgrad.cu.j2",
+        "const float v = (unsigned)(ix + {{ s * dw }}) < {{ W }}u ? {{ widen(src) }} : 0.0f;",
+        "const float v = {{ widen(src) }};",
+    ),
+    (
+        "bgrad's sum of dy dropped",
+        "templates/backward/wgrad.cu.j2",
+        "                acc[{{ i }}][0] += d[{{ i }}];",
+        "                acc[{{ i }}][0] += 0.0f;",
+    ),
 ]
 
 

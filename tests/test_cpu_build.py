@@ -27,10 +27,13 @@ ALL = [(s, v) for s in PROBLEMS for v in default_set(s)]
 
 
 def code_path(plan) -> str:
-    """A kernel's name less its sizes: the strategy, its choices (layout, weights, unroll,
-    gather, feed ...), the math, the op, the tensors' dtype and layout.  Kernels of one
-    code path differ in numbers the planner derived, not in the template's branches."""
-    return re.sub(r"[0-9]+", "#", plan.name)
+    """A kernel's name less its sizes and its 16-bit I/O tag: the strategy, its choices
+    (layout, weights, unroll, gather, feed ...), the math, the op and the tensors'
+    layout.  Kernels of one code path differ in numbers the planner derived, not in the
+    template's branches; fp32 math on 16-bit tensors differs from fp32 tensors only in
+    the loads and stores of templates/common/dtype.j2, whose rounding test_pinned.py
+    checks in every kernel (and 16-bit shipped winners and drawn problems compile here)."""
+    return re.sub(r"_io(bf|fp)#", "", re.sub(r"[0-9]+", "#", plan.name))
 
 
 def _compiled_sweep(items):

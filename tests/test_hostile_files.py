@@ -303,9 +303,7 @@ def test_tune_neither_offers_nor_takes_all_ops():
 
 LARGE = [
     "C=3,M=16,H=4096,W=4096,K=3,pad=1",
-    "C=3,M=16,H=1024,W=1024,K=3,pad=1",
     "C=1,M=1,H=100000,W=2,K=1",
-    "C=16,M=16,H=1024,W=1024,K=3,pad=1,dtype=bf16",
     "C=64,M=64,H=4096,W=4096,K=3,pad=1,dtype=bf16,layout=nhwc",
     "C=4,M=16,H=100000,W=40,K=7,dtype=fp16",
 ]
@@ -356,7 +354,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM to specgen"])
 def test_a_signal_mid_compile_ends_every_worker_within_two_seconds(tmp_path, how):
-    """verify of every preset and op with an empty cache compiles for minutes on two
+    """verify of layer2's every op with an empty cache compiles for a minute on two
     workers; a signal once they run ends specgen and its workers within 2 s, with one
     line and the shell's status, and leaves no temporary file in the cache."""
     import signal
@@ -364,7 +362,9 @@ def test_a_signal_mid_compile_ends_every_worker_within_two_seconds(tmp_path, how
     import sys
 
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "specgen", "verify", "--all-shapes", "--op", "all", "--jobs", "2"]
+    # layer2's default sets of every op: its unrolled 7x7 tiles take seconds each
+    cmd = [sys.executable, "-m", "specgen", "verify", "--shape", "layer2", "--op", "all"]
+    cmd += ["--jobs", "2"]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -406,6 +406,14 @@ def _signal_and_check(proc, how, tmp_path):
     assert not list((tmp_path / "cache").rglob("*.tmp*"))
 
 
+def _plans(cls, p, precision) -> bool:
+    try:
+        make_plan(p, cls.default(cls.problem_for(p), precision))
+        return True
+    except SpecError:
+        return False
+
+
 def test_every_count_option_refuses_a_value_past_the_hardware(tmp_path):
     """Each strategy's count options (tiles, maps, warps, stages, splits, blocks ...) at
     2^31-1 on a problem the strategy serves: refused in one line, never written."""
@@ -424,16 +432,13 @@ def test_every_count_option_refuses_a_value_past_the_hardware(tmp_path):
     ]
     checked = 0
     for cls in TABLE:
-        served = None
-        for spec in problems:
-            for op in ("", ",op=dgrad", ",op=wgrad", ",op=bgrad"):
-                p = parse_shape(spec + op)
-                for precision in cls.precisions:
-                    try:
-                        make_plan(p, cls.default(cls.problem_for(p), precision))
-                        served = served or (p, precision)
-                    except SpecError:
-                        pass
+        tries = (
+            (parse_shape(spec + op), precision)
+            for spec in problems
+            for op in ("", ",op=dgrad", ",op=wgrad", ",op=bgrad")
+            for precision in cls.precisions
+        )
+        served = next((t for t in tries if _plans(cls, *t)), None)
         assert served, cls.key
         p, precision = served
         for f in cls.params():
