@@ -152,3 +152,29 @@ def test_drow_plans_one_row_a_lane_within_the_register_file():
     v = Drow.default(p, Drow().precision)
     assert v.parts == 3
     assert make_plan(p, v).context["width"] <= 128
+
+
+@pytest.mark.parametrize(
+    "spec,at_the_limit",
+    [
+        ("C=3,M=16,H=1024,W=1024,K=3,pad=1,op=dgrad", True),  # 2400 B spilled at 7 images
+        ("C=16,M=16,H=64,W=256,K=7,pad=3,op=dgrad", True),  # 960 B at 2 images
+        ("C=3,M=16,H=64,W=256,K=3,pad=1,op=dgrad", False),  # the warps' fill decides
+    ],
+)
+def test_wide_rows_take_the_images_whose_lanes_keep_their_row_in_registers(spec, at_the_limit):
+    """A row cut in parts keeps up to 128 columns a lane: the fit takes no more images
+    than the register file leaves that many registers a lane for, and the kernel compiles
+    without spills; one image more is refused in one line."""
+    from specgen.compile import compile_source
+    from specgen.render import render
+    from specgen.verify import check_resources
+
+    p = parse_shape(spec)
+    v = Drow.default(p, Drow().precision)
+    plan = make_plan(p, v)
+    stats, problems = check_resources(plan, compile_source(render(plan), plan.name, "sm_90"))
+    assert not problems and stats["spills"] == 0, (v.name, problems)
+    if at_the_limit:
+        with pytest.raises(SpecError, match="registers"):
+            make_plan(p, replace(v, images=v.images + 1))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import (
+    MAX_REGISTERS,
     OPTIN_SMEM_BYTES,
     Launch,
     Plan,
@@ -48,6 +49,8 @@ from ..variants import Count, Switch, Variant, param
 
 MAX_THREADS = 1024
 MAX_ROW = 128  # dx columns a lane keeps (its accumulators); past this ptxas spills
+REGISTER_FILE = 65536  # 32-bit registers of an sm_90 SM
+LANE_REGISTERS = 32  # at least what a lane needs beside its row (taps, addresses, the ring)
 MAX_STAGE_FMAS = 2304  # a lane's unrolled FMAs a stage (maps x S x Wo) where its row is short
 TWO_BLOCKS_SMEM = 113 * 1024  # the fit's ring and weights: two blocks an SM
 
@@ -142,6 +145,8 @@ class Drow(Variant):
         }
         images = min((n for n, f in fill.items() if f >= 0.95), default=max(fill, key=fill.get))
         v = replace(seed, images=images, parts=ceil_div(p.W, MAX_ROW), stages=3, gather=True)
+        while v.images > 1 and _lane_registers(p, v)[0] > _lane_registers(p, v)[1]:
+            v = replace(v, images=v.images - 1)  # wide rows: fewer lanes, more registers
         budget = _stage_fmas(p)
         mb = max(d for d in divisors(p.M) if d == 1 or d * p.S * p.Wo <= budget)
         while mb > 1 and _layout(p, replace(v, maps=mb))["nbytes"] > TWO_BLOCKS_SMEM:
@@ -199,6 +204,20 @@ def _part(p, x0: int, x1: int) -> dict:
     return dict(x0=x0, x1=x1, n=x1 - x0, chunks=chunks)
 
 
+def _block(p, v) -> tuple[int, int, int]:
+    """(threads, dx columns a lane keeps, columns a store): R x images x C lanes a part,
+    each part starting on a warp."""
+    threads = v.parts * ceil_div(p.R * v.images * p.C, 32) * 32
+    out_vec = next(n for n in (4, 2, 1) if p.W % n == 0)
+    return threads, ceil_div(ceil_div(p.W, v.parts), out_vec) * out_vec, out_vec
+
+
+def _lane_registers(p, v) -> tuple[int, int]:
+    """(registers a lane needs, registers the block leaves it)."""
+    threads, width, _ = _block(p, v)
+    return width + LANE_REGISTERS, min(MAX_REGISTERS, REGISTER_FILE // threads // 8 * 8)
+
+
 def plan_drow(p, v: Drow) -> Plan:
     # 1. limits
     if p.M % v.maps:
@@ -208,10 +227,7 @@ def plan_drow(p, v: Drow) -> Plan:
     if v.stages < 2:
         raise SpecError(f"drow q{v.stages}: the ring needs at least 2 stages; choose --stages 2")
     columns = v.images * p.C
-    part_threads = ceil_div(p.R * columns, 32) * 32  # a part's lanes start on a warp
-    threads = v.parts * part_threads
-    out_vec = next(n for n in (4, 2, 1) if p.W % n == 0)
-    width = ceil_div(ceil_div(p.W, v.parts), out_vec) * out_vec
+    threads, width, out_vec = _block(p, v)
     if v.parts < 1 or (v.parts - 1) * width >= p.W:
         raise SpecError(
             f"drow x{v.parts}: a row of W={p.W} cuts into at most "
@@ -249,6 +265,17 @@ def plan_drow(p, v: Drow) -> Plan:
         f"drow's weights and {v.stages} stages of {v.maps} map(s) x {v.images} image(s)",
         "choose fewer --maps, --images or --stages",
     )
+    # A lane keeps its row piece in registers, and the block's threads share the SM's
+    # register file: past what it leaves a lane beyond LANE_REGISTERS, ptxas spills
+    # (a 1024-wide image in 8 parts of 512 threads, 128 columns at 128 registers, spilled
+    # 2400 bytes; 128 columns at 144 registers 960; ae-dec3's 32 at 80 none).
+    need, cap = _lane_registers(p, v)
+    if need > cap:
+        raise SpecError(
+            f"drow keeps {width} dx columns a lane, and a block of {threads} threads leaves "
+            f"a lane {cap} registers, {LANE_REGISTERS} of them for its taps and addresses; "
+            "choose fewer --images or use --strategy phased"
+        )
     warps = threads // 32
 
     # 2. the walk: blocks stride over the batch's groups of images
@@ -301,7 +328,7 @@ def plan_drow(p, v: Drow) -> Plan:
         # each dy column j and tap s: the dx column it adds to, where that is in the row
         parts=[_part(p, x0, min(x0 + width, p.W)) for x0 in range(0, p.W, width)],
         width=width,
-        part_threads=part_threads,
+        part_threads=threads // v.parts,
         out_vec=out_vec,
         dynamic=dynamic > 0,
         smem_words=lay["words"],
