@@ -184,42 +184,23 @@ def test_a_database_line_nested_100000_deep_is_skipped(db):
 # --- 3. numbers past the hardware's limits ---------------------------------------------
 
 
+def _drow_layer2_dgrad(out, *extra):
+    return run(
+        "emit", "--shape", "layer2", "--op", "dgrad", "--strategy", "drow", *extra, "--out", out
+    )
+
+
 @pytest.mark.parametrize("blocks", ["2147483647", "33", "10"])
 def test_launch_bounds_no_sm_can_hold_are_refused(blocks, tmp_path):
-    r = run("emit", "--shape", "layer2", "--op", "dgrad", "--strategy", "drow")
+    r = _drow_layer2_dgrad(tmp_path / "default")
     assert r.exit_code == 0, r.output  # the default plans
-    r = run(
-        "emit",
-        "--shape",
-        "layer2",
-        "--op",
-        "dgrad",
-        "--strategy",
-        "drow",
-        "--blocks",
-        blocks,
-        "--out",
-        tmp_path,
-    )
-    refused(r, "an sm_90 SM holds at most")
-    assert not list(tmp_path.rglob("*.cu"))
+    refused(_drow_layer2_dgrad(tmp_path / "asked", "--blocks", blocks), "an sm_90 SM holds at most")
+    assert not list((tmp_path / "asked").rglob("*.cu"))
 
 
 def test_launch_bounds_at_the_limit_are_taken(tmp_path):
     """drow's default block of layer2's dgrad is 224 threads: 9 fit the SM's 2048."""
-    r = run(
-        "emit",
-        "--shape",
-        "layer2",
-        "--op",
-        "dgrad",
-        "--strategy",
-        "drow",
-        "--blocks",
-        "9",
-        "--out",
-        tmp_path,
-    )
+    r = _drow_layer2_dgrad(tmp_path, "--blocks", "9")
     assert r.exit_code == 0, r.output
     assert "__launch_bounds__(224, 9)" in next(tmp_path.rglob("*.cu")).read_text()
 
@@ -366,7 +347,13 @@ def test_a_signal_mid_compile_ends_every_worker_at_once(tmp_path, how):
     cmd = [sys.executable, "-m", "specgen", "verify", "--shape", "layer2", "--op", "all"]
     cmd += ["--jobs", "2"]
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        # as from a terminal: a job started in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _signal_and_check(proc, how, tmp_path)
