@@ -42,6 +42,8 @@ MAX_THREADS_SM = 2048  # threads resident on one sm_90 SM
 MAX_BLOCKS_SM = 32  # blocks resident on one sm_90 SM
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 MAX_REGISTERS = 255
+REGISTER_FILE = 65536  # 32-bit registers of an sm_90 SM
+SMS = 132  # the H100's and H200's SMs
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,20 @@ def bank_conflict_degree(addresses: list[int]) -> int:
     for a in addresses:
         banks.setdefault(a % 32, set()).add(a)
     return max(len(words) for words in banks.values())
+
+
+def most_distinct(words, group_of, groups: int):
+    """For each row of ``words`` (a numpy array whose last axis is the lanes of one shared
+    access), the most distinct words that any of ``groups`` groups (banks, bank quads)
+    serves: the access's wavefronts.  Lanes that read the same word share it;
+    ``group_of`` maps words to their group.  The vectorized bank_conflict_degree."""
+    import numpy as np
+
+    words = np.sort(words, axis=-1)
+    first = np.ones(words.shape, dtype=bool)
+    first[..., 1:] = words[..., 1:] != words[..., :-1]
+    hits = (group_of(words)[..., None] == np.arange(groups)) & first[..., None]
+    return hits.sum(axis=-2).max(axis=-1)
 
 
 def check_launch_bounds(context: dict, hint: str) -> None:

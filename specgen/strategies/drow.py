@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import (
+    REGISTER_FILE,
     MAX_REGISTERS,
     OPTIN_SMEM_BYTES,
     Launch,
@@ -49,7 +50,6 @@ from ..variants import Count, Switch, Variant, param
 
 MAX_THREADS = 1024
 MAX_ROW = 128  # dx columns a lane keeps (its accumulators); past this ptxas spills
-REGISTER_FILE = 65536  # 32-bit registers of an sm_90 SM
 LANE_REGISTERS = 32  # at least what a lane needs beside its row (taps, addresses, the ring)
 MAX_STAGE_FMAS = 2304  # a lane's unrolled FMAs a stage (maps x S x Wo) where its row is short
 TWO_BLOCKS_SMEM = 113 * 1024  # the fit's ring and weights: two blocks an SM

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import (
+    SMS,
     MAX_BLOCKS_SM,
     STATIC_SMEM_BYTES,
     launch_bounds,
@@ -37,7 +38,6 @@ MAX_MAPS = 4  # a 16-byte shared-memory read holds every map's weight of a chann
 MAX_SUMS = 32  # maps x pixels sums a lane keeps
 WARPS = (1, 2, 4, 8)
 TARGET_BLOCKS = 528  # four blocks on each of the H200's 132 SMs
-SMS = 132  # the H100's and H200's
 MAX_RESIDENT = SMS * MAX_BLOCKS_SM  # more blocks only wait for these to finish
 
 

@@ -80,6 +80,7 @@ import numpy as np
 from ..errors import SpecError
 from ..plan import ladder, make_plan
 from ..plan.common import (
+    most_distinct,
     OPTIN_SMEM_BYTES,
     SM_SHARED,
     Size,
@@ -201,14 +202,9 @@ def _wavefronts(vw, pixels, pitch, copies, row_bytes, shift, paired, swizzle, st
         at = at + np.where(b % 2 == 1, 8 + shift + (1 << 24), 0)
     at = at[None, :, :] + np.asarray(offsets)[:, None, None]  # (offset, tile, lane)
     if swizzle:
-        at = at ^ ((at >> 3) & 0x70)
-    at = np.sort(at.reshape(len(offsets), tiles, 4, 8), axis=-1)
-    # A row's address counts once in its quad (lanes reading the same 16 bytes share it).
-    first = np.ones(at.shape, dtype=bool)
-    first[..., 1:] = at[..., 1:] != at[..., :-1]
-    quad = at // 16 % 8
-    per_quad = ((quad[..., None] == np.arange(8)) & first[..., None]).sum(axis=-2)
-    degree = per_quad.max(axis=-1)  # (offset, tile, matrix)
+        at = swizzled(at)
+    # a matrix's 8 rows of 16 bytes over the 8 bank quads of a line: (offset, tile, matrix)
+    degree = most_distinct(at.reshape(len(offsets), tiles, 4, 8), lambda a: a // 16 % 8, 8)
     return int(degree.sum()) / len(offsets), int(degree.max())
 
 

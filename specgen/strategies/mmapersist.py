@@ -39,6 +39,7 @@ from ..shapes import ConvProblem, DType, Feature
 from ..variants import EPILOGUE, Precision, Variant
 from .persist import BAND, REGTILE, tallest_band
 from ..plan.common import (
+    most_distinct,
     OPTIN_SMEM_BYTES,
     Plan,
     Size,
@@ -92,7 +93,7 @@ def _row_stride(iw: int, wo: int) -> tuple[int, int]:
     )  # (tile, half, lane)
     best = None
     for pad in range(8):
-        worst = max(1, _worst_bank(np.sort(p // wo * (iw + pad) + p % wo + lane % 4, axis=-1)))
+        worst = max(1, _worst_bank(p // wo * (iw + pad) + p % wo + lane % 4))
         if best is None or worst < best[1]:
             best = (iw + pad, worst)
     return best
@@ -327,7 +328,7 @@ def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
     for stride in range(iw + iw % 2, iw + 16, 2):
         a = px // wo * stride + px % wo
         odd = a % 2
-        words = np.sort(odd * (32 * 2**20 + 16) + (a - odd) // 2 + lane % 4, axis=-1)
+        words = odd * (32 * 2**20 + 16) + (a - odd) // 2 + lane % 4
         worst = max(1, _worst_bank(words))
         if best is None or worst < best[1]:
             best = (stride, worst)
@@ -335,11 +336,8 @@ def _row_stride16(iw: int, wo: int) -> tuple[int, int]:
 
 
 def _worst_bank(words) -> int:
-    """The most distinct words one bank serves in any row of ``words`` (sorted along
-    its last axis, a warp's 32 lanes)."""
-    first = np.ones(words.shape, dtype=bool)  # a word counts once in its bank
-    first[..., 1:] = words[..., 1:] != words[..., :-1]
-    return int(((words[..., None] % 32 == np.arange(32)) & first[..., None]).sum(axis=-2).max())
+    """The most distinct words one of the 32 banks serves in any warp access of ``words``."""
+    return int(most_distinct(words, lambda w: w % 32, 32).max())
 
 
 def band16_words(
