@@ -4,7 +4,7 @@
 // Shape    ae-dec2-bf16: C=128 M=256 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc op=dgrad
 //          bf16 dy[B][16][16][256] * w[256][128][3][3] -> dx[B][16][16][128], the forward problem's adjoint (nhwc), fp32 sums, B at launch
 // Variant  tcgemm_b128x128_w2x2_k32_p4_bf16_dgrad_iobf16_nhwc
-//          pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16 (fp16, bf16) or m16n8k8 (tf32 for fp32 tensors), fp32 sums
+//          pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a multistage swizzled ring, ldmatrix, mma.sync m16n8k16 (fp16, bf16) or m16n8k8 (fp32 tensors in tf32, or in three tf32 products at fp32 accuracy), fp32 sums; strided dgrad a GEMM per stride phase
 //          precision bf16: x and w rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -58,6 +58,7 @@ __device__ __forceinline__ unsigned swizzle(int row, int unit)
     return (unsigned)(u ^ ((u >> 3) & 7)) * 16u;
 }
 
+
 extern "C" __global__ void __launch_bounds__(128, 2)
 tcgemm_b128x128_w2x2_k32_p4_bf16_dgrad_iobf16_nhwc(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, int batch)
 {
@@ -90,8 +91,8 @@ tcgemm_b128x128_w2x2_k32_p4_bf16_dgrad_iobf16_nhwc(const unsigned short* __restr
         const int ow = p % 16;
         const bool ok = p < pixels;
         xs[i] = x + (size_t)(ok ? n : 0) * 65536 + unit * 8;
-        ih0[i] = ok ? oh * 1 - 1 : -(1 << 20);
-        iw0[i] = ow * 1 - 1;
+        ih0[i] = ok ? oh - 1 : -(1 << 20);
+        iw0[i] = ow - 1;
     }
     const unsigned short* ws[4];  // the row's map, at this thread's channels
 #pragma unroll
@@ -107,8 +108,8 @@ tcgemm_b128x128_w2x2_k32_p4_bf16_dgrad_iobf16_nhwc(const unsigned short* __restr
         const unsigned b_dst = b_base + stage * 8192u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int ih = ih0[i] + lr * 1;
-            const int iw = iw0[i] + ls * 1;
+            const int ih = ih0[i] + lr;
+            const int iw = iw0[i] + ls;
             const bool ok = (unsigned)ih < 16u && (unsigned)iw < 16u;
             const unsigned short* src = ok ? xs[i] + (ih * 16 + iw) * 256 + lc : x;
             cp_async16(a_dst + swizzle(row0 + i * 32, unit), src, ok ? 16 : 0);

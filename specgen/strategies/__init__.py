@@ -166,7 +166,9 @@ def default_strategy(problem: ConvProblem) -> type[Variant]:
         Tiled.problem_for(problem)
         return Tiled
     except SpecError:
-        return next((s for s in TABLE if problem.op in s.ops), Tiled)
+        able = [s for s in TABLE if problem.op in s.ops]
+        serves = [s for s in able if set(problem.features()) <= s.serves]
+        return (serves or able or [Tiled])[0]
 
 
 __all__ = [

@@ -236,6 +236,7 @@ def plan_kn2row(p: ConvProblem, v: Kn2row) -> Plan:
         fp16=p.dtype is DType.FP16,
         elem={Precision.FP16: "f16", Precision.BF16: "bf16"}[v.precision],
         tf32=False,  # the ring's main loop (gemm/ring_mma.j2) serves tcgemm's tf32 too
+        split=False,  # nor its fp32 in three tf32 products
         mma_shape="m16n8k16",
         vec=vec,
         ksteps=per_row // 2,

@@ -12,6 +12,11 @@ rows of one k column without a bank conflict; the warps multiply on ``mma.sync``
 m16n8k16 in fp16 or bf16 with fp32 sums, and the epilogue (bias, activation, rounding
 to the output dtype) runs on the registers before a store of adjacent map pairs.
 
+fp32 tensors are multiplied in tf32, or at fp32 accuracy in three tf32 products
+(``--precision fp32``, as ``tc3wgrad``): each word split into a tf32 hi and the lo
+left over, and lo x hi + hi x lo + hi x hi summed per k step from zero before it
+joins the fp32 sums.
+
 dgrad at stride 1 comes through the forward view (``ConvProblem.dgrad_view``): the
 same kernel over dy with the weights flipped and transposed by the packing step.
 """
@@ -22,10 +27,11 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
-from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
+from .phased import _phase_taps
 
 VECTOR = 8  # 16-bit elements per 16-byte copy
 # The math each tensor dtype is multiplied in on the tensor cores: its own, tf32 for fp32.
@@ -44,10 +50,11 @@ class Tcgemm(Variant):
     description = (
         "pipelined implicit GEMM on tensor cores: NHWC tensors, 16-byte cp.async into a "
         "multistage swizzled ring, ldmatrix, mma.sync m16n8k16 (fp16, bf16) or m16n8k8 "
-        "(tf32 for fp32 tensors), fp32 sums"
+        "(fp32 tensors in tf32, or in three tf32 products at fp32 accuracy), fp32 sums; "
+        "strided dgrad a GEMM per stride phase"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
-    precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
+    precisions = (Precision.BF16, Precision.FP16, Precision.TF32, Precision.FP32)
     tensor_core = True
 
     blocktile: tuple[int, int] = param(
@@ -58,6 +65,24 @@ class Tcgemm(Variant):
     )
     chunk: int = param(32, Count("k"), "tcgemm: channels of one tap per pipeline stage")
     stages: int = param(4, Count("p"), "tcgemm: chunks in the shared-memory ring")
+
+    ops = frozenset({Op.FPROP, Op.DGRAD})
+
+    @classmethod
+    def problem_for(cls, problem):
+        """dgrad through its forward view where it has one (stride 1), else the dgrad
+        problem itself, computed a stride phase a GEMM (``phases_of``)."""
+        if problem.op is Op.DGRAD:
+            try:
+                return problem.dgrad_view()
+            except SpecError:
+                return problem
+        return super().problem_for(problem)
+
+    @property
+    def three_tf32(self) -> bool:
+        """fp32 math in three tf32 products (reference.error_coefficient's bound)."""
+        return self.precision is Precision.FP32
 
     def plan(self, problem):
         return plan_tcgemm(problem, self)
@@ -74,24 +99,32 @@ class Tcgemm(Variant):
         H200, 128x128 blocks of 2x2 such warps and chunks of 32 bf16 channels four deep were
         the fastest on ae-enc2 and ae-dec2; in tf32, 16 channels: 0.119 ms against a
         32-channel chunk that spilled)."""
-        precision = MATH[problem.dtype]
-        if seed.precision is not precision:
+        precision = seed.precision
+        if precision not in maths_of(problem.dtype):
             raise SpecError(
                 f"tcgemm multiplies {problem.dtype.value} tensors in "
-                f"{precision.value}: take --precision {precision.value}"
+                f"{' or '.join(m.value for m in maths_of(problem.dtype))}: take --precision "
+                f"{MATH[problem.dtype].value}"
             )
+        if precision is Precision.FP32:
+            # three products a step and the split words beside the fragments: warps of
+            # 64 pixels x 32 maps, eight of them
+            seed = replace(seed, blocktile=(128, 128))
+        out = problem.H * problem.W if problem.op is Op.DGRAD else problem.Ho * problem.Wo
+        problem = gemm_view(problem)
         bn = min(seed.blocktile[1], max(16, 1 << (problem.Mg - 1).bit_length()))
         bm = seed.blocktile[0]
-        pixels = problem.batch * problem.Ho * problem.Wo
+        pixels = problem.batch * out
         while bm > 64 and ceil_div(pixels, bm) * ceil_div(problem.Mg, bn) * problem.groups < (
             TARGET_BLOCKS
         ):
             bm //= 2
-        warps = (max(1, bm // 64), max(1, bn // 64))
+        warp_n = 32 if precision is Precision.FP32 else 64
+        warps = (max(1, bm // 64), max(1, bn // warp_n))
         if warps[0] * warps[1] < 4 and bn >= 32:
             warps = (max(1, bm // 32), warps[1])  # few warps' copy addresses spill
         chunk = 64 // problem.dtype.bytes  # rows of 64 bytes: two mma k steps a chunk
-        return replace(seed, blocktile=(bm, bn), warpgrid=warps, chunk=chunk)
+        return replace(seed, blocktile=(bm, bn), warpgrid=warps, chunk=chunk, precision=precision)
 
     @classmethod
     def space(cls, problem, precision):
@@ -105,7 +138,7 @@ class Tcgemm(Variant):
             (256, 128, 4, 4),
             (128, 256, 2, 8),
         ):
-            for chunk in (32, 64) if precision is not Precision.TF32 else (16, 32):
+            for chunk in (32, 64) if precision.value not in ("tf32", "fp32") else (16, 32):
                 for stages in (3, 4, 5):
                     out.append(
                         cls(
@@ -119,19 +152,134 @@ class Tcgemm(Variant):
         return out
 
 
-def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
+def maths_of(dtype: DType) -> tuple[Precision, ...]:
+    """The maths tcgemm multiplies tensors of ``dtype`` in: their own on the tensor
+    cores, and for fp32 tensors tf32 or fp32 in three tf32 products."""
+    return (MATH[dtype], Precision.FP32) if dtype is DType.FP32 else (MATH[dtype],)
+
+
+def affine(const: int, **terms: int) -> str:
+    """The C expression const + sum of name * k, with the ones and zeros left out
+    (``affine(-1, oh=2)`` is "oh * 2 - 1")."""
+    text = ""
+    for name, k in terms.items():
+        if k == 0:
+            continue
+        sign = " - " if k < 0 else " + "
+        term = name if abs(k) == 1 else f"{name} * {abs(k)}"
+        text = (f"-{term}" if k < 0 else term) if not text else text + sign + term
+    if not text:
+        return str(const)
+    return text + (f" + {const}" if const > 0 else f" - {-const}" if const < 0 else "")
+
+
+def gemm_view(problem: ConvProblem) -> ConvProblem:
+    """The forward problem whose sizes the GEMM takes: the problem itself, or for a
+    strided dgrad (computed in phases) the convolution of dy (channels M, an Ho x Wo
+    image) into dx's C maps, its geometry left to the phases (the full padding keeps
+    any image valid)."""
+    if problem.op is not Op.DGRAD:
+        return problem
+    p = problem
+    return replace(
+        p,
+        C=p.M,
+        M=p.C,
+        H=p.Ho,
+        W=p.Wo,
+        stride=(1, 1),
+        dil=(1, 1),
+        pads=(p.R - 1, p.R - 1, p.S - 1, p.S - 1),
+        op=Op.FPROP,
+        name="",
+    )
+
+
+def _phase_walk(taps: list[tuple[int, int]], window: int) -> tuple[int, int, int, int, int]:
+    """(count, first flipped tap, its step, first dy offset, its step) of one axis of a
+    phase, its taps walked in the order of the flipped window (the tap t is t' =
+    window - 1 - t there), which is also the order of rising dy offsets."""
+    if not taps:
+        return 0, 0, 0, 0, 0
+    ordered = sorted(taps, key=lambda t: -t[0])
+    t0, o0 = window - 1 - ordered[0][0], ordered[0][1]
+    if len(ordered) == 1:
+        return 1, t0, 0, o0, 0
+    t1, o1 = window - 1 - ordered[1][0], ordered[1][1]
+    return len(ordered), t0, t1 - t0, o0, o1 - o0
+
+
+def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
+    """The GEMMs of the kernel, each a dict of the C expressions and sizes its tile
+    takes: the forward convolution as one; a strided dgrad as one per stride phase of
+    dx (rows h = a mod sh, columns w = b mod sw, as ``phased``), each over the taps that
+    reach it, in the flipped window of the dgrad weights."""
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    pt, _, pl, _ = p.pads
+    if p.op is not Op.DGRAD:
+        return [
+            dict(
+                what="",
+                OW=p.Wo,
+                HW=p.Ho * p.Wo,
+                ih0=affine(-pt, oh=sh),
+                iw0=affine(-pl, ow=sw),
+                ih=affine(0, **{"ih0[i]": 1, "lr": dh}),
+                iw=affine(0, **{"iw0[i]": 1, "ls": dw}),
+                tap=affine(0, lr=p.S, ls=1),
+                RT=p.R,
+                ST=p.S,
+                kt=p.R * p.S * chunks_per_tap,
+                out=None,
+            )
+        ]
+    out = []
+    for a in range(sh):
+        rows = _phase_taps(a, pt, dh, sh, p.R)
+        for b in range(sw):
+            Hq, Wq = ceil_div(p.H - a, sh), ceil_div(p.W - b, sw)
+            if Hq < 1 or Wq < 1:
+                continue  # the image is smaller than the stride
+            cols = _phase_taps(b, pl, dw, sw, p.S)
+            RT, r0, dr, oy0, doy = _phase_walk(rows, p.R)
+            ST, s0, ds, ox0, dox = _phase_walk(cols, p.S)
+            taps = (
+                f"taps r {[t for t, _ in rows]} x s {[t for t, _ in cols]}" if RT * ST else "no tap"
+            )
+            out.append(
+                dict(
+                    what=f"dx rows h = {a} (mod {sh}), columns w = {b} (mod {sw}): {taps}",
+                    OW=Wq,
+                    HW=Hq * Wq,
+                    ih0=affine(oy0, oh=1),
+                    iw0=affine(ox0, ow=1),
+                    ih=affine(0, **{"ih0[i]": 1, "lr": doy}),
+                    iw=affine(0, **{"iw0[i]": 1, "ls": dox}),
+                    tap=affine(r0 * p.S + s0, lr=dr * p.S, ls=ds),
+                    RT=RT,
+                    ST=ST,
+                    kt=RT * ST * chunks_per_tap,
+                    out=f"(n * {p.H} + {affine(a, oh=sh)}) * {p.W} + {affine(b, ow=sw)}",
+                )
+            )
+    return out
+
+
+def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
+    p = gemm_view(problem)  # the GEMM's sizes; ``problem`` keeps the op and geometry
     # 1. limits
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
             "tcgemm reads channels-last tensors (16-byte copies along the channels): use "
             "layout=nhwc in the shape spec, or --strategy mma"
         )
-    want = MATH[p.dtype]
-    if v.precision is not want:
+    if v.precision not in maths_of(p.dtype):
         raise SpecError(
-            f"tcgemm multiplies {p.dtype.value} tensors in {want.value}: take --precision "
-            f"{want.value}"
+            f"tcgemm multiplies {p.dtype.value} tensors in "
+            f"{' or '.join(m.value for m in maths_of(p.dtype))}: take --precision "
+            f"{MATH[p.dtype].value}"
         )
+    split = v.precision is Precision.FP32
     vec = 16 // p.dtype.bytes  # elements per 16-byte copy
     if p.Cg % vec:
         raise SpecError(
@@ -190,6 +338,10 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
     ksteps = v.chunk * size // 32
     budget = min(255, 65536 // threads // 8 * 8)
     need = fm * fn * 4 + 2 * (fm * 4 + fn * 2) + 30 + 20 * max(0, ksteps - 2)
+    if split:  # b's hi and lo for every n8 fragment, a's for one m16, a step's sums,
+        # and 25 more for each k step past two (ptxas on sm_90: 64x32 warp tiles took
+        # 252 registers with k16 chunks and spilled 200-330 bytes with k32)
+        need += fn * 4 + 8 + 4 + 25 * max(0, ksteps - 2)
     if need > budget:
         raise SpecError(
             f"tcgemm b{bm}x{bn} w{wm_count}x{wn_count}: a {warp_m}x{warp_n} warp tile needs "
@@ -199,15 +351,18 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
 
     # 2. work
     chunks_per_tap = ceil_div(p.Cg, v.chunk)
-    kt = p.R * p.S * chunks_per_tap
+    phases = phases_of(problem, chunks_per_tap)
+    phased = problem.op is Op.DGRAD
+    kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
     map_tiles = ceil_div(p.Mg, bn)
     ctx = shape_context(p)
-    (sh, sw), (dh, dw) = p.stride, p.dil
-    tf32 = v.precision is Precision.TF32
+    (sh, sw), (dh, dw) = problem.stride, problem.dil
+    tf32 = p.dtype is DType.FP32
     ctx.update(
         fp16=p.dtype is DType.FP16,
         tf32=tf32,
-        elem={Precision.FP16: "f16", Precision.BF16: "bf16", Precision.TF32: "tf32"}[v.precision],
+        split=split,
+        elem={DType.FP16: "f16", DType.BF16: "bf16", DType.FP32: "tf32"}[p.dtype],
         mma_shape="m16n8k8" if tf32 else "m16n8k16",
         io="float" if tf32 else "unsigned short",
         vec=vec,
@@ -239,25 +394,45 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
         smem=smem,
         chunks_per_tap=chunks_per_tap,
         kt=kt,
+        phases=phases,
+        phased=phased,
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bn != 0,
         guard_chans=p.Cg % v.chunk != 0,
         pair_store=p.M % 2 == 0 and p.Mg % 2 == 0,
         min_blocks=max(1, 256 // threads),
-        precision_note=ROUNDING[v.precision],
+        precision_note=(
+            "x and w split into tf32 hi + lo, lo x hi + hi x lo + hi x hi per k step, sums in fp32"
+            if split
+            else ROUNDING[v.precision]
+        ),
     )
     ctx.update(
         x_image=p.H * p.W * p.C,
         y_group=p.Mg,
     )
-    sizes = (
+    most = max(ph["HW"] for ph in phases)
+    gemm = (
         Size(
             "GEMM",
             f"(B*{p.Ho * p.Wo}) x {p.Mg} x {p.R * p.S * p.Cg}"
             + (f", {p.groups} groups" if p.groups > 1 else ""),
             "output pixels x maps x (r, s, c) taps; NHWC y is the product as it lies",
         ),
+    )
+    if phased:
+        gemm = (
+            Size(
+                "phases",
+                f"{len(phases)} of {sh} x {sw}, blockIdx.z",
+                "dx rows h = a (mod sh) x columns w = b (mod sw), each a GEMM of "
+                "(B*its pixels) x C/groups x (its taps x M/groups) over dy: "
+                + ", ".join(f"{ph['HW']} x {ph['RT'] * ph['ST']}" for ph in phases),
+            ),
+        )
+    sizes = (
+        *gemm,
         Size(
             "block tile",
             f"{bm} pixels x {bn} maps",
@@ -266,8 +441,8 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
         ),
         Size(
             "k walk",
-            f"{kt} chunks of {v.chunk} channels",
-            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
+            f"{kt} chunks of {v.chunk} channels" + (" at most" if phased else ""),
+            f"{'a phase' if phased else p.R}x{'s' if phased else p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
             + ("; the last zero-filled past them" if p.Cg % v.chunk else ""),
         ),
         Size(
@@ -281,18 +456,19 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
             "16-byte cp.async.cg, zero-filled outside the image and past the maps",
         ),
     )
+    args = (Role.DY, Role.W, Role.DX) if phased else (Role.X, Role.W, *y_args(p))
     launch = Launch(
-        v.kernel_name(p),
-        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        v.kernel_name(problem),
+        (*args, Role.BATCH),
         (threads, 1, 1),
-        (0, map_tiles * p.groups, 1),
+        (0, map_tiles * p.groups, len(phases)),
         0,
-        p.Ho * p.Wo,
+        most,
         bm,
         smem,
     )
     return Plan(
-        shape=p,
+        shape=problem,
         variant=v,
         template="gemm/tcgemm.cu.j2",
         launches=(launch,),
@@ -300,6 +476,9 @@ def plan_tcgemm(p: ConvProblem, v: Tcgemm) -> Plan:
         dynamic_smem=smem,
         const_bytes=0,
         weight_format="mrsc." + p.dtype.value,
+        weight_transform="dgrad" if phased else "",
         sizes=sizes,
         context=ctx,
+        # three products a step, each step's sum added to the running one
+        sum_depth=(0, 1, 3 * kt * v.chunk + (1 if p.bias else 0)) if split else None,
     )
