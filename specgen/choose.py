@@ -56,6 +56,10 @@ def few_channels(view: ConvProblem, math: Precision) -> bool:
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
 # fp32 takes 0.20.  wgmma shares that walk (and its 64-map warpgroups would idle).
 FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
+# tcgemm's fp32 math (three tf32 products a product) is tried only where a group's
+# channels and maps are both at least this many: each loaded word then feeds enough
+# products to pay for its split.
+GEMM_FP32_MIN = 32
 # Tried only for 32 channels or more: flane gives each lane of a warp a channel, and
 # its sums then cross all 32.  On the autoencoder's 256 -> 3 layer in NHWC it ran the
 # forward pass in 0.104 ms against stream's 0.201 and cuDNN's fp32 0.737 and tf32 0.211
@@ -323,14 +327,17 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and
         # the sums fp32, as accurate as fp32 math on them and what PyTorch computes.
-        for math in (Precision.FP32, *maths(problem, allow_tf32)[1:]):
-            if math is not Precision.FP32 and not cls.tensor_core:
-                continue
+        # Tensor cores take the fastest math allowed first: tf32 where the caller allows
+        # it, before fp32 in three tf32 products.
+        order = maths(problem, allow_tf32)
+        for math in order[::-1] if cls.tensor_core else order[:1]:
             try:
                 view = cls.problem_for(problem)
                 if key in FEW_CHANNELS and not few_channels(view, math):
                     continue
                 if key in FEW_MAPS_TF32 and math is Precision.TF32 and view.Mg < 16:
+                    continue
+                if key == "tcgemm" and math is Precision.FP32 and not gemm_fp32_suits(view):
                     continue
                 if key in FEW_MAPS and view.Mg >= WGEMM_MIN_MAPS:
                     continue
@@ -379,6 +386,48 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     v, "planned", f"planner default ({cls.key}; the only strategy that serves it)"
                 )
     raise SpecError(f"no strategy of specgen serves {problem.spec}")
+
+
+def gemm_fp32_suits(view: ConvProblem) -> bool:
+    """Whether tcgemm's fp32 math (three tf32 products) is tried for the forward
+    problem ``view``: channels and maps a group enough to pay for the splits."""
+    return min(view.Cg, view.Mg) >= GEMM_FP32_MIN
+
+
+def through_nhwc(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> bool:
+    """Whether an NCHW problem is better computed in NHWC, its tensors copied there and
+    back (the operator's layout pass): where the NHWC problem's pick runs on the tensor
+    cores and the NCHW problem's does not.  The copies move each tensor once more
+    through memory, a small part of a wide layer's time on CUDA cores."""
+    return computed_layout(problem, gpu, allow_tf32, arch) is not problem.layout
+
+
+# The wgrad strategy that serves what no other does; its channels-last reads of a few
+# channels over a wide window are slow (the first layer of resnet18, 3 channels, 7x7 at
+# stride 2, bf16 NHWC at B=64: 5.03 ms against cuDNN's 0.32, H200 2026-11-28).
+LAST_RESORT = "wsplit"
+
+
+def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
+    """The layout the operator computes ``problem`` in, its tensors copied there and
+    back where it is not theirs: NHWC for an NCHW op whose only tensor-core kernel is
+    in NHWC; NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
+    another strategy takes it in NCHW; else the problem's own."""
+    if problem.op is Op.BGRAD:
+        return problem.layout
+    here = choose(problem, gpu, allow_tf32, arch).variant
+    other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
+    if problem.layout is TensorLayout.NCHW and here.tensor_core:
+        return problem.layout
+    if problem.layout is TensorLayout.NHWC and here.key != LAST_RESORT:
+        return problem.layout
+    try:
+        there = choose(replace(problem, layout=other), gpu, allow_tf32, arch).variant
+    except SpecError:
+        return problem.layout
+    if other is TensorLayout.NHWC:
+        return other if there.tensor_core else problem.layout
+    return other if there.key != LAST_RESORT else problem.layout
 
 
 def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> Choice:

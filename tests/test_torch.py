@@ -38,7 +38,10 @@ def exact_fp32():
 
 
 def kernel(p: ConvProblem):
-    return E.kernel_for(p, torch.device("cuda", torch.cuda.current_device()))
+    """The kernel the operator runs for ``p``, in the layout it computes it in."""
+    index = torch.cuda.current_device()
+    p = E.computed(p, index, torch.backends.cudnn.allow_tf32)
+    return E.kernel_for(p, torch.device("cuda", index))
 
 
 @pytest.fixture(autouse=True)
@@ -736,3 +739,53 @@ def test_fp32_channels_last_weights_get_dw_in_their_layout(tf32):
         assert wide, "tcwgrad wrote dw in the weights' channels_last layout"
     if wide:
         assert dw_cl.is_contiguous(memory_format=cl)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_wide_nchw_layers_run_on_tensor_cores_through_nhwc(mode, stride):
+    """A wide layer of contiguous (NCHW) tensors: each op's kernel is a tensor-core one
+    computing in NHWC (fp32 in three tf32 products, tf32 where allowed, bf16), the
+    tensors copied there and back: y, dx, dw and db NCHW like PyTorch's, each within
+    the bound of the kernel that ran, against float64 autograd."""
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    dt = torch.bfloat16 if mode == "bf16" else torch.float32
+    x = torch.randn(3, 64, 13, 16, device="cuda", dtype=dt, requires_grad=True)
+    w = (torch.randn(96, 64, 3, 3, device="cuda") / 24).to(dt).requires_grad_()
+    b = torch.randn(96, device="cuda", dtype=dt, requires_grad=True)
+    y = sg.conv2d(x, w, b, stride, 1)
+    dy = torch.randn_like(y)
+    dx, dw, db = torch.autograd.grad(y, [x, w, b], dy)
+    assert y.is_contiguous() and dx.is_contiguous() and dw.is_contiguous()
+    d64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y64 = F.conv2d(*d64, stride, 1)
+    refs = torch.autograd.grad(y64, d64, dy.double())
+    a64 = [t.detach().abs() for t in d64[:2]]
+    ymag = F.conv2d(*a64, d64[2].detach().abs(), stride, 1)
+    a64 = [t.requires_grad_() for t in a64]
+    mags = torch.autograd.grad(F.conv2d(*a64, None, stride, 1), a64, dy.double().abs())
+    p = E.problem(
+        Op.FPROP,
+        x.shape,
+        w.shape,
+        True,
+        [stride] * 2,
+        [1] * 4,
+        [1, 1],
+        1,
+        E.dtype_of(x),
+        TensorLayout.NCHW,
+    )
+    largest = max(float(x.abs().max()), float(dy.abs().max()))
+    for op, got, ref, mag in (
+        (Op.FPROP, y, y64, ymag),
+        (Op.DGRAD, dx, refs[0], mags[0]),
+        (Op.WGRAD, dw, refs[1], mags[1]),
+    ):
+        q = replace(p, op=op, bias=op is not Op.DGRAD)
+        k = kernel(q)
+        if op is not Op.WGRAD or mode == "bf16":  # fp32 tensors' wgrad: tc3wgrad on NCHW
+            assert k.problem.layout is TensorLayout.NHWC, (op, k.conv.plan.name)
+        assert k.choice.variant.tensor_core, (op, k.conv.plan.name)
+        check(got, ref.detach(), mag, k.conv.plan, 3, largest, float(w.abs().max()), op.value)
+    assert torch.allclose(db.double(), dy.double().sum((0, 2, 3)), rtol=1e-2, atol=1e-2)

@@ -13,6 +13,7 @@ import torch
 
 from .. import tunedb
 from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths, three_tf32_suits
+from ..choose import computed_layout as layout_for
 from ..errors import SpecError
 from ..plan import make_plan
 from ..runtime import Conv, _driver_launch, _Step, device_arch, weight_dtype
@@ -82,6 +83,7 @@ class Kernel:
 
 _kernels: dict[tuple, Kernel] = {}
 _gpu_names: dict[int, str] = {}
+_archs: dict[int, str] = {}
 
 
 def layout_of(x: torch.Tensor) -> TensorLayout:
@@ -191,6 +193,22 @@ def gpu_name(index: int) -> str:
     return _gpu_names[index]
 
 
+def computed(p: ConvProblem, index: int, tf32: bool) -> ConvProblem:
+    """The problem as the operator computes it on device ``index``: ``p``, or its twin
+    in the other layout (``choose.computed_layout``: an NCHW op that only in NHWC gets
+    a tensor-core kernel), the tensors copied there and back around the launch."""
+    layout = layout_for(p, gpu_name(index), tf32, arch_of(index))
+    return p if layout is p.layout else replace(p, layout=layout)
+
+
+def arch_of(index: int) -> str:
+    """The device's architecture as specgen names it ("sm_90"), read once."""
+    if index not in _archs:
+        major, minor = torch.cuda.get_device_capability(index)
+        _archs[index] = f"sm_{major}{minor}"
+    return _archs[index]
+
+
 def allow_tf32() -> bool:
     """As PyTorch's own convolution: tf32 math for fp32 tensors only where cuDNN may."""
     return bool(torch.backends.cudnn.allow_tf32)
@@ -244,12 +262,13 @@ class Layer:
 
     def kernel(self, op: Op, bias: bool, batch: int, grads32: str = "") -> Kernel:
         """The op's kernel, chosen for the batch of its first call (as ``kernel_for``;
-        ``grads32`` for wgrad under the autocast cast)."""
+        ``grads32`` for wgrad under the autocast cast).  Its problem's layout is the one
+        the op computes in (``computed``): the tensors' own, or the other one with the
+        tensors copied there and back."""
         k = self.kernels.get((op, bias, grads32))
         if k is None:
-            k = self.kernels[(op, bias, grads32)] = kernel_for(
-                self.problem(op, bias, batch), self.device, self.tf32, grads32
-            )
+            p = computed(self.problem(op, bias, batch), self.index, self.tf32)
+            k = self.kernels[(op, bias, grads32)] = kernel_for(p, self.device, self.tf32, grads32)
         return k
 
     def cast(self, bias: bool, batch: int, dgrad: bool) -> "Cast":
@@ -796,9 +815,11 @@ def forward(lay: Layer, x, w, bias):
     """y of the convolution (x dense in the layer's layout; ``w`` as ``launch``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
-    y = empty((N, *lay.y_rest), x, lay.layout)
+    computed = k.problem.layout
+    x = dense(x, computed)
+    y = empty((N, *lay.y_rest), x, computed)
     launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
-    return y
+    return dense(y, lay.layout)
 
 
 def input_grad(lay: Layer, dy, w):
@@ -806,9 +827,11 @@ def input_grad(lay: Layer, dy, w):
     ``launch``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
-    dx = empty((N, *lay.x_rest), dy, lay.layout)
+    computed = k.problem.layout
+    dy = dense(dy, computed)
+    dx = empty((N, *lay.x_rest), dy, computed)
     launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w)
-    return dx
+    return dense(dx, lay.layout)
 
 
 def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
@@ -820,7 +843,7 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     and the caller (or autograd) makes them what the weights need."""
     N = x.shape[0]
     k = lay.kernel(Op.WGRAD, bias, N, grads32)
-    x, dy = dense(x, lay.wgrad_layout), dense(dy, lay.wgrad_layout)
+    x, dy = dense(x, k.problem.layout), dense(dy, k.problem.layout)
     if k.grads32:
         lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
         dw = empty(lay.w_size, x, lay32, torch.float32)
