@@ -587,3 +587,65 @@ def tune(shape_text, precision, budget, batch, strategy, op_text):
     from .tune import run_tune
 
     run_tune(shape, prec, budget, echo=click.echo, batch=batch, strategy=strat)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--batch", type=SIZE, default=None, help="images a step (default: the model's)")
+@click.option("--image", type=SIZE, default=None, help="image side in pixels (default 224)")
+@click.option("--plan", "plan_only", is_flag=True, help="the problems and the picks; no GPU")
+@click.option(
+    "--modes", default="fp32,tf32,bf16", show_default=True, help="maths to run, of fp32, tf32, bf16"
+)
+@click.option("--gpu", default=None, help="whose picks --plan lists (default: NVIDIA H200)")
+@click.option(
+    "--arch", default="sm_90", show_default=True, help="the GPU's architecture, for --plan"
+)
+@click.option("--reps", type=SIZE, default=20, show_default=True, help="timed runs a median")
+@click.option("--graph/--no-graph", default=True, help="time the step as a CUDA graph too")
+@click.option("--layers/--no-layers", default=True, help="time every layer op alone too")
+def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers):
+    """Run the torchvision model NAME (resnet50, vgg11, mobilenet_v2, ...) on specgen
+    beside cuDNN: accuracy against float64, the training step, and a per-layer table
+    (torchvision: the model extra).  --plan lists the problems and picks without a GPU."""
+    try:
+        from .torch import model as m
+    except ImportError:
+        fail("specgen model needs PyTorch and torchvision: pip install 'specgen[model]'")
+    try:
+        chosen = [m.MODES[k.strip()] for k in modes.split(",")]
+    except KeyError as e:
+        fail(f"--modes: {e.args[0]!r} is not one of {', '.join(m.MODES)}")
+    default_batch, default_image = m.MODELS.get(name, (32, 224))
+    batch, image = batch or default_batch, image or default_image
+    try:
+        _check_arch(arch)
+        base = m.build(name)
+        found = m.conv_layers(base, batch, image)
+        if plan_only:
+            gpu = gpu or "NVIDIA H200"
+            click.echo(
+                f"{name}, batch {batch}, {image}x{image}: {len(found)} conv calls; "
+                f"the picks for {gpu} ({arch})"
+            )
+            for mode in chosen:
+                click.echo(
+                    f"\n{mode.name} ({mode.dtype.value}, {mode.layout.value}"
+                    f"{', tf32 allowed' if mode.tf32 else ''}):"
+                )
+                click.echo(m.format_rows(m.plan_rows(found, mode, gpu, arch), timed=False))
+            return
+        _need_gpu("specgen model without --plan")
+        m.run(
+            name,
+            batch,
+            image,
+            chosen,
+            reps,
+            graph,
+            layers,
+            click.echo,
+            lambda t: click.echo(t, err=True),
+        )
+    except SpecError as e:
+        fail(str(e))

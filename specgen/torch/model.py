@@ -1,0 +1,413 @@
+"""``specgen model NAME``: a torchvision model's convolutions on specgen, beside cuDNN.
+
+Three steps, each its own function so that scripts can call them:
+
+* ``conv_layers``: the model's ``nn.Conv2d`` layers as one forward pass meets them (on
+  the meta device, no GPU needed): each layer's input size, arguments, and whether its
+  input needs a gradient (the first layer's does not, so it has no dgrad).
+* ``plan_rows``: per layer and op, the problem and the kernel specgen picks for it
+  (``choose``), and the layout it computes in (an NCHW op copied to NHWC where only
+  there a tensor-core kernel takes it).
+* ``run``: on a GPU, per math (fp32; tf32; bf16 autocast with channels_last tensors):
+  the output and the conv weights' gradients against float64, beside cuDNN's; the
+  training step (forward, cross-entropy, backward, SGD) timed beside cuDNN's in the same
+  run, eagerly and as one CUDA graph; and each layer's ops timed alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from ..choose import choose, computed_layout
+from ..errors import SpecError
+from ..shapes import DType, Op, TensorLayout
+
+# name -> (batch, image side) of the issue's table; any torchvision classifier works.
+MODELS = {
+    "resnet18": (64, 224),
+    "resnet34": (64, 224),
+    "resnet50": (32, 224),
+    "vgg11": (32, 224),
+    "vgg16": (32, 224),
+    "mobilenet_v2": (64, 224),
+    "mobilenet_v3_large": (64, 224),
+    "efficientnet_b0": (64, 224),
+    "densenet121": (32, 224),
+    "regnet_y_400mf": (64, 224),
+}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One math a model is run in: the tensors' dtype, their memory format, and whether
+    fp32 tensors may use tf32 (as ``torch.backends.cudnn.allow_tf32``)."""
+
+    name: str
+    dtype: DType
+    layout: TensorLayout
+    tf32: bool
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}.get(self.dtype)
+
+
+MODES = {
+    "fp32": Mode("fp32", DType.FP32, TensorLayout.NCHW, False),
+    "tf32": Mode("tf32", DType.FP32, TensorLayout.NCHW, True),
+    "bf16": Mode("bf16", DType.BF16, TensorLayout.NHWC, False),
+}
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    name: str
+    x_size: tuple[int, int, int, int]
+    w_size: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    groups: int
+    bias: bool
+    needs_dx: bool  # its input needs a gradient (not the model's input)
+
+    def problem(self, op: Op, mode: Mode):
+        from ._engine import problem
+
+        bias = self.bias and op in (Op.FPROP, Op.WGRAD)
+        args = (self.stride, self.pads, self.dilation, self.groups)
+        return problem(op, self.x_size, self.w_size, bias, *args, mode.dtype, mode.layout)
+
+    def ops(self) -> list[Op]:
+        return [Op.FPROP, *([Op.DGRAD] if self.needs_dx else []), Op.WGRAD]
+
+
+def build(name: str):
+    """The torchvision model ``name`` (random weights), or SpecError."""
+    try:
+        import torchvision
+    except ImportError:
+        raise SpecError("specgen model needs torchvision: pip install 'specgen[model]'") from None
+    try:
+        return torchvision.models.get_model(name, weights=None)
+    except (ValueError, KeyError):
+        some = ", ".join(MODELS)
+        raise SpecError(f"torchvision has no model '{name}' (some that do: {some})") from None
+
+
+def conv_layers(model, batch: int, image: int) -> list[ConvLayer]:
+    """Every ``nn.Conv2d`` call of one forward pass of ``model`` at this batch and
+    image size, in order (a layer called twice is listed twice), traced on the meta
+    device."""
+    model = copy.deepcopy(model).to("meta")
+    found: list[ConvLayer] = []
+    names = {m: n for n, m in model.named_modules()}
+
+    def hook(m, args):
+        x = args[0]
+        if isinstance(m.padding, str):
+            raise SpecError(f"{names[m]}: padding='{m.padding}' is not traced here")
+        ph, pw = m.padding
+        found.append(
+            ConvLayer(
+                names[m],
+                tuple(x.shape),
+                tuple(m.weight.shape),
+                tuple(m.stride),
+                (ph, ph, pw, pw),
+                tuple(m.dilation),
+                m.groups,
+                m.bias is not None,
+                x.requires_grad,
+            )
+        )
+
+    handles = [
+        m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
+    try:
+        model(torch.empty(batch, 3, image, image, device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+@dataclass
+class Row:
+    layer: str
+    spec: str
+    op: str
+    computed: str  # the layout the op runs in
+    kernel: str
+    source: str
+    specgen_ms: float | None = None
+    cudnn_ms: float | None = None
+
+
+def plan_rows(layers: list[ConvLayer], mode: Mode, gpu: str, arch: str) -> list[Row]:
+    """Per distinct (problem, op) of the layers: the kernel specgen picks on ``gpu``."""
+    rows, seen = [], set()
+    for layer in layers:
+        for op in layer.ops():
+            p = layer.problem(op, mode)
+            if p in seen:
+                continue
+            seen.add(p)
+            p = replace(p, layout=computed_layout(p, gpu, mode.tf32, arch))
+            try:
+                c = choose(p, gpu, mode.tf32, arch)
+                kernel, source = c.variant.kernel_name(p), c.source
+            except SpecError as e:
+                kernel, source = "-", str(e)
+            spec = layer.problem(op, mode).spec
+            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source))
+    return rows
+
+
+def format_rows(rows: list[Row], timed: bool) -> str:
+    head = ["layer", "problem", "op", "in", "kernel", "source"]
+    if timed:
+        head += ["specgen ms", "cuDNN ms", "speedup"]
+    lines = [head]
+    for r in rows:
+        line = [r.layer, r.spec, r.op, r.computed, r.kernel, r.source]
+        if timed:
+            ok = r.specgen_ms and r.cudnn_ms
+            line += [
+                f"{r.specgen_ms:.4f}" if r.specgen_ms else "-",
+                f"{r.cudnn_ms:.4f}" if r.cudnn_ms else "-",
+                f"{r.cudnn_ms / r.specgen_ms:.2f}x" if ok else "-",
+            ]
+        lines.append(line)
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+
+
+# -- on a GPU -------------------------------------------------------------------------
+
+
+def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """The median of ``reps`` timings of ``fn`` with CUDA events, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _prepare(model, mode: Mode):
+    fmt = torch.channels_last if mode.layout is TensorLayout.NHWC else torch.contiguous_format
+    return model.cuda().to(memory_format=fmt)
+
+
+def _inputs(batch: int, image: int, mode: Mode, classes: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(batch, 3, image, image, device="cuda", generator=g)
+    if mode.layout is TensorLayout.NHWC:
+        x = x.contiguous(memory_format=torch.channels_last)
+    t = torch.randint(0, classes, (batch,), device="cuda", generator=g)
+    return x, t
+
+
+def _forward_backward(model, x, t, mode: Mode):
+    with torch.autocast("cuda", dtype=mode.autocast, enabled=mode.autocast is not None):
+        out = model(x)
+        loss = F.cross_entropy(out.float(), t)
+    loss.backward()
+    return out.detach().double()
+
+
+def _conv_grads(model) -> list[torch.Tensor]:
+    return [
+        m.weight.grad.detach().double()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Conv2d) and m.weight.grad is not None
+    ]
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
+    """The output's and the conv weight gradients' relative errors (norm of the
+    difference over the norm of float64's; for the gradients the worst layer) of
+    cuDNN's and specgen's run of ``base`` in ``mode``, both against float64 on cuDNN
+    (train mode: batch norm on the batch's statistics, the same for all three)."""
+    x, t = _inputs(batch, image, mode, _classes(base))
+    ref = copy.deepcopy(base).cuda().double()
+    out64 = _forward_backward(ref, x.double(), t, MODES["fp32"])
+    g64 = _conv_grads(ref)
+    found = {}
+    for who in ("cuDNN", "specgen"):
+        m = _prepare(copy.deepcopy(base), mode)
+        if who == "specgen":
+            m = sg.convert(m)
+        out = _forward_backward(m, x, t, mode)
+        grads = _conv_grads(m)
+        if not torch.isfinite(out).all() or any(not torch.isfinite(g).all() for g in grads):
+            found[who] = (float("nan"), float("nan"))
+            continue
+        found[who] = (_rel(out, out64), max(_rel(g, r) for g, r in zip(grads, g64)))
+    return found
+
+
+def _classes(model) -> int:
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return last[-1].out_features if last else 1000
+
+
+def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int) -> dict:
+    """The training step's median ms on cuDNN (``cudnn.benchmark`` on) and on specgen,
+    eager and, where ``graph``, captured as one CUDA graph and replayed."""
+    x, t = _inputs(batch, image, mode, _classes(base), seed=1)
+    found = {}
+    for who in ("cuDNN", "specgen"):
+        m = _prepare(copy.deepcopy(base), mode)
+        if who == "specgen":
+            m = sg.convert(m)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            _forward_backward(m, x, t, mode)
+            opt.step()
+
+        found[(who, "eager")] = median_ms(step, reps=reps, warmup=3)
+        if graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(g):
+                _forward_backward(m, x, t, mode)
+                opt.step()
+            found[(who, "graph")] = median_ms(g.replay, reps=reps, warmup=3)
+        del m, opt
+    return found
+
+
+def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg, reps: int) -> None:
+    """Each row's op timed alone on specgen's kernel and on cuDNN, in the row."""
+    from . import _engine
+
+    dt = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
+    fmt = torch.channels_last if mode.layout is TensorLayout.NHWC else torch.contiguous_format
+    by_spec = {}
+    for layer in layers:
+        for op in layer.ops():
+            by_spec.setdefault((layer.problem(op, mode).spec, op.value), layer)
+    for r in rows:
+        layer = by_spec[(r.spec, r.op)]
+        kind = dict(device="cuda", dtype=dt[mode.dtype])
+        x = torch.randn(layer.x_size, **kind).contiguous(memory_format=fmt)
+        w = torch.randn(layer.w_size, **kind) / (layer.w_size[1] * layer.w_size[2]) ** 0.5
+        b = torch.randn(layer.w_size[0], **kind) if layer.bias else None
+        pads = (layer.pads[0], layer.pads[2])
+        args = (layer.stride, pads, layer.dilation, layer.groups)
+        y = F.conv2d(x, w, b, *args)
+        dy = torch.randn_like(y)
+        lay, xs = _engine.layer(x, w, b, layer.stride, layer.pads, layer.dilation, layer.groups)
+        dys = _engine.dense(dy, lay.layout)
+        cu = {
+            "fprop": lambda: F.conv2d(x, w, b, *args),
+            "dgrad": lambda: torch.ops.aten.convolution_backward(
+                dy, x, w, None, *args[:2], args[2], False, [0, 0], args[3], [True, False, False]
+            ),
+            "wgrad": lambda: torch.ops.aten.convolution_backward(
+                dy,
+                x,
+                w,
+                [w.shape[0]] if b is not None else None,
+                *args[:2],
+                args[2],
+                False,
+                [0, 0],
+                args[3],
+                [False, True, b is not None],
+            ),
+        }
+        ours = {
+            "fprop": lambda: _engine.forward(lay, xs, w, b),
+            "dgrad": lambda: _engine.input_grad(lay, dys, w),
+            "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None),
+        }
+        r.cudnn_ms = median_ms(cu[r.op], reps=reps)
+        r.specgen_ms = median_ms(ours[r.op], reps=reps)
+
+
+def run(
+    name: str,
+    batch: int,
+    image: int,
+    modes: list[Mode],
+    reps: int,
+    graph: bool,
+    layers_too: bool,
+    echo,
+    progress,
+) -> None:
+    """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
+    training step and (``layers_too``) the per-layer table, printed through ``echo``;
+    what it is doing through ``progress``."""
+    import specgen.torch as sg
+
+    from ._engine import arch_of, gpu_name
+
+    torch.backends.cudnn.benchmark = True
+    base = build(name)
+    layers = conv_layers(base, batch, image)
+    gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
+    echo(f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}")
+    summary = []
+    for mode in modes:
+        torch.backends.cudnn.allow_tf32 = mode.tf32
+        torch.backends.cuda.matmul.allow_tf32 = mode.tf32
+        progress(f"[{mode.name}] accuracy against float64")
+        err = accuracy(base, batch, image, mode, sg)
+        progress(f"[{mode.name}] training step, cuDNN and specgen")
+        t = step_ms(base, batch, image, mode, sg, graph, reps)
+        summary.append((mode, err, t))
+        if layers_too:
+            rows = plan_rows(layers, mode, gpu, arch)
+            progress(f"[{mode.name}] {len(rows)} layer ops timed alone")
+            layer_times(layers, rows, mode, sg, reps)
+            echo(
+                f"\n{mode.name} ({mode.dtype.value}, {mode.layout.value}"
+                f"{', tf32 allowed' if mode.tf32 else ''}), per layer op, median ms:"
+            )
+            echo(format_rows(rows, timed=True))
+    echo(
+        "\ntraining step (forward, cross-entropy, backward, SGD), median ms; "
+        "speedup = cuDNN / specgen; errors: relative to float64 (output, worst conv dw)"
+    )
+    head = f"{'mode':<6} {'cuDNN':>9} {'specgen':>9} {'speedup':>8}"
+    if graph:
+        head += f" {'cuDNN graph':>12} {'specgen graph':>14} {'speedup':>8}"
+    head += f"  {'cuDNN err (y, dw)':>20}  {'specgen err (y, dw)':>20}"
+    echo(head)
+    for mode, err, t in summary:
+        cu, ours = t[("cuDNN", "eager")], t[("specgen", "eager")]
+        line = f"{mode.name:<6} {cu:9.3f} {ours:9.3f} {cu / ours:7.2f}x"
+        if graph:
+            gc, go = t[("cuDNN", "graph")], t[("specgen", "graph")]
+            line += f" {gc:12.3f} {go:14.3f} {gc / go:7.2f}x"
+        ce, se = err["cuDNN"], err["specgen"]
+        line += f"  {ce[0]:9.2e} {ce[1]:9.2e}   {se[0]:9.2e} {se[1]:9.2e}"
+        echo(line)
