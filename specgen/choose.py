@@ -56,9 +56,10 @@ def few_channels(view: ConvProblem, math: Precision) -> bool:
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
 # fp32 takes 0.20.  wgmma shares that walk (and its 64-map warpgroups would idle).
 FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
-# tcgemm's fp32 math (three tf32 products a product) is tried only where a group's
-# channels and maps are both at least this many: each loaded word then feeds enough
-# products to pay for its split.
+# tcgemm's and tcwgrad's fp32 math (three tf32 products a product) is tried only where a
+# group's channels and maps are both at least this many: each loaded word then feeds
+# enough products to pay for its split.
+GEMM_FP32 = {"tcgemm", "tcwgrad"}
 GEMM_FP32_MIN = 32
 # Tried only for 32 channels or more: flane gives each lane of a warp a channel, and
 # its sums then cross all 32.  On the autoencoder's 256 -> 3 layer in NHWC it ran the
@@ -337,7 +338,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key in FEW_MAPS_TF32 and math is Precision.TF32 and view.Mg < 16:
                     continue
-                if key == "tcgemm" and math is Precision.FP32 and not gemm_fp32_suits(view):
+                if key in GEMM_FP32 and math is Precision.FP32 and not gemm_fp32_suits(view):
                     continue
                 if key in FEW_MAPS and view.Mg >= WGEMM_MIN_MAPS:
                     continue
@@ -389,7 +390,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
 
 
 def gemm_fp32_suits(view: ConvProblem) -> bool:
-    """Whether tcgemm's fp32 math (three tf32 products) is tried for the forward
+    """Whether tcgemm's or tcwgrad's fp32 math (three tf32 products) is tried for the
     problem ``view``: channels and maps a group enough to pay for the splits."""
     return min(view.Cg, view.Mg) >= GEMM_FP32_MIN
 
@@ -410,14 +411,15 @@ LAST_RESORT = "wsplit"
 
 def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
     """The layout the operator computes ``problem`` in, its tensors copied there and
-    back where it is not theirs: NHWC for an NCHW op whose only tensor-core kernel is
-    in NHWC; NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
+    back where it is not theirs: NHWC for an NCHW op whose pick there runs faster math
+    (``speed_class``: tensor cores, and one product a product where tf32 is allowed);
+    NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
     another strategy takes it in NCHW; else the problem's own."""
     if problem.op is Op.BGRAD:
         return problem.layout
     here = choose(problem, gpu, allow_tf32, arch).variant
     other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
-    if problem.layout is TensorLayout.NCHW and here.tensor_core:
+    if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout
     if problem.layout is TensorLayout.NHWC and here.key != LAST_RESORT:
         return problem.layout
@@ -426,8 +428,22 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     except SpecError:
         return problem.layout
     if other is TensorLayout.NHWC:
-        return other if there.tensor_core else problem.layout
+        return other if speed_class(there) > speed_class(here) else problem.layout
     return other if there.key != LAST_RESORT else problem.layout
+
+
+FASTEST = 2
+
+
+def speed_class(v: Variant) -> int:
+    """How fast a variant's math runs, coarsely: one tensor-core product a product
+    (tf32, fp16, bf16) 2, fp32 in three tf32 products 1, CUDA cores 0.  An NCHW problem
+    whose tf32 is allowed but whose pick in place is tc3wgrad's fp32 runs tcwgrad's tf32
+    in NHWC: resnet50's wgrads at B=32 took 0.07-0.17 ms on cuDNN's tf32 against
+    tc3wgrad's 0.20-0.44 (H200, 2026-11-28)."""
+    if not v.tensor_core:
+        return 0
+    return 1 if getattr(v, "three_tf32", False) else FASTEST
 
 
 def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> Choice:

@@ -546,10 +546,17 @@ def run(shape_text, batch, streams, segment, name):
 
 
 def _tune_math(shape, strat) -> str:
-    """fp32, unless the strategy has no fp32 math: then the tensors' own 16-bit math
-    where it has that, else its first."""
-    if strat is None or Precision.FP32 in strat.precisions:
+    """fp32, unless the strategy has no fp32 math for the shape's tensors (tcgemm's and
+    tcwgrad's is for fp32 tensors only): then the tensors' own 16-bit math where it has
+    that, else its first."""
+    if strat is None:
         return "fp32"
+    if Precision.FP32 in strat.precisions:
+        try:
+            strat.default(strat.problem_for(shape), Precision.FP32)
+            return "fp32"
+        except SpecError:
+            pass
     own = shape.dtype.value
     return own if own in {p.value for p in strat.precisions} else strat.precisions[0].value
 

@@ -370,6 +370,15 @@ def gather_source(source: str, target: str) -> tuple[str, str]:
     return name, text
 
 
+def transpose_source(dtype: str) -> tuple[str, str]:
+    """The operator's layout transpose for tensors of ``dtype``: its name and source."""
+    from .render import render_template
+
+    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype]
+    name = f"transpose_{dtype}"
+    return name, render_template("torch/transpose.cu.j2", name=name, word=word)
+
+
 _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once imported
 
 

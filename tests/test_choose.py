@@ -121,8 +121,11 @@ def test_wgrad_default_follows_the_weight_count():
     assert choose(replace(wide, W=30), "some GPU").variant.key == "wtap"
     assert choose(replace(wide, W=30), "some GPU").variant.regtile == (4, 3)
     assert choose(replace(wide, R=5, S=5, pads=(2,) * 4), "some GPU").variant.key == "wgemm"
+    # channels-last wide layers: tcwgrad's three tf32 products, wgemm past what it takes
     nhwc = replace(wide, layout=TensorLayout.NHWC)
-    assert choose(nhwc, "some GPU").variant.key == "wgemm"
+    assert choose(nhwc, "some GPU").variant.name.startswith("tcwgrad_")
+    assert choose(nhwc, "some GPU").variant.precision is Precision.FP32
+    assert choose(replace(nhwc, C=254), "some GPU").variant.key == "wgemm"  # 4 at a copy
     # channels-last: wgemm as soon as its map tiles fill, wband below that
     assert choose(replace(narrow, layout=TensorLayout.NHWC), "some GPU").variant.key == "wgemm"
     few_maps = replace(narrow, C=256, M=3, layout=TensorLayout.NHWC)
@@ -138,7 +141,8 @@ def test_wgrad_default_follows_the_weight_count():
     wide_window = replace(few_maps, M=12, R=5, S=5, pads=(2, 2, 2, 2))
     assert choose(wide_window, "some GPU").variant.key != "wlane"
     pointwise = replace(few_maps, M=32, R=1, S=1, pads=(0, 0, 0, 0))
-    assert choose(pointwise, "some GPU").variant.key == "wgemm"
+    assert choose(pointwise, "some GPU").variant.key == "tcwgrad"  # 32 maps: three tf32s
+    assert choose(replace(pointwise, M=24), "some GPU").variant.key == "wgemm"
 
 
 def _hold(key, seconds, path):
@@ -273,3 +277,30 @@ def test_16bit_channels_last_layers_of_few_maps_go_to_kn2row():
     assert planned(nchw, allow_tf32=True).variant.key != "kn2row"
     c = choose(replace(PRESETS["ae-dec3-bf16"], bias=True), "NVIDIA H200", True)
     assert (c.source, c.variant.key) == ("shipped", "kn2row")
+
+
+def test_the_layout_an_op_is_computed_in():
+    """computed_layout: an NCHW op whose pick there runs slower math than its NHWC
+    twin's goes to NHWC (CUDA cores below three tf32 products, those below one where
+    tf32 is allowed); a channels-last wgrad that only wsplit takes goes to NCHW; the
+    rest stays where its tensors are."""
+    from specgen.choose import computed_layout
+
+    wide = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32)
+    gpu, nchw, nhwc = "some GPU", TensorLayout.NCHW, TensorLayout.NHWC
+    for op in (Op.FPROP, Op.DGRAD):
+        assert computed_layout(replace(wide, op=op), gpu) is nhwc
+        strided = replace(wide, op=op, stride=(2, 2))
+        assert computed_layout(strided, gpu) is nhwc
+        assert computed_layout(replace(strided, dtype=DType.BF16), gpu) is nhwc
+        assert computed_layout(replace(strided, layout=nhwc), gpu) is nhwc
+    wgrad = replace(wide, op=Op.WGRAD)
+    assert computed_layout(wgrad, gpu) is nchw  # tc3wgrad in place
+    assert computed_layout(wgrad, gpu, allow_tf32=True) is nhwc  # tcwgrad's tf32
+    assert computed_layout(replace(wgrad, W=30), gpu) is nhwc  # tc3wgrad copies 4 pixels
+    few = ConvProblem(C=3, M=64, H=64, W=64, R=7, S=7, stride=(2, 2), pads=(3,) * 4)
+    first = replace(few, op=Op.WGRAD, dtype=DType.BF16, layout=nhwc, batch=32)
+    assert choose(first, gpu).variant.key == "wsplit"
+    assert computed_layout(first, gpu) is nchw
+    assert computed_layout(replace(few, batch=32), gpu) is nchw  # no tensor core in NHWC
+    assert computed_layout(replace(wide, op=Op.BGRAD, bias=True), gpu) is nchw

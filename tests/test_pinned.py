@@ -253,3 +253,16 @@ def test_every_16bit_kernel_rounds_its_outputs_to_nearest_even(cls):
 def test_a_precision_is_never_looser_than_its_dtype():
     """Sanity of the table the tolerance reads: every precision a strategy names exists."""
     assert {p for cls in TABLE for p in cls.precisions} <= set(Precision)
+
+
+def test_the_operators_layout_transpose_compiles_for_every_dtype():
+    """The transpose the operator moves tensors between memory formats with: one kernel
+    a dtype, no spills, its tile in shared memory (33 words a row of 32 for fp32)."""
+    from specgen.compile import compile_source
+    from specgen.runtime import transpose_source
+
+    for dtype, word in (("fp32", 4), ("bf16", 2), ("fp16", 2)):
+        name, text = transpose_source(dtype)
+        binary = compile_source(text, name, "sm_90")
+        assert binary.spills == 0
+        assert binary.resources[name].smem == 32 * 33 * word

@@ -208,7 +208,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     channels past the chunk) and the window's zero-fill."""
     precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
     if precision is None:  # fp32 tensors: tf32, or fp32 in three tf32 products
-        three = p.op is not Op.WGRAD and pick % 2
+        three = pick % 2
         precision = Precision.FP32 if three else Precision.TF32
     verify_on_the_gpu(p, default_and_drawn(p, strategy_for(p), precision, pick), batch)
     assert p.layout is TensorLayout.NHWC

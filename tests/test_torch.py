@@ -789,3 +789,16 @@ def test_wide_nchw_layers_run_on_tensor_cores_through_nhwc(mode, stride):
         assert k.choice.variant.tensor_core, (op, k.conv.plan.name)
         check(got, ref.detach(), mag, k.conv.plan, 3, largest, float(w.abs().max()), op.value)
     assert torch.allclose(db.double(), dy.double().sum((0, 2, 3)), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (2, 64, 33, 31), (1, 40, 1, 1), (2, 1, 6, 6)])
+def test_the_layout_transpose_equals_pytorchs_copy_both_ways(dtype, shape):
+    """The operator's own transpose between the memory formats (poisoned outputs, tiles
+    cut by every edge): bit for bit PyTorch's copy, and the same values."""
+    x = torch.randn(shape, device="cuda").to(DT[dtype])
+    last = E.dense(x, TensorLayout.NHWC)
+    assert last.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(last, x)
+    back = E.dense(last, TensorLayout.NCHW)
+    assert back.is_contiguous() and torch.equal(back, x)

@@ -1,5 +1,5 @@
 """``tcwgrad``: wgrad (and db) of channels-last layers on tensor cores: 16-bit tensors
-in their own dtype, fp32 tensors in tf32.
+in their own dtype, fp32 tensors in tf32 or (``--precision fp32``) in three tf32 products.
 
 Per group dw is one matrix product whose reduction runs over every output pixel of the
 batch: dw[m][(r, s, c)] = sum over p of dy[p][m] * X[p][(r, s, c)], X the implicit
@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div
-from ..shapes import Feature, Op, TensorLayout
+from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
-from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT
+from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT, maths_of
 from .wsplit import TC_SUMS, per_slice, sums_context
 
 TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
@@ -43,7 +43,7 @@ class Tcwgrad(Variant):
         "batch slices added in order"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
-    precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
+    precisions = (Precision.BF16, Precision.FP16, Precision.TF32, Precision.FP32)
     tensor_core = True
     ops = frozenset({Op.WGRAD})
 
@@ -57,6 +57,11 @@ class Tcwgrad(Variant):
         16, Count("s"), "tcwgrad: slices of the batch's pixels, one block plane each"
     )
 
+    @property
+    def three_tf32(self) -> bool:
+        """fp32 math in three tf32 products (reference.error_coefficient's bound)."""
+        return self.precision is Precision.FP32
+
     def plan(self, problem):
         return plan_tcwgrad(problem, self)
 
@@ -65,7 +70,7 @@ class Tcwgrad(Variant):
         """The tensors' own math; tiles of 64 where a group's maps or columns are 64 or
         fewer; as many slices as give the GPU about two blocks per SM."""
         own = MATH[problem.dtype]
-        if seed.precision is not own:
+        if seed.precision not in maths_of(problem.dtype):
             raise SpecError(
                 f"tcwgrad multiplies {problem.dtype.value} tensors in {own.value}: take "
                 f"--precision {own.value}"
@@ -75,6 +80,8 @@ class Tcwgrad(Variant):
         # warps of 64x64 (tf32: 64x32, whose word-by-word reads need more registers: a
         # 64x64 warp took 254 of them with db)
         warps = (max(1, bm // 64), max(1, bn // (32 if own is Precision.TF32 else 64)))
+        if seed.precision is Precision.FP32:  # the split words besides: 32x32 warps
+            warps = (max(1, bm // 32), max(1, bn // 32))
         if warps[0] * warps[1] < 4:
             warps = (max(1, bm // 32), warps[1])  # two warps' copy addresses spill
         tiles = _tiles(problem, bm, bn)
@@ -83,8 +90,8 @@ class Tcwgrad(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        if precision is not MATH[problem.dtype]:
-            return []  # it multiplies each dtype in one math only
+        if precision not in maths_of(problem.dtype):
+            return []
         out = []
         for bm, bn, wm, wn in ((128, 128, 2, 2), (64, 128, 2, 2), (128, 64, 2, 2), (64, 64, 2, 1)):
             for stages in (3, 4):
@@ -94,7 +101,9 @@ class Tcwgrad(Variant):
                 )
                 for factor in (1, 2, 4):
                     s = max(1, base.splits * factor // 2)
-                    out.append(replace(base, blocktile=(bm, bn), warpgrid=(wm, wn), splits=s))
+                    # fp32's three products keep fit's 32x32 warps
+                    grid = base.warpgrid if precision is Precision.FP32 else (wm, wn)
+                    out.append(replace(base, blocktile=(bm, bn), warpgrid=grid, splits=s))
         return out
 
 
@@ -142,7 +151,7 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
             "maps): use layout=nhwc in the shape spec, or --strategy wgemm"
         )
     own = MATH[p.dtype]
-    if v.precision is not own:
+    if v.precision not in maths_of(p.dtype):
         raise SpecError(
             f"tcwgrad multiplies {p.dtype.value} tensors in {own.value}: take --precision "
             f"{own.value}"
@@ -210,9 +219,11 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
     name = v.kernel_name(p)
     ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
     (sh, sw), (pt, _, pl, _) = p.stride, p.pads
-    tf32 = v.precision is Precision.TF32
+    tf32 = p.dtype is DType.FP32
+    split = v.precision is Precision.FP32
     ctx.update(
-        elem={Precision.FP16: "f16", Precision.BF16: "bf16", Precision.TF32: "tf32"}[v.precision],
+        split=split,
+        elem={DType.FP16: "f16", DType.BF16: "bf16", DType.FP32: "tf32"}[p.dtype],
         mma_shape="m16n8k8" if tf32 else "m16n8k16",
         tf32=tf32,
         io="float" if tf32 else "unsigned short",
@@ -246,7 +257,11 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         guard_maps=p.Mg % bm != 0,
         guard_cols=CgRS % bn != 0,
         min_blocks=max(1, 256 // threads),
-        precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
+        precision_note=(
+            "x and dy split into tf32 hi + lo, lo x hi + hi x lo + hi x hi per k step, sums in fp32"
+            if split
+            else ROUNDING[v.precision].replace("x and w", "x and dy")
+        ),
     )
     main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
     sizes = (
@@ -285,5 +300,6 @@ def plan_tcwgrad(p, v: Tcwgrad) -> Plan:
         workspace_bytes=workspace,
         # a slice holds at most ceil(batch / splits) images' pixels plus a chunk; then
         # the slices in order (db sums along with dw)
-        sum_depth=(P, v.splits, v.splits + v.chunk),
+        # (three additions a product in fp32's three tf32 products)
+        sum_depth=(P * (3 if split else 1), v.splits, v.splits + v.chunk * (3 if split else 1)),
     )

@@ -16,7 +16,7 @@ from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths, three_tf32_suits
 from ..choose import computed_layout as layout_for
 from ..errors import SpecError
 from ..plan import make_plan
-from ..runtime import Conv, _driver_launch, _Step, device_arch, weight_dtype
+from ..runtime import Conv, _driver_launch, _Step, device_arch, transpose_source, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..strategies.wsplit import with_fp32_grads
@@ -132,8 +132,64 @@ def computed_layout(
 
 
 def dense(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+    """``t`` dense in ``layout``'s memory format: itself where it is, through the
+    operator's own transpose where it is dense in the other one, else PyTorch's copy."""
     fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
-    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+    if t.is_contiguous(memory_format=fmt):
+        return t
+    other = TensorLayout.NCHW if layout is TensorLayout.NHWC else TensorLayout.NHWC
+    if (
+        t.is_cuda
+        and t.dim() == 4
+        and t.dtype in DTYPES
+        and t.is_contiguous(memory_format=FORMATS[other])
+    ):
+        return transposed(t, layout)
+    return t.contiguous(memory_format=fmt)
+
+
+GRID_Z = 65535  # images a transpose launch covers (blockIdx.z)
+_transposes: dict[tuple, _Step] = {}  # (device, dtype, N, A, B) -> its bound launch
+
+
+def transposed(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+    """The 4-D tensor ``t``, dense in the other layout, copied into ``layout`` by one
+    launch of the operator's transpose (``templates/torch/transpose.cu.j2``) on the
+    current stream."""
+    N, C, H, W = t.shape
+    out = empty(tuple(t.shape), t, layout)
+    if t.numel() == 0:
+        return out
+    A, B = (C, H * W) if layout is TensorLayout.NHWC else (H * W, C)
+    index = t.device.index
+    done = 0
+    while done < N:  # batches past the grid's z limit in slices
+        n = min(N - done, GRID_Z)
+        key = (index, t.dtype, n, A, B)
+        step = _transposes.get(key)
+        if step is None:
+            if len(_transposes) >= LAYERS_KEPT:
+                _transposes.clear()
+            func = _load(index, *transpose_source(DTYPES[t.dtype].value))
+            grid = (-(-B // 32), -(-A // 32), n)
+            binding = [(Role.X, 0), (Role.Y, 0), (None, A), (None, B)]
+            step = _transposes[key] = _Step(func, grid, (32, 8, 1), 0, binding)
+        at = done * A * B * t.element_size()
+        launch_step(step, index, t.data_ptr() + at, out.data_ptr() + at)
+        done += n
+    return out
+
+
+_step_lock = threading.Lock()
+
+
+def launch_step(step: _Step, index: int, *addresses: int) -> None:
+    """``step`` launched on device ``index``'s current stream at these addresses (in
+    the order of its binding's roles)."""
+    with _step_lock:  # the slots are shared
+        for (i, _, _), at in zip(step.fill, addresses):
+            step.slots[i] = at
+        on_device(index, _driver_launch(), *step.head, raw_stream(index), step.params_at, 0)
 
 
 _strides: dict[tuple, tuple] = {}  # (size, layout) -> its strides in that memory format

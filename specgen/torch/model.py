@@ -17,6 +17,7 @@ Three steps, each its own function so that scripts can call them:
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 from dataclasses import dataclass, replace
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from ..choose import choose, computed_layout
 from ..errors import SpecError
+from ..parallel import precompile
 from ..shapes import DType, Op, TensorLayout
 
 # name -> (batch, image side) of the issue's table; any torchvision classifier works.
@@ -148,6 +150,7 @@ class Row:
     source: str
     specgen_ms: float | None = None
     cudnn_ms: float | None = None
+    pick: tuple | None = None  # (the problem as computed, its variant), for precompiling
 
 
 def plan_rows(layers: list[ConvLayer], mode: Mode, gpu: str, arch: str) -> list[Row]:
@@ -160,13 +163,14 @@ def plan_rows(layers: list[ConvLayer], mode: Mode, gpu: str, arch: str) -> list[
                 continue
             seen.add(p)
             p = replace(p, layout=computed_layout(p, gpu, mode.tf32, arch))
+            pick = None
             try:
                 c = choose(p, gpu, mode.tf32, arch)
-                kernel, source = c.variant.kernel_name(p), c.source
+                kernel, source, pick = c.variant.kernel_name(p), c.source, (p, c.variant)
             except SpecError as e:
                 kernel, source = "-", str(e)
             spec = layer.problem(op, mode).spec
-            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source))
+            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source, pick=pick))
     return rows
 
 
@@ -221,7 +225,9 @@ def _inputs(batch: int, image: int, mode: Mode, classes: int, seed: int = 0):
     return x, t
 
 
-def _forward_backward(model, x, t, mode: Mode):
+def _forward_backward(model, x, t, mode: Mode, seed: int | None = None):
+    if seed is not None:  # the same dropout masks in every run that compares
+        torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=mode.autocast, enabled=mode.autocast is not None):
         out = model(x)
         loss = F.cross_entropy(out.float(), t)
@@ -248,14 +254,14 @@ def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
     (train mode: batch norm on the batch's statistics, the same for all three)."""
     x, t = _inputs(batch, image, mode, _classes(base))
     ref = copy.deepcopy(base).cuda().double()
-    out64 = _forward_backward(ref, x.double(), t, MODES["fp32"])
+    out64 = _forward_backward(ref, x.double(), t, MODES["fp32"], seed=0)
     g64 = _conv_grads(ref)
     found = {}
     for who in ("cuDNN", "specgen"):
         m = _prepare(copy.deepcopy(base), mode)
         if who == "specgen":
             m = sg.convert(m)
-        out = _forward_backward(m, x, t, mode)
+        out = _forward_backward(m, x, t, mode, seed=0)
         grads = _conv_grads(m)
         if not torch.isfinite(out).all() or any(not torch.isfinite(g).all() for g in grads):
             found[who] = (float("nan"), float("nan"))
@@ -379,13 +385,17 @@ def run(
     for mode in modes:
         torch.backends.cudnn.allow_tf32 = mode.tf32
         torch.backends.cuda.matmul.allow_tf32 = mode.tf32
+        rows = plan_rows(layers, mode, gpu, arch)
+        # every pick compiled at once, one process a core: the operator then finds
+        # each kernel in the disk cache instead of compiling them one after another
+        picks = [r.pick for r in rows if r.pick]
+        precompile(picks, arch, os.cpu_count() or 1, f"[{mode.name}] compiling {len(picks)}")
         progress(f"[{mode.name}] accuracy against float64")
         err = accuracy(base, batch, image, mode, sg)
         progress(f"[{mode.name}] training step, cuDNN and specgen")
         t = step_ms(base, batch, image, mode, sg, graph, reps)
         summary.append((mode, err, t))
         if layers_too:
-            rows = plan_rows(layers, mode, gpu, arch)
             progress(f"[{mode.name}] {len(rows)} layer ops timed alone")
             layer_times(layers, rows, mode, sg, reps)
             echo(
