@@ -414,10 +414,14 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     back where it is not theirs: NHWC for an NCHW op whose pick there runs faster math
     (``speed_class``: tensor cores, and one product a product where tf32 is allowed);
     NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
-    another strategy takes it in NCHW; else the problem's own."""
+    another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
+    or shipped winner (the presets', measured there), the problem's own."""
     if problem.op is Op.BGRAD:
         return problem.layout
-    here = choose(problem, gpu, allow_tf32, arch).variant
+    found = choose(problem, gpu, allow_tf32, arch)
+    if found.source != "planned":  # a winner measured on these tensors stays with them
+        return problem.layout
+    here = found.variant
     other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
     if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout

@@ -304,3 +304,16 @@ def test_the_layout_an_op_is_computed_in():
     assert computed_layout(first, gpu) is nchw
     assert computed_layout(replace(few, batch=32), gpu) is nchw  # no tensor core in NHWC
     assert computed_layout(replace(wide, op=Op.BGRAD, bias=True), gpu) is nchw
+
+
+def test_a_measured_winner_keeps_the_tensors_layout():
+    """The presets' shipped winners were measured on their tensors' layout: the
+    operator computes them there, whatever the other layout's planner default (the
+    autoencoder's wide NCHW layers would otherwise move to tcgemm in NHWC)."""
+    from specgen.choose import computed_layout
+
+    for name in ("ae-enc2", "ae-dec2", "ae-dec1"):
+        p = PRESETS[name]
+        assert choose(p, "NVIDIA H200").source == "shipped", name
+        assert computed_layout(p, "NVIDIA H200") is TensorLayout.NCHW, name
+        assert computed_layout(p, "another GPU") is TensorLayout.NHWC, name  # planned
