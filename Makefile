@@ -42,7 +42,7 @@ gpu-check:
 	mkdir -p $(OUT)
 	set -o pipefail; status=0; \
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
-	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes --op all 2>&1 | tee $(OUT)/verify.log || status=1; \
+	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes --op all --all 2>&1 | tee $(OUT)/verify.log || status=1; \
 	exit $$status
 
 bench:

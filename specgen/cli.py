@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -250,11 +251,37 @@ def _default_set(shape, strategy_text=None):
     return [v for v in variants if type(v) is cls] or [build_variant(shape, strategy=strategy_text)]
 
 
-def select(shapes, opts, all_, *, default_is_set: bool):
-    """(shape, variant) pairs.  The default set when ``--all`` is given (or when no
-    variant option is and ``default_is_set``), else the one variant the options build.
-    With several shapes, a shape that the asked strategy cannot serve is skipped with
-    a note; with one, that is an error."""
+def pick_gpu(gpu: str | None) -> str:
+    """Whose pick a verb without variant options takes: ``--gpu``, else the GPU
+    present, else none ("": the planner's default, as for a GPU never tuned)."""
+    if gpu is not None:
+        return gpu
+    from .runtime import gpu_available
+
+    if not gpu_available():
+        return ""
+    from .bench import device_name
+
+    return device_name()
+
+
+def the_pick(shape, gpu: str) -> tuple[Variant, str]:
+    """The kernel the PyTorch operator runs for ``shape`` on ``gpu`` (``choose``: the
+    tuned winner, else the shipped one, else the planner's default; fp32 tensors in fp32
+    math) and one line saying which and why."""
+    from .choose import choose
+
+    c = choose(shape, gpu, allow_tf32=False)
+    whose = f"on {gpu}" if gpu else "with no GPU present or named (--gpu NAME)"
+    return c.variant, f"the pick {whose}: {c.why}"
+
+
+def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=None):
+    """(shape, variant) pairs.  The default set when ``--all`` is given (or when only
+    ``--strategy`` is and ``default_is_set``), the one variant the options build where
+    they are given, else the pick (``the_pick`` on ``gpu``; its line appended to
+    ``notes`` where given).  With several shapes, a shape that the asked strategy cannot
+    serve is skipped with a note; with one, that is an error."""
     from .plan import make_plan
 
     given = _given(opts)
@@ -264,12 +291,17 @@ def select(shapes, opts, all_, *, default_is_set: bool):
             "--all is the shape's default variant set; it takes no variant options but "
             f"--strategy (got {', '.join(beyond_strategy)})"
         )
-    use_set = all_ or (default_is_set and not beyond_strategy)
+    use_set = all_ or (default_is_set and given and not beyond_strategy)
     out = []
     for shape in shapes:
         try:
             if use_set:
                 variants = _default_set(shape, opts.get("strategy"))
+            elif not given:
+                v, note = the_pick(shape, gpu)
+                variants = [v]
+                if notes is not None:
+                    notes.append(note)
             else:
                 variants = [build_variant(shape, **opts)]
             for v in variants:
@@ -297,7 +329,13 @@ def select(shapes, opts, all_, *, default_is_set: bool):
 @click.option(
     "--gpu",
     default=None,
-    help="with --best: whose winners, e.g. 'NVIDIA H200' (default: the GPU present)",
+    help="whose pick or (--best) winners, e.g. 'NVIDIA H200' (default: the GPU present)",
+)
+@click.option(
+    "--batch",
+    type=SIZE,
+    default=None,
+    help="images the pick is fitted to, as the operator's first call (default: the preset's)",
 )
 @click.option(
     "--out",
@@ -305,21 +343,30 @@ def select(shapes, opts, all_, *, default_is_set: bool):
     default=None,
     help="output folder (default: generated/ in the current folder)",
 )
-def emit(shape_text, all_shapes, op_text, all_, best, gpu, out, **opts):
-    """Write <out>/<shape>/<variant>.cu."""
+def emit(shape_text, all_shapes, op_text, all_, best, gpu, batch, out, **opts):
+    """Write <out>/<shape>/<variant>.cu: the pick (the kernel the PyTorch operator
+    would run) where no variant option is given."""
     from .emit import GENERATED, source_file
     from .files import write_if_different
 
     shapes = _shapes(shape_text, all_shapes, op_text)
-    if gpu is not None and not best:
-        raise SpecError("--gpu names whose tuned winners --best emits; add --best or drop --gpu")
+    if batch is not None:
+        shapes = [replace(s, batch=batch) for s in shapes]
+    if gpu is not None and not best and (_given(opts) or all_):
+        raise SpecError(
+            "--gpu names whose pick (no variant options) or winners (--best) to emit; "
+            "drop it or the variant options"
+        )
     if best:
         if _given(opts) or all_:
             got = [flag(k) for k in _given(opts)] + (["--all"] if all_ else [])
             raise SpecError(f"--best emits the tuned winners; drop {', '.join(got)}")
         picks = [(s, v, note) for s in shapes for v, note in _best(s, gpu)]
     else:
-        picks = [(s, v, None) for s, v in select(shapes, opts, all_, default_is_set=False)]
+        notes = []
+        chosen = select(shapes, opts, all_, default_is_set=False, gpu=pick_gpu(gpu), notes=notes)
+        notes = notes if len(notes) == len(chosen) else [None] * len(chosen)
+        picks = [(s, v, note) for (s, v), note in zip(chosen, notes)]
     # Render everything before writing anything: a refusal leaves no partial set.
     files = [source_file(s, v, out or GENERATED, note) for s, v, note in picks]
     for path, text in files:
@@ -371,8 +418,9 @@ def _check_arch(arch):
 @main.command()
 @shape_options
 @variant_options
+@click.option("--all", "all_", is_flag=True, help="the shape's default variant set")
 @click.option(
-    "--all", "all_", is_flag=True, help="the default variant set (the default without options)"
+    "--gpu", default=None, help="without variant options: whose pick (default: the GPU present)"
 )
 @click.option("--batch", type=SIZE, default=None, help="images per check (default 4)")
 @click.option("--arch", default=None, help="target without a GPU, sm_XX (default sm_90)")
@@ -382,8 +430,9 @@ def _check_arch(arch):
     default=os.cpu_count() or 1,
     help="parallel compilations (default: the CPU count)",
 )
-def verify(shape_text, all_shapes, op_text, all_, batch, arch, jobs, **opts):
-    """Compile every variant, check its resources and, on a GPU, its numbers."""
+def verify(shape_text, all_shapes, op_text, all_, gpu, batch, arch, jobs, **opts):
+    """Compile the variants, check their resources and, on a GPU, their numbers: the
+    pick where no variant option is given, --all for the default set."""
     import numpy as np
 
     from .compile import DEFAULT_ARCH
@@ -392,7 +441,17 @@ def verify(shape_text, all_shapes, op_text, all_, batch, arch, jobs, **opts):
     from .verify import format_table, verify_variant
 
     _check_arch(arch)
-    selected = select(_shapes(shape_text, all_shapes, op_text), opts, all_, default_is_set=True)
+    notes = []
+    selected = select(
+        _shapes(shape_text, all_shapes, op_text),
+        opts,
+        all_,
+        default_is_set=True,
+        gpu=pick_gpu(gpu),
+        notes=notes,
+    )
+    for (shape, v), note in zip(selected, notes):
+        click.echo(f"{shape.slug}: {v.kernel_name(shape)}, {note}")
     gpu = gpu_available()
     if gpu:
         if arch is not None and arch != device_arch():
@@ -447,7 +506,7 @@ def _writable_file(path: Path | None, option: str) -> None:
 @shape_options
 @click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option("--variant", "names", multiple=True, help="variant names to time (repeatable)")
-@click.option("--all", "all_", is_flag=True, help="the default variant set (the default)")
+@click.option("--all", "all_", is_flag=True, help="the default variant set")
 @click.option("--best", is_flag=True, help="the tuned winner of each precision on this GPU")
 @click.option(
     "--json",
@@ -464,7 +523,8 @@ def _writable_file(path: Path | None, option: str) -> None:
     help="also draw a roofline chart here (PNG; needs matplotlib)",
 )
 def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, plot_path):
-    """Time variants beside cuDNN and the hardware floor."""
+    """Time variants beside cuDNN and the hardware floor: the pick where none is named,
+    --all for the default set, --best for the tuned winners."""
     import json
 
     from .bench import run_bench
@@ -482,6 +542,14 @@ def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, 
         {s.slug: [parse_variant_name(n, s) for n in names] for s in shapes} if names else None
     )
     _need_gpu("bench")
+    if not (names or all_ or best):  # the pick, fitted to the batch timed
+        from .bench import device_name
+
+        variants = {}
+        for s in shapes:
+            v, note = the_pick(replace(s, batch=batch or s.batch), device_name())
+            click.echo(f"{s.slug}: {v.kernel_name(s)}, {note}")
+            variants[s.slug] = [v]
     report = run_bench(shapes, batch, variants, best, echo=click.echo)
     if json_path:
         from .files import atomic_write

@@ -242,3 +242,28 @@ def test_each_strategys_templates_are_the_ones_its_plans_render():
         for op in Op:
             for v in default_set(s.with_op(op)):
                 assert make_plan(s.with_op(op), v).template in type(v).templates, v.name
+
+
+def test_no_variant_option_is_the_operators_pick(tmp_path):
+    """emit and verify with no variant option take the kernel the operator would run
+    (choose) for --gpu, fitted to --batch, and say which and why; the issue's
+    channels-last dgrad, whose fixed default tile did not fit, emits."""
+    from dataclasses import replace
+
+    from specgen.choose import choose
+    from specgen.shapes import parse_shape
+
+    spec = "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc"
+    gpu = ("--gpu", "NVIDIA H200")
+    r = run("emit", "--shape", spec, "--op", "dgrad", "--batch", "64", *gpu, "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    (f,) = tmp_path.glob("*/*.cu")
+    want = choose(replace(parse_shape(spec + ",op=dgrad"), batch=64), "NVIDIA H200")
+    assert f.name == want.variant.kernel_name(parse_shape(spec + ",op=dgrad")) + ".cu"
+    assert "the pick on NVIDIA H200: planner default (wgmma" in f.read_text()
+    # a preset's shipped winner on the H200, and the planner's default with no GPU
+    r = run("verify", "--shape", "layer2", *gpu, "--jobs", "1")
+    assert r.exit_code == 0 and "shipped winner of preset layer2 on NVIDIA H200" in r.output
+    assert r.output.count("COMPILED") == 1
+    r = run("verify", "--shape", "layer2", "--op", "dgrad", "--jobs", "1")
+    assert "the pick with no GPU present or named" in r.output and "planner default" in r.output

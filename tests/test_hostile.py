@@ -56,7 +56,7 @@ def refused(r, needle: str) -> str:
         (["--variant", "persist_t12_r4x17_fp32", "--tile", "8"], "--variant names a whole"),
         (["--best", "--tile", "8"], "--best emits the tuned winners; drop --tile"),
         (["--all", "--tile", "8"], "--all is the shape's default variant set"),
-        (["--gpu", "NVIDIA H200"], "add --best or drop --gpu"),
+        (["--gpu", "NVIDIA H200", "--tile", "8"], "drop it or the variant options"),
         # 12. messages
         (["--regtile", "0x4", "--strategy", "implicit"], "malformed register tile '0x4'"),
         (["--coarsening", "x0y1m1"], "malformed coarsening 'x0y1m1'"),

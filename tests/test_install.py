@@ -64,7 +64,9 @@ def test_wheel_installs_and_works_outside_the_tree(tmp_path):
     assert "0 failed" in out
 
     # Every template folder ships: the backward ops' templates too.
-    _run(specgen, "emit", "--shape", "layer2", "--op", "all", "--out", "ALL", cwd=elsewhere)
+    _run(
+        specgen, "emit", "--shape", "layer2", "--op", "all", "--all", "--out", "ALL", cwd=elsewhere
+    )
     for f in (elsewhere / "ALL" / "layer2").iterdir():
         assert f.read_text() == (REPO / "generated" / "layer2" / f.name).read_text(), f.name
     # The operator's own template (its weight gather) ships, renderable without PyTorch.
