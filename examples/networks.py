@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 
 import torch
@@ -23,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import specgen.torch as sg
+from specgen.torch.model import median_ms
 
 NETWORKS = {
     "ece408": ((1, 4, 86), (4, 16)),  # layer1, layer2 (shapes.md)
@@ -38,20 +38,6 @@ def network(first, second) -> nn.Sequential:
         nn.MaxPool2d(2),
         nn.Conv2d(c2, m2, 7, bias=False),
     )
-
-
-def median_ms(fn, reps=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> int:
