@@ -85,6 +85,17 @@ def candidates(
     return valid
 
 
+def prune(space: list[Variant], floor: int, keep=()) -> list[Variant]:
+    """The candidates whose math is at least ``floor`` fast (``choose.speed_class``:
+    where the untuned pick runs on the tensor cores, the CUDA-core strategies' spaces
+    hold nothing faster and are not compiled, verified or timed), and ``keep`` (the
+    untuned pick, so that a tune never ends slower than it) first."""
+    from .choose import speed_class
+
+    kept = [v for v in keep if v in space] + [v for v in keep if v not in space]
+    return kept + [v for v in space if speed_class(v) >= floor and v not in kept]
+
+
 def _source_hash(shape, v) -> str:
     return hashlib.sha256(render(make_plan(shape, v)).encode()).hexdigest()[:16]
 
@@ -96,7 +107,12 @@ def run_tune(
     echo,
     batch=None,
     strategy: type[Variant] | None = None,
+    floor: int = 0,
+    keep: tuple[Variant, ...] = (),
 ) -> dict:
+    """Tune ``shape`` in ``precision``: its candidates (``strategy``'s only where one is
+    named; ``prune``d to ``floor`` with ``keep`` first) compiled at once, verified and
+    timed, the top three timed again interleaved, the winner recorded."""
     import os
 
     import numpy as np
@@ -111,12 +127,14 @@ def run_tune(
     batch = batch or shape.batch
     sized = replace(shape, batch=batch)  # the defaults' tiles follow the batch
     space = candidates(sized, precision, strategy)
+    if floor or keep:
+        space = prune(space, floor, [v for v in keep if v.precision is precision])
     if not space:
         what = f"{strategy.key} in {precision.value}" if strategy else precision.value
         raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
     seeds = defaults(sized, precision, strategy)
     seeds += [v for v in default_set(shape) if v.precision is precision]
-    seeds = [v for v in dict.fromkeys(seeds) if v in space]
+    seeds = [v for v in dict.fromkeys([*keep, *seeds]) if v in space]
     if budget and len(space) > budget:
         rest = [v for v in space if v not in seeds]
         space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]

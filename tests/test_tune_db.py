@@ -57,3 +57,24 @@ def test_the_default_leads_the_candidates_even_where_the_space_lacks_it():
     default = Tcgemm.default(p, Precision.TF32)
     assert default not in Tcgemm.space(p, Precision.TF32)
     assert candidates(p, Precision.TF32, Tcgemm)[0] == default
+
+
+def test_autotune_prunes_to_the_picks_math_and_keeps_the_pick():
+    """tune.prune: for a wide layer whose untuned pick runs on the tensor cores, the
+    CUDA-core strategies' candidates are left out, the pick is first, and the search is
+    a fraction of the whole space; with floor 0 nothing but the order changes."""
+    from dataclasses import replace as copy
+
+    from specgen.choose import choose, speed_class
+    from specgen.shapes import parse_shape
+    from specgen.tune import candidates, prune
+    from specgen.variants import Precision
+
+    p = copy(parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc"), batch=32)
+    pick = choose(p, "some GPU").variant
+    assert pick.tensor_core and speed_class(pick) == 1  # tcgemm's three tf32 products
+    space = candidates(p, Precision.FP32)
+    kept = prune(space, speed_class(pick), (pick,))
+    assert kept[0] == pick and all(v.tensor_core for v in kept)
+    assert len(kept) < len(space) / 3
+    assert sorted(map(str, prune(space, 0))) == sorted(map(str, space))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import tunedb
-from ..choose import WGEMM_MIN_MAPS, Choice, choose, maths, three_tf32_suits
+from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, maths, speed_class, three_tf32_suits
 from ..choose import computed_layout as layout_for
 from ..errors import SpecError
 from ..plan import make_plan
@@ -21,6 +21,7 @@ from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..strategies.wsplit import with_fp32_grads
 from ..tensors import Role, w_shape
+from ..variants import Precision
 
 log = logging.getLogger("specgen.torch")
 
@@ -500,15 +501,22 @@ def _build(p: ConvProblem, index: int, tf32: bool, grads32: str = "") -> Kernel:
 
 def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
     """Tune every math the caller allows, once per problem across processes: the first
-    process holds the lock while it tunes, the others wait and then read its winners."""
+    process holds the lock while it tunes, the others wait and then read its winners.
+    Only strategies whose math is as fast as the untuned pick's are searched, the pick
+    among them (``tune.prune``): where it runs on the tensor cores, the CUDA cores'
+    spaces are left out, and a 16-bit layer's fp32 math with them."""
     from ..tune import run_tune
 
     with tunedb.locked(p.spec):
-        if choose(p, gpu, tf32, arch).source == "tuned":
+        pick = choose(p, gpu, tf32, arch)
+        if pick.source == "tuned":
             return  # another process tuned it while this one waited
+        floor = speed_class(pick.variant)
         for precision in maths(p, tf32):
+            if precision is Precision.FP32 and p.dtype is not DType.FP32 and floor == FASTEST:
+                continue  # a 16-bit layer on its own tensor cores: fp32 math is slower
             try:
-                run_tune(p, precision, AUTOTUNE_BUDGET, log.info)
+                run_tune(p, precision, AUTOTUNE_BUDGET, log.info, floor=floor, keep=(pick.variant,))
             except SpecError as e:
                 log.info("specgen: no %s kernel tuned for %s (%s)", precision.value, p.spec, e)
 
