@@ -696,7 +696,9 @@ def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers):
     try:
         _check_arch(arch)
         base = m.build(name)
-        found = m.conv_layers(base, batch, image)
+        import torch
+
+        found = m.conv_layers(base, torch.empty(batch, 3, image, image))
         if plan_only:
             gpu = gpu or "NVIDIA H200"
             click.echo(

@@ -30,9 +30,12 @@ needs_torchvision = pytest.mark.skipif(not HAVE_TORCHVISION, reason="needs torch
 def test_resnet18_layers_as_one_forward_pass_meets_them():
     """20 conv calls at 64x64: the stem's 7x7 at stride 2 over 3 channels, whose input
     needs no gradient (no dgrad), then 3x3 and 1x1 layers whose inputs do."""
-    from specgen.torch.model import build, conv_layers
+    import torch
 
-    layers = conv_layers(build("resnet18"), 2, 64)
+    from specgen.torch._trace import conv_layers
+    from specgen.torch.model import build
+
+    layers = conv_layers(build("resnet18"), torch.empty(2, 3, 64, 64))
     assert len(layers) == 20
     stem = layers[0]
     assert stem.name == "conv1" and stem.x_size == (2, 3, 64, 64) and not stem.needs_dx
@@ -46,15 +49,21 @@ def test_resnet18_layers_as_one_forward_pass_meets_them():
 def test_plan_lists_a_pick_for_every_problem_and_op():
     """--plan: one row per distinct problem and op, each with a kernel; the wide NCHW
     layers computed in NHWC on the tensor cores, the stem's wgrad in place."""
-    from specgen.torch.model import MODES, build, conv_layers, plan_rows
+    import torch
 
-    layers = conv_layers(build("resnet18"), 8, 64)
+    from specgen.torch._trace import conv_layers, plan_rows
+    from specgen.torch.model import MODES, build
+
+    layers = conv_layers(build("resnet18"), torch.empty(8, 3, 64, 64))
     rows = plan_rows(layers, MODES["fp32"], "NVIDIA H200", "sm_90")
     assert {r.op for r in rows} == {"fprop", "dgrad", "wgrad"}
     assert all(r.kernel != "-" and r.pick for r in rows)
     assert not [r for r in rows if r.layer == "conv1" and r.op == "dgrad"]
     wide = [r for r in rows if r.op == "fprop" and r.layer.startswith("layer")]
-    assert wide and all(r.computed == "nhwc" and r.kernel.startswith("tcgemm_") for r in wide)
+    shipped = [r for r in wide if r.source == "shipped"]  # an autoencoder preset's geometry
+    assert len(shipped) == 1 and shipped[0].computed == "nchw"
+    planned = [r for r in wide if r.source == "planned"]
+    assert planned and all(r.computed == "nhwc" and r.kernel.startswith("tcgemm_") for r in planned)
     r = run("model", "resnet18", "--plan", "--batch", "8", "--image", "64", "--modes", "bf16")
     assert r.exit_code == 0, r.output
     assert "wgmma_" in r.output and "bf16 (bf16, nhwc)" in r.output
@@ -74,3 +83,46 @@ def test_bad_arguments_are_one_line_and_status_2(args, words):
     r = run("model", *args)
     assert r.exit_code == 2, r.output
     assert words in r.output and "Traceback" not in r.output
+
+
+@needs_torchvision
+def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkeypatch):
+    """The trace takes specgen's own Conv2d, the example's dtype and memory format, a
+    padding mode (padded first, convolved unpadded) and frozen weights (no wgrad);
+    precompile_model hands every pick to the parallel compile at once, and does nothing
+    for an example off the GPU."""
+    import torch
+
+    import specgen.torch as sg
+    from specgen.shapes import DType, Op, TensorLayout
+    from specgen.torch import _engine as E
+    from specgen.torch import _trace as M
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False),
+    )
+    net[0].weight.requires_grad_(False)
+    net = sg.convert(net).to(torch.bfloat16)
+    x = torch.randn(4, 16, 20, 20, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last
+    )
+    first, second = M.conv_layers(net, x)
+    assert first.x_size == (4, 16, 20, 20) and first.pads == (1, 1, 1, 1)
+    circular = sg.convert(torch.nn.Conv2d(16, 8, 3, padding=(1, 2), padding_mode="circular"))
+    (alone,) = M.conv_layers(circular, torch.empty(2, 16, 10, 10))
+    assert alone.x_size == (2, 16, 12, 14) and alone.pads == (0, 0, 0, 0)
+    assert first.ops() == [Op.FPROP] and second.ops() == [Op.FPROP, Op.DGRAD, Op.WGRAD]
+    assert second.dtype is DType.BF16 and second.layout is TensorLayout.NHWC
+    assert second.x_size == (4, 32, 20, 20) and second.stride == (2, 2)
+    assert M.precompile_model(net, (x,)) == 0  # on the CPU: nothing to compile for
+
+    compiled = []
+    monkeypatch.setattr(M, "precompile", lambda items, arch, jobs, label: compiled.extend(items))
+    monkeypatch.setattr(E, "gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(E, "arch_of", lambda index: "sm_90")
+    monkeypatch.setattr(E, "allow_tf32", lambda: False)
+    assert M.precompile_model(net, (x,), index=0) == 4
+    assert {p.op for p, _ in compiled} == {Op.FPROP, Op.DGRAD, Op.WGRAD}
+    assert all(v.tensor_core for p, v in compiled if p.op is not Op.FPROP or p.C == 32)

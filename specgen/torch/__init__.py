@@ -29,58 +29,10 @@ import torch.nn.functional as F
 
 from ..errors import SpecError
 from . import _engine, _ops  # _ops registers torch.ops.specgen.*
+from ._args import arguments as _arguments
 from ._engine import autotune, autotuning
 
 __all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]
-
-
-def _pair(v, what: str) -> list[int]:
-    if isinstance(v, int):
-        return [v, v]
-    v = list(v)
-    if len(v) == 1:
-        return v * 2
-    if len(v) != 2 or not all(isinstance(i, int) for i in v):
-        raise SpecError(f"{what} must be an int or a pair of ints, got {v}")
-    return v
-
-
-def _padding(padding, weight, stride, dilation) -> list[int]:
-    """(top, bottom, left, right), as PyTorch pads: 'same' puts the odd pixel last."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return [0, 0, 0, 0]
-        if padding != "same":
-            raise SpecError(f"padding='{padding}' is not one of 'same', 'valid'")
-        if stride != [1, 1]:
-            raise SpecError("padding='same' is not supported for strided convolutions")
-        out = []
-        for d, k in zip(dilation, weight.shape[2:]):
-            total = d * (k - 1)
-            out += [total // 2, total - total // 2]
-        return out
-    ph, pw = _pair(padding, "padding")
-    return [ph, ph, pw, pw]
-
-
-_normal: dict = {}  # (stride, padding, dilation, window) as given -> as the ops take them
-
-
-def _arguments(stride, padding, dilation, weight) -> tuple:
-    """(stride, pads, dilation) as tuples, pads (top, bottom, left, right), memoized by
-    the arguments as given where they are hashable (a module's always are)."""
-    try:
-        key = (stride, padding, dilation, weight.shape[2:])
-        found = _normal.get(key)
-    except TypeError:  # lists
-        key = found = None
-    if found is None:
-        stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
-        pads = _padding(padding, weight, stride, dilation)
-        found = (tuple(stride), tuple(pads), tuple(dilation))
-        if key is not None and len(_normal) < 4096:
-            _normal[key] = found
-    return found
 
 
 def _check_shapes(input, weight, bias, groups) -> None:
@@ -102,6 +54,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
             f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
             f"{weight.dim()}-D"
         )
+    if input.is_meta:  # a trace of sizes alone (model.conv_layers): PyTorch's meta kernel,
+        # the output in the input's memory format as the operator gives it
+        y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+        return _engine.dense(y, _engine.layout_of(input)) if y.dim() == 4 else y
     stride, pads, dilation = _arguments(stride, padding, dilation, weight)
     unbatched = input.dim() == 3
     if unbatched:
@@ -167,7 +123,13 @@ def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
     """Run ``model(*example)`` (and its backward where parameters need gradients) once,
     so that every convolution's kernels are chosen, tuned where autotuning is on and
     compiled: before a timed run, and before a CUDA graph capture, which cannot
-    compile.  The parameters' ``.grad`` are left as they were."""
+    compile.  Every kernel is compiled first, at once, a process a core
+    (``_trace.precompile_model``), unless autotuning picks them as it goes.  The
+    parameters' ``.grad`` are left as they were."""
+    if not autotuning():
+        from ._trace import precompile_model
+
+        precompile_model(model, example, backward)
     out = model(*example)
     params = [p for p in model.parameters() if p.requires_grad]
     if backward and params and torch.is_tensor(out) and out.requires_grad:

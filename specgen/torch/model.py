@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..choose import choose, computed_layout
 from ..errors import SpecError
 from ..parallel import precompile
-from ..shapes import DType, Op, TensorLayout
+from ..shapes import DType, TensorLayout
+from ._trace import ConvLayer, Mode, Row, conv_layers, plan_rows, precompile_model
 
 # name -> (batch, image side) of the issue's table; any torchvision classifier works.
 MODELS = {
@@ -44,49 +44,11 @@ MODELS = {
 }
 
 
-@dataclass(frozen=True)
-class Mode:
-    """One math a model is run in: the tensors' dtype, their memory format, and whether
-    fp32 tensors may use tf32 (as ``torch.backends.cudnn.allow_tf32``)."""
-
-    name: str
-    dtype: DType
-    layout: TensorLayout
-    tf32: bool
-
-    @property
-    def autocast(self) -> torch.dtype | None:
-        return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}.get(self.dtype)
-
-
 MODES = {
     "fp32": Mode("fp32", DType.FP32, TensorLayout.NCHW, False),
     "tf32": Mode("tf32", DType.FP32, TensorLayout.NCHW, True),
     "bf16": Mode("bf16", DType.BF16, TensorLayout.NHWC, False),
 }
-
-
-@dataclass(frozen=True)
-class ConvLayer:
-    name: str
-    x_size: tuple[int, int, int, int]
-    w_size: tuple[int, int, int, int]
-    stride: tuple[int, int]
-    pads: tuple[int, int, int, int]
-    dilation: tuple[int, int]
-    groups: int
-    bias: bool
-    needs_dx: bool  # its input needs a gradient (not the model's input)
-
-    def problem(self, op: Op, mode: Mode):
-        from ._engine import problem
-
-        bias = self.bias and op in (Op.FPROP, Op.WGRAD)
-        args = (self.stride, self.pads, self.dilation, self.groups)
-        return problem(op, self.x_size, self.w_size, bias, *args, mode.dtype, mode.layout)
-
-    def ops(self) -> list[Op]:
-        return [Op.FPROP, *([Op.DGRAD] if self.needs_dx else []), Op.WGRAD]
 
 
 def build(name: str):
@@ -100,78 +62,6 @@ def build(name: str):
     except (ValueError, KeyError):
         some = ", ".join(MODELS)
         raise SpecError(f"torchvision has no model '{name}' (some that do: {some})") from None
-
-
-def conv_layers(model, batch: int, image: int) -> list[ConvLayer]:
-    """Every ``nn.Conv2d`` call of one forward pass of ``model`` at this batch and
-    image size, in order (a layer called twice is listed twice), traced on the meta
-    device."""
-    model = copy.deepcopy(model).to("meta")
-    found: list[ConvLayer] = []
-    names = {m: n for n, m in model.named_modules()}
-
-    def hook(m, args):
-        x = args[0]
-        if isinstance(m.padding, str):
-            raise SpecError(f"{names[m]}: padding='{m.padding}' is not traced here")
-        ph, pw = m.padding
-        found.append(
-            ConvLayer(
-                names[m],
-                tuple(x.shape),
-                tuple(m.weight.shape),
-                tuple(m.stride),
-                (ph, ph, pw, pw),
-                tuple(m.dilation),
-                m.groups,
-                m.bias is not None,
-                x.requires_grad,
-            )
-        )
-
-    handles = [
-        m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)
-    ]
-    try:
-        model(torch.empty(batch, 3, image, image, device="meta"))
-    finally:
-        for h in handles:
-            h.remove()
-    return found
-
-
-@dataclass
-class Row:
-    layer: str
-    spec: str
-    op: str
-    computed: str  # the layout the op runs in
-    kernel: str
-    source: str
-    specgen_ms: float | None = None
-    cudnn_ms: float | None = None
-    pick: tuple | None = None  # (the problem as computed, its variant), for precompiling
-
-
-def plan_rows(layers: list[ConvLayer], mode: Mode, gpu: str, arch: str) -> list[Row]:
-    """Per distinct (problem, op) of the layers: the kernel specgen picks on ``gpu``."""
-    rows, seen = [], set()
-    for layer in layers:
-        for op in layer.ops():
-            p = layer.problem(op, mode)
-            if p in seen:
-                continue
-            seen.add(p)
-            p = replace(p, layout=computed_layout(p, gpu, mode.tf32, arch))
-            pick = None
-            try:
-                c = choose(p, gpu, mode.tf32, arch)
-                kernel, source, pick = c.variant.kernel_name(p), c.source, (p, c.variant)
-            except SpecError as e:
-                kernel, source = "-", str(e)
-            spec = layer.problem(op, mode).spec
-            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source, pick=pick))
-    return rows
 
 
 def format_rows(rows: list[Row], timed: bool) -> str:
@@ -389,7 +279,7 @@ def run(
 
     torch.backends.cudnn.benchmark = True
     base = build(name)
-    layers = conv_layers(base, batch, image)
+    layers = conv_layers(base, torch.empty(batch, 3, image, image))
     gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
     echo(f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}")
     summary = []

@@ -1,0 +1,191 @@
+"""A model's convolutions as a forward pass meets them, traced on the meta device, and
+the kernels the operator will pick for them: what ``specgen model`` lists and times,
+and what ``specgen.torch.warmup`` compiles at once before a model's first call."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..choose import choose, computed_layout
+from ..errors import SpecError
+from ..parallel import precompile
+from ..shapes import DType, Op, TensorLayout
+from ._args import arguments
+
+log = logging.getLogger("specgen.torch")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One math a model is run in: the convolutions' dtype and their tensors' memory
+    format (None: as traced), and whether fp32 tensors may use tf32 (as
+    ``torch.backends.cudnn.allow_tf32``)."""
+
+    name: str
+    dtype: DType | None
+    layout: TensorLayout | None
+    tf32: bool
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}.get(self.dtype)
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """One convolution call as a forward pass meets it."""
+
+    name: str
+    x_size: tuple[int, int, int, int]
+    w_size: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    groups: int
+    bias: bool
+    needs_dx: bool  # its input needs a gradient (not the model's input)
+    needs_dw: bool = True  # its weights do
+    dtype: DType = DType.FP32  # its input's, as traced (autocast is the mode's)
+    layout: TensorLayout = TensorLayout.NCHW
+
+    def problem(self, op: Op, mode: Mode):
+        from ._engine import problem
+
+        bias = self.bias and op in (Op.FPROP, Op.WGRAD)
+        args = (self.stride, self.pads, self.dilation, self.groups)
+        dtype, layout = mode.dtype or self.dtype, mode.layout or self.layout
+        return problem(op, self.x_size, self.w_size, bias, *args, dtype, layout)
+
+    def ops(self, backward: bool = True) -> list[Op]:
+        if not backward:
+            return [Op.FPROP]
+        return [
+            Op.FPROP,
+            *([Op.DGRAD] if self.needs_dx else []),
+            *([Op.WGRAD] if self.needs_dw else []),
+        ]
+
+
+def conv_layers(model, *example) -> list[ConvLayer]:
+    """Every ``nn.Conv2d`` call (specgen's ``Conv2d`` too) of one forward pass of
+    ``model`` on ``example``, in order (a layer called twice is listed twice), traced on
+    the meta device: meta tensors of the same sizes, dtypes and memory formats stand in
+    for the parameters, the buffers and the example (``torch.func.functional_call``),
+    so nothing is copied or computed."""
+    from ._engine import DTYPES, layout_of
+
+    def meta(t):
+        if not torch.is_tensor(t):
+            return t
+        return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+
+    params = {n: meta(p) for n, p in model.named_parameters()}
+    buffers = {n: meta(b) for n, b in model.named_buffers()}
+    found: list[ConvLayer] = []
+    names = {m: n for n, m in model.named_modules()}
+
+    def hook(m, args):
+        x, w = args[0], m.weight
+        stride, pads, dilation = arguments(m.stride, m.padding, m.dilation, w)
+        size = tuple(x.shape)
+        if m.padding_mode != "zeros":  # padded by F.pad first, then convolved unpadded
+            pt, pb, pl, pr = pads
+            size, pads = (*size[:2], size[2] + pt + pb, size[3] + pl + pr), (0, 0, 0, 0)
+        found.append(
+            ConvLayer(
+                names[m],
+                size,
+                tuple(w.shape),
+                stride,
+                pads,
+                dilation,
+                m.groups,
+                m.bias is not None,
+                x.requires_grad,
+                w.requires_grad,
+                DTYPES.get(x.dtype, DType.FP32),
+                layout_of(x) if x.dim() == 4 else TensorLayout.NCHW,
+            )
+        )
+
+    handles = [
+        m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
+    try:
+        torch.func.functional_call(model, (params, buffers), tuple(meta(e) for e in example))
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+@dataclass
+class Row:
+    layer: str
+    spec: str
+    op: str
+    computed: str  # the layout the op runs in
+    kernel: str
+    source: str
+    specgen_ms: float | None = None
+    cudnn_ms: float | None = None
+    pick: tuple | None = None  # (the problem as computed, its variant), for precompiling
+
+
+def plan_rows(
+    layers: list[ConvLayer], mode: Mode, gpu: str, arch: str, backward: bool = True
+) -> list[Row]:
+    """Per distinct (problem, op) of the layers (the forward pass alone where not
+    ``backward``): the layout it is computed in and the kernel specgen picks on ``gpu``."""
+    rows, seen = [], set()
+    for layer in layers:
+        for op in layer.ops(backward):
+            p = layer.problem(op, mode)
+            if p in seen:
+                continue
+            seen.add(p)
+            p = replace(p, layout=computed_layout(p, gpu, mode.tf32, arch))
+            pick = None
+            try:
+                c = choose(p, gpu, mode.tf32, arch)
+                kernel, source, pick = c.variant.kernel_name(p), c.source, (p, c.variant)
+            except SpecError as e:
+                kernel, source = "-", str(e)
+            spec = layer.problem(op, mode).spec
+            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source, pick=pick))
+    return rows
+
+
+log = logging.getLogger("specgen.torch")
+
+
+def precompile_model(model, example, backward: bool = True, index: int | None = None) -> int:
+    """Compile the kernels of every convolution ``model`` meets on ``example`` at once,
+    one process a core, as the operator will pick them on the example's device now
+    (its dtype, or autocast's where it is on; its memory format; tf32 as cuDNN may):
+    the operator's first calls then find them in the disk cache instead of compiling
+    one after another.  ``index``: the device, where not the example's.  Returns how
+    many were compiled; 0 where the example is not on a CUDA device or the model cannot
+    be traced on the meta device (its kernels then compile as the run meets them)."""
+    from ._engine import DTYPES, allow_tf32, arch_of, gpu_name
+
+    if index is None:  # the example's device
+        x = next((e for e in example if torch.is_tensor(e) and e.is_cuda), None)
+        if x is None:
+            return 0
+        index = x.device.index
+    try:
+        layers = conv_layers(model, *example)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, SpecError) as e:
+        log.info("specgen: the model was not traced ahead (%s); kernels compile as met", e)
+        return 0
+    cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    mode = Mode("as called", DTYPES.get(cast), None, allow_tf32())
+    rows = plan_rows(layers, mode, gpu_name(index), arch_of(index), backward)
+    picks = [r.pick for r in rows if r.pick]
+    precompile(picks, arch_of(index), os.cpu_count() or 1, f"compiling {len(picks)} kernels")
+    return len(picks)
