@@ -12,7 +12,10 @@ an optional bias.  Tensors are float32, float16 or bfloat16 on a CUDA device, in
 contiguous or the channels_last memory format (anything else is made contiguous);
 autocast casts them as it does for PyTorch's convolution, and float32 tensors get tf32
 math only where ``torch.backends.cudnn.allow_tf32`` allows it.  Kernels launch on the
-current stream of the tensors' device, allocate through PyTorch and never wait.
+current stream of the tensors' device, allocate through PyTorch and never wait.  What
+the kernels do not serve (CPU or float64 tensors, arguments they refuse) runs on
+PyTorch's own convolution, which computes it or raises PyTorch's exception;
+``strict(True)`` or ``SPECGEN_STRICT=1`` refuses it instead (``SpecError``).
 
 Each new problem gets a kernel once per process (the log of ``specgen.torch`` says
 which and why): the tuned winner of this GPU in specgen's results database, else the
@@ -24,6 +27,8 @@ or a CUDA graph capture.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +37,16 @@ from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
 from ._engine import autotune, autotuning
 
-__all__ = ["conv2d", "Conv2d", "convert", "warmup", "autotune", "autotuning", "SpecError"]
+__all__ = [
+    "conv2d",
+    "Conv2d",
+    "convert",
+    "warmup",
+    "autotune",
+    "autotuning",
+    "strict",
+    "SpecError",
+]
 
 
 def _check_shapes(input, weight, bias, groups) -> None:
@@ -47,17 +61,65 @@ def _check_shapes(input, weight, bias, groups) -> None:
         raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.nn.functional.conv2d`` on specgen's kernels."""
-    if input.dim() not in (3, 4) or weight.dim() != 4:
-        raise SpecError(
-            f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
-            f"{weight.dim()}-D"
+_strict = [os.environ.get("SPECGEN_STRICT", "") not in ("", "0")]
+
+
+def strict(enabled: bool = True) -> None:
+    """Refuse (a ``SpecError``) what specgen's kernels do not serve, instead of running
+    PyTorch's own convolution for it; also ``SPECGEN_STRICT=1``."""
+    _strict[0] = bool(enabled)
+
+
+def strictness() -> bool:
+    return _strict[0]
+
+
+_fell_back: set = set()  # the problems already logged as run by PyTorch
+
+
+def _pytorch(reason: SpecError, input, weight, bias, stride, padding, dilation, groups):
+    """PyTorch's own convolution for what specgen does not serve (CPU or float64
+    tensors, arguments it refuses, a problem no strategy serves), logged once a problem
+    at INFO: it computes what PyTorch computes, or raises the exception PyTorch raises.
+    Strict (``strict``), the refusal itself."""
+    if _strict[0] or (input.is_cuda and torch.cuda.is_current_stream_capturing()):
+        raise reason
+    key = (tuple(input.shape), input.dtype, input.device.type, tuple(weight.shape), str(reason))
+    if key not in _fell_back and len(_fell_back) < 4096:
+        _fell_back.add(key)
+        _engine.log.info(
+            "specgen: PyTorch's convolution for input %s of %s on %s: %s",
+            tuple(input.shape),
+            input.dtype,
+            input.device,
+            reason,
         )
+    return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv2d`` on specgen's kernels; what they do not serve runs
+    on PyTorch's own (``_pytorch``) unless ``strict``."""
     if input.is_meta:  # a trace of sizes alone (model.conv_layers): PyTorch's meta kernel,
         # the output in the input's memory format as the operator gives it
         y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
         return _engine.dense(y, _engine.layout_of(input)) if y.dim() == 4 else y
+    given = (stride, padding, dilation, groups)
+    try:
+        if input.dim() not in (3, 4) or weight.dim() != 4:
+            raise SpecError(
+                f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
+                f"{weight.dim()}-D"
+            )
+        _arguments(stride, padding, dilation, weight)  # memoized: _conv2d's is a lookup
+        if not input.is_cuda or input.dtype not in _engine.DTYPES:
+            _engine.check_tensors(input, weight, bias)  # the reason, in one line
+        return _conv2d(input, weight, bias, stride, padding, dilation, groups)
+    except SpecError as e:
+        return _pytorch(e, input, weight, bias, *given)
+
+
+def _conv2d(input, weight, bias, stride, padding, dilation, groups):
     stride, pads, dilation = _arguments(stride, padding, dilation, weight)
     unbatched = input.dim() == 3
     if unbatched:

@@ -48,7 +48,12 @@ def arguments(stride, padding, dilation, weight) -> tuple:
         key = found = None
     if found is None:
         stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        for what, pair in (("stride", stride), ("dilation", dilation)):
+            if min(pair) < 1:
+                raise SpecError(f"non-positive {what} {tuple(pair)} is not supported")
         pads = _padding(padding, weight, stride, dilation)
+        if min(pads) < 0:
+            raise SpecError(f"negative padding {tuple(pads)} is not supported")
         found = (tuple(stride), tuple(pads), tuple(dilation))
         if key is not None and len(_normal) < 4096:
             _normal[key] = found
