@@ -75,3 +75,43 @@ def test_strict_refuses_in_one_line(monkeypatch):
         sg.conv2d(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3))
     with pytest.raises(SpecError, match="non-positive stride"):
         sg.conv2d(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), stride=0)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [dict(), dict(stride=2, padding=1), dict(padding="same", dilation=2), dict(groups=3)],
+)
+def test_conv1d_off_the_gpu_is_pytorchs(args):
+    x = torch.randn(2, 6, 17, requires_grad=True)
+    w = torch.randn(9, 6 // args.get("groups", 1), 3, requires_grad=True)
+    b = torch.randn(9)
+    assert torch.equal(sg.conv1d(x, w, b, **args), F.conv1d(x, w, b, **args))
+    assert torch.equal(sg.conv1d(x[0], w, b, **args), F.conv1d(x[0], w, b, **args))
+
+
+@pytest.mark.parametrize(
+    "args", [dict(stride=0), dict(stride=(1, 1)), dict(padding=-1), dict(padding="full")]
+)
+def test_conv1d_argument_errors_are_pytorchs(args):
+    x, w = torch.randn(1, 3, 8), torch.randn(4, 3, 3)
+    with pytest.raises(Exception) as theirs:
+        F.conv1d(x, w, **args)
+    with pytest.raises(type(theirs.value)) as ours:
+        sg.conv1d(x, w, **args)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_convert_takes_conv1d_modules_with_their_state():
+    model = torch.nn.Sequential(
+        torch.nn.Conv1d(4, 8, 5, padding=2, padding_mode="circular"),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 1),
+    )
+    ref = torch.nn.Sequential(model[0], model[1])
+    x = torch.randn(3, 4, 20)
+    want = ref(x)
+    sg.convert(model)
+    assert type(model[0]) is sg.Conv1d and type(model[2]) is sg.Conv2d
+    assert model[0].weight is ref[0].weight
+    assert torch.equal(model[1](model[0](x)), want)
+    assert model[0].state_dict().keys() == torch.nn.Conv1d(4, 8, 5).state_dict().keys()

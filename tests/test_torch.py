@@ -817,3 +817,36 @@ def test_the_layout_transpose_equals_pytorchs_copy_both_ways(dtype, shape):
     assert torch.equal(last, x)
     back = E.dense(last, TensorLayout.NCHW)
     assert back.is_contiguous() and torch.equal(back, x)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "args", [dict(), dict(stride=2, padding=1), dict(padding="same", dilation=3), dict(groups=4)]
+)
+def test_conv1d_runs_as_a_2d_convolution_of_height_1(dtype, args):
+    """sg.conv1d and a converted nn.Conv1d on the GPU: specgen's kernels (the problem's
+    height 1; strict, so that no fallback stands in), values and gradients against
+    float64 within a tolerance of the dtype."""
+    sg.strict(True)
+    try:
+        _conv1d_against_float64(dtype, args)
+    finally:
+        sg.strict(False)
+
+
+def _conv1d_against_float64(dtype, args):
+    x = torch.randn(3, 16, 40, device="cuda", dtype=DT[dtype], requires_grad=True)
+    w = (torch.randn(8, 16 // args.get("groups", 1), 5, device="cuda") / 6).to(DT[dtype])
+    w.requires_grad_()
+    y = sg.conv1d(x, w, None, **args)
+    d64 = [t.detach().double().requires_grad_() for t in (x, w)]
+    y64 = F.conv1d(*d64, None, **args)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, w], dy)
+    refs = torch.autograd.grad(y64, d64, dy.double())
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "fp32" else dict(rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(y.double(), y64.detach(), **tol)
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g.double(), r, **tol)
+    model = sg.convert(torch.nn.Conv1d(16, 8, 3, padding=1)).cuda()
+    assert type(model) is sg.Conv1d and model(x.float().detach()).shape == (3, 8, 40)

@@ -40,6 +40,8 @@ from ._engine import autotune, autotuning
 __all__ = [
     "conv2d",
     "Conv2d",
+    "conv1d",
+    "Conv1d",
     "convert",
     "warmup",
     "autotune",
@@ -77,11 +79,11 @@ def strictness() -> bool:
 _fell_back: set = set()  # the problems already logged as run by PyTorch
 
 
-def _pytorch(reason: SpecError, input, weight, bias, stride, padding, dilation, groups):
-    """PyTorch's own convolution for what specgen does not serve (CPU or float64
-    tensors, arguments it refuses, a problem no strategy serves), logged once a problem
-    at INFO: it computes what PyTorch computes, or raises the exception PyTorch raises.
-    Strict (``strict``), the refusal itself."""
+def _pytorch(reason: SpecError, conv, input, weight, *args):
+    """PyTorch's own convolution ``conv`` (``F.conv2d``, ``F.conv1d``) for what specgen
+    does not serve (CPU or float64 tensors, arguments it refuses, a problem no strategy
+    serves), logged once a problem at INFO: it computes what PyTorch computes, or raises
+    the exception PyTorch raises.  Strict (``strict``), the refusal itself."""
     if _strict[0] or (input.is_cuda and torch.cuda.is_current_stream_capturing()):
         raise reason
     key = (tuple(input.shape), input.dtype, input.device.type, tuple(weight.shape), str(reason))
@@ -94,7 +96,7 @@ def _pytorch(reason: SpecError, input, weight, bias, stride, padding, dilation, 
             input.device,
             reason,
         )
-    return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return conv(input, weight, *args)
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -116,7 +118,36 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
             _engine.check_tensors(input, weight, bias)  # the reason, in one line
         return _conv2d(input, weight, bias, stride, padding, dilation, groups)
     except SpecError as e:
-        return _pytorch(e, input, weight, bias, *given)
+        return _pytorch(e, F.conv2d, input, weight, bias, *given)
+
+
+def _one(v, what: str) -> int:
+    """A 1-D convolution's argument: an int or a 1-tuple."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, (tuple, list)) and len(v) == 1 and isinstance(v[0], int):
+        return v[0]
+    raise SpecError(f"{what} of a 1-D convolution must be an int or a 1-tuple, got {v!r}")
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv1d`` on specgen's kernels: a 2-D convolution of height 1
+    (the input and the weights seen with a row axis of one), what they do not serve on
+    PyTorch's own, as ``conv2d``."""
+    given = (bias, stride, padding, dilation, groups)
+    try:
+        if input.dim() not in (2, 3) or weight.dim() != 3:
+            raise SpecError(
+                f"conv1d takes a 2-D or 3-D input and 3-D weights, got {input.dim()}-D and "
+                f"{weight.dim()}-D"
+            )
+        if not input.is_cuda or input.dtype not in _engine.DTYPES:
+            _engine.check_tensors(input, weight, bias)
+        pad = padding if isinstance(padding, str) else (0, _one(padding, "padding"))
+        args = ((1, _one(stride, "stride")), pad, (1, _one(dilation, "dilation")), groups)
+    except SpecError as e:
+        return _pytorch(e, F.conv1d, input, weight, *given)
+    return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, *args).squeeze(-2)
 
 
 def _conv2d(input, weight, bias, stride, padding, dilation, groups):
@@ -161,7 +192,7 @@ class Conv2d(torch.nn.Conv2d):
         return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     @classmethod
-    def from_torch(cls, m: torch.nn.Conv2d) -> "Conv2d":
+    def from_torch(cls, m: torch.nn.Module) -> torch.nn.Module:
         """The same layer, sharing ``m``'s parameters."""
         new = cls.__new__(cls)
         new.__dict__ = dict(m.__dict__)
@@ -171,11 +202,29 @@ class Conv2d(torch.nn.Conv2d):
         return new
 
 
+class Conv1d(torch.nn.Conv1d):
+    """``torch.nn.Conv1d`` (same constructor, parameters and state_dict) on specgen's
+    kernels, as a 2-D convolution of height 1; a non-zero ``padding_mode`` pads through
+    ``F.pad`` first, as PyTorch's does."""
+
+    def _conv_forward(self, input, weight, bias):
+        if self.padding_mode != "zeros":
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return conv1d(input, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    from_torch = classmethod(Conv2d.from_torch.__func__)
+
+
+SPECGEN = {torch.nn.Conv2d: Conv2d, torch.nn.Conv1d: Conv1d}  # PyTorch's module -> ours
+
+
 def convert(model: torch.nn.Module) -> torch.nn.Module:
-    """Every ``torch.nn.Conv2d`` of ``model`` (the model itself too) replaced in place by
-    a specgen ``Conv2d`` that shares its parameters; returns the model."""
-    if type(model) is torch.nn.Conv2d:
-        return Conv2d.from_torch(model)
+    """Every ``torch.nn.Conv2d`` and ``torch.nn.Conv1d`` of ``model`` (the model itself
+    too) replaced in place by specgen's, sharing its parameters; returns the model."""
+    ours = SPECGEN.get(type(model))
+    if ours is not None:
+        return ours.from_torch(model)
     for name, child in model.named_children():
         setattr(model, name, convert(child))
     return model
