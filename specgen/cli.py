@@ -630,7 +630,33 @@ def _tune_math(shape, strat) -> str:
 
 
 @main.command()
-@click.option("--shape", "shape_text", required=True, help="a preset name or an inline spec")
+@click.option("--shape", "shape_text", default=None, help="a preset name or an inline spec")
+@click.option(
+    "--problems",
+    "problems_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="a file of problem specs, one a line (with op=), tuned together on Dask",
+)
+@click.option(
+    "--model",
+    "model_name",
+    default=None,
+    help="every conv problem and op of a torchvision model (fp32 NCHW, bf16 channels_last)",
+)
+@click.option(
+    "--compile-only",
+    is_flag=True,
+    help="with --problems or --model: the fan-out's compile phase alone, no GPU needed",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 4096),
+    default=os.cpu_count() or 1,
+    help="compile processes of the embedded Dask cluster (default: the CPU count)",
+)
+@click.option("--scheduler", default=None, help="the address of a Dask scheduler to run on instead")
+@click.option("--arch", default=None, help="with --compile-only: sm_XX (default sm_90)")
 @click.option(
     "--precision",
     default=None,
@@ -651,8 +677,32 @@ def _tune_math(shape, strat) -> str:
     default=None,
     help="fprop (default), dgrad, wgrad or bgrad: the pass to tune, one at a time",
 )
-def tune(shape_text, precision, budget, batch, strategy, op_text):
-    """Search the variant space of every strategy for the fastest verified kernel."""
+def tune(
+    shape_text,
+    problems_path,
+    model_name,
+    compile_only,
+    workers,
+    scheduler,
+    arch,
+    precision,
+    budget,
+    batch,
+    strategy,
+    op_text,
+):
+    """Search the variant space of every strategy for the fastest verified kernel: of
+    one problem (--shape), or of many on Dask (--problems, --model)."""
+    sources = [x for x in (shape_text, problems_path, model_name) if x is not None]
+    if len(sources) != 1:
+        raise SpecError("give one of --shape, --problems and --model")
+    if shape_text is None:
+        _tune_many(problems_path, model_name, batch, compile_only, workers, scheduler, arch, budget)
+        return
+    if compile_only or scheduler:
+        raise SpecError(
+            "--compile-only and --scheduler tune many problems: give --problems or --model"
+        )
     shape = _with_op(parse_shape(shape_text), op_text, all_allowed=False)
     strat = strategy_class(strategy) if strategy else None
     if strat is not None:
@@ -662,6 +712,77 @@ def tune(shape_text, precision, budget, batch, strategy, op_text):
     from .tune import run_tune
 
     run_tune(shape, prec, budget, echo=click.echo, batch=batch, strategy=strat)
+
+
+def _model_problems(name: str, batch: int | None) -> list:
+    """Every conv problem and op of the torchvision model ``name``, in fp32 NCHW and in
+    bf16 channels_last, as ``specgen model NAME --plan`` lists them."""
+    try:
+        import torch
+
+        from .torch import model as m
+        from .torch._trace import conv_layers
+    except ImportError:
+        raise SpecError(
+            "--model needs PyTorch and torchvision: pip install 'specgen[model]'"
+        ) from None
+    default_batch, image = m.MODELS.get(name, (32, 224))
+    layers = conv_layers(m.build(name), torch.empty(batch or default_batch, 3, image, image))
+    out = []
+    for mode in (m.MODES["fp32"], m.MODES["bf16"]):
+        out += [layer.problem(op, mode) for layer in layers for op in layer.ops()]
+    return list(dict.fromkeys(out))
+
+
+def _tune_many(problems_path, model_name, batch, compile_only, workers, scheduler, arch, budget):
+    from dataclasses import replace as with_batch
+
+    from . import dist
+    from .compile import DEFAULT_ARCH
+
+    if problems_path is not None:
+        problems = dist.problems_file(problems_path)
+        if batch:
+            problems = [with_batch(p, batch=batch) for p in problems]
+    else:
+        problems = _model_problems(model_name, batch)
+    if not compile_only:
+        raise SpecError(
+            "the timing phase of a many-problem tune (GPU workers) is not built yet; "
+            "add --compile-only for the compile phase"
+        )
+    _check_arch(arch)
+    arch = arch or DEFAULT_ARCH
+    items = dist.work_items(problems, dist.precisions_for, budget)
+    todo = dist.pending(items, arch)
+    click.echo(
+        f"tune: {len(problems)} problems, {len(items)} items (problem x math x candidate); "
+        f"{len(items) - len(todo)} recorded already, {len(todo)} to compile for {arch}"
+    )
+    if not todo:
+        return
+    client = dist.connect(scheduler, workers)
+    try:
+        n = len(client.scheduler_info()["workers"])
+        with click.progressbar(length=len(todo), label="compile", file=sys.stderr) as bar:
+            report = dist.fan_out(client, todo, arch, progress=lambda r: bar.update(1))
+    finally:
+        client.close()
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(report["counts"].items()))
+    efficiency = report["busy"] / max(report["wall"] * n, 1e-9)
+    click.echo(
+        f"compiled: {counts}; wall {report['wall']:.1f} s on {n} workers, the items' own "
+        f"{report['busy']:.1f} s ({efficiency:.0%} of the workers' time)"
+    )
+    for worker, k in sorted(report["per_worker"].items()):
+        click.echo(f"  {worker}: {k} items")
+    click.echo(f"recorded in {tunedb_path()}")
+
+
+def tunedb_path():
+    from .tunedb import db_path
+
+    return db_path()
 
 
 @main.command()

@@ -96,8 +96,30 @@ def prune(space: list[Variant], floor: int, keep=()) -> list[Variant]:
     return kept + [v for v in space if speed_class(v) >= floor and v not in kept]
 
 
-def _source_hash(shape, v) -> str:
+def source_hash(shape, v) -> str:
+    """The hash of a candidate's rendered source: part of its results' key."""
     return hashlib.sha256(render(make_plan(shape, v)).encode()).hexdigest()[:16]
+
+
+def sample(
+    shape: ConvProblem,
+    precision: Precision,
+    space: list[Variant],
+    budget: int | None,
+    keep=(),
+    strategy: type[Variant] | None = None,
+) -> list[Variant]:
+    """At most ``budget`` of ``space``: ``keep``, each strategy's default and the
+    shape's default set first (a tuned winner slower than a default would be a loss),
+    then the rest sampled evenly."""
+    seeds = defaults(shape, precision, strategy)
+    seeds += [v for v in default_set(shape) if v.precision is precision]
+    seeds = [v for v in dict.fromkeys([*keep, *seeds]) if v in space]
+    if not budget or len(space) <= budget:
+        return space
+    rest = [v for v in space if v not in seeds]
+    space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]
+    return space[:budget]
 
 
 def run_tune(
@@ -132,13 +154,7 @@ def run_tune(
     if not space:
         what = f"{strategy.key} in {precision.value}" if strategy else precision.value
         raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
-    seeds = defaults(sized, precision, strategy)
-    seeds += [v for v in default_set(shape) if v.precision is precision]
-    seeds = [v for v in dict.fromkeys([*keep, *seeds]) if v in space]
-    if budget and len(space) > budget:
-        rest = [v for v in space if v not in seeds]
-        space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]
-        space = space[:budget]
+    space = sample(sized, precision, space, budget, keep, strategy)
     echo(f"tune {shape.slug} {precision.value} on {env['gpu']}: {len(space)} candidates, B={batch}")
     errors = precompile([(shape, v) for v in space], arch, os.cpu_count() or 1, label="compiled")
     known = tunedb.timings(env, shape.spec, batch)
@@ -154,7 +170,7 @@ def run_tune(
             if errors.get(v.name):
                 counts["dropped"] += 1
                 continue
-            src = _source_hash(shape, v)
+            src = source_hash(shape, v)
             if (v.name, src) in known:
                 results.append((known[(v.name, src)]["ms"], v))
                 counts["resumed"] += 1

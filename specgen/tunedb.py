@@ -36,6 +36,15 @@ REQUIRED = {
         source=str,
         ms=_POSITIVE,
     ),
+    "compiled": dict(
+        arch=str,
+        nvrtc=str,
+        shape=str,
+        batch=_COUNT,
+        variant=str,
+        source=str,
+        status=str,
+    ),
     "winner": dict(
         gpu=str,
         shape=str,

@@ -110,7 +110,7 @@ def test_refusals_of_shapes(spec, extra, needle, tmp_path):
         (["bench", "--shape", "layer2", "--best", "--all"], "choose one of"),
         (["bench", "--shape", "layer2", "--json", "."], "--json . is a folder"),
         (["tune", "--shape", "layer2", "--budget", "0"], "'--budget': 0 is not in the range"),
-        (["tune"], "Missing option '--shape'"),
+        (["tune"], "give one of --shape, --problems and --model"),
         (["frobnicate"], "No such command 'frobnicate'"),
     ],
 )

@@ -1,0 +1,164 @@
+"""CPU tier: tuning many problems at once on Dask (``specgen.dist``), compile phase: the
+fan-out over a LocalCluster of processes, every item recorded once by the client,
+resume after an interrupted run, a killed worker's items run again elsewhere, and the
+command line's refusals.  Skipped where dask and distributed are not installed (the
+``dist`` extra; ``dev`` includes it)."""
+
+import os
+import signal
+import time
+from dataclasses import asdict
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("distributed")
+
+from distributed import Client, LocalCluster  # noqa: E402
+
+from specgen import dist, tunedb  # noqa: E402
+from specgen.cli import main  # noqa: E402
+from specgen.errors import SpecError  # noqa: E402
+from specgen.shapes import parse_shape  # noqa: E402
+
+SPECS = ("C=2,M=4,H=9,W=9,K=3", "C=3,M=4,H=8,W=8,K=3,pad=1,op=dgrad")
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    """A results database of the test's own (the compile cache stays the run's)."""
+    path = tmp_path / "tune.jsonl"
+    monkeypatch.setattr(tunedb, "db_path", lambda: path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as c,
+        Client(c) as client,
+    ):
+        yield client
+
+
+def items(budget=2):
+    return dist.work_items([parse_shape(s) for s in SPECS], dist.precisions_for, budget)
+
+
+def keys_recorded():
+    return [
+        (r["shape"], r["batch"], r["variant"], r["source"])
+        for r in tunedb.records()
+        if r["kind"] == "compiled"
+    ]
+
+
+def test_problems_file(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("layer2\n\n# a note\nC=8,M=8,H=6,W=6,K=3,op=wgrad  # wgrad\n")
+    assert [p.spec for p in dist.problems_file(f)] == [
+        parse_shape("layer2").spec,
+        parse_shape("C=8,M=8,H=6,W=6,K=3,op=wgrad").spec,
+    ]
+    f.write_text("layer2\nC=8,M=8\n")
+    with pytest.raises(SpecError, match="line 2"):
+        dist.problems_file(f)
+    f.write_text("# nothing\n")
+    with pytest.raises(SpecError, match="names no problem"):
+        dist.problems_file(f)
+
+
+def test_the_fan_out_records_every_item_once_and_a_rerun_has_nothing_to_do(db, cluster):
+    """Each problem x math x candidate compiled on a worker process and recorded by the
+    client, once; the items spread over both workers' ids; run again, nothing is pending."""
+    work = items()
+    assert len(work) == len({it.key for it in work}) >= 6
+    report = dist.fan_out(cluster, dist.pending(work, "sm_90"), "sm_90")
+    assert sorted(keys_recorded()) == sorted(it.key for it in work)
+    assert sum(report["counts"].values()) == len(work)
+    assert report["counts"].get("ok", 0) >= len(work) - report["counts"].get("failed", 0)
+    assert all(w.startswith("tcp://") for w in report["per_worker"])
+    assert dist.pending(work, "sm_90") == []
+    assert dist.pending(work, "sm_80") == work  # keyed by the architecture too
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(db, cluster):
+    work = items()
+    seen = []
+
+    def stop_after_two(record):
+        seen.append(record)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dist.fan_out(cluster, dist.pending(work, "sm_90"), "sm_90", progress=stop_after_two)
+    assert len(keys_recorded()) == 2
+    rest = dist.pending(work, "sm_90")
+    assert len(rest) == len(work) - 2
+    dist.fan_out(cluster, rest, "sm_90")
+    assert sorted(keys_recorded()) == sorted(it.key for it in work)
+
+
+def test_a_killed_worker_has_its_items_run_elsewhere(db):
+    """kill -9 of a worker process in the middle of the run: the scheduler gives its
+    items to the other worker (a nanny starts a new one), and every item is recorded
+    exactly once."""
+    work = items()
+
+    def slow(item, arch):  # defined here: cloudpickle ships it by value
+        time.sleep(0.4)
+        from specgen.compile import nvrtc_version
+
+        record = dict(asdict(item), kind="compiled", shape=item.spec, arch=arch)
+        del record["spec"]
+        record.update(nvrtc="%d.%d" % nvrtc_version(), status="ok", seconds=0.4)
+        record.update(worker=str(os.getpid()))
+        return record
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as c,
+        Client(c) as client,
+    ):
+        pids = list(client.run(os.getpid).values())
+        killed = []
+
+        def kill_once(record):
+            if not killed:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+
+        report = dist.fan_out(client, work, "sm_90", progress=kill_once, task=slow)
+    assert killed
+    recorded = keys_recorded()
+    assert sorted(recorded) == sorted(it.key for it in work), "an item lost or recorded twice"
+    assert report["counts"] == {"ok": len(work)}
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_the_command_line(tmp_path, db):
+    f = tmp_path / "p.txt"
+    f.write_text(SPECS[0] + "\n")
+    r = run("tune", "--problems", str(f), "--compile-only", "--workers", "1", "--budget", "2")
+    assert r.exit_code == 0, r.output
+    assert "2 problems" not in r.output and "1 problems" in r.output
+    assert "compiled: ok" in r.output and len(keys_recorded()) >= 2
+    r = run("tune", "--problems", str(f), "--compile-only", "--budget", "2")
+    assert r.exit_code == 0 and "0 to compile" in r.output
+    for args, words in (
+        (("tune",), "give one of --shape, --problems and --model"),
+        (("tune", "--shape", "layer2", "--problems", str(f)), "give one of"),
+        (("tune", "--problems", str(f)), "add --compile-only"),
+        (("tune", "--shape", "layer2", "--compile-only"), "give --problems or --model"),
+        (("tune", "--problems", str(tmp_path / "none.txt"), "--compile-only"), "cannot read"),
+    ):
+        r = run(*args)
+        assert r.exit_code == 2 and words in r.output, (args, r.output)
+        assert r.output.count("\n") == 1
