@@ -214,7 +214,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     assert p.layout is TensorLayout.NHWC
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=tc_problems())
 def test_drawn_defaults_compile_without_spills(p):
     cls = strategy_for(p)
