@@ -1,6 +1,8 @@
 """Hypothesis strategies for whole problems: what the CPU tier plans and compiles and
 the GPU tier verifies numerically."""
 
+import os
+
 from hypothesis import HealthCheck, Phase, assume
 from hypothesis import strategies as st
 
@@ -10,6 +12,10 @@ from specgen.shapes import parse_shape
 # The settings of the GPU tier's drawn tests: no deadline (a compile takes seconds) and no
 # shrinking (on the GPU machine it can outlast the tier; the failing spec is in the
 # assertion message anyway).
+# The drawn-problem compile sweeps of each strategy: a dozen problems each in the CPU
+# tier (SPECGEN_DRAWN_EXAMPLES=N draws N instead, as test_cpu_build's sweeps do).
+DRAWN_COMPILES = int(os.environ.get("SPECGEN_DRAWN_EXAMPLES", "0")) or 12
+
 GPU_DRAWS = dict(
     deadline=None,
     suppress_health_check=list(HealthCheck),

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import assert_one_line_refusal, default_and_drawn, planned_space, verify_on_the_gpu
+from problems import (
+    assert_one_line_refusal,
+    default_and_drawn,
+    planned_space,
+    verify_on_the_gpu,
+    DRAWN_COMPILES,
+)
 from specgen.compile import compile_source
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -141,7 +147,7 @@ def own(p):
     return Precision(p.dtype.value)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=kn2row_problems())
 def test_drawn_defaults_compile_without_spills(p):
     plan = make_plan(p, Kn2row.default(Kn2row.problem_for(p), own(p)))

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    DRAWN_COMPILES,
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
@@ -145,7 +146,7 @@ def mmarows_problems(draw):
     return p
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=mmarows_problems())
 def test_drawn_defaults_compile_without_spills(p):
     plan = make_plan(p, Mmarows.default(Mmarows.problem_for(p), own(p)))

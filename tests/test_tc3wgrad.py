@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    DRAWN_COMPILES,
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
@@ -135,7 +136,7 @@ def nchw_problems(draw):
     return p
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=nchw_problems())
 def test_drawn_defaults_compile_without_spills(p):
     try:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import default_and_drawn, verify_on_the_gpu
+from problems import DRAWN_COMPILES, default_and_drawn, verify_on_the_gpu
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -214,7 +214,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     assert p.layout is TensorLayout.NHWC
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=tc_problems())
 def test_drawn_defaults_compile_without_spills(p):
     cls = strategy_for(p)

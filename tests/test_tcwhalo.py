@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    DRAWN_COMPILES,
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
@@ -146,7 +147,7 @@ def test_three_channel_layers_at_the_models_batch(spec):
     assert row.status == "PASS", (v.name, row.problems)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=few_channel_problems())
 def test_drawn_defaults_compile_without_spills(p):
     precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import assert_one_line_refusal, default_and_drawn, verify_on_the_gpu
+from problems import DRAWN_COMPILES, assert_one_line_refusal, default_and_drawn, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
@@ -262,7 +262,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     verify_on_the_gpu(p, default_and_drawn(p, Wgmma, precision, pick), batch)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=wgmma_problems())
 def test_drawn_defaults_compile_without_spills(p):
     view = Wgmma.problem_for(p)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    DRAWN_COMPILES,
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
@@ -368,7 +369,7 @@ def test_seven_by_seven_layers_at_a_long_reduction(name):
     assert row.status == "PASS", (v.name, row.problems)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=narrow_problems())
 def test_drawn_defaults_compile_without_spills(p):
     try:
