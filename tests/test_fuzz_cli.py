@@ -22,7 +22,7 @@ from specgen.errors import SpecError
 from specgen.shapes import PRESETS
 from specgen.verify import Row
 
-EXAMPLES = 2000
+EXAMPLES = 1000
 SECONDS = 30  # per call; emit --all-shapes --all renders every preset's set
 
 NUMBERS = ["0", "-1", "1", "2", "3", "4", "7", "8", "16", "17", "33", "64", "128", "65535"]

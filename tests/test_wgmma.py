@@ -130,8 +130,13 @@ def test_the_producer_protocol_cannot_deadlock():
 
 
 def test_every_tune_candidate_plans_or_refuses_and_compiles_unserialized():
+    """Every candidate of the space plans or refuses in one line, and the planned ones
+    that bring an option's value no compiled one had yet (every value of every option
+    compiled at least once) compile without spills or a serialized wgmma."""
+    import dataclasses
+
     p = parse_shape(AE_ENC2_BF16)
-    planned_count = 0
+    planned_count, covered = 0, set()
     for v in Wgmma.space(p, Precision.BF16):
         try:
             plan = make_plan(p, v)
@@ -139,6 +144,10 @@ def test_every_tune_candidate_plans_or_refuses_and_compiles_unserialized():
             assert "\n" not in str(e)
             continue
         planned_count += 1
+        values = {(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if values <= covered:
+            continue
+        covered |= values
         binary = compiled(plan)
         assert binary.spills == 0 and SERIALIZED not in binary.log, (plan.name, binary.resources)
     assert planned_count >= 8
