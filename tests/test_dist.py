@@ -165,3 +165,54 @@ def test_the_command_line(tmp_path, db, cluster):
         r = run(*args)
         assert r.exit_code == 2 and words in r.output, (args, r.output)
         assert r.output.count("\n") == 1
+
+
+def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
+    """The path a cluster of hosts takes: `dask scheduler` and `dask worker` started as
+    processes of their own, the tune joining them through --scheduler."""
+    import json
+    import subprocess
+    import sys
+
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    where = tmp_path / "scheduler.json"
+    scheduler = subprocess.Popen(
+        [*dask, "--scheduler-file", str(where), "--port", "0", "--no-dashboard"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = None
+    try:
+        for _ in range(200):
+            if where.exists() and where.read_text().strip():
+                break
+            time.sleep(0.05)
+        address = json.loads(where.read_text())["address"]
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_worker",
+                address,
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with Client(address, timeout="20s") as client:
+            client.wait_for_workers(1, timeout=30)
+        f = tmp_path / "p.txt"
+        f.write_text(SPECS[1] + "\n")
+        at = ("--scheduler", address, "--budget", "2")
+        r = run("tune", "--problems", str(f), "--compile-only", *at)
+        assert r.exit_code == 0, r.output
+        assert "on 1 workers" in r.output and "compiled: ok" in r.output
+        want = dist.work_items([parse_shape(SPECS[1])], dist.precisions_for, 2)
+        assert sorted(keys_recorded()) == sorted(it.key for it in want)
+    finally:
+        for p in (worker, scheduler):
+            if p is not None:
+                p.terminate()
+                p.wait(timeout=30)
