@@ -79,27 +79,30 @@ def work_items(problems, precisions_of, budget: int | None) -> list[Item]:
     return list(dict.fromkeys(items))
 
 
+def compiled_record(item: Item, arch: str, **fields) -> dict:
+    """The database record of an item's compile phase: its key (the problem's spec as
+    ``shape``), the compiler and architecture, and ``fields``."""
+    from .compile import nvrtc_version
+
+    record = dict(asdict(item), kind="compiled", arch=arch, nvrtc="%d.%d" % nvrtc_version())
+    record["shape"] = record.pop("spec")
+    record.setdefault("worker", "")
+    return dict(record, **fields)
+
+
 def compile_item(item: Item, arch: str) -> dict:
     """The compile phase of one item, on whatever worker gets it: planned, rendered,
     compiled for ``arch`` and its resources checked against the plan.  Its record:
     ``status`` "ok", "refused" (the resources break the plan: spills, shared bytes) or
     "failed" (the planner or the compiler refused it), with the reason."""
-    from .compile import compile_source, nvrtc_version
+    from .compile import compile_source
     from .plan import make_plan
     from .render import render
     from .strategies import parse_variant_name
     from .verify import check_resources
 
     start = time.perf_counter()
-    record = dict(
-        asdict(item),
-        kind="compiled",
-        shape=item.spec,
-        arch=arch,
-        nvrtc="%d.%d" % nvrtc_version(),
-        worker=_worker(),
-    )
-    del record["spec"]
+    record = compiled_record(item, arch, worker=_worker())
     try:
         p = parse_shape(item.spec)
         plan = make_plan(p, parse_variant_name(item.variant, p))
@@ -168,8 +171,6 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
     worker."""
     from distributed import as_completed
 
-    from .compile import nvrtc_version
-
     counts: dict[str, int] = {}
     per_worker: dict[str, int] = {}
     busy = 0.0
@@ -182,18 +183,8 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
             try:
                 record = future.result()
             except Exception as e:  # a task's own error, or KilledWorker: said, not lost
-                record = dict(
-                    asdict(item),
-                    kind="compiled",
-                    shape=item.spec,
-                    arch=arch,
-                    nvrtc="%d.%d" % nvrtc_version(),
-                    status="failed",
-                    reason=f"{type(e).__name__}: {e}",
-                    seconds=0.0,
-                    worker="",
-                )
-                del record["spec"]
+                reason = f"{type(e).__name__}: {e}"
+                record = compiled_record(item, arch, status="failed", reason=reason, seconds=0.0)
             if item.key in written:
                 continue
             written.add(item.key)

@@ -7,8 +7,6 @@ command line's refusals.  Skipped where dask and distributed are not installed (
 import os
 import signal
 import time
-from dataclasses import asdict
-
 import pytest
 from click.testing import CliRunner
 
@@ -110,13 +108,7 @@ def test_a_killed_worker_has_its_items_run_elsewhere(db):
 
     def slow(item, arch):  # defined here: cloudpickle ships it by value
         time.sleep(0.4)
-        from specgen.compile import nvrtc_version
-
-        record = dict(asdict(item), kind="compiled", shape=item.spec, arch=arch)
-        del record["spec"]
-        record.update(nvrtc="%d.%d" % nvrtc_version(), status="ok", seconds=0.4)
-        record.update(worker=str(os.getpid()))
-        return record
+        return dist.compiled_record(item, arch, status="ok", seconds=0.4, worker=str(os.getpid()))
 
     with (
         LocalCluster(
