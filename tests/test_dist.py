@@ -208,3 +208,12 @@ def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
             if p is not None:
                 p.terminate()
                 p.wait(timeout=30)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torchvision") is not None,
+    reason="checks the refusal without torchvision",
+)
+def test_model_without_torchvision_says_what_to_install():
+    r = run("tune", "--model", "resnet18", "--compile-only")
+    assert r.exit_code == 2 and "specgen[model]" in r.output and r.output.count("\n") == 1
