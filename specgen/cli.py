@@ -776,7 +776,14 @@ def _tune_many(problems_path, model_name, batch, compile_only, workers, schedule
     )
     for worker, k in sorted(report["per_worker"].items()):
         click.echo(f"  {worker}: {k} items")
+    for r in report["dropped"][:SHOWN]:
+        click.echo(f"  {r['status']}: {r['variant']} of {r['shape']}: {one_line(r['reason'])}")
+    if len(report["dropped"]) > SHOWN:
+        click.echo(f"  ... and {len(report['dropped']) - SHOWN} more (status in the database)")
     click.echo(f"recorded in {tunedb_path()}")
+
+
+SHOWN = 10  # the refused or failed items a many-problem tune names at its end
 
 
 def tunedb_path():

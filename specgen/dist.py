@@ -167,12 +167,13 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
     default), each result appended to the database by this client as it arrives, once.
     A task that kept killing its workers (Dask's ``KilledWorker``) or raised is recorded
     as failed, with the reason.  ``progress(record)`` after each record.  Returns the
-    counts by status, the wall time, the items' summed seconds and the items per
-    worker."""
+    counts by status, the wall time, the items' summed seconds, the items per worker
+    and the records of the items refused or failed."""
     from distributed import as_completed
 
     counts: dict[str, int] = {}
     per_worker: dict[str, int] = {}
+    dropped: list[dict] = []  # the records of items refused or failed
     busy = 0.0
     start = time.perf_counter()
     futures = {client.submit(task, it, arch, pure=False): it for it in todo}
@@ -190,6 +191,8 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
             written.add(item.key)
             tunedb.append(record)
             counts[record["status"]] = counts.get(record["status"], 0) + 1
+            if record["status"] != "ok":
+                dropped.append(record)
             busy += record.get("seconds", 0.0)
             per_worker[record.get("worker", "")] = per_worker.get(record.get("worker", ""), 0) + 1
             if progress:
@@ -198,7 +201,7 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
         for future in futures:
             future.cancel()
     wall = time.perf_counter() - start
-    return dict(counts=counts, wall=wall, busy=busy, per_worker=per_worker)
+    return dict(counts=counts, wall=wall, busy=busy, per_worker=per_worker, dropped=dropped)
 
 
 def precisions_for(problem: ConvProblem) -> list[Precision]:

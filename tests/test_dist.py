@@ -125,7 +125,7 @@ def test_a_killed_worker_has_its_items_run_elsewhere(db):
                 killed.append(pids[0])
 
         report = dist.fan_out(client, work, "sm_90", progress=kill_once, task=slow)
-    assert killed
+    assert killed and report["dropped"] == []
     recorded = keys_recorded()
     assert sorted(recorded) == sorted(it.key for it in work), "an item lost or recorded twice"
     assert report["counts"] == {"ok": len(work)}
@@ -217,3 +217,20 @@ def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
 def test_model_without_torchvision_says_what_to_install():
     r = run("tune", "--model", "resnet18", "--compile-only")
     assert r.exit_code == 2 and "specgen[model]" in r.output and r.output.count("\n") == 1
+
+
+def test_a_task_that_raises_is_recorded_failed_with_the_reason(db, cluster):
+    """An item whose task raises is one failed record naming the exception, not a lost
+    item, and the run goes on with the rest."""
+    work = items()
+
+    def flaky(item, arch):
+        if item == work[0]:
+            raise RuntimeError("out of memory, say")
+        return dist.compiled_record(item, arch, status="ok", seconds=0.0)
+
+    report = dist.fan_out(cluster, work, "sm_90", task=flaky)
+    assert report["counts"] == {"ok": len(work) - 1, "failed": 1}
+    (failed,) = report["dropped"]
+    assert failed["variant"] == work[0].variant and "out of memory, say" in failed["reason"]
+    assert sorted(keys_recorded()) == sorted(it.key for it in work)
