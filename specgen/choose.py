@@ -395,14 +395,6 @@ def gemm_fp32_suits(view: ConvProblem) -> bool:
     return min(view.Cg, view.Mg) >= GEMM_FP32_MIN
 
 
-def through_nhwc(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> bool:
-    """Whether an NCHW problem is better computed in NHWC, its tensors copied there and
-    back (the operator's layout pass): where the NHWC problem's pick runs on the tensor
-    cores and the NCHW problem's does not.  The copies move each tensor once more
-    through memory, a small part of a wide layer's time on CUDA cores."""
-    return computed_layout(problem, gpu, allow_tf32, arch) is not problem.layout
-
-
 # The wgrad strategy that serves what no other does; its channels-last reads of a few
 # channels over a wide window are slow (the first layer of resnet18, 3 channels, 7x7 at
 # stride 2, bf16 NHWC at B=64: 5.03 ms against cuDNN's 0.32, H200 2026-11-28).

@@ -737,7 +737,7 @@ def _model_problems(name: str, batch: int | None) -> list:
 def _tune_many(problems_path, model_name, batch, compile_only, workers, scheduler, arch, budget):
     from dataclasses import replace as with_batch
 
-    from . import dist
+    from . import dist, tunedb
     from .compile import DEFAULT_ARCH
 
     if problems_path is not None:
@@ -780,16 +780,10 @@ def _tune_many(problems_path, model_name, batch, compile_only, workers, schedule
         click.echo(f"  {r['status']}: {r['variant']} of {r['shape']}: {one_line(r['reason'])}")
     if len(report["dropped"]) > SHOWN:
         click.echo(f"  ... and {len(report['dropped']) - SHOWN} more (status in the database)")
-    click.echo(f"recorded in {tunedb_path()}")
+    click.echo(f"recorded in {tunedb.db_path()}")
 
 
 SHOWN = 10  # the refused or failed items a many-problem tune names at its end
-
-
-def tunedb_path():
-    from .tunedb import db_path
-
-    return db_path()
 
 
 @main.command()

@@ -113,10 +113,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                 f"conv2d takes a 3-D or 4-D input and 4-D weights, got {input.dim()}-D and "
                 f"{weight.dim()}-D"
             )
-        _arguments(stride, padding, dilation, weight)  # memoized: _conv2d's is a lookup
+        args = _arguments(stride, padding, dilation, weight)
         if not input.is_cuda or input.dtype not in _engine.DTYPES:
             _engine.check_tensors(input, weight, bias)  # the reason, in one line
-        return _conv2d(input, weight, bias, stride, padding, dilation, groups)
+        return _conv2d(input, weight, bias, *args, groups)
     except SpecError as e:
         return _pytorch(e, F.conv2d, input, weight, bias, *given)
 
@@ -150,8 +150,8 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, *args).squeeze(-2)
 
 
-def _conv2d(input, weight, bias, stride, padding, dilation, groups):
-    stride, pads, dilation = _arguments(stride, padding, dilation, weight)
+def _conv2d(input, weight, bias, stride, pads, dilation, groups):
+    """specgen's convolution of arguments as ``_arguments`` gives them."""
     unbatched = input.dim() == 3
     if unbatched:
         input = input.unsqueeze(0)

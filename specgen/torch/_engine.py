@@ -584,17 +584,10 @@ class Direct:
 
     def __init__(self, func: int, n: int, binding: list, index: int):
         self.step = _Step(func, (-(-n // 256), 1, 1), (256, 1, 1), 0, binding)
-        self.slots = [i for i, _, _ in self.step.fill]
-        self.lock = threading.Lock()  # the slots are shared
         self.index = index
 
     def __call__(self, *addresses: int) -> None:
-        step = self.step
-        with self.lock:
-            for i, at in zip(self.slots, addresses):
-                step.slots[i] = at
-            stream = raw_stream(self.index)
-            on_device(self.index, _driver_launch(), *step.head, stream, step.params_at, 0)
+        launch_step(self.step, self.index, *addresses)
 
 
 class Gather:
@@ -880,6 +873,10 @@ def forward(lay: Layer, x, w, bias):
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
     computed = k.problem.layout
+    if computed is lay.layout:  # the common case: x is dense in it already
+        y = empty((N, *lay.y_rest), x, computed)
+        launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
+        return y
     x = dense(x, computed)
     y = empty((N, *lay.y_rest), x, computed)
     launch(k, {Role.X: x, Role.Y: y}, N, lay.device, w=w, bias=bias)
@@ -892,10 +889,11 @@ def input_grad(lay: Layer, dy, w):
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
     computed = k.problem.layout
-    dy = dense(dy, computed)
+    if computed is not lay.layout:
+        dy = dense(dy, computed)
     dx = empty((N, *lay.x_rest), dy, computed)
     launch(k, {Role.DY: dy, Role.DX: dx}, N, lay.device, w=w)
-    return dense(dx, lay.layout)
+    return dx if computed is lay.layout else dense(dx, lay.layout)
 
 
 def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
