@@ -127,13 +127,14 @@ def ceilings(refresh: bool = False) -> dict:
     return result
 
 
-def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
+def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[Timing]:
     """cuDNN through PyTorch with cudnn.benchmark, on the same inputs, as a user would
     run the problem: conv2d with its bias, then the activation; for the backward ops
     ``torch.nn.grad.conv2d_input`` and ``conv2d_weight`` (and dy summed for db).  An
     fp32 problem is also timed in tf32 and, converted to 16 bits channels-last, in fp16
     and bf16; a 16-bit problem in its own dtype and layout.  The backward ops of an
-    unequally padded problem have no cuDNN call of their own: not timed."""
+    unequally padded problem have no cuDNN call of their own: not timed.  ``only``: the
+    one precision to time ("fp32", "tf32", "fp16" or "bf16")."""
     try:
         import torch
     except ImportError:
@@ -173,6 +174,8 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
     out = []
     if shape.dtype is DType.FP32:
         for label, precision, tf32 in (("cudnn-fp32", "fp32", False), ("cudnn-tf32", "tf32", True)):
+            if only not in (None, precision):
+                continue
             torch.backends.cudnn.allow_tf32 = tf32
             f = lambda i: run(tx[i], tw, tb)  # noqa: E731
             out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
@@ -184,6 +187,8 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil) -> list[Timing]:
     last = shape.dtype is DType.FP32 or shape.layout is TensorLayout.NHWC
     fmt = torch.channels_last if last else torch.contiguous_format
     for half in halves:
+        if only not in (None, "fp16" if half is torch.float16 else "bf16"):
+            continue
         hx = [{r: t.to(half).contiguous(memory_format=fmt) for r, t in s.items()} for s in tx]
         hw = None if tw is None else tw.to(half).contiguous(memory_format=fmt)
         hb = None if tb is None else tb.to(half)

@@ -139,9 +139,9 @@ def run_tune(
 
     import numpy as np
 
-    from .bench import bench_variant, ceilings, input_sets, time_launches
+    from .bench import bench_variant, ceilings, input_sets
     from .parallel import precompile
-    from .runtime import Conv, device_arch
+    from .runtime import device_arch
     from .verify import random_inputs, verify_variant
 
     env = environment()
@@ -201,22 +201,7 @@ def run_tune(
     if not results:
         raise SpecError(f"no candidate of {shape.slug} in {precision.value} survived verification")
     results.sort(key=lambda r: r[0])
-    top = [v for _, v in results[:RETIME_TOP]]
-    # Interleave the finalists so drift in clocks or temperature hits all alike.
-    convs = {v: Conv(shape, v) for v in top}
-    for c in convs.values():
-        c.set_weights(w, bias)
-    samples = {v: [] for v in top}
-    for _ in range(RETIME_ROUNDS):
-        for v, c in convs.items():
-            samples[v] += time_launches(
-                lambda i, c=c: c.run(xs[i % len(xs)]), reps=10, rotate=len(xs)
-            )
-    med = {v: statistics.median(s) for v, s in samples.items()}
-    order = sorted(top, key=med.get)
-    win = order[0]
-    spread = {v: statistics.quantiles(samples[v], n=10) for v in top}
-    tie = len(order) > 1 and spread[order[1]][0] <= spread[win][-1]
+    win, med, spread, order, tie = retime(shape, [v for _, v in results[:RETIME_TOP]], xs, w, bias)
     for v in order:
         echo(f"  {v.name:<48} {med[v]:.4f} ms  (p10-p90 {spread[v][0]:.4f}-{spread[v][-1]:.4f})")
     verdict = f"tie with {order[1].name}" if tie else "winner"
@@ -237,3 +222,29 @@ def run_tune(
         )
     )
     return dict(winner=win.name, ms=med[win], tie=tie)
+
+
+def retime(shape: ConvProblem, top: list[Variant], xs, w, bias, extra=None):
+    """The finalists timed again, interleaved round by round so that drift in clocks or
+    temperature hits all alike (``extra``: name -> a launch timed in the same rounds,
+    cuDNN's).  Returns the winner, each one's median and deciles (by variant, and by
+    name for ``extra``), the finalists fastest first, and whether the runner-up's p10
+    reaches the winner's p90 (a tie)."""
+    from .bench import time_launches
+    from .runtime import Conv
+
+    convs = {v: Conv(shape, v) for v in top}
+    for c in convs.values():
+        c.set_weights(w, bias)
+    launches = {v: (lambda i, c=c: c.run(xs[i % len(xs)])) for v, c in convs.items()}
+    launches.update(extra or {})
+    samples = {k: [] for k in launches}
+    for _ in range(RETIME_ROUNDS):
+        for k, launch in launches.items():
+            samples[k] += time_launches(launch, reps=10, rotate=len(xs))
+    med = {k: statistics.median(s) for k, s in samples.items()}
+    spread = {k: statistics.quantiles(s, n=10) for k, s in samples.items()}
+    order = sorted(top, key=med.get)
+    win = order[0]
+    tie = len(order) > 1 and spread[order[1]][0] <= spread[win][-1]
+    return win, med, spread, order, tie
