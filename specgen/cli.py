@@ -26,7 +26,7 @@ from .strategies import (
     readers,
     strategy_class,
 )
-from .variants import Count, Precision, Variant, parse_precision
+from .variants import Count, Precision, Variant, parse_precision, split_problem_tags
 
 SIZE = click.IntRange(1, INDEX_LIMIT)
 
@@ -655,6 +655,19 @@ def _tune_math(shape, strat) -> str:
     default=os.cpu_count() or 1,
     help="compile processes of the embedded Dask cluster (default: the CPU count)",
 )
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="GPU workers of the embedded cluster, one a GPU (default: every GPU visible)",
+)
+@click.option(
+    "--item-limit",
+    type=click.FloatRange(1, None),
+    default=60.0,
+    show_default=True,
+    help="seconds a candidate may take on a GPU worker before it is dropped as hung",
+)
 @click.option("--scheduler", default=None, help="the address of a Dask scheduler to run on instead")
 @click.option("--arch", default=None, help="with --compile-only: sm_XX (default sm_90)")
 @click.option(
@@ -683,6 +696,8 @@ def tune(
     model_name,
     compile_only,
     workers,
+    gpus,
+    item_limit,
     scheduler,
     arch,
     precision,
@@ -697,11 +712,22 @@ def tune(
     if len(sources) != 1:
         raise SpecError("give one of --shape, --problems and --model")
     if shape_text is None:
-        _tune_many(problems_path, model_name, batch, compile_only, workers, scheduler, arch, budget)
+        _tune_many(
+            problems_path,
+            model_name,
+            batch,
+            compile_only,
+            workers,
+            gpus,
+            scheduler,
+            arch,
+            budget,
+            item_limit,
+        )
         return
-    if compile_only or scheduler:
+    if compile_only or scheduler or gpus is not None:
         raise SpecError(
-            "--compile-only and --scheduler tune many problems: give --problems or --model"
+            "--compile-only, --gpus and --scheduler tune many problems: give --problems or --model"
         )
     shape = _with_op(parse_shape(shape_text), op_text, all_allowed=False)
     strat = strategy_class(strategy) if strategy else None
@@ -734,10 +760,21 @@ def _model_problems(name: str, batch: int | None) -> list:
     return list(dict.fromkeys(out))
 
 
-def _tune_many(problems_path, model_name, batch, compile_only, workers, scheduler, arch, budget):
+def _tune_many(
+    problems_path,
+    model_name,
+    batch,
+    compile_only,
+    workers,
+    gpus,
+    scheduler,
+    arch,
+    budget,
+    item_limit=60.0,
+):
     from dataclasses import replace as with_batch
 
-    from . import dist, tunedb
+    from . import dist
     from .compile import DEFAULT_ARCH
 
     if problems_path is not None:
@@ -746,14 +783,35 @@ def _tune_many(problems_path, model_name, batch, compile_only, workers, schedule
             problems = [with_batch(p, batch=batch) for p in problems]
     else:
         problems = _model_problems(model_name, batch)
-    if not compile_only:
+    if compile_only:
+        if gpus is not None:
+            raise SpecError("--gpus times on GPU workers; --compile-only runs none")
+        _check_arch(arch)
+        arch = arch or DEFAULT_ARCH
+        _compile_many(problems, arch, scheduler, workers, budget)
+        return
+    if arch is not None:
+        raise SpecError("--arch is for --compile-only; a timed tune compiles for its GPUs")
+    if scheduler and gpus is not None:
         raise SpecError(
-            "the timing phase of a many-problem tune (GPU workers) is not built yet; "
-            "add --compile-only for the compile phase"
+            "--gpus starts GPU workers of its own; with --scheduler they are the cluster's"
         )
-    _check_arch(arch)
-    arch = arch or DEFAULT_ARCH
-    items = dist.work_items(problems, dist.precisions_for, budget)
+    ids = [] if scheduler else dist.visible_gpus(gpus)
+    if not scheduler and not ids:
+        raise SpecError(
+            "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
+        )
+    client = dist.connect(scheduler, workers, ids)
+    try:
+        _time_many(client, problems, budget, item_limit)
+    finally:
+        dist.disconnect(client)
+
+
+def _compile_many(problems, arch, scheduler, workers, budget):
+    from . import dist, tunedb
+
+    items = dist.work_items(dist.searched(problems, "", arch), budget)
     todo = dist.pending(items, arch)
     click.echo(
         f"tune: {len(problems)} problems, {len(items)} items (problem x math x candidate); "
@@ -767,7 +825,7 @@ def _tune_many(problems_path, model_name, batch, compile_only, workers, schedule
         with click.progressbar(length=len(todo), label="compile", file=sys.stderr) as bar:
             report = dist.fan_out(client, todo, arch, progress=lambda r: bar.update(1))
     finally:
-        client.close()
+        dist.disconnect(client)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(report["counts"].items()))
     efficiency = report["busy"] / max(report["wall"] * n, 1e-9)
     click.echo(
@@ -776,11 +834,132 @@ def _tune_many(problems_path, model_name, batch, compile_only, workers, schedule
     )
     for worker, k in sorted(report["per_worker"].items()):
         click.echo(f"  {worker}: {k} items")
-    for r in report["dropped"][:SHOWN]:
-        click.echo(f"  {r['status']}: {r['variant']} of {r['shape']}: {one_line(r['reason'])}")
-    if len(report["dropped"]) > SHOWN:
-        click.echo(f"  ... and {len(report['dropped']) - SHOWN} more (status in the database)")
+    _name_dropped(report["dropped"])
     click.echo(f"recorded in {tunedb.db_path()}")
+
+
+def _time_many(client, problems, budget, item_limit):
+    """The timed tune on the client's cluster: items planned for its GPUs' model, the
+    pipeline run with a progress line, then the winners table and the phases' times."""
+    from . import dist, tunedb
+
+    gpus = dist.gpu_workers(client)
+    if not gpus:
+        raise SpecError("the Dask cluster has no worker with the resource GPU=1 to time on")
+    env = dist.gpu_of(client, gpus)
+    searches = dist.searched(problems, env["gpu"], env["arch"])
+    items = dist.work_items(searches, budget)
+    workers = len(client.scheduler_info()["workers"])
+    click.echo(
+        f"tune: {len(problems)} problems, {len(searches)} problem x math searches, "
+        f"{len(items)} items, on {len(gpus)} {env['gpu']} GPU worker(s) and "
+        f"{workers - len(gpus)} compile worker(s)"
+    )
+    shown = _Progress(len(items), len({it.group for it in items}))
+    report = dist.tune_on_gpus(
+        client, items, env["arch"], env, progress=shown, item_limit=item_limit
+    )
+    shown.close()
+    wall = report["wall"]
+    click.echo(_winners_table(report["winners"]))
+    click.echo(f"wall {wall:.1f} s")
+    for phase, n in (("compile", workers - len(gpus)), ("gpu", len(gpus)), ("final", len(gpus))):
+        stats = report["phases"][phase]
+        done = sum(stats["counts"].values())
+        if not done:
+            continue
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(stats["counts"].items()))
+        share = stats["busy"] / max(wall * max(n, 1), 1e-9)
+        click.echo(
+            f"{phase}: {counts}; {stats['busy']:.1f} s of work on {n} worker(s) in the "
+            f"{wall:.1f} s ({share:.0%} busy)"
+        )
+        click.echo("  " + ", ".join(f"{w}: {k}" for w, k in sorted(stats["per_worker"].items())))
+    _name_dropped(report["dropped"])
+    click.echo(f"recorded in {tunedb.db_path()}")
+
+
+def _winners_table(winners: list[dict]) -> str:
+    head = f"{'problem':<44} {'op':<5} {'math':<4} {'winner':<44} {'ms':>8} {'cuDNN':>8} {'x':>6}"
+    lines = [head, "-" * len(head)]
+    for r in sorted(winners, key=lambda r: (r["shape"], r["precision"])):
+        p = parse_shape(r["shape"])
+        cudnn = r.get("cudnn_ms")
+        x = f"{cudnn / r['ms']:.2f}" if cudnn else "-"
+        base = split_problem_tags(r["variant"])[0]
+        lines.append(
+            f"{p.slug:<44} {p.op.value:<5} {r['precision']:<4} {base:<44} {r['ms']:>8.4f} "
+            f"{(f'{cudnn:.4f}' if cudnn else '-'):>8} {x:>6}"
+        )
+    return "\n".join(lines)
+
+
+def _name_dropped(dropped: list[dict]) -> None:
+    for r in dropped[:SHOWN]:
+        click.echo(f"  {r['status']}: {r['variant']} of {r['shape']}: {one_line(r['reason'])}")
+    if len(dropped) > SHOWN:
+        click.echo(f"  ... and {len(dropped) - SHOWN} more (status in the database)")
+
+
+def _task_name(key) -> str:
+    """A GPU task as people read it: a problem's op in one math, or one candidate."""
+    if isinstance(key, tuple):
+        spec, _, precision = key
+        p = parse_shape(spec)
+        return f"{p.slug} {p.op.value} {precision}"
+    p = parse_shape(key.spec)
+    return f"{key.variant} for {p.slug} {p.op.value}"
+
+
+class _Progress:
+    """One line on stderr for a pipelined tune: each phase's items done of its total,
+    the GPU items per card, the elapsed time and the ETA of the GPU phase; redrawn in
+    place on a terminal, else printed every ten seconds."""
+
+    def __init__(self, items: int, groups: int):
+        import time
+
+        self.clock = time.monotonic
+        self.start = self.last = self.clock()
+        self.totals = dict(compile=items, gpu=items, final=groups)
+        self.done = dict(compile=0, gpu=0, final=0)
+        self.per_card: dict[str, int] = {}
+        self.running: dict = {}
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, phase: str, record: dict | None) -> None:
+        if phase == "running":  # GPU tasks in flight -> seconds: the longest is named
+            self.running = record
+        else:
+            self.done[phase] += 1
+        if phase == "gpu" and record is not None:
+            card = f"gpu{record.get('device', '')}"
+            self.per_card[card] = self.per_card.get(card, 0) + 1
+        now = self.clock()
+        if now - self.last >= (0.5 if self.tty else 10.0):
+            self.last = now
+            self.draw(now)
+
+    def draw(self, now: float) -> None:
+        spent = now - self.start
+        gpu = self.done["gpu"]
+        eta = spent * (self.totals["gpu"] - gpu) / gpu if gpu else None
+        cards = " ".join(f"{c} {k}" for c, k in sorted(self.per_card.items()))
+        text = (
+            f"compile {self.done['compile']}, gpu {gpu}/{self.totals['gpu']} ({cards}), "
+            f"finalists {self.done['final']}/{self.totals['final']}; {spent:.0f} s"
+            + (f", ETA {eta:.0f} s" if eta is not None else "")
+        )
+        if self.running:
+            key, seconds = max(self.running.items(), key=lambda kv: kv[1])
+            if seconds >= 20:
+                text += f"; longest running {seconds:.0f} s: {_task_name(key)}"
+        click.echo(("\r" + text + "   ") if self.tty else text, err=True, nl=not self.tty)
+
+    def close(self) -> None:
+        self.draw(self.clock())
+        if self.tty:
+            click.echo("", err=True)
 
 
 SHOWN = 10  # the refused or failed items a many-problem tune names at its end

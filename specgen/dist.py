@@ -11,16 +11,25 @@ not sent again, so an interrupted run resumes where it stopped.  A worker that d
 mid-item has its items run again elsewhere (Dask's own rescheduling); one that kills
 every worker it meets is recorded as failed, with the reason.
 
-What runs here is the compile phase, which needs no GPU (``--compile-only``): each
-item planned, rendered, compiled for the architecture and its resources checked
-against the plan.  The timing phase on GPU workers follows it.
+Two phases, pipelined: the compile phase on CPU processes (each item planned,
+rendered, compiled for the architecture and its resources checked against the plan;
+``--compile-only`` runs it alone, with no GPU), and the GPU phase on GPU workers, one
+per GPU (pinned with ``CUDA_VISIBLE_DEVICES``, Dask resource ``GPU=1``): each item
+verified against float64 and timed beside cuDNN's time for the same problem on the same
+card, an item's GPU task starting as soon as its compile ends.  When all of a problem's
+candidates in one math are timed, its three best by their ratio to cuDNN (each measured
+on one card) are timed again together on one GPU, and the fastest is the winner the
+operator then uses.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from . import tunedb
 from .errors import SpecError
@@ -44,6 +53,14 @@ class Item:
     def key(self) -> tuple:
         return (self.spec, self.batch, self.variant, self.source)
 
+    @property
+    def group(self) -> tuple:
+        """The problem and math whose winner this item competes for."""
+        return (self.spec, self.batch, self.precision)
+
+    def problem(self) -> ConvProblem:
+        return replace(parse_shape(self.spec), batch=self.batch)
+
 
 def problems_file(path) -> list[ConvProblem]:
     """One spec a line (presets' names too); blank lines and ``#`` comments skipped.
@@ -66,16 +83,45 @@ def problems_file(path) -> list[ConvProblem]:
     return out
 
 
-def work_items(problems, precisions_of, budget: int | None) -> list[Item]:
-    """Each problem's candidates in each of its maths (``precisions_of(problem)``), as
-    ``tune.run_tune`` samples them to ``budget``, one ``Item`` each."""
-    from .tune import candidates, sample, source_hash
+def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
+    """What a whole-model tune searches: (problem, precision, floor, keep) for each
+    problem and each math a PyTorch user gets for it (``choose.maths``, tf32 allowed),
+    the problem in the layout the operator computes that math in (``choose.
+    computed_layout``: an NCHW layer whose tensor-core pick is in NHWC is tuned there),
+    from the untuned pick's speed class up (``tune.prune``), the pick kept.  fp32 math
+    of a 16-bit layer whose own pick is on the tensor cores is left out: it is slower,
+    and never picked."""
+    from .choose import FASTEST, computed_layout, maths, planned, speed_class
+
+    out = []
+    for p in problems:
+        for precision in maths(p, allow_tf32=True):
+            tf32 = precision is Precision.TF32
+            try:
+                q = replace(p, layout=computed_layout(p, gpu, tf32, arch))
+                pick = planned(q, tf32, arch).variant
+            except SpecError:
+                out.append((p, precision, 0, ()))
+                continue
+            if pick.precision is precision:
+                out.append((q, precision, speed_class(pick), (pick,)))
+            elif not (precision is Precision.FP32 and speed_class(pick) == FASTEST):
+                out.append((q, precision, 0, ()))
+    return list(dict.fromkeys(out))
+
+
+def work_items(searches, budget: int | None) -> list[Item]:
+    """Each search's candidates (``searched``), pruned and sampled to ``budget`` as the
+    operator's autotune does, one ``Item`` each."""
+    from .tune import candidates, prune, sample, source_hash
 
     items = []
-    for p in problems:
-        for precision in precisions_of(p):
-            for v in sample(p, precision, candidates(p, precision), budget):
-                items.append(Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)))
+    for p, precision, floor, keep in searches:
+        space = candidates(p, precision)
+        if floor or keep:
+            space = prune(space, floor, keep)
+        for v in sample(p, precision, space, budget, keep):
+            items.append(Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)))
     return list(dict.fromkeys(items))
 
 
@@ -104,7 +150,7 @@ def compile_item(item: Item, arch: str) -> dict:
     start = time.perf_counter()
     record = compiled_record(item, arch, worker=_worker())
     try:
-        p = parse_shape(item.spec)
+        p = item.problem()
         plan = make_plan(p, parse_variant_name(item.variant, p))
         binary = compile_source(render(plan), plan.name, plan.target(arch))
         resources, problems = check_resources(plan, binary)
@@ -144,11 +190,13 @@ def recorded(arch: str, nvrtc: str) -> set[tuple]:
     }
 
 
-def connect(scheduler: str | None, workers: int):
-    """A Dask client: of the cluster at ``scheduler``, or of an embedded LocalCluster
-    of ``workers`` single-threaded processes."""
+def connect(scheduler: str | None, workers: int, gpus: list[str] = ()):
+    """A Dask client: of the cluster at ``scheduler`` (its GPU workers started with
+    ``--resources GPU=1``), or of an embedded cluster of ``workers`` single-threaded
+    compile processes and one worker per GPU of ``gpus`` (their ``CUDA_VISIBLE_DEVICES``
+    values), pinned to it and holding the resource ``GPU=1``."""
     try:
-        from distributed import Client, LocalCluster
+        from distributed import Client, Nanny, Scheduler, SpecCluster
     except ImportError:
         raise SpecError(DIST_EXTRA) from None
     if scheduler:
@@ -156,10 +204,44 @@ def connect(scheduler: str | None, workers: int):
             return Client(scheduler, timeout="20s")
         except (OSError, TimeoutError) as e:
             raise SpecError(f"no Dask scheduler answers at {scheduler}: {e}") from None
-    cluster = LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-    )
-    return Client(cluster)
+
+    def worker(env, **options):
+        options = dict(nthreads=1, memory_limit=0, silence_logs=logging.WARNING, env=env, **options)
+        return {"cls": Nanny, "options": options}
+
+    # Compile processes see no GPU where GPU workers have them: a card is its worker's.
+    cpu_env = {"CUDA_VISIBLE_DEVICES": ""} if gpus else {}
+    spec = {f"cpu-{i}": worker(cpu_env) for i in range(workers)}
+    for g in gpus:
+        spec[f"gpu-{g}"] = worker({"CUDA_VISIBLE_DEVICES": g}, resources={"GPU": 1})
+    scheduler_spec = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    cluster = SpecCluster(workers=spec, scheduler=scheduler_spec, silence_logs=logging.WARNING)
+    client = Client(cluster)
+    client.specgen_owns_cluster = True  # ``disconnect`` closes it with the client
+    return client
+
+
+def disconnect(client) -> None:
+    """Close the client, and the embedded cluster ``connect`` started for it."""
+    cluster = client.cluster if getattr(client, "specgen_owns_cluster", False) else None
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def visible_gpus(count: int | None) -> list[str]:
+    """The first ``count`` GPUs this process sees (all where ``count`` is None), as
+    ``CUDA_VISIBLE_DEVICES`` values for their workers: the indices, or the entries of
+    this process's own ``CUDA_VISIBLE_DEVICES``."""
+    from .runtime import gpu_count
+
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s.strip() for s in seen.split(",") if s.strip()] if seen is not None else None
+    n = gpu_count()
+    ids = (ids or [])[:n] if ids is not None else [str(i) for i in range(n)]
+    if count is not None and count > len(ids):
+        raise SpecError(f"--gpus {count}: this machine shows {len(ids)} GPU(s)")
+    return ids if count is None else ids[:count]
 
 
 def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_item) -> dict:
@@ -204,9 +286,449 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
     return dict(counts=counts, wall=wall, busy=busy, per_worker=per_worker, dropped=dropped)
 
 
-def precisions_for(problem: ConvProblem) -> list[Precision]:
-    """The maths a whole-model tune searches for a problem: the tensors' own on the
-    tensor cores and fp32 (for fp32 tensors tf32 too), as the operator may run them."""
-    from .choose import maths
+# The GPU phase: what a GPU worker runs, one problem in one math (a group) a task, so
+# that its candidates are timed on one card, on the same inputs, beside one cuDNN time.
+# A worker keeps the inputs of the last few problems it met (a problem's maths are
+# groups of their own).
+_MET: dict[tuple, dict] = {}
+_MET_KEPT = 4
 
-    return list(maths(problem, allow_tf32=True))
+
+def _met(shape: ConvProblem, precision: str) -> dict:
+    """This worker's inputs for ``shape``, and cuDNN's median in ``precision`` on its
+    card (None where cuDNN has no call for the problem, or PyTorch is missing)."""
+    import numpy as np
+
+    from .bench import ceilings, cudnn_timings, input_sets
+    from .verify import random_inputs
+
+    key = (shape.spec, shape.batch)
+    if key not in _MET:
+        rng = np.random.default_rng()
+        xs = input_sets(shape, shape.batch, rng)
+        _, w, bias = random_inputs(shape, 1, rng)
+        while len(_MET) >= _MET_KEPT:
+            _MET.pop(next(iter(_MET)))
+        _MET[key] = dict(xs=xs, w=w, bias=bias, ceil=ceilings(), cudnn={}, rng=rng)
+    met = _MET[key]
+    if precision not in met["cudnn"]:
+        found = cudnn_timings(
+            shape, met["xs"], met["w"], met["bias"], shape.batch, met["ceil"], only=precision
+        )
+        met["cudnn"][precision] = found[0].ms if found else None
+    return met
+
+
+def gpu_environment() -> dict:
+    """What a GPU worker's timings depend on (``tune.environment``), its architecture,
+    and which card of its host it is."""
+    from .runtime import device_arch
+    from .tune import environment
+
+    return dict(
+        environment(), arch=device_arch(), device=os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    )
+
+
+def gpu_record(item: Item, env: dict, **fields) -> dict:
+    """A GPU-phase record of ``item``: its key (the problem's spec as ``shape``), the
+    GPU worker's environment (``gpu_environment``), the date, and ``fields``."""
+    record = dict(asdict(item), **env, worker="", date=datetime.date.today().isoformat())
+    record["shape"] = record.pop("spec")
+    return dict(record, **fields)
+
+
+def time_group(
+    items: list[Item], arch: str, compiled: list, known: list[dict], final: bool = True
+) -> list[dict]:
+    """The GPU phase of one problem in one math on this worker's card: each item (its
+    compile phase's record in ``compiled``, None where an earlier run compiled it)
+    verified against float64 at a small batch, then timed at its batch beside cuDNN's
+    time for the problem; then the three best of these and of ``known`` (the group's
+    items timed by an earlier run) timed again together, interleaved, for the winner.
+    Returns the items' records (kind "timing", or "dropped" with the reason: wrong
+    numbers, NaN in the timed output, a compile or launch error), then the winner's
+    (none where ``final`` is False: the group's items timed apart, its finalists
+    later)."""
+    env = gpu_environment()
+    records = []
+    for item, before in zip(items, compiled):
+        if before is None or before.get("status") == "ok":
+            records.append(time_item(item, arch, env))
+    names = finalists(records + known)
+    if final and names:
+        group = (items or known)[0]
+        group = group.group if isinstance(group, Item) else _group_of(group)
+        records.append(final_item(group, names, env))
+    return records
+
+
+def _group_of(record: dict) -> tuple:
+    return (record["shape"], record["batch"], record["precision"])
+
+
+def time_item(item: Item, arch: str, env: dict) -> dict:
+    """One candidate verified and timed on this worker's card (``time_group``)."""
+    from .bench import bench_variant
+    from .strategies import parse_variant_name
+    from .verify import verify_variant
+
+    start = time.perf_counter()
+    record = gpu_record(item, env, worker=_worker())
+    try:
+        shape = item.problem()
+        v = parse_variant_name(item.variant, shape)
+        met = _met(shape, item.precision)
+        rng = met["rng"]
+        row = verify_variant(shape, v, arch=arch, batch=min(item.batch, 4), numbers=True, rng=rng)
+        if not row.ok:
+            reason = "; ".join(row.problems) or f"verification {row.status}"
+            return dict(
+                record, kind="dropped", status="wrong", reason=reason, seconds=_since(start)
+            )
+        t = bench_variant(shape, v, item.batch, met["xs"], met["w"], met["bias"], met["ceil"])
+        if t.verified:
+            return dict(
+                record, kind="dropped", status="wrong", reason=t.verified, seconds=_since(start)
+            )
+    except (SpecError, RuntimeError) as e:  # CuPy's CUDA errors are RuntimeErrors
+        return dict(record, kind="dropped", status="failed", reason=str(e), seconds=_since(start))
+    return dict(
+        record,
+        kind="timing",
+        status="ok",
+        ms=t.ms,
+        p10=t.p10,
+        p90=t.p90,
+        cudnn_ms=met["cudnn"][item.precision],
+        seconds=_since(start),
+    )
+
+
+def final_item(group: tuple, names: list[str], env: dict) -> dict:
+    """A problem's finalists in one math (``group``: spec, batch, precision) timed again
+    together on this card, interleaved round by round; the fastest is its winner."""
+    from .strategies import parse_variant_name
+    from .tune import retime
+
+    start = time.perf_counter()
+    spec, batch, precision = group
+    shape = replace(parse_shape(spec), batch=batch)
+    met = _met(shape, precision)
+    top = [parse_variant_name(n, shape) for n in names]
+    win, med, spread, order, tie = retime(shape, top, met["xs"], met["w"], met["bias"])
+    return dict(
+        env,
+        kind="winner",
+        shape=spec,
+        slug=shape.slug,
+        batch=batch,
+        precision=precision,
+        variant=win.name,
+        ms=med[win],
+        p10=spread[win][0],
+        p90=spread[win][-1],
+        cudnn_ms=met["cudnn"][precision],
+        tie=tie,
+        runner_up=order[1].name if len(order) > 1 else None,
+        finalists={v.name: med[v] for v in order},
+        worker=_worker(),
+        date=datetime.date.today().isoformat(),
+        seconds=_since(start),
+    )
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def gpu_workers(client) -> list[str]:
+    """The addresses of the cluster's workers that hold a GPU (Dask resource ``GPU``)."""
+    workers = client.scheduler_info()["workers"]
+    return sorted(a for a, w in workers.items() if w.get("resources", {}).get("GPU"))
+
+
+def gpu_of(client, workers: list[str]) -> dict:
+    """The GPU workers' environment (``gpu_environment``): one GPU model, one driver and
+    one compiler, since winners are chosen and recorded per GPU model.  Workers that
+    differ are refused, named."""
+    found = client.run(gpu_environment, workers=workers)
+    kinds = {tuple(sorted((k, v) for k, v in e.items() if k != "device")) for e in found.values()}
+    if len(kinds) != 1:
+        seen = "; ".join(
+            f"{a}: {e['gpu']} ({e['arch']}, driver {e['driver']})" for a, e in found.items()
+        )
+        raise SpecError(
+            f"the GPU workers hold different GPUs or drivers ({seen}); tune one kind a run"
+        )
+    return next(iter(found.values()))
+
+
+def timed(env: dict) -> dict[tuple, dict]:
+    """Item key -> its GPU-phase record (timing or dropped) for this GPU, driver and
+    compiler: a resumed run's GPU work already done."""
+    keys = ("gpu", "driver", "nvrtc")
+    return {
+        (r["shape"], r["batch"], r["variant"], r["source"]): r
+        for r in tunedb.records()
+        if r["kind"] in ("timing", "dropped") and all(r.get(k) == env[k] for k in keys)
+    }
+
+
+def finalists(records: list[dict]) -> list[str]:
+    """A problem's three best timed candidates in one math: by their time over cuDNN's
+    on the card that timed them (items of a resumed run may come from another card of
+    the model), by their time where cuDNN has none."""
+    from .tune import RETIME_TOP
+
+    def score(r):
+        return r["ms"] / r["cudnn_ms"] if r.get("cudnn_ms") else r["ms"]
+
+    ok = sorted((r for r in records if r["kind"] == "timing"), key=score)
+    return [r["variant"] for r in ok[:RETIME_TOP]]
+
+
+ITEM_LIMIT = 60.0  # seconds an item may take on a GPU worker before it is called hung
+WATCH = 5.0  # seconds between the client's looks at the GPU workers
+
+
+def tune_on_gpus(
+    client,
+    items: list[Item],
+    arch: str,
+    env: dict,
+    progress=None,
+    tasks=None,
+    item_limit: float = ITEM_LIMIT,
+) -> dict:
+    """The whole tune: each item's compile on a CPU worker (where the cluster has CPU
+    workers), and each problem's GPU phase in each math (``time_group``) on a GPU
+    worker as soon as its items' compiles end; every record appended to the database by
+    this client, once, as it arrives.  Work the database already holds (compiles for
+    ``arch``, timings on ``env``'s GPU, winners) is not done again.
+
+    A group that runs past its time (``item_limit`` a candidate, two more for cuDNN and
+    the finalists), or keeps killing its workers, has its worker restarted and its
+    candidates run again one a task; a candidate that then runs past ``item_limit`` or
+    kills its worker is recorded as dropped with the reason, and the group's finalists
+    are timed from the rest.  ``progress(phase, record)`` after each record, and
+    ``progress("running", {worker: (group, seconds)})`` while waiting; ``tasks``:
+    stand-ins for (``compile_item``, ``time_group``).  Returns, per phase, the counts by
+    status, the items' summed seconds and the items per worker; the winners; the
+    records dropped; the wall time."""
+    from distributed import wait
+
+    compile_task, group_task = tasks or (compile_item, time_group)
+    gpus = gpu_workers(client)
+    if not gpus:
+        raise SpecError("the cluster has no GPU worker (Dask resource GPU=1) to time on")
+    cpus = [a for a in client.scheduler_info()["workers"] if a not in gpus] or None
+    done_compile = _compiled_records(arch)
+    done_gpu = timed(env)
+    won = {
+        _group_of(r)
+        for r in tunedb.records()
+        if r["kind"] == "winner" and r["gpu"] == env["gpu"] and r.get("items")
+    }
+    groups: dict[tuple, list[Item]] = {}
+    for it in items:
+        groups.setdefault(it.group, []).append(it)
+    phases = {p: dict(counts={}, busy=0.0, per_worker={}) for p in ("compile", "gpu", "final")}
+    dropped, winners = [], []
+    futures: dict = {}  # future -> (phase, key, what it was given)
+    known: dict[tuple, list[dict]] = {}  # a group's GPU records so far
+    pieces: dict[tuple, int] = {}  # a split group's candidate tasks still out
+    index = {g: i for i, g in enumerate(groups)}
+    start = time.perf_counter()
+
+    def submit(phase, key, fn, *args, **kw):
+        f = client.submit(fn, *args, pure=False, priority=-index[_key_group(key)], **kw)
+        futures[f] = (phase, key, args)
+        return f
+
+    for group, members in groups.items():
+        known[group] = [done_gpu[it.key] for it in members if it.key in done_gpu]
+        todo = [it for it in members if it.key not in done_gpu]
+        todo = [it for it in todo if done_compile.get(it.key, {}).get("status", "ok") == "ok"]
+        if not todo and (group in won or not finalists(known[group])):
+            continue
+        compiled = []
+        for it in todo:
+            if it.key in done_compile:
+                compiled.append(None)
+            else:
+                compiled.append(submit("compile", it, compile_task, it, arch, workers=cpus))
+        gpu = dict(resources={"GPU": 1})
+        submit("gpu", group, group_task, todo, arch, compiled, known[group], **gpu)
+
+    def record(phase, r):
+        which = "final" if r["kind"] in ("winner", "lost") else phase
+        if r["kind"] == "lost":
+            dropped.append(r)  # a group that could not run: said, not written
+        else:
+            group = _group_of(r)
+            tunedb.append(dict(r, items=len(groups[group])) if which == "final" else r)
+            if which == "gpu":
+                known[group].append(r)
+        _count(phases[which], r, dropped)
+        if r["kind"] == "winner":
+            winners.append(r)
+        if progress:
+            progress(which, r)
+
+    def split(group, todo, reason):
+        """A group past its time or killing its workers: its candidates one a task."""
+        if len(todo) <= 1:
+            for it in todo:
+                record("gpu", gpu_record(it, env, kind="dropped", status="failed", reason=reason))
+            finish(group)
+            return
+        pieces[group] = pieces.get(group, 0) + len(todo)
+        for it in todo:
+            submit("piece", it, group_task, [it], arch, [None], [], False, resources={"GPU": 1})
+
+    def finish(group):
+        """The finalists of a group whose candidates ran apart, once all have."""
+        if pieces.get(group, 0) == 0 and finalists(known[group]):
+            submit("gpu", group, group_task, [], arch, [], known[group], resources={"GPU": 1})
+
+    running: dict = {}  # a GPU task's key -> when it was first seen running
+    pending = set(futures)
+    try:
+        while pending:
+            try:
+                done, _ = wait(list(pending), timeout=WATCH, return_when="FIRST_COMPLETED")
+            except (TimeoutError, asyncio.TimeoutError):
+                done = ()
+            for future in done:
+                pending.discard(future)
+                phase, key, args = futures.pop(future)
+                try:
+                    out = future.result()
+                except Exception as e:  # a task's own error, or KilledWorker
+                    if phase in ("gpu", "piece") and args[0]:
+                        group = _key_group(key)
+                        if phase == "piece":
+                            pieces[group] -= 1
+                        split(group, args[0], _one_line(e))
+                        out = None
+                    else:
+                        out = _failed(phase, key, arch, _one_line(e))
+                future.release()  # its result lives here now, not on a worker that may die
+                for r in out if isinstance(out, list) else [out] if out else []:
+                    record("gpu" if phase == "piece" else phase, r)
+                if phase == "piece" and out is not None:
+                    group = _key_group(key)
+                    pieces[group] -= 1
+                    finish(group)
+            overdue, now_running = _overdue(client, futures, running, item_limit)
+            for future, worker, seconds in overdue:
+                phase, key, args = futures.pop(future)
+                pending.discard(future)
+                future.cancel()
+                _stop_worker(client, worker)
+                group = _key_group(key)
+                what = f"past its time limit ({seconds:.0f} s on {worker}; the worker restarted)"
+                if phase == "piece":
+                    pieces[group] -= 1
+                if args[0]:
+                    split(group, args[0], what)
+                else:  # the finalists alone hung: no winner, said at the end
+                    dropped.append(_failed("gpu", group, arch, what))
+            pending = set(futures)
+            if progress and now_running:
+                progress("running", now_running)
+    finally:
+        for future in futures:
+            future.cancel()
+    wall = time.perf_counter() - start
+    return dict(phases=phases, winners=winners, dropped=dropped, wall=wall, gpus=len(gpus))
+
+
+def _stop_worker(client, address: str) -> None:
+    """Kill the worker process at ``address`` (a kernel that never ends cannot be
+    interrupted) through its nanny, which starts a new one; a worker without a nanny
+    is asked to restart."""
+    try:
+        client.run(_kill_own_worker, workers=[address], nanny=True)
+    except Exception:  # no nanny, or it is gone already
+        client.restart_workers([address], raise_for_error=False)
+
+
+def _kill_own_worker(dask_worker) -> None:
+    """Run in a nanny: SIGKILL to its worker process."""
+    import signal
+
+    os.kill(dask_worker.process.process.pid, signal.SIGKILL)
+
+
+def _key_group(key) -> tuple:
+    return key.group if isinstance(key, Item) else key
+
+
+def _one_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def _overdue(client, futures, running, item_limit) -> tuple[list, dict]:
+    """The GPU tasks running past their limit (``item_limit`` a candidate, two more for
+    cuDNN and the finalists), as (future, worker, seconds), and every GPU task running,
+    as its group or candidate -> seconds.  ``running`` keeps when each task was first
+    seen on a worker, and is pruned to those still there."""
+    now = time.perf_counter()
+    by_key = {f.key: f for f in futures}
+    seen = {}
+    for worker, keys in client.processing().items():  # workers come and go: all of them
+        for k in keys:
+            if k in by_key:
+                seen[k] = (worker, running.get(k, now))
+    running.clear()
+    running.update({k: since for k, (_, since) in seen.items()})
+    out, now_running = [], {}
+    for k, (worker, since) in seen.items():
+        f = by_key[k]
+        phase, key, args = futures[f]
+        if phase not in ("gpu", "piece"):
+            continue
+        now_running[key] = now - since
+        if now - since > item_limit * (len(args[0]) + 2):
+            out.append((f, worker, now - since))
+    return out, now_running
+
+
+def _count(stats: dict, record: dict, dropped: list) -> None:
+    status = record.get("status", "ok")
+    stats["counts"][status] = stats["counts"].get(status, 0) + 1
+    stats["busy"] += record.get("seconds", 0.0)
+    worker = record.get("worker", "")
+    stats["per_worker"][worker] = stats["per_worker"].get(worker, 0) + 1
+    if status != "ok" and record["kind"] != "lost":
+        dropped.append(record)
+
+
+def _compiled_records(arch: str) -> dict[tuple, dict]:
+    from .compile import nvrtc_version
+
+    nvrtc = "%d.%d" % nvrtc_version()
+    return {
+        (r["shape"], r["batch"], r["variant"], r["source"]): r
+        for r in tunedb.records()
+        if r["kind"] == "compiled" and r["arch"] == arch and r["nvrtc"] == nvrtc
+    }
+
+
+def _failed(phase: str, key, arch: str, reason: str) -> dict:
+    """The record of a task that raised or kept killing its workers: a compile, failed;
+    a group, "lost" (said at the end, not written: the group is run again by a rerun)."""
+    if phase == "compile":
+        return compiled_record(key, arch, status="failed", reason=reason, seconds=0.0)
+    spec, batch, precision = key
+    return dict(
+        kind="lost",
+        shape=spec,
+        batch=batch,
+        precision=precision,
+        variant=f"the {precision} candidates",
+        status="failed",
+        reason=reason,
+    )

@@ -21,12 +21,17 @@ DEFAULT_WORKSPACE = 256 * 2**20  # bytes of im2col scratch, unless the caller sa
 
 
 def gpu_available() -> bool:
+    return gpu_count() > 0
+
+
+def gpu_count() -> int:
+    """The GPUs this process sees; 0 without a driver, a device or CuPy."""
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no driver, no device, or no CuPy: all mean "no GPU here"
-        return False
+        return 0
 
 
 def device_arch() -> str:

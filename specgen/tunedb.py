@@ -45,6 +45,15 @@ REQUIRED = {
         source=str,
         status=str,
     ),
+    "dropped": dict(
+        gpu=str,
+        nvrtc=str,
+        shape=str,
+        batch=_COUNT,
+        variant=str,
+        source=str,
+        status=str,
+    ),
     "winner": dict(
         gpu=str,
         shape=str,

@@ -1,7 +1,10 @@
-"""CPU tier: tuning many problems at once on Dask (``specgen.dist``), compile phase: the
-fan-out over a LocalCluster of processes, every item recorded once by the client,
-resume after an interrupted run, a killed worker's items run again elsewhere, and the
-command line's refusals.  Skipped where dask and distributed are not installed (the
+"""CPU tier: tuning many problems at once on Dask (``specgen.dist``).  The compile
+phase: the fan-out over a LocalCluster of processes, every item recorded once by the
+client, resume after an interrupted run, a killed worker's items run again elsewhere,
+and the command line's refusals.  The GPU phase's pipeline, with stand-ins for the
+GPU tasks on workers that hold the resource GPU=1: each item compiled and timed once,
+a winner per problem and math, a killed GPU worker's items timed elsewhere, and a
+rerun with nothing left to do.  Skipped where dask and distributed are not installed (the
 ``dist`` extra; ``dev`` includes it)."""
 
 import os
@@ -42,7 +45,7 @@ def cluster():
 
 
 def items(budget=1):
-    return dist.work_items([parse_shape(s) for s in SPECS], dist.precisions_for, budget)
+    return dist.work_items(dist.searched([parse_shape(s) for s in SPECS], ""), budget)
 
 
 def keys_recorded():
@@ -150,7 +153,7 @@ def test_the_command_line(tmp_path, db, cluster):
     for args, words in (
         (("tune",), "give one of --shape, --problems and --model"),
         (("tune", "--shape", "layer2", "--problems", str(f)), "give one of"),
-        (("tune", "--problems", str(f)), "add --compile-only"),
+        (("tune", "--problems", str(f), "--gpus", "1", "--compile-only"), "runs none"),
         (("tune", "--shape", "layer2", "--compile-only"), "give --problems or --model"),
         (("tune", "--problems", str(tmp_path / "none.txt"), "--compile-only"), "cannot read"),
     ):
@@ -201,7 +204,7 @@ def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
         r = run("tune", "--problems", str(f), "--compile-only", *at)
         assert r.exit_code == 0, r.output
         assert "on 1 workers" in r.output and "compiled: ok" in r.output
-        want = dist.work_items([parse_shape(SPECS[1])], dist.precisions_for, 2)
+        want = dist.work_items(dist.searched([parse_shape(SPECS[1])], ""), 2)
         assert sorted(keys_recorded()) == sorted(it.key for it in want)
     finally:
         for p in (worker, scheduler):
@@ -234,3 +237,106 @@ def test_a_task_that_raises_is_recorded_failed_with_the_reason(db, cluster):
     (failed,) = report["dropped"]
     assert failed["variant"] == work[0].variant and "out of memory, say" in failed["reason"]
     assert sorted(keys_recorded()) == sorted(it.key for it in work)
+
+
+def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
+    db, tmp_path, monkeypatch
+):
+    """Compile on the CPU worker, then the GPU phase on two workers pinned to GPUs 0
+    and 1, a problem in one math a task (stand-ins: no GPU is touched).  One GPU
+    worker is killed (kill -9) after the first timing: its items are timed on the
+    other, and every item has one compile and one timing record.  A rerun finds all of
+    it in the database."""
+    work = items(budget=3)
+    env = dict(gpu="Test GPU", driver=1, nvrtc="12.0", arch="sm_90", device="")
+
+    def compiled(item, arch):
+        return dist.compiled_record(item, arch, status="ok", seconds=0.01)
+
+    def group(todo, arch, compiled, known, final=True):
+        time.sleep(0.3)
+        device = os.environ["CUDA_VISIBLE_DEVICES"]
+        out = [
+            dist.gpu_record(
+                it,
+                dict(env, device=device),
+                kind="timing",
+                status="ok",
+                ms=1.0 + work.index(it) / 100,  # a stand-in time: the first of a group wins
+                cudnn_ms=2.0,
+                seconds=0.3,
+                worker=str(os.getpid()),
+            )
+            for it in todo
+        ]
+        spec, batch, precision = todo[0].group if todo else dist._group_of(known[0])
+        winner = dict(env, kind="winner", shape=spec, batch=batch, precision=precision)
+        winner.update(variant=dist.finalists(out + known)[0], ms=1.0, cudnn_ms=2.0, tie=False)
+        return out + [dict(winner, date="2026-11-28", seconds=0.01)]
+
+    client = dist.connect(None, 1, ["0", "1"])
+    try:
+        gpus = dist.gpu_workers(client)
+        assert len(gpus) == 2
+        pinned = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"], workers=gpus)
+        assert sorted(pinned.values()) == ["0", "1"]
+        victim = client.run(os.getpid, workers=[gpus[0]])[gpus[0]]
+        killed = []
+
+        def kill_once(phase, record):
+            if phase == "gpu" and not killed:
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+
+        tasks = (compiled, group)
+        report = dist.tune_on_gpus(client, work, "sm_90", env, progress=kill_once, tasks=tasks)
+        assert killed and report["dropped"] == []
+        kinds = [
+            (r["kind"], r["shape"], r["batch"], r["variant"], r["source"])
+            for r in tunedb.records()
+            if r["kind"] in ("compiled", "timing")
+        ]
+        want = [(k, *it.key) for it in work for k in ("compiled", "timing")]
+        assert sorted(kinds) == sorted(want), "an item lost or recorded twice"
+        groups = {it.group for it in work}
+        won = [
+            (r["shape"], r["batch"], r["precision"])
+            for r in tunedb.records()
+            if r["kind"] == "winner"
+        ]
+        assert sorted(won) == sorted(groups)
+        for r in report["winners"]:  # the fastest stand-in of its group
+            mine = (r["shape"], r["batch"], r["precision"])
+            assert r["variant"] == next(it.variant for it in work if it.group == mine)
+        lines = len(tunedb.records())
+        again = dist.tune_on_gpus(client, work, "sm_90", env, tasks=tasks)
+        assert again["winners"] == [] and len(tunedb.records()) == lines
+
+        # A candidate whose kernel never ends: its group runs past its time, the worker
+        # is restarted, the group's candidates run one a task, the hung one is dropped
+        # with the reason, and the group still gets its winner from the rest.
+        hung = next(
+            it
+            for it in work
+            if sum(o.group == it.group for o in work) > 1
+            and it != next(o for o in work if o.group == it.group)
+        )
+
+        def hangs(todo, arch, compiled, known, final=True):
+            if hung in todo:
+                time.sleep(3600)
+            out = group(todo, arch, compiled, known)
+            return out if final else out[:-1]
+
+        monkeypatch.setattr(tunedb, "db_path", lambda: tmp_path / "hung.jsonl")
+        monkeypatch.setattr(dist, "WATCH", 0.3)
+        report = dist.tune_on_gpus(
+            client, work, "sm_90", env, tasks=(compiled, hangs), item_limit=0.6
+        )
+        (gone,) = report["dropped"]
+        assert gone["variant"] == hung.variant and "past its time limit" in gone["reason"]
+        timings = [r["variant"] for r in tunedb.records() if r["kind"] == "timing"]
+        assert sorted(timings) == sorted(it.variant for it in work if it != hung)
+        assert len(report["winners"]) == len({it.group for it in work})
+    finally:
+        dist.disconnect(client)
