@@ -503,19 +503,25 @@ def tune_on_gpus(
 ) -> dict:
     """The whole tune: each item's compile on a CPU worker (where the cluster has CPU
     workers), and each problem's GPU phase in each math (``time_group``) on a GPU
-    worker as soon as its items' compiles end; every record appended to the database by
-    this client, once, as it arrives.  Work the database already holds (compiles for
+    worker once its items' compiles have ended; every record appended to the database
+    by this client, once, as it arrives.  Work the database already holds (compiles for
     ``arch``, timings on ``env``'s GPU, winners) is not done again.
 
+    GPU tasks are handed to Dask one a free GPU worker, in the problems' order: Dask
+    assigns resource-bound tasks to workers as they are submitted and does not move
+    them later, so a queue of its own on each worker would leave cards idle at the end.
+
     A group that runs past its time (``item_limit`` a candidate, two more for cuDNN and
-    the finalists), or keeps killing its workers, has its worker restarted and its
+    the finalists), or keeps killing its workers, has its worker killed and its
     candidates run again one a task; a candidate that then runs past ``item_limit`` or
     kills its worker is recorded as dropped with the reason, and the group's finalists
     are timed from the rest.  ``progress(phase, record)`` after each record, and
-    ``progress("running", {worker: (group, seconds)})`` while waiting; ``tasks``:
-    stand-ins for (``compile_item``, ``time_group``).  Returns, per phase, the counts by
-    status, the items' summed seconds and the items per worker; the winners; the
-    records dropped; the wall time."""
+    ``progress("running", {task: seconds})`` while waiting; ``tasks``: stand-ins for
+    (``compile_item``, ``time_group``).  Returns, per phase, the counts by status, the
+    items' summed seconds and the items per worker; the winners; the records dropped;
+    the wall time."""
+    import heapq
+
     from distributed import wait
 
     compile_task, group_task = tasks or (compile_item, time_group)
@@ -533,33 +539,55 @@ def tune_on_gpus(
     groups: dict[tuple, list[Item]] = {}
     for it in items:
         groups.setdefault(it.group, []).append(it)
+    index = {g: i for i, g in enumerate(groups)}
     phases = {p: dict(counts={}, busy=0.0, per_worker={}) for p in ("compile", "gpu", "final")}
     dropped, winners = [], []
     futures: dict = {}  # future -> (phase, key, what it was given)
     known: dict[tuple, list[dict]] = {}  # a group's GPU records so far
+    todo: dict[tuple, list[Item]] = {}  # a group's candidates to time
+    compiling: dict[tuple, int] = {}  # a group's compiles still out
     pieces: dict[tuple, int] = {}  # a split group's candidate tasks still out
-    index = {g: i for i, g in enumerate(groups)}
+    ready: list = []  # (order, n, phase, key, args): GPU tasks waiting for a free card
+    count = iter(range(1 << 62))  # ties in ``ready`` keep their order
     start = time.perf_counter()
 
     def submit(phase, key, fn, *args, **kw):
         f = client.submit(fn, *args, pure=False, priority=-index[_key_group(key)], **kw)
         futures[f] = (phase, key, args)
-        return f
+
+    def queue(phase, key, args, first=False):
+        order = -1 if first else index[_key_group(key)]  # a split group's pieces first
+        heapq.heappush(ready, (order, next(count), phase, key, args))
+
+    def dispatch():
+        busy = sum(1 for phase, _, _ in futures.values() if phase in ("gpu", "piece"))
+        free = len(gpu_workers(client)) - busy
+        while ready and free > 0:
+            _, _, phase, key, args = heapq.heappop(ready)
+            submit(phase, key, group_task, *args, resources={"GPU": 1})
+            free -= 1
+
+    def compiled(group):
+        """A group whose compiles have ended goes to the GPU queue."""
+        if compiling[group] == 0:
+            members = [it for it in todo[group] if compiled_ok(it)]
+            if members or finalists(known[group]):
+                queue("gpu", group, (members, arch, [None] * len(members), known[group]))
+
+    def compiled_ok(it):
+        return done_compile.get(it.key, {}).get("status", "ok") == "ok"
 
     for group, members in groups.items():
         known[group] = [done_gpu[it.key] for it in members if it.key in done_gpu]
-        todo = [it for it in members if it.key not in done_gpu]
-        todo = [it for it in todo if done_compile.get(it.key, {}).get("status", "ok") == "ok"]
-        if not todo and (group in won or not finalists(known[group])):
+        todo[group] = [it for it in members if it.key not in done_gpu and compiled_ok(it)]
+        if not todo[group] and (group in won or not finalists(known[group])):
             continue
-        compiled = []
-        for it in todo:
-            if it.key in done_compile:
-                compiled.append(None)
-            else:
-                compiled.append(submit("compile", it, compile_task, it, arch, workers=cpus))
-        gpu = dict(resources={"GPU": 1})
-        submit("gpu", group, group_task, todo, arch, compiled, known[group], **gpu)
+        compiling[group] = 0
+        for it in todo[group]:
+            if it.key not in done_compile:
+                submit("compile", it, compile_task, it, arch, workers=cpus)
+                compiling[group] += 1
+        compiled(group)
 
     def record(phase, r):
         which = "final" if r["kind"] in ("winner", "lost") else phase
@@ -576,55 +604,58 @@ def tune_on_gpus(
         if progress:
             progress(which, r)
 
-    def split(group, todo, reason):
+    def split(group, members, reason):
         """A group past its time or killing its workers: its candidates one a task."""
-        if len(todo) <= 1:
-            for it in todo:
+        if len(members) <= 1:
+            for it in members:
                 record("gpu", gpu_record(it, env, kind="dropped", status="failed", reason=reason))
             finish(group)
             return
-        pieces[group] = pieces.get(group, 0) + len(todo)
-        for it in todo:
-            submit("piece", it, group_task, [it], arch, [None], [], False, resources={"GPU": 1})
+        pieces[group] = pieces.get(group, 0) + len(members)
+        for it in members:
+            queue("piece", it, ([it], arch, [None], [], False), first=True)
 
     def finish(group):
         """The finalists of a group whose candidates ran apart, once all have."""
         if pieces.get(group, 0) == 0 and finalists(known[group]):
-            submit("gpu", group, group_task, [], arch, [], known[group], resources={"GPU": 1})
+            queue("gpu", group, ([], arch, [], known[group]), first=True)
 
     running: dict = {}  # a GPU task's key -> when it was first seen running
-    pending = set(futures)
+    dispatch()
     try:
-        while pending:
+        while futures or ready:
             try:
-                done, _ = wait(list(pending), timeout=WATCH, return_when="FIRST_COMPLETED")
+                done, _ = wait(list(futures), timeout=WATCH, return_when="FIRST_COMPLETED")
             except (TimeoutError, asyncio.TimeoutError):
                 done = ()
             for future in done:
-                pending.discard(future)
                 phase, key, args = futures.pop(future)
+                group = _key_group(key)
                 try:
                     out = future.result()
                 except Exception as e:  # a task's own error, or KilledWorker
                     if phase in ("gpu", "piece") and args[0]:
-                        group = _key_group(key)
                         if phase == "piece":
                             pieces[group] -= 1
                         split(group, args[0], _one_line(e))
                         out = None
                     else:
                         out = _failed(phase, key, arch, _one_line(e))
+                        if phase == "piece":
+                            pieces[group] -= 1
                 future.release()  # its result lives here now, not on a worker that may die
                 for r in out if isinstance(out, list) else [out] if out else []:
                     record("gpu" if phase == "piece" else phase, r)
-                if phase == "piece" and out is not None:
-                    group = _key_group(key)
+                if phase == "compile":
+                    done_compile[key.key] = out
+                    compiling[group] -= 1
+                    compiled(group)
+                elif phase == "piece" and out is not None:
                     pieces[group] -= 1
                     finish(group)
             overdue, now_running = _overdue(client, futures, running, item_limit)
             for future, worker, seconds in overdue:
                 phase, key, args = futures.pop(future)
-                pending.discard(future)
                 future.cancel()
                 _stop_worker(client, worker)
                 group = _key_group(key)
@@ -635,7 +666,7 @@ def tune_on_gpus(
                     split(group, args[0], what)
                 else:  # the finalists alone hung: no winner, said at the end
                     dropped.append(_failed("gpu", group, arch, what))
-            pending = set(futures)
+            dispatch()
             if progress and now_running:
                 progress("running", now_running)
     finally:
