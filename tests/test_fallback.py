@@ -115,3 +115,83 @@ def test_convert_takes_conv1d_modules_with_their_state():
     assert model[0].weight is ref[0].weight
     assert torch.equal(model[1](model[0](x)), want)
     assert model[0].state_dict().keys() == torch.nn.Conv1d(4, 8, 5).state_dict().keys()
+
+
+def _transposed_cases(rng, count):
+    """Drawn transposed convolutions: stride, dilation, padding, output padding below the
+    stride, groups, rectangular windows."""
+    out = []
+    while len(out) < count:
+        g = int(rng.integers(1, 4))
+        ci, co = g * int(rng.integers(1, 4)), g * int(rng.integers(1, 4))
+        k = (int(rng.integers(1, 5)), int(rng.integers(1, 5)))
+        s = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        d = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+        p = (int(rng.integers(0, 3)), int(rng.integers(0, 3)))
+        op = (int(rng.integers(0, s[0])), int(rng.integers(0, s[1])))
+        h, w = int(rng.integers(1, 7)), int(rng.integers(1, 7))
+        size = [
+            (n - 1) * st - 2 * pp + dd * (kk - 1) + o + 1
+            for n, st, pp, dd, kk, o in zip((h, w), s, p, d, k, op)
+        ]
+        if min(size) >= 1:
+            out.append((ci, co, h, w, k, s, p, op, g, d))
+    return out
+
+
+def test_a_transposed_convolution_is_the_dgrad_of_its_adjoint_convolution():
+    """What ``conv_transpose2d`` runs on the GPU, replayed in float64 on the CPU: the
+    output size (``transposed_size``) and the dgrad of the convolution with the same
+    weights, stride, padding, dilation and groups (``reference.conv2d_dgrad``) equal
+    PyTorch's ``conv_transpose2d`` on 60 drawn problems."""
+    import numpy as np
+
+    from specgen import reference
+    from specgen.shapes import DType, Op, TensorLayout
+    from specgen.torch import _engine as E
+    from specgen.torch._args import transposed_size
+
+    rng = np.random.default_rng()
+    for ci, co, h, w, k, s, p, op, g, d in _transposed_cases(rng, 60):
+        x = torch.randn(2, ci, h, w, dtype=torch.float64)
+        wt = torch.randn(ci, co // g, *k, dtype=torch.float64)
+        want = F.conv_transpose2d(x, wt, None, s, p, op, g, d)
+        pads = (p[0], p[0], p[1], p[1])
+        y_size = transposed_size(x.shape, wt.shape, s, pads, op, d, g)
+        assert y_size == list(want.shape)
+        conv = E.problem(
+            Op.DGRAD, y_size, wt.shape, False, s, pads, d, g, DType.FP32, TensorLayout.NCHW
+        )
+        assert E.out_size(y_size, wt.shape, s, pads, d)[2:] == [h, w]
+        got = reference.conv2d_dgrad(x.numpy(), wt.numpy(), conv)
+        assert np.allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_transpose2d_off_the_gpu_is_pytorchs():
+    """On the CPU and in float64: PyTorch's values and gradients, bit for bit; the
+    module with ``output_size``, ``convert``, and PyTorch's exceptions for bad
+    arguments; strict, a SpecError."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(2, 4, 5, 6, dtype=dtype, requires_grad=True)
+        w = torch.randn(4, 3, 3, 3, dtype=dtype, requires_grad=True)
+        b = torch.randn(6, dtype=dtype, requires_grad=True)
+        args = (2, 1, 1, 2, 1)  # stride, padding, output_padding, groups, dilation
+        got, want = sg.conv_transpose2d(x, w, b, *args), F.conv_transpose2d(x, w, b, *args)
+        assert torch.equal(got, want)
+        dy = torch.randn_like(want)
+        for g, r in zip(
+            torch.autograd.grad(got, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)
+        ):
+            assert torch.equal(g, r)
+    model = torch.nn.Sequential(torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1))
+    want = model[0](x.detach().float(), output_size=[10, 12])
+    sg.convert(model)
+    assert type(model[0]) is sg.ConvTranspose2d
+    assert torch.equal(model[0](x.detach().float(), output_size=[10, 12]), want)
+    with pytest.raises(RuntimeError, match="output padding must be smaller"):
+        sg.conv_transpose2d(x.detach().float(), w.detach().float(), None, 1, 0, 1)
+    with pytest.raises(RuntimeError):
+        sg.conv_transpose2d(x.detach().float(), w.detach().float()[:3])  # channels
+    sg.strict(True)
+    with pytest.raises(SpecError):
+        sg.conv_transpose2d(x.detach().float(), w.detach().float())

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
+from ._args import transposed_size
 from ._engine import autotune, autotuning
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "Conv2d",
     "conv1d",
     "Conv1d",
+    "conv_transpose2d",
+    "ConvTranspose2d",
     "convert",
     "warmup",
     "autotune",
@@ -150,6 +153,54 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, *args).squeeze(-2)
 
 
+def conv_transpose2d(
+    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+):
+    """``torch.nn.functional.conv_transpose2d`` on specgen's kernels: the dgrad of the
+    convolution it is the adjoint of (same weights, stride, padding, dilation and
+    groups), its input gradient on that convolution's fprop and its weight gradient on
+    its wgrad, each differentiable in turn.  What they do not serve runs on PyTorch's
+    own, as ``conv2d``."""
+    given = (bias, stride, padding, output_padding, groups, dilation)
+    if input.is_meta:
+        return F.conv_transpose2d(input, weight, *given)
+    try:
+        if input.dim() not in (3, 4) or weight.dim() != 4:
+            raise SpecError(
+                f"conv_transpose2d takes a 3-D or 4-D input and 4-D weights, got "
+                f"{input.dim()}-D and {weight.dim()}-D"
+            )
+        if isinstance(padding, str):
+            raise SpecError(f"padding={padding!r}: a transposed convolution pads by ints")
+        if not input.is_cuda or input.dtype not in _engine.DTYPES:
+            _engine.check_tensors(input, weight, bias)
+        stride, pads, dilation = _arguments(stride, padding, dilation, weight)
+        unbatched = input.dim() == 3
+        x = input.unsqueeze(0) if unbatched else input
+        if x.shape[1] != weight.shape[0] or weight.shape[0] % groups:
+            raise SpecError(
+                f"input of {x.shape[1]} channels for transposed weights {tuple(weight.shape)} "
+                f"in {groups} group(s)"
+            )
+        y_size = transposed_size(
+            x.shape, weight.shape, stride, pads, output_padding, dilation, groups
+        )
+        if bias is not None and tuple(bias.shape) != (y_size[1],):
+            raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({y_size[1]},)")
+    except SpecError as e:
+        return _pytorch(e, F.conv_transpose2d, input, weight, *given)
+    if torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        x, weight = x.to(dt), weight.to(dt)
+    nhwc = _engine.layout_of(x) is _engine.TensorLayout.NHWC
+    x = x.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+    args = (list(stride), list(pads), list(dilation), groups)
+    y = torch.ops.specgen.conv2d_input(x, weight, y_size, *args, nhwc)
+    if bias is not None:
+        y = y + bias.to(y.dtype).view(1, -1, 1, 1)
+    return y.squeeze(0) if unbatched else y
+
+
 def _conv2d(input, weight, bias, stride, pads, dilation, groups):
     """specgen's convolution of arguments as ``_arguments`` gives them."""
     unbatched = input.dim() == 3
@@ -216,12 +267,41 @@ class Conv1d(torch.nn.Conv1d):
     from_torch = classmethod(Conv2d.from_torch.__func__)
 
 
-SPECGEN = {torch.nn.Conv2d: Conv2d, torch.nn.Conv1d: Conv1d}  # PyTorch's module -> ours
+class ConvTranspose2d(torch.nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` (same constructor, parameters and state_dict, and
+    ``output_size`` in the call) on specgen's kernels."""
+
+    def forward(self, input, output_size=None):
+        if self.padding_mode != "zeros":
+            raise ValueError("Only `zeros` padding mode is supported for ConvTranspose2d")
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, 2, self.dilation
+        )
+        return conv_transpose2d(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            output_padding,
+            self.groups,
+            self.dilation,
+        )
+
+    from_torch = classmethod(Conv2d.from_torch.__func__)
+
+
+SPECGEN = {  # PyTorch's module -> ours
+    torch.nn.Conv2d: Conv2d,
+    torch.nn.Conv1d: Conv1d,
+    torch.nn.ConvTranspose2d: ConvTranspose2d,
+}
 
 
 def convert(model: torch.nn.Module) -> torch.nn.Module:
-    """Every ``torch.nn.Conv2d`` and ``torch.nn.Conv1d`` of ``model`` (the model itself
-    too) replaced in place by specgen's, sharing its parameters; returns the model."""
+    """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
+    model itself too) replaced in place by specgen's, sharing its parameters; returns
+    the model."""
     ours = SPECGEN.get(type(model))
     if ours is not None:
         return ours.from_torch(model)

@@ -58,3 +58,31 @@ def arguments(stride, padding, dilation, weight) -> tuple:
         if key is not None and len(_normal) < 4096:
             _normal[key] = found
     return found
+
+
+def transposed_size(x_size, w_size, stride, pads, output_padding, dilation, groups) -> list:
+    """The output size of a transposed convolution of ``x_size`` (N, C_in, H, W) by
+    weights ``w_size`` (C_in, C_out/groups, R, S): PyTorch's ``conv_transpose2d``.  It
+    is the input of the convolution whose dgrad computes it, with the same stride,
+    padding and dilation; that convolution maps it back onto H x W only where the
+    output padding is below the stride (PyTorch allows it up to the dilation), so a
+    larger one is refused here and left to PyTorch."""
+    (sh, sw), (dh, dw) = stride, dilation
+    oph, opw = _pair(output_padding, "output_padding")
+    if min(oph, opw) < 0:
+        raise SpecError(f"negative output_padding {(oph, opw)} is not supported")
+    for op, s, d in ((oph, sh, dh), (opw, sw, dw)):
+        if op >= max(s, d):
+            raise SpecError(
+                f"output padding must be smaller than either stride or dilation, got "
+                f"output_padding={(oph, opw)}, stride={tuple(stride)}, dilation={tuple(dilation)}"
+            )
+        if op >= s:
+            raise SpecError(f"output_padding {(oph, opw)} at or past the stride {tuple(stride)}")
+    N, _, H, W = x_size
+    _, Cg_out, R, S = w_size
+    Ho = (H - 1) * sh - pads[0] - pads[1] + dh * (R - 1) + oph + 1
+    Wo = (W - 1) * sw - pads[2] - pads[3] + dw * (S - 1) + opw + 1
+    if min(Ho, Wo) < 1:
+        raise SpecError(f"a transposed convolution's output of {Ho}x{Wo} pixels")
+    return [N, Cg_out * groups, Ho, Wo]

@@ -13,7 +13,6 @@ from typing import List, Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..shapes import TensorLayout
 from . import _engine as E
@@ -232,6 +231,74 @@ def _backward(ctx, dy):
 torch.library.register_autograd("specgen::conv2d", _backward, setup_context=_setup, lib=_lib)
 
 
+# The gradient ops are differentiable in turn, so that a gradient of a gradient
+# (``create_graph=True``: gradient penalties, Hessian-vector products) runs on specgen's
+# kernels too.  Each is linear in each of its tensors, and its derivatives are the
+# convolution's other ops: dgrad's are fprop (in dy) and wgrad (in w); wgrad's are
+# dgrad (in x) and fprop (in dy); bgrad's is its gradient broadcast back over dy.
+
+
+def _setup_input(ctx, inputs, output):
+    dy, weight, x_size, stride, padding, dilation, groups, channels_last = inputs
+    ctx.save_for_backward(dy, weight)
+    ctx.args = (stride, padding, dilation, groups)
+
+
+def _input_backward(ctx, g):
+    dy, weight = ctx.saved_tensors
+    ops, need_dy, need_w = torch.ops.specgen, *ctx.needs_input_grad[:2]
+    g = g.contiguous(memory_format=_fmt(E.layout_of(dy) is TensorLayout.NHWC))
+    d_dy = ops.conv2d(g, weight, None, *ctx.args) if need_dy else None
+    d_w = ops.conv2d_weight(g, dy, list(weight.shape), *ctx.args) if need_w else None
+    return d_dy, d_w, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "specgen::conv2d_input", _input_backward, setup_context=_setup_input, lib=_lib
+)
+
+
+def _setup_weight(ctx, inputs, output):
+    x, dy, w_size, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(x, dy)
+    ctx.args = (stride, padding, dilation, groups)
+
+
+def _weight_backward(ctx, g, g_bias=None):
+    """For conv2d_weight (``g``) and conv2d_weight_bias (``g`` and ``g_bias``)."""
+    x, dy = ctx.saved_tensors
+    ops, need_x, need_dy = torch.ops.specgen, *ctx.needs_input_grad[:2]
+    nhwc = E.layout_of(x) is TensorLayout.NHWC
+    d_x = ops.conv2d_input(dy, g, list(x.shape), *ctx.args, nhwc) if need_x else None
+    d_dy = None
+    if need_dy:
+        d_dy = ops.conv2d(x, g, None, *ctx.args)
+        if g_bias is not None:
+            d_dy = d_dy + g_bias.to(d_dy.dtype).view(1, -1, 1, 1)
+    return d_x, d_dy, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "specgen::conv2d_weight", _weight_backward, setup_context=_setup_weight, lib=_lib
+)
+torch.library.register_autograd(
+    "specgen::conv2d_weight_bias", _weight_backward, setup_context=_setup_weight, lib=_lib
+)
+
+
+def _setup_bias(ctx, inputs, output):
+    ctx.dy_shape = inputs[0].shape
+
+
+def _bias_backward(ctx, g):
+    return g.view(1, -1, 1, 1).expand(ctx.dy_shape), None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "specgen::conv2d_bias", _bias_backward, setup_context=_setup_bias, lib=_lib
+)
+
+
 class Conv2dFunction(torch.autograd.Function):
     """The eager path: the same kernels and gradients as ``torch.ops.specgen.conv2d``
     (both run ``_engine``'s ops on the same layers), without a trip through the
@@ -252,17 +319,18 @@ class Conv2dFunction(torch.autograd.Function):
             packed, w, ctx.dgrad_w = lay.cast(ctx.has_bias, x.shape[0], dgrad)(weight)
             ctx.packed = packed if dgrad else None  # dgrad's packing, kept for it
             ctx.cast = True
-            ctx.save_for_backward(x)
+            ctx.save_for_backward(x, weight)
             return E.forward(lay, x, w, bias)
         ctx.cast = False
         ctx.save_for_backward(x, weight)
         return E.forward(lay, x, weight, bias)
 
     @staticmethod
-    @once_differentiable  # the gradient kernels have no gradients of their own: say so
     def backward(ctx, dy):
         saved = ctx.saved_tensors
         x, lay = saved[0], ctx.lay
+        if torch.is_grad_enabled():  # create_graph: the registered, differentiable ops
+            return (*_differentiable(ctx, lay, x, saved[1], dy), None)
         dy = E.dense(dy, lay.layout)
         if not ctx.cast:
             dx, dw, db = _gradients(
@@ -283,6 +351,32 @@ class Conv2dFunction(torch.autograd.Function):
             # memory format in one op, where autograd would cast it and then copy it
             dw = dw.to(torch.float32, memory_format=lay.w_format)
         return dx, dw, db, None
+
+
+def _differentiable(ctx, lay, x, weight, dy):
+    """The eager path's gradients as the registered ops compute them, each one
+    differentiable in turn: for a backward that builds a graph (``create_graph``).
+    Under autocast the weights are cast as the forward cast them, so that the graph
+    reaches the fp32 parameters."""
+    args = (list(lay.stride), list(lay.pads), list(lay.dilation), lay.groups)
+    nhwc = lay.layout is TensorLayout.NHWC
+    dy = dy.contiguous(memory_format=_fmt(nhwc))
+    w = weight.to(x.dtype) if ctx.cast else weight
+    ops = torch.ops.specgen
+    x_size, w_size = list(x.shape), list(w.shape)
+
+    def weight_grads(bias):
+        grads = (ops.conv2d_weight_bias if bias else ops.conv2d_weight)(x, dy, w_size, *args)
+        if ctx.cast:  # dw (and db) back to the parameters' fp32
+            return tuple(t.float() for t in grads) if bias else grads.float()
+        return grads
+
+    return _gradients(
+        ctx,
+        lambda: ops.conv2d_input(dy, w, x_size, *args, nhwc),
+        weight_grads,
+        lambda: ops.conv2d_bias(dy, w_size, x_size, *args),
+    )
 
 
 def _apply_of(function):
