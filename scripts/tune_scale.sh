@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The whole-model Dask tune on several GPU counts of one host, from one warm compile
+# cache, each run with a database of its own; then a run whose GPU worker on card 1 is
+# killed (kill -9) mid-run; then the wall times, the speedups over one GPU, how far
+# each run's winners are from the one-GPU run's, and whether any item was recorded
+# twice.  On a GPU host, from the source tree:
+#
+#   MODEL=resnet50 BATCH=32 BUDGET=2 GPUS="4 2 1" OUT=out bash scripts/tune_scale.sh
+#
+# Logs: $OUT/tune-compile.log, $OUT/tune-gpusN.log, $OUT/tune-kill.log,
+# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300).
+set -uo pipefail
+MODEL=${MODEL:-resnet50}
+BATCH=${BATCH:-32}
+BUDGET=${BUDGET:-2}
+GPUS=${GPUS:-"2 1"}
+OUT=${OUT:-out}
+LIMIT=${LIMIT:-300}
+PYTHON=${PYTHON:-python3}
+CACHE=${CACHE:-$PWD/.cache/tune-scale}
+export PYTHONPATH=${PYTHONPATH:-.}
+mkdir -p "$OUT" "$CACHE"
+tune() { "$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH" --budget "$BUDGET" "$@"; }
+
+# One compile phase for all runs: every run then finds its items compiled.
+rm -rf "$CACHE/warm"
+{ echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --compile-only"; date -u
+  time SPECGEN_CACHE_DIR=$CACHE/warm tune --compile-only; } > "$OUT/tune-compile.log" 2>&1
+tail -3 "$OUT/tune-compile.log"
+
+for n in $GPUS k; do
+    rm -rf "$CACHE/g$n"
+    cp -r "$CACHE/warm" "$CACHE/g$n"
+done
+for n in $GPUS; do
+    { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $n --workers 8"
+      date -u; nvidia-smi -L
+      time SPECGEN_CACHE_DIR=$CACHE/g$n timeout "$LIMIT" tune --gpus "$n" --workers 8; } \
+        > "$OUT/tune-gpus$n.log" 2>&1
+    grep -E "^wall|^gpu:|^final:" "$OUT/tune-gpus$n.log"
+done
+
+# kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
+{ echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus 2, GPU 1's worker killed"
+  time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" tune --gpus 2 --workers 8; } \
+    > "$OUT/tune-kill.log" 2>&1 &
+run=$!
+for _ in $(seq 120); do
+    sleep 1
+    victim=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 1 | head -1)
+    [ -n "$victim" ] && break
+done
+sleep 5
+echo "kill -9 ${victim:-none}" >> "$OUT/tune-kill.log"
+[ -n "${victim:-}" ] && kill -9 "$victim"
+wait $run
+
+"$PYTHON" - "$CACHE" "$GPUS" > "$OUT/tune-scale.txt" <<'PY'
+import collections, json, re, sys
+from pathlib import Path
+
+cache, gpus = Path(sys.argv[1]), sys.argv[2].split()
+
+def records(run):
+    path = cache / run / "tune.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+winners = {}
+for n in gpus + ["k"]:
+    rs = records(f"g{n}")
+    keys = collections.Counter(
+        (r["kind"], r["shape"], r["batch"], r["variant"], r["source"])
+        for r in rs if r["kind"] in ("timing", "dropped"))
+    twice = sum(1 for c in keys.values() if c > 1)
+    won = {(r["shape"], r["batch"], r["precision"]): r for r in rs if r["kind"] == "winner"}
+    winners[n] = won
+    print(f"run {n}: {len(keys)} items timed or dropped, {twice} recorded twice, {len(won)} winners")
+base = winners.get("1")
+if base:
+    for n in gpus:
+        if n == "1":
+            continue
+        both = [g for g in winners[n] if g in base]
+        off = [abs(winners[n][g]["ms"] / base[g]["ms"] - 1) for g in both]
+        within = sum(1 for o in off if o <= 0.03)
+        worst = max(off) if off else 0.0
+        print(f"--gpus {n} vs 1: {within}/{len(both)} winners within 3% of the one-GPU run's; worst {worst:.1%}")
+PY
+one=$(grep -m1 "^wall" "$OUT/tune-gpus1.log" 2>/dev/null | awk '{print $2}')
+for n in $GPUS; do
+    w=$(grep -m1 "^wall" "$OUT/tune-gpus$n.log" | awk '{print $2}')
+    if [ -n "$w" ] && [ -n "$one" ]; then
+        echo "--gpus $n: wall $w s, $(awk -v a="$one" -v b="$w" 'BEGIN{printf "%.2f", a/b}')x one GPU's"
+    else
+        echo "--gpus $n: wall ${w:-none (cut off)} s"
+    fi >> "$OUT/tune-scale.txt"
+done
+cat "$OUT/tune-scale.txt"
