@@ -195,3 +195,24 @@ def test_conv_transpose2d_off_the_gpu_is_pytorchs():
     sg.strict(True)
     with pytest.raises(SpecError):
         sg.conv_transpose2d(x.detach().float(), w.detach().float())
+
+
+def test_the_ddp_example_trains_two_ranks_on_the_cpu(tmp_path):
+    """examples/ddp.py under torchrun with gloo on the CPU, where the operator runs
+    PyTorch's convolution: both ranks train, and specgen's losses are cuDNN's model's
+    bit for bit (the GPU run, NCCL and specgen's kernels, is the figure that counts)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--standalone", str(root / "examples" / "ddp.py"), "--steps", "2", "--batch", "4"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["world"] == 2 and len(report["ranks"]) == 2
+    assert report["max_loss_difference"] == 0.0

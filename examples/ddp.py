@@ -1,0 +1,177 @@
+"""A converted model trained with DistributedDataParallel, beside the same model on
+cuDNN: the same initial weights and the same batches on every rank.
+
+    torchrun --nproc-per-node 2 examples/ddp.py [--steps 20] [--batch 64] [--model unet]
+
+Each rank (NCCL on GPUs, one GPU a rank; gloo on the CPU, where the operator runs
+PyTorch's own convolution) trains two copies of a model from one seed: specgen's
+(``sg.convert``) and PyTorch's, on its own shard of each batch, SGD with momentum,
+gradients averaged by DDP.  Rank 0 prints each step's two losses and, at the end, the
+largest loss difference over the losses' size, the kernels' devices, and the training
+step of each timed after warm-up (CUDA events, median of the steps), one JSON line.
+``--model unet`` is a small U-Net with ConvTranspose2d up-sampling, ``resnet18`` the
+torchvision one (torchvision needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import specgen.torch as sg
+
+
+class UNet(nn.Module):
+    """Two levels down with strided convolutions, two up with transposed ones, skip
+    connections added: every op of the operator (conv2d, conv_transpose2d, their
+    gradients)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        w = width
+        self.inp = nn.Conv2d(3, w, 3, padding=1)
+        self.down1 = nn.Conv2d(w, 2 * w, 3, stride=2, padding=1)
+        self.down2 = nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1)
+        self.mid = nn.Conv2d(4 * w, 4 * w, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 4, stride=2, padding=1)
+        self.up1 = nn.ConvTranspose2d(2 * w, w, 4, stride=2, padding=1)
+        self.out = nn.Conv2d(w, 3, 3, padding=1)
+
+    def forward(self, x):
+        a = F.relu(self.inp(x))
+        b = F.relu(self.down1(a))
+        c = F.relu(self.mid(F.relu(self.down2(b))))
+        b = F.relu(self.up2(c)) + b
+        a = F.relu(self.up1(b)) + a
+        return self.out(a)
+
+
+def build(name: str) -> nn.Module:
+    if name == "unet":
+        return UNet()
+    import torchvision
+
+    return getattr(torchvision.models, name)(num_classes=10)
+
+
+def batches(name: str, steps: int, batch: int, seed: int):
+    """The same batches on every rank (each takes its shard): images and targets."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        if name == "unet":
+            yield x, x.clone()  # denoising: the clean image from a noisy one
+        else:
+            yield x, torch.randint(0, 10, (batch,), generator=g)
+
+
+def loss_of(name: str, out, target):
+    return F.mse_loss(out, target) if name == "unet" else F.cross_entropy(out, target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=64, help="the global batch, split over ranks")
+    ap.add_argument("--model", default="unet", help="unet, or a torchvision model name")
+    ap.add_argument("--timed", type=int, default=30, help="steps timed a model, after warm-up")
+    args = ap.parse_args()
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = False  # fp32 on both sides
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} does not split over {world} ranks")
+    shard = args.batch // world
+
+    torch.manual_seed(0)
+    base = build(args.model)
+    models = {"cudnn": base.to(device), "specgen": sg.convert(copy.deepcopy(base)).to(device)}
+    runs = {}
+    for k, m in models.items():
+        wrapped = DDP(m, device_ids=[device.index] if cuda else None)
+        runs[k] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9))
+
+    def step(which, x, t):
+        model, opt = runs[which]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(args.model, model(x), t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = {k: [] for k in runs}
+    for x, t in batches(args.model, args.steps, args.batch, seed=1):
+        x = x[rank * shard : (rank + 1) * shard].to(device)
+        t = t[rank * shard : (rank + 1) * shard].to(device)
+        for k in runs:
+            loss = step(k, x, t).detach()
+            dist.all_reduce(loss)  # the global batch's mean loss
+            losses[k].append(float(loss) / world)
+        if rank == 0:
+            print(
+                f"step {len(losses['cudnn']):3d}  cudnn {losses['cudnn'][-1]:.6f}  "
+                f"specgen {losses['specgen'][-1]:.6f}",
+                flush=True,
+            )
+
+    scale = max(abs(v) for v in losses["cudnn"])
+    diff = max(abs(a - b) for a, b in zip(losses["cudnn"], losses["specgen"])) / scale
+    # the devices specgen's layers (and so their kernels) were built for on this rank
+    devices = sorted({lay.index for lay in sg._engine._layers.values()})
+    times = {}
+    if cuda:
+        x, t = next(batches(args.model, 1, args.batch, seed=2))
+        x, t = x[:shard].to(device), t[:shard].to(device)
+        for k in runs:
+            for _ in range(5):
+                step(k, x, t)
+            samples = []
+            for _ in range(args.timed):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True
+                )
+                start.record()
+                step(k, x, t)
+                stop.record()
+                stop.synchronize()
+                samples.append(start.elapsed_time(stop))
+            times[k] = statistics.median(samples)
+    report = dict(
+        model=args.model,
+        world=world,
+        batch=args.batch,
+        steps=args.steps,
+        max_loss_difference=diff,
+        kernel_devices=devices,
+        device=str(device),
+        step_ms=times,
+        cudnn_over_specgen=times["cudnn"] / times["specgen"] if times else None,
+        gpu=torch.cuda.get_device_name(device) if cuda else "cpu",
+        date=time.strftime("%Y-%m-%d"),
+    )
+    gathered = [None] * world
+    dist.all_gather_object(gathered, report)
+    if rank == 0:
+        print(json.dumps(dict(report, ranks=gathered)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
