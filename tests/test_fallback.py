@@ -216,3 +216,60 @@ def test_the_ddp_example_trains_two_ranks_on_the_cpu(tmp_path):
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["world"] == 2 and len(report["ranks"]) == 2
     assert report["max_loss_difference"] == 0.0
+
+
+# Run apart (its registrations last as long as its process): the registered ops' CPU
+# kernels replaced by PyTorch's convolution and its gradients in float64, so that
+# gradcheck and gradgradcheck test the ops' own autograd formulas, the ones specgen's
+# kernels run under on the GPU.
+_FORMULAS = r"""
+import torch, torch.nn.functional as F
+from torch.nn.grad import conv2d_input as dgrad, conv2d_weight as wgrad
+import specgen.torch  # registers torch.ops.specgen.*
+
+def two(p):
+    assert p[0] == p[1] and p[2] == p[3]
+    return (p[0], p[2])
+
+kernels = dict(
+    conv2d=lambda x, w, b, s, p, d, g: F.conv2d(x, w, b, s, two(p), d, g),
+    conv2d_input=lambda dy, w, size, s, p, d, g, cl: dgrad(size, w, dy, s, two(p), d, g),
+    conv2d_weight=lambda x, dy, size, s, p, d, g: wgrad(x, size, dy, s, two(p), d, g),
+    conv2d_weight_bias=lambda x, dy, size, s, p, d, g: (
+        wgrad(x, size, dy, s, two(p), d, g), dy.sum((0, 2, 3))),
+    conv2d_bias=lambda dy, wsize, xsize, s, p, d, g: dy.sum((0, 2, 3)),
+)
+lib = torch.library.Library("specgen", "IMPL")
+for name, fn in kernels.items():
+    lib.impl(name, fn, "CPU")
+ops = torch.ops.specgen
+f64 = dict(dtype=torch.float64, requires_grad=True)
+args = ([2, 1], [1, 1, 2, 2], [1, 2], 2)
+x, w, b = torch.randn(2, 4, 7, 6, **f64), torch.randn(6, 2, 3, 3, **f64), torch.randn(6, **f64)
+conv = lambda x, w, b: ops.conv2d(x, w, b, *args)
+assert torch.autograd.gradcheck(conv, (x, w, b))
+assert torch.autograd.gradgradcheck(conv, (x, w, b))
+# conv_transpose2d's forward: dgrad of the adjoint convolution, differentiable twice
+y = torch.randn(2, 6, 4, 6, **f64)
+up = lambda y, w: ops.conv2d_input(y, w, [2, 4, 7, 6], *args, False)
+assert torch.autograd.gradgradcheck(up, (y, w))
+wg = lambda x, dy: ops.conv2d_weight_bias(x, dy, [6, 2, 3, 3], *args)
+assert torch.autograd.gradgradcheck(wg, (x, y))
+print("ok")
+"""
+
+
+def test_the_gradient_ops_autograd_passes_gradgradcheck():
+    """conv2d's gradients, their gradients, and the transposed convolution's, by the
+    formulas the registered ops carry (their kernels here PyTorch's, in float64)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    run = subprocess.run(
+        [sys.executable, "-c", _FORMULAS], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
