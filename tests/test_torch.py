@@ -944,3 +944,53 @@ def _conv1d_against_float64(dtype, args):
         torch.testing.assert_close(g.double(), r, **tol)
     model = sg.convert(torch.nn.Conv1d(16, 8, 3, padding=1)).cuda()
     assert type(model) is sg.Conv1d and model(x.float().detach()).shape == (3, 8, 40)
+
+
+def _opinfo_samples(name: str, dtype):
+    """PyTorch's own OpInfo samples of ``name`` (its test suite's; expecttest needed)."""
+    pytest.importorskip("expecttest")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    (op,) = [o for o in op_db if o.name == name and not o.variant_test_name]
+    return list(op.sample_inputs("cuda", dtype, requires_grad=True))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", ["nn.functional.conv_transpose2d", "nn.functional.conv1d"])
+def test_pytorchs_opinfo_samples_against_float64(name, dtype):
+    """Every OpInfo sample of PyTorch's conv_transpose2d and conv1d, strict (on
+    specgen's kernels, or refused for the one documented reason), values and gradients
+    against PyTorch in float64 on the same values."""
+    ours = {
+        "nn.functional.conv_transpose2d": sg.conv_transpose2d,
+        "nn.functional.conv1d": sg.conv1d,
+    }
+    theirs = {
+        "nn.functional.conv_transpose2d": F.conv_transpose2d,
+        "nn.functional.conv1d": F.conv1d,
+    }
+    u = {"fp32": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8}[dtype]  # the output's rounding
+    sg.strict(True)
+    try:
+        for sample in _opinfo_samples(name, DT[dtype]):
+            leaves = [sample.input] + [a for a in sample.args if torch.is_tensor(a)]
+            try:
+                y = ours[name](sample.input, *sample.args, **sample.kwargs)
+            except SpecError as e:
+                assert "past the stride" in str(e), str(e)
+                continue
+            doubles = [t.detach().double().requires_grad_() for t in leaves]
+            it = iter(doubles[1:])
+            args = [next(it) if torch.is_tensor(a) else a for a in sample.args]
+            ref = theirs[name](doubles[0], *args, **sample.kwargs)
+            assert y.shape == ref.shape and y.dtype == sample.input.dtype
+            dy = torch.randn_like(ref).to(y.dtype)
+            got = torch.autograd.grad(y, leaves, dy)
+            want = torch.autograd.grad(ref, doubles, dy.double())
+            terms = max(t.numel() for t in leaves)
+            bound = summed_bound(terms, 2.0**-24) + 2 * u
+            for what, g, r in [("y", y, ref), *zip(("dx", "dw", "db"), got, want)]:
+                err = rel_l2(g, r)
+                assert err <= bound, f"{name} {sample.kwargs}: {what} {err:.2e} > {bound:.2e}"
+    finally:
+        sg.strict(False)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
-from ._args import transposed_size
+from ._args import transposed as _transposed
 from ._engine import autotune, autotuning
 
 __all__ = [
@@ -182,7 +182,7 @@ def conv_transpose2d(
                 f"input of {x.shape[1]} channels for transposed weights {tuple(weight.shape)} "
                 f"in {groups} group(s)"
             )
-        y_size = transposed_size(
+        y_size, pads = _transposed(
             x.shape, weight.shape, stride, pads, output_padding, dilation, groups
         )
         if bias is not None and tuple(bias.shape) != (y_size[1],):

@@ -60,29 +60,42 @@ def arguments(stride, padding, dilation, weight) -> tuple:
     return found
 
 
-def transposed_size(x_size, w_size, stride, pads, output_padding, dilation, groups) -> list:
+def transposed(x_size, w_size, stride, pads, output_padding, dilation, groups):
     """The output size of a transposed convolution of ``x_size`` (N, C_in, H, W) by
-    weights ``w_size`` (C_in, C_out/groups, R, S): PyTorch's ``conv_transpose2d``.  It
-    is the input of the convolution whose dgrad computes it, with the same stride,
-    padding and dilation; that convolution maps it back onto H x W only where the
-    output padding is below the stride (PyTorch allows it up to the dilation), so a
-    larger one is refused here and left to PyTorch."""
+    weights ``w_size`` (C_in, C_out/groups, R, S), as PyTorch's ``conv_transpose2d``
+    gives it, and the pads (top, bottom, left, right) of the convolution whose dgrad
+    computes it: that convolution has the same weights, stride, dilation, groups and
+    leading pads, its input is the transposed output, and a bottom (right) pad chosen so
+    that its output is H x W again (the pad itself where the output padding is below
+    the stride, else smaller).  A transposed convolution that no such pad serves is
+    refused here, and left to PyTorch."""
     (sh, sw), (dh, dw) = stride, dilation
-    oph, opw = _pair(output_padding, "output_padding")
-    if min(oph, opw) < 0:
-        raise SpecError(f"negative output_padding {(oph, opw)} is not supported")
-    for op, s, d in ((oph, sh, dh), (opw, sw, dw)):
+    ops = _pair(output_padding, "output_padding")
+    if min(ops) < 0:
+        raise SpecError(f"negative output_padding {tuple(ops)} is not supported")
+    for op, s, d in zip(ops, stride, dilation):
         if op >= max(s, d):
             raise SpecError(
                 f"output padding must be smaller than either stride or dilation, got "
-                f"output_padding={(oph, opw)}, stride={tuple(stride)}, dilation={tuple(dilation)}"
+                f"output_padding={tuple(ops)}, stride={tuple(stride)}, "
+                f"dilation={tuple(dilation)}"
             )
-        if op >= s:
-            raise SpecError(f"output_padding {(oph, opw)} at or past the stride {tuple(stride)}")
     N, _, H, W = x_size
     _, Cg_out, R, S = w_size
-    Ho = (H - 1) * sh - pads[0] - pads[1] + dh * (R - 1) + oph + 1
-    Wo = (W - 1) * sw - pads[2] - pads[3] + dw * (S - 1) + opw + 1
+    Ho = (H - 1) * sh - pads[0] - pads[1] + dh * (R - 1) + ops[0] + 1
+    Wo = (W - 1) * sw - pads[2] - pads[3] + dw * (S - 1) + ops[1] + 1
     if min(Ho, Wo) < 1:
         raise SpecError(f"a transposed convolution's output of {Ho}x{Wo} pixels")
-    return [N, Cg_out * groups, Ho, Wo]
+    ends = []
+    for lead, end, op, s in ((pads[0], pads[1], ops[0], sh), (pads[2], pads[3], ops[1], sw)):
+        # the convolution's output is H when end - op lies in [0, s): end itself where
+        # op < s, else the smallest non-negative pad that keeps it there
+        if op < s:
+            ends.append(end)
+        elif end - op + s - 1 >= 0:
+            ends.append(max(0, end - op))
+        else:
+            raise SpecError(
+                f"output_padding {tuple(ops)} past the stride {tuple(stride)} and the padding"
+            )
+    return [N, Cg_out * groups, Ho, Wo], (pads[0], ends[0], pads[2], ends[1])
