@@ -2,6 +2,7 @@
 cuDNN: the same initial weights and the same batches on every rank.
 
     torchrun --nproc-per-node 2 examples/ddp.py [--steps 20] [--batch 64] [--model unet]
+                                                [--image 32] [--bf16]
 
 Each rank (NCCL on GPUs, one GPU a rank; gloo on the CPU, where the operator runs
 PyTorch's own convolution) trains two copies of a model from one seed: specgen's
@@ -10,7 +11,8 @@ gradients averaged by DDP.  Rank 0 prints each step's two losses and, at the end
 largest loss difference over the losses' size, the kernels' devices, and the training
 step of each timed after warm-up (CUDA events, median of the steps), one JSON line.
 ``--model unet`` is a small U-Net with ConvTranspose2d up-sampling, ``resnet18`` the
-torchvision one (torchvision needed).
+torchvision one (torchvision needed); ``--bf16`` trains both under bf16 autocast with
+channels_last tensors.  With ``--nproc-per-node 1`` it is the one-GPU comparison.
 """
 
 from __future__ import annotations
@@ -64,11 +66,11 @@ def build(name: str) -> nn.Module:
     return getattr(torchvision.models, name)(num_classes=10)
 
 
-def batches(name: str, steps: int, batch: int, seed: int):
+def batches(name: str, steps: int, batch: int, seed: int, image: int = 32):
     """The same batches on every rank (each takes its shard): images and targets."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.randn(batch, 3, 32, 32, generator=g)
+        x = torch.randn(batch, 3, image, image, generator=g)
         if name == "unet":
             yield x, x.clone()  # denoising: the clean image from a noisy one
         else:
@@ -85,6 +87,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="the global batch, split over ranks")
     ap.add_argument("--model", default="unet", help="unet, or a torchvision model name")
     ap.add_argument("--timed", type=int, default=30, help="steps timed a model, after warm-up")
+    ap.add_argument("--image", type=int, default=32, help="image side in pixels")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast, channels_last tensors")
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -108,17 +112,23 @@ def main() -> None:
         wrapped = DDP(m, device_ids=[device.index] if cuda else None)
         runs[k] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9))
 
+    amp = torch.bfloat16 if args.bf16 else None
+    fmt = torch.channels_last if args.bf16 else torch.contiguous_format
+    for m in models.values():
+        m.to(memory_format=fmt)
+
     def step(which, x, t):
         model, opt = runs[which]
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(args.model, model(x), t)
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            loss = loss_of(args.model, model(x).float(), t)
         loss.backward()
         opt.step()
         return loss
 
     losses = {k: [] for k in runs}
-    for x, t in batches(args.model, args.steps, args.batch, seed=1):
-        x = x[rank * shard : (rank + 1) * shard].to(device)
+    for x, t in batches(args.model, args.steps, args.batch, seed=1, image=args.image):
+        x = x[rank * shard : (rank + 1) * shard].to(device).contiguous(memory_format=fmt)
         t = t[rank * shard : (rank + 1) * shard].to(device)
         for k in runs:
             loss = step(k, x, t).detach()
@@ -137,8 +147,8 @@ def main() -> None:
     devices = sorted({lay.index for lay in sg._engine._layers.values()})
     times = {}
     if cuda:
-        x, t = next(batches(args.model, 1, args.batch, seed=2))
-        x, t = x[:shard].to(device), t[:shard].to(device)
+        x, t = next(batches(args.model, 1, args.batch, seed=2, image=args.image))
+        x, t = x[:shard].to(device).contiguous(memory_format=fmt), t[:shard].to(device)
         for k in runs:
             for _ in range(5):
                 step(k, x, t)
@@ -155,6 +165,8 @@ def main() -> None:
             times[k] = statistics.median(samples)
     report = dict(
         model=args.model,
+        math="bf16 autocast, channels_last" if args.bf16 else "fp32",
+        image=args.image,
         world=world,
         batch=args.batch,
         steps=args.steps,
