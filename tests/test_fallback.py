@@ -279,3 +279,25 @@ def test_the_gradient_ops_autograd_passes_gradgradcheck():
         [sys.executable, "-c", _FORMULAS], env=env, capture_output=True, text=True, timeout=240
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_a_traced_transposed_convolution_is_its_adjoint_convolutions_ops():
+    """``conv_layers`` (what warmup compiles and ``specgen model --plan`` lists) holds a
+    ConvTranspose2d call as the convolution it is the adjoint of: its forward that
+    one's dgrad, its gradients that one's fprop and wgrad, the sizes matching PyTorch's."""
+    from specgen.shapes import Op
+    from specgen.torch._engine import out_size
+    from specgen.torch._trace import conv_layers
+
+    up = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), up)
+    x = torch.randn(2, 3, 16, 16)
+    first, second = conv_layers(model, x)
+    assert not first.transposed and first.ops() == [Op.FPROP, Op.WGRAD]
+    assert second.transposed and second.ops() == [Op.DGRAD, Op.FPROP, Op.WGRAD]
+    y = model(x)
+    assert second.x_size == tuple(y.shape) and second.w_size == tuple(up.weight.shape)
+    h = model[0](x)
+    assert out_size(second.x_size, second.w_size, second.stride, second.pads, second.dilation) == (
+        list(h.shape)
+    )

@@ -51,6 +51,10 @@ class ConvLayer:
     needs_dw: bool = True  # its weights do
     dtype: DType = DType.FP32  # its input's, as traced (autocast is the mode's)
     layout: TensorLayout = TensorLayout.NCHW
+    # a transposed convolution, held as the convolution it is the adjoint of (sizes,
+    # pads; its bias is added apart): its forward is that one's dgrad, its input
+    # gradient that one's fprop, its weight gradient that one's wgrad
+    transposed: bool = False
 
     def problem(self, op: Op, mode: Mode):
         from ._engine import problem
@@ -61,18 +65,22 @@ class ConvLayer:
         return problem(op, self.x_size, self.w_size, bias, *args, dtype, layout)
 
     def ops(self, backward: bool = True) -> list[Op]:
+        """The ops of the convolution (of the adjoint one, for a transposed layer) that
+        the forward pass, and where ``backward`` the gradients, run."""
+        forward, input_grad = (Op.DGRAD, Op.FPROP) if self.transposed else (Op.FPROP, Op.DGRAD)
         if not backward:
-            return [Op.FPROP]
+            return [forward]
         return [
-            Op.FPROP,
-            *([Op.DGRAD] if self.needs_dx else []),
+            forward,
+            *([input_grad] if self.needs_dx else []),
             *([Op.WGRAD] if self.needs_dw else []),
         ]
 
 
 def conv_layers(model, *example) -> list[ConvLayer]:
-    """Every ``nn.Conv2d`` call (specgen's ``Conv2d`` too) of one forward pass of
-    ``model`` on ``example``, in order (a layer called twice is listed twice), traced on
+    """Every ``nn.Conv2d`` and ``nn.ConvTranspose2d`` call (specgen's too) of one
+    forward pass of ``model`` on ``example``, in order (a layer called twice is listed
+    twice; a transposed one as its adjoint convolution), traced on
     the meta device: meta tensors of the same sizes, dtypes and memory formats stand in
     for the parameters, the buffers and the example (``torch.func.functional_call``),
     so nothing is copied or computed."""
@@ -92,6 +100,9 @@ def conv_layers(model, *example) -> list[ConvLayer]:
         x, w = args[0], m.weight
         stride, pads, dilation = arguments(m.stride, m.padding, m.dilation, w)
         size = tuple(x.shape)
+        if isinstance(m, torch.nn.ConvTranspose2d):
+            found.extend(_transposed_layer(m, args, names[m], stride, pads, dilation))
+            return
         if m.padding_mode != "zeros":  # padded by F.pad first, then convolved unpadded
             pt, pb, pl, pr = pads
             size, pads = (*size[:2], size[2] + pt + pb, size[3] + pl + pr), (0, 0, 0, 0)
@@ -112,15 +123,47 @@ def conv_layers(model, *example) -> list[ConvLayer]:
             )
         )
 
-    handles = [
-        m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)
-    ]
+    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, kinds)]
     try:
         torch.func.functional_call(model, (params, buffers), tuple(meta(e) for e in example))
     finally:
         for h in handles:
             h.remove()
     return found
+
+
+def _transposed_layer(m, args, name, stride, pads, dilation) -> list[ConvLayer]:
+    """A ``ConvTranspose2d`` call as the adjoint convolution the operator runs it on
+    (``_args.transposed``); none where it runs on PyTorch's."""
+    from ._args import transposed
+    from ._engine import DTYPES, layout_of
+
+    x, w = args[0], m.weight
+    output_size = args[1] if len(args) > 1 else None
+    extra = m._output_padding(x, output_size, m.stride, m.padding, m.kernel_size, 2, m.dilation)
+    size = tuple(x.shape) if x.dim() == 4 else (1, *x.shape)
+    try:
+        y_size, conv_pads = transposed(size, w.shape, stride, pads, extra, dilation, m.groups)
+    except SpecError:
+        return []
+    layout = layout_of(x) if x.dim() == 4 else TensorLayout.NCHW
+    dtype = DTYPES.get(x.dtype, DType.FP32)
+    args = (stride, conv_pads, dilation, m.groups)
+    return [
+        ConvLayer(
+            name,
+            tuple(y_size),
+            tuple(w.shape),
+            *args,
+            False,
+            x.requires_grad,
+            w.requires_grad,
+            dtype,
+            layout,
+            transposed=True,
+        )
+    ]
 
 
 @dataclass
