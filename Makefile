@@ -41,7 +41,7 @@ OUT ?= out
 gpu-check:
 	mkdir -p $(OUT)
 	set -o pipefail; status=0; \
-	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests $$($(PYTHON) -c 'import xdist' 2>/dev/null && printf -- '-n 8') 2>&1 | tee $(OUT)/pytest-gpu.log || status=1; \
 	PYTHONPATH=. $(PYTHON) -m specgen verify --all-shapes --op all --all 2>&1 | tee $(OUT)/verify.log || status=1; \
 	exit $$status
 

@@ -11,6 +11,8 @@
 #   (none)  all of the above in one run
 #
 # Each part fits one 10-minute device call; LIMIT (seconds, default 560) bounds it.
+# Where pytest-xdist is installed the tests run in WORKERS processes (default 8) on the
+# one GPU: the compiles and the float64 references, most of a test's time, overlap.
 export PYTHONPATH=.
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -26,6 +28,9 @@ case "${PART:-all}" in
   *) FILES="tests/test_gpu.py $TC tests/test_torch.py" ;;
 esac
 LOG="$OUT/gpu-tier${PART:+-$PART}.log"
-timeout "${LIMIT:-560}" python3 -m pytest -q -m gpu $FILES ${K:+-k "$K"} -p no:cacheprovider > "$LOG" 2>&1
+XDIST=""
+python3 -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-8}"
+timeout "${LIMIT:-560}" python3 -m pytest -q -m gpu $FILES ${K:+-k "$K"} $XDIST \
+    --durations=10 -p no:cacheprovider > "$LOG" 2>&1
 echo "rc=$?"
 tail -15 "$LOG" | cut -c1-400
