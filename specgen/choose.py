@@ -216,6 +216,7 @@ class Choice:
     variant: Variant
     source: str  # "tuned", "shipped" or "planned"
     why: str  # one line for the log: where the choice came from and what it measured
+    ms: float | None = None  # what a tuned winner measured
 
 
 def maths(problem: ConvProblem, allow_tf32: bool) -> tuple[Precision, ...]:
@@ -276,7 +277,7 @@ def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
     r, v = best
     what = "" if spec == problem.spec else " of the layer without its epilogue"
     why = f"tuned winner{what}, {r['ms']:.4f} ms at B={r['batch']} ({tunedb.db_path()} line {r['line']})"
-    return Choice(v, "tuned", why)
+    return Choice(v, "tuned", why, r["ms"])
 
 
 def preset_of(problem: ConvProblem) -> ConvProblem | None:
@@ -407,14 +408,21 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     (``speed_class``: tensor cores, and one product a product where tf32 is allowed);
     NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
     another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
-    or shipped winner (the presets', measured there), the problem's own."""
+    or shipped winner (the presets', measured there), the problem's own, unless both
+    layouts hold tuned winners and the other's is faster."""
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
-    if found.source != "planned":  # a winner measured on these tensors stays with them
+    other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
+    if found.source != "planned":  # a winner measured on these tensors stays with them,
+        # unless the other layout has a faster one measured on the same GPU (a tune that
+        # searched each math in the layout the operator computes it in: fp32 in place,
+        # tf32 in NHWC, say)
+        theirs = tuned(replace(problem, layout=other), gpu, allow_tf32, arch)
+        if found.source == "tuned" and theirs is not None and theirs.ms < found.ms:
+            return other
         return problem.layout
     here = found.variant
-    other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
     if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout
     if problem.layout is TensorLayout.NHWC and here.key != LAST_RESORT:
