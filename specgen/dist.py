@@ -490,6 +490,7 @@ def finalists(records: list[dict]) -> list[str]:
 
 ITEM_LIMIT = 60.0  # seconds an item may take on a GPU worker before it is called hung
 WATCH = 5.0  # seconds between the client's looks at the GPU workers
+NO_GPU_WAIT = 120.0  # seconds the queue waits for a GPU worker to come back
 
 
 def tune_on_gpus(
@@ -623,7 +624,19 @@ def tune_on_gpus(
     running: dict = {}  # a GPU task's key -> when it was first seen running
     dispatch()
     try:
+        idle_since = None  # when the queue last found no GPU worker to go to
         while futures or ready:
+            if not futures:  # GPU tasks queued, none out: the GPU workers are restarting
+                idle_since = idle_since or time.perf_counter()
+                if time.perf_counter() - idle_since > NO_GPU_WAIT:
+                    raise SpecError(
+                        f"no GPU worker came back in {NO_GPU_WAIT:.0f} s; "
+                        f"{len(ready)} task(s) not run (a rerun resumes)"
+                    )
+                time.sleep(WATCH / 5)
+                dispatch()
+                continue
+            idle_since = None
             try:
                 done, _ = wait(list(futures), timeout=WATCH, return_when="FIRST_COMPLETED")
             except (TimeoutError, asyncio.TimeoutError):
