@@ -994,3 +994,44 @@ def test_pytorchs_opinfo_samples_against_float64(name, dtype):
                 assert err <= bound, f"{name} {sample.kwargs}: {what} {err:.2e} > {bound:.2e}"
     finally:
         sg.strict(False)
+
+
+def test_the_gradient_ops_pass_opcheck_with_their_autograd():
+    """The backward ops, now differentiable, as torch.library.opcheck tests them:
+    schema, fake, autograd registration, AOT dispatch."""
+    dy = torch.randn(2, 4, 9, 8, device="cuda", requires_grad=True)
+    x = torch.randn(2, 6, 9, 8, device="cuda", requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+    args = ([1, 1], [1, 1, 1, 1], [1, 1], 2)
+    ops = torch.ops.specgen
+    torch.library.opcheck(ops.conv2d_input.default, (dy, w, [2, 6, 9, 8], *args, False))
+    torch.library.opcheck(ops.conv2d_weight.default, (x, dy, [4, 3, 3, 3], *args))
+    torch.library.opcheck(ops.conv2d_weight_bias.default, (x, dy, [4, 3, 3, 3], *args))
+    torch.library.opcheck(ops.conv2d_bias.default, (dy, [4, 3, 3, 3], [2, 6, 9, 8], *args))
+
+
+def test_conv_transpose2d_under_torch_compile_and_a_cuda_graph():
+    """A U-Net's up-sampling as torch.compile(fullgraph=True) traces it (the same bits
+    as eager, gradients finite) and as a CUDA graph replays it."""
+    model = torch.nn.Sequential(
+        sg.ConvTranspose2d(8, 4, 4, stride=2, padding=1), torch.nn.ReLU(), sg.Conv2d(4, 3, 3)
+    ).cuda()
+    x = torch.randn(2, 8, 6, 6, device="cuda")
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager, rtol=0, atol=0)
+    compiled(x).square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    static_x = x.clone()
+    sg.warmup(model, static_x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    static_x.copy_(torch.randn_like(static_x))
+    graph.replay()
+    torch.testing.assert_close(static_y, model(static_x), rtol=0, atol=0)
