@@ -340,3 +340,33 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
         assert len(report["winners"]) == len({it.group for it in work})
     finally:
         dist.disconnect(client)
+
+
+def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
+    """``searched``: an fp32 NCHW layer's fp32 math in the layout the operator computes
+    fp32 in, its tf32 math where it computes tf32 (NHWC, on the tensor cores), each from
+    its pick's speed class up, the pick kept; a bf16 layer's own math alone (fp32 math
+    is never picked for it once its own runs on the tensor cores)."""
+    from dataclasses import replace
+
+    from specgen.choose import computed_layout, speed_class
+    from specgen.shapes import ConvProblem, DType, Op, TensorLayout
+    from specgen.variants import Precision
+
+    wgrad = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32, op=Op.WGRAD)
+    found = {
+        precision: (p, floor, keep) for p, precision, floor, keep in dist.searched([wgrad], "")
+    }
+    assert set(found) == {Precision.FP32, Precision.TF32}
+    p32, floor32, keep32 = found[Precision.FP32]
+    assert p32.layout is computed_layout(wgrad, "", False) is TensorLayout.NCHW
+    assert floor32 == speed_class(keep32[0]) == 1 and keep32[0].precision is Precision.FP32
+    ptf, floortf, keeptf = found[Precision.TF32]
+    assert ptf.layout is TensorLayout.NHWC and floortf == 2
+    assert keeptf[0].precision is Precision.TF32
+    bf16 = replace(wgrad, dtype=DType.BF16, layout=TensorLayout.NHWC)
+    assert [s[1] for s in dist.searched([bf16], "")] == [Precision.BF16]
+    for p, precision, floor, keep in dist.searched([wgrad, bf16], ""):
+        items = dist.work_items([(p, precision, floor, keep)], 6)
+        assert items[0].variant == keep[0].name  # the pick first, so a tune never ends slower
+        assert all(it.precision == precision.value for it in items)
