@@ -31,36 +31,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import specgen.torch as sg
-
-
-class UNet(nn.Module):
-    """Two levels down with strided convolutions, two up with transposed ones, skip
-    connections added: every op of the operator (conv2d, conv_transpose2d, their
-    gradients)."""
-
-    def __init__(self, width: int = 32):
-        super().__init__()
-        w = width
-        self.inp = nn.Conv2d(3, w, 3, padding=1)
-        self.down1 = nn.Conv2d(w, 2 * w, 3, stride=2, padding=1)
-        self.down2 = nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1)
-        self.mid = nn.Conv2d(4 * w, 4 * w, 3, padding=1)
-        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 4, stride=2, padding=1)
-        self.up1 = nn.ConvTranspose2d(2 * w, w, 4, stride=2, padding=1)
-        self.out = nn.Conv2d(w, 3, 3, padding=1)
-
-    def forward(self, x):
-        a = F.relu(self.inp(x))
-        b = F.relu(self.down1(a))
-        c = F.relu(self.mid(F.relu(self.down2(b))))
-        b = F.relu(self.up2(c)) + b
-        a = F.relu(self.up1(b)) + a
-        return self.out(a)
+from specgen.torch.model import UNet
 
 
 def build(name: str) -> nn.Module:
     if name == "unet":
-        return UNet()
+        return UNet()  # specgen model's built-in U-Net
     import torchvision
 
     return getattr(torchvision.models, name)(num_classes=10)

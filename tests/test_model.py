@@ -126,3 +126,14 @@ def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkey
     assert M.precompile_model(net, (x,), index=0) == 4
     assert {p.op for p, _ in compiled} == {Op.FPROP, Op.DGRAD, Op.WGRAD}
     assert all(v.tensor_core for p, v in compiled if p.op is not Op.FPROP or p.C == 32)
+
+
+def test_the_built_in_unet_plans_its_transposed_layers_as_dgrad_first():
+    """``specgen model unet --plan`` (no torchvision needed): each ConvTranspose2d runs
+    as its adjoint convolution, the forward pass on dgrad, its gradients on fprop and
+    wgrad."""
+    pytest.importorskip("torch")
+    r = run("model", "unet", "--plan", "--modes", "fp32")
+    assert r.exit_code == 0, r.output
+    ops = [line.split()[2] for line in r.output.splitlines() if line.startswith("up2 ")]
+    assert ops == ["dgrad", "fprop", "wgrad"]

@@ -1,4 +1,5 @@
-"""``specgen model NAME``: a torchvision model's convolutions on specgen, beside cuDNN.
+"""``specgen model NAME``: a torchvision model's convolutions (or the built-in U-Net's,
+``unet``) on specgen, beside cuDNN.
 
 Three steps, each its own function so that scripts can call them:
 
@@ -41,7 +42,36 @@ MODELS = {
     "efficientnet_b0": (64, 224),
     "densenet121": (32, 224),
     "regnet_y_400mf": (64, 224),
+    "unet": (32, 128),
 }
+
+
+class UNet(torch.nn.Module):
+    """A small U-Net (``specgen model unet``, ``examples/ddp.py``): two levels down with
+    strided convolutions, two up with transposed ones, skip connections added, an
+    image out; every op of the operator (conv2d, conv_transpose2d, their gradients)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        w, nn = width, torch.nn
+        self.inp = nn.Conv2d(3, w, 3, padding=1)
+        self.down1 = nn.Conv2d(w, 2 * w, 3, stride=2, padding=1)
+        self.down2 = nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1)
+        self.mid = nn.Conv2d(4 * w, 4 * w, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 4, stride=2, padding=1)
+        self.up1 = nn.ConvTranspose2d(2 * w, w, 4, stride=2, padding=1)
+        self.out = nn.Conv2d(w, 3, 3, padding=1)
+
+    def forward(self, x):
+        a = F.relu(self.inp(x))
+        b = F.relu(self.down1(a))
+        c = F.relu(self.mid(F.relu(self.down2(b))))
+        b = F.relu(self.up2(c)) + b
+        a = F.relu(self.up1(b)) + a
+        return self.out(a)
+
+
+BUILT_IN = {"unet": UNet}  # models of specgen's own: an image in, an image out
 
 
 MODES = {
@@ -52,7 +82,10 @@ MODES = {
 
 
 def build(name: str):
-    """The torchvision model ``name`` (random weights), or SpecError."""
+    """The built-in model ``name``, else the torchvision one (random weights), or
+    SpecError."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]()
     try:
         import torchvision
     except ImportError:
@@ -106,30 +139,38 @@ def _prepare(model, mode: Mode):
     return model.cuda().to(memory_format=fmt)
 
 
-def _inputs(batch: int, image: int, mode: Mode, classes: int, seed: int = 0):
+def _inputs(batch: int, image: int, mode: Mode, classes: int | None, seed: int = 0):
+    """A batch and its targets: classes, or (``classes`` None) images to match."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(batch, 3, image, image, device="cuda", generator=g)
     if mode.layout is TensorLayout.NHWC:
         x = x.contiguous(memory_format=torch.channels_last)
-    t = torch.randint(0, classes, (batch,), device="cuda", generator=g)
-    return x, t
+    if classes is None:
+        return x, torch.randn(batch, 3, image, image, device="cuda", generator=g)
+    return x, torch.randint(0, classes, (batch,), device="cuda", generator=g)
 
 
 def _forward_backward(model, x, t, mode: Mode, seed: int | None = None):
+    """Forward, loss (cross-entropy on classes, mean squared error on images; in fp32,
+    or float64 for the float64 reference) and backward."""
     if seed is not None:  # the same dropout masks in every run that compares
         torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=mode.autocast, enabled=mode.autocast is not None):
         out = model(x)
-        loss = F.cross_entropy(out.float(), t)
+        wide = out if out.dtype is torch.float64 else out.float()
+        loss = F.mse_loss(wide, t.to(wide.dtype)) if t.dim() == 4 else F.cross_entropy(wide, t)
     loss.backward()
     return out.detach().double()
+
+
+CONVS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
 
 
 def _conv_grads(model) -> list[torch.Tensor]:
     return [
         m.weight.grad.detach().double()
         for m in model.modules()
-        if isinstance(m, torch.nn.Conv2d) and m.weight.grad is not None
+        if isinstance(m, CONVS) and m.weight.grad is not None
     ]
 
 
@@ -171,7 +212,10 @@ def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
     return found
 
 
-def _classes(model) -> int:
+def _classes(model) -> int | None:
+    """A classifier's classes; None for an image-to-image model (the built-in ones)."""
+    if type(model) in BUILT_IN.values():
+        return None
     last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     return last[-1].out_features if last else 1000
 
@@ -305,7 +349,7 @@ def run(
             )
             echo(format_rows(rows, timed=True))
     echo(
-        "\ntraining step (forward, cross-entropy, backward, SGD), median ms; "
+        "\ntraining step (forward, loss, backward, SGD), median ms; "
         "speedup = cuDNN / specgen; errors: relative to float64 (output, worst conv dw)"
     )
     head = f"{'mode':<6} {'cuDNN':>9} {'specgen':>9} {'speedup':>8}"
