@@ -25,6 +25,7 @@ operator then uses.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
 import logging
 import os
@@ -501,6 +502,7 @@ def tune_on_gpus(
     progress=None,
     tasks=None,
     item_limit: float = ITEM_LIMIT,
+    overhead: float | None = None,
 ) -> dict:
     """The whole tune: each item's compile on a CPU worker (where the cluster has CPU
     workers), and each problem's GPU phase in each math (``time_group``) on a GPU
@@ -512,8 +514,9 @@ def tune_on_gpus(
     assigns resource-bound tasks to workers as they are submitted and does not move
     them later, so a queue of its own on each worker would leave cards idle at the end.
 
-    A group that runs past its time (``item_limit`` a candidate, two more for cuDNN and
-    the finalists), or keeps killing its workers, has its worker killed and its
+    A group that runs past its time (``item_limit`` a candidate, and ``overhead`` for
+    cuDNN and the finalists, two items' worth by default), or keeps killing its
+    workers, has its worker killed and its
     candidates run again one a task; a candidate that then runs past ``item_limit`` or
     kills its worker is recorded as dropped with the reason, and the group's finalists
     are timed from the rest.  ``progress(phase, record)`` after each record, and
@@ -622,6 +625,7 @@ def tune_on_gpus(
             queue("gpu", group, ([], arch, [], known[group]), first=True)
 
     running: dict = {}  # a GPU task's key -> when it was first seen running
+    retried: set = set()  # GPU tasks sent again after a failure that was not theirs
     dispatch()
     try:
         idle_since = None  # when the queue last found no GPU worker to go to
@@ -646,7 +650,13 @@ def tune_on_gpus(
                 group = _key_group(key)
                 try:
                     out = future.result()
-                except Exception as e:  # a task's own error, or KilledWorker
+                except (Exception, asyncio.CancelledError) as e:  # its own error, or Dask's
+                    if phase in ("gpu", "piece") and _transient(e) and key not in retried:
+                        # a result lost with a worker as it was fetched, say: once more
+                        retried.add(key)
+                        future.release()
+                        queue(phase, key, args, first=True)
+                        continue
                     if phase in ("gpu", "piece") and args[0]:
                         if phase == "piece":
                             pieces[group] -= 1
@@ -666,7 +676,7 @@ def tune_on_gpus(
                 elif phase == "piece" and out is not None:
                     pieces[group] -= 1
                     finish(group)
-            overdue, now_running = _overdue(client, futures, running, item_limit)
+            overdue, now_running = _overdue(client, futures, running, item_limit, overhead)
             for future, worker, seconds in overdue:
                 phase, key, args = futures.pop(future)
                 future.cancel()
@@ -706,6 +716,17 @@ def _kill_own_worker(dask_worker) -> None:
     os.kill(dask_worker.process.process.pid, signal.SIGKILL)
 
 
+def _transient(e: BaseException) -> bool:
+    """A GPU task's failure that says nothing of its candidates: its result lost with
+    a worker, a connection closed, a cancellation.  KilledWorker (it killed workers
+    again and again) and the task's own exceptions are not."""
+    from distributed import KilledWorker
+
+    if isinstance(e, KilledWorker):
+        return False
+    return isinstance(e, (OSError, asyncio.CancelledError, concurrent.futures.CancelledError))
+
+
 def _key_group(key) -> tuple:
     return key.group if isinstance(key, Item) else key
 
@@ -714,9 +735,10 @@ def _one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def _overdue(client, futures, running, item_limit) -> tuple[list, dict]:
-    """The GPU tasks running past their limit (``item_limit`` a candidate, two more for
-    cuDNN and the finalists), as (future, worker, seconds), and every GPU task running,
+def _overdue(client, futures, running, item_limit, overhead=None) -> tuple[list, dict]:
+    """The GPU tasks running past their limit (``item_limit`` a candidate, and
+    ``overhead``, two items' worth by default, for cuDNN and the finalists), as
+    (future, worker, seconds), and every GPU task running,
     as its group or candidate -> seconds.  ``running`` keeps when each task was first
     seen on a worker, and is pruned to those still there."""
     now = time.perf_counter()
@@ -735,7 +757,8 @@ def _overdue(client, futures, running, item_limit) -> tuple[list, dict]:
         if phase not in ("gpu", "piece"):
             continue
         now_running[key] = now - since
-        if now - since > item_limit * (len(args[0]) + 2):
+        limit = item_limit * len(args[0]) + (2 * item_limit if overhead is None else overhead)
+        if now - since > limit:
             out.append((f, worker, now - since))
     return out, now_running
 
