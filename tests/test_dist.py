@@ -7,9 +7,14 @@ a winner per problem and math, a killed GPU worker's items timed elsewhere, and 
 rerun with nothing left to do.  Skipped where dask and distributed are not installed (the
 ``dist`` extra; ``dev`` includes it)."""
 
+import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+
 import pytest
 from click.testing import CliRunner
 
@@ -162,55 +167,72 @@ def test_the_command_line(tmp_path, db, cluster):
         assert r.output.count("\n") == 1
 
 
-def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
-    """The path a cluster of hosts takes: `dask scheduler` and `dask worker` started as
-    processes of their own, the tune joining them through --scheduler."""
-    import json
-    import subprocess
-    import sys
-
-    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+@contextlib.contextmanager
+def cluster_apart(tmp_path, *workers):
+    """`dask scheduler` and one `dask worker ADDRESS <options>` a tuple of ``workers``,
+    each a process of its own, as hosts would start them; yields the address."""
     where = tmp_path / "scheduler.json"
-    scheduler = subprocess.Popen(
-        [*dask, "--scheduler-file", str(where), "--port", "0", "--no-dashboard"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    worker = None
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = [
+        subprocess.Popen(
+            [*dask, "--scheduler-file", str(where), "--port", "0", "--no-dashboard"], **quiet
+        )
+    ]
     try:
         for _ in range(200):
             if where.exists() and where.read_text().strip():
                 break
             time.sleep(0.05)
         address = json.loads(where.read_text())["address"]
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_worker",
-                address,
-                "--nthreads",
-                "1",
-                "--no-dashboard",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-dashboard"]
+        for options in workers:
+            started.append(subprocess.Popen([*worker, "--nthreads", "1", *options], **quiet))
         with Client(address, timeout="20s") as client:
-            client.wait_for_workers(1, timeout=30)
+            client.wait_for_workers(len(workers), timeout=30)
+        yield address
+    finally:
+        for p in reversed(started):
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
+    """The path a cluster of hosts takes: `dask scheduler` and `dask worker` started as
+    processes of their own, one of them a GPU worker (``--resources GPU=1``), the tune
+    joining them through --scheduler: the compile phase on both, then the GPU phase's
+    pipeline (stand-in GPU tasks) with the compiles on the CPU worker and the timings on
+    the GPU worker."""
+    with cluster_apart(tmp_path, (), ("--resources", "GPU=1")) as address:
         f = tmp_path / "p.txt"
         f.write_text(SPECS[1] + "\n")
         at = ("--scheduler", address, "--budget", "2")
         r = run("tune", "--problems", str(f), "--compile-only", *at)
         assert r.exit_code == 0, r.output
-        assert "on 1 workers" in r.output and "compiled: ok" in r.output
+        assert "on 2 workers" in r.output and "compiled: ok" in r.output
         want = dist.work_items(dist.searched([parse_shape(SPECS[1])], ""), 2)
         assert sorted(keys_recorded()) == sorted(it.key for it in want)
-    finally:
-        for p in (worker, scheduler):
-            if p is not None:
-                p.terminate()
-                p.wait(timeout=30)
+
+        env = dict(gpu="Test GPU", driver=1, nvrtc="12.0", arch="sm_90", device="")
+
+        def compiled(item, arch):
+            return dist.compiled_record(item, arch, status="ok", seconds=0.0, worker=dist._worker())
+
+        def group(todo, arch, compiled, known, final=True):
+            out = [
+                dist.gpu_record(it, env, kind="timing", status="ok", ms=1.0, worker=dist._worker())
+                for it in todo
+            ]
+            return out
+
+        work = dist.work_items(dist.searched([parse_shape(SPECS[0])], ""), 2)
+        with Client(address, timeout="20s") as client:
+            (gpu,) = dist.gpu_workers(client)
+            dist.tune_on_gpus(client, work, "sm_90", env, tasks=(compiled, group))
+        mine = [r for r in tunedb.records() if r["shape"] == parse_shape(SPECS[0]).spec]
+        assert {r["worker"] for r in mine if r["kind"] == "timing"} == {gpu}
+        compiles = [r["worker"] for r in mine if r["kind"] == "compiled"]
+        assert len(compiles) == len(work) and gpu not in compiles
 
 
 @pytest.mark.skipif(
