@@ -712,18 +712,8 @@ def tune(
     if len(sources) != 1:
         raise SpecError("give one of --shape, --problems and --model")
     if shape_text is None:
-        _tune_many(
-            problems_path,
-            model_name,
-            batch,
-            compile_only,
-            workers,
-            gpus,
-            scheduler,
-            arch,
-            budget,
-            item_limit,
-        )
+        cluster = dict(workers=workers, gpus=gpus, scheduler=scheduler, item_limit=item_limit)
+        _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **cluster)
         return
     if compile_only or scheduler or gpus is not None:
         raise SpecError(
@@ -760,18 +750,10 @@ def _model_problems(name: str, batch: int | None) -> list:
     return list(dict.fromkeys(out))
 
 
-def _tune_many(
-    problems_path,
-    model_name,
-    batch,
-    compile_only,
-    workers,
-    gpus,
-    scheduler,
-    arch,
-    budget,
-    item_limit=60.0,
-):
+def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **cluster):
+    """A many-problem tune: the compile phase alone (``compile_only``, for ``arch``) or
+    the timed one; ``cluster``: workers, gpus, scheduler and item_limit as given."""
+    workers, gpus, scheduler = cluster["workers"], cluster["gpus"], cluster["scheduler"]
     from dataclasses import replace as with_batch
 
     from . import dist
@@ -803,7 +785,7 @@ def _tune_many(
         )
     client = dist.connect(scheduler, workers, ids)
     try:
-        _time_many(client, problems, budget, item_limit)
+        _time_many(client, problems, budget, cluster["item_limit"])
     finally:
         dist.disconnect(client)
 

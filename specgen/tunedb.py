@@ -25,35 +25,13 @@ SHIPPED = Path(__file__).with_name("winners.json")
 # What each kind of record must hold, and the type of each field.
 _POSITIVE = "positive number"
 _COUNT = "count"
+# One candidate's key, in every record of a candidate: the compiler, the problem (its
+# spec), the batch, the variant and the hash of its rendered source.
+_CANDIDATE = dict(nvrtc=str, shape=str, batch=_COUNT, variant=str, source=str)
 REQUIRED = {
-    "timing": dict(
-        gpu=str,
-        driver=int,
-        nvrtc=str,
-        shape=str,
-        batch=_COUNT,
-        variant=str,
-        source=str,
-        ms=_POSITIVE,
-    ),
-    "compiled": dict(
-        arch=str,
-        nvrtc=str,
-        shape=str,
-        batch=_COUNT,
-        variant=str,
-        source=str,
-        status=str,
-    ),
-    "dropped": dict(
-        gpu=str,
-        nvrtc=str,
-        shape=str,
-        batch=_COUNT,
-        variant=str,
-        source=str,
-        status=str,
-    ),
+    "timing": dict(_CANDIDATE, gpu=str, driver=int, ms=_POSITIVE),
+    "compiled": dict(_CANDIDATE, arch=str, status=str),  # a many-problem tune's compile
+    "dropped": dict(_CANDIDATE, gpu=str, status=str),  # its GPU phase's, not timed: why
     "winner": dict(
         gpu=str,
         shape=str,

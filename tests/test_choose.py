@@ -319,37 +319,20 @@ def test_a_measured_winner_keeps_the_tensors_layout():
         assert computed_layout(p, "another GPU") is TensorLayout.NHWC, name  # planned
 
 
-def test_winners_in_both_layouts_the_faster_one_decides(tmp_path, monkeypatch):
+def test_winners_in_both_layouts_the_faster_one_decides():
     """A whole-model tune records an fp32 layer's fp32 winner where fp32 runs (NCHW,
     in place) and its tf32 winner where tf32 runs (NHWC): with tf32 allowed the operator
     goes where the faster one is, and without it stays with the fp32 winner."""
-    from specgen import tunedb
     from specgen.choose import computed_layout, planned
 
-    monkeypatch.setattr(tunedb, "db_path", lambda: tmp_path / "tune.jsonl")
     gpu, nchw, nhwc = "Test GPU", TensorLayout.NCHW, TensorLayout.NHWC
     wgrad = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32, op=Op.WGRAD)
     there = replace(wgrad, layout=nhwc)
     fp32, tf32 = planned(wgrad, False).variant, planned(there, True).variant
     assert (fp32.precision.value, tf32.precision.value) == ("fp32", "tf32")
-
-    def won(p, v, ms):
-        tunedb.append(
-            dict(
-                kind="winner",
-                gpu=gpu,
-                shape=p.spec,
-                batch=32,
-                precision=v.precision.value,
-                variant=v.name,
-                ms=ms,
-                date="2026-11-28",
-            )
-        )
-
-    won(wgrad, fp32, 0.30)
-    won(there, tf32, 0.10)
+    winner(wgrad, fp32.name, 0.30, "fp32", gpu)
+    winner(there, tf32.name, 0.10, "tf32", gpu)
     assert computed_layout(wgrad, gpu) is nchw
     assert computed_layout(wgrad, gpu, allow_tf32=True) is nhwc
-    won(there, tf32, 0.50)  # the latest winner counts: now slower than fp32 in place
+    winner(there, tf32.name, 0.50, "tf32", gpu)  # the latest counts: now slower than in place
     assert computed_layout(wgrad, gpu, allow_tf32=True) is nchw
