@@ -8,7 +8,10 @@
 #   MODEL=resnet50 BATCH=32 BUDGET=2 GPUS="4 2 1" OUT=out bash scripts/tune_scale.sh
 #
 # Logs: $OUT/tune-compile.log, $OUT/tune-gpusN.log, $OUT/tune-kill.log,
-# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300).
+# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300).  STEPS picks
+# the steps (default "compile $GPUS kill"), so that a 10-minute device call can take
+# some and the next call on the same warm machine the rest: the caches and databases
+# stay under $CACHE, and the summary reads every run there.
 set -uo pipefail
 MODEL=${MODEL:-resnet50}
 BATCH=${BATCH:-32}
@@ -19,43 +22,51 @@ LIMIT=${LIMIT:-300}
 PYTHON=${PYTHON:-python3}
 CACHE=${CACHE:-$PWD/.cache/tune-scale}
 export PYTHONPATH=${PYTHONPATH:-.}
-mkdir -p "$OUT" "$CACHE"
+LOGS=$CACHE/logs  # every step's log, kept for a later call's summary, copied to $OUT
+mkdir -p "$OUT" "$LOGS"
 tune() { "$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH" --budget "$BUDGET" "$@"; }
 
-# One compile phase for all runs: every run then finds its items compiled.
-rm -rf "$CACHE/warm"
-{ echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --compile-only"; date -u
-  time SPECGEN_CACHE_DIR=$CACHE/warm tune --compile-only; } > "$OUT/tune-compile.log" 2>&1
-tail -3 "$OUT/tune-compile.log"
-
-for n in $GPUS k; do
-    rm -rf "$CACHE/g$n"
-    cp -r "$CACHE/warm" "$CACHE/g$n"
+STEPS=${STEPS:-"compile $GPUS kill"}
+fresh() {  # a run's own database and cache: a copy of the warm one
+    rm -rf "$CACHE/g$1"
+    cp -r "$CACHE/warm" "$CACHE/g$1"
+}
+for step in $STEPS; do
+    case $step in
+    compile)  # one compile phase for all runs: every run then finds its items compiled
+        rm -rf "$CACHE/warm"
+        { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --compile-only"
+          date -u; time SPECGEN_CACHE_DIR=$CACHE/warm tune --compile-only; } \
+            > "$LOGS/tune-compile.log" 2>&1
+        tail -3 "$LOGS/tune-compile.log" ;;
+    kill)  # kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
+        fresh k
+        { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus 2," \
+               "GPU 1's worker killed"
+          time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" tune --gpus 2 --workers 8; } \
+            > "$LOGS/tune-kill.log" 2>&1 &
+        run=$!
+        for _ in $(seq 120); do
+            sleep 1
+            victim=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 1 | head -1)
+            [ -n "$victim" ] && break
+        done
+        sleep 5
+        echo "kill -9 ${victim:-none}" >> "$LOGS/tune-kill.log"
+        [ -n "${victim:-}" ] && kill -9 "$victim"
+        wait $run
+        tail -3 "$LOGS/tune-kill.log" ;;
+    *)  # a timed run on $step GPUs
+        fresh "$step"
+        { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $step --workers 8"
+          date -u; nvidia-smi -L
+          time SPECGEN_CACHE_DIR=$CACHE/g$step timeout "$LIMIT" tune --gpus "$step" --workers 8; } \
+            > "$LOGS/tune-gpus$step.log" 2>&1
+        grep -E "^wall|^gpu:|^final:" "$LOGS/tune-gpus$step.log" ;;
+    esac
 done
-for n in $GPUS; do
-    { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $n --workers 8"
-      date -u; nvidia-smi -L
-      time SPECGEN_CACHE_DIR=$CACHE/g$n timeout "$LIMIT" tune --gpus "$n" --workers 8; } \
-        > "$OUT/tune-gpus$n.log" 2>&1
-    grep -E "^wall|^gpu:|^final:" "$OUT/tune-gpus$n.log"
-done
 
-# kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
-{ echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus 2, GPU 1's worker killed"
-  time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" tune --gpus 2 --workers 8; } \
-    > "$OUT/tune-kill.log" 2>&1 &
-run=$!
-for _ in $(seq 120); do
-    sleep 1
-    victim=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 1 | head -1)
-    [ -n "$victim" ] && break
-done
-sleep 5
-echo "kill -9 ${victim:-none}" >> "$OUT/tune-kill.log"
-[ -n "${victim:-}" ] && kill -9 "$victim"
-wait $run
-
-"$PYTHON" - "$CACHE" "$GPUS" > "$OUT/tune-scale.txt" <<'PY'
+"$PYTHON" - "$CACHE" "$GPUS" > "$LOGS/tune-scale.txt" <<'PY'
 import collections, json, re, sys
 from pathlib import Path
 
@@ -86,13 +97,14 @@ if base:
         worst = max(off) if off else 0.0
         print(f"--gpus {n} vs 1: {within}/{len(both)} winners within 3% of the one-GPU run's; worst {worst:.1%}")
 PY
-one=$(grep -m1 "^wall" "$OUT/tune-gpus1.log" 2>/dev/null | awk '{print $2}')
+one=$(grep -m1 "^wall" "$LOGS/tune-gpus1.log" 2>/dev/null | awk '{print $2}')
 for n in $GPUS; do
-    w=$(grep -m1 "^wall" "$OUT/tune-gpus$n.log" | awk '{print $2}')
+    w=$(grep -m1 "^wall" "$LOGS/tune-gpus$n.log" 2>/dev/null | awk '{print $2}')
     if [ -n "$w" ] && [ -n "$one" ]; then
         echo "--gpus $n: wall $w s, $(awk -v a="$one" -v b="$w" 'BEGIN{printf "%.2f", a/b}')x one GPU's"
     else
-        echo "--gpus $n: wall ${w:-none (cut off)} s"
-    fi >> "$OUT/tune-scale.txt"
+        echo "--gpus $n: ${w:+wall $w s}${w:-not run, or cut off}"
+    fi >> "$LOGS/tune-scale.txt"
 done
-cat "$OUT/tune-scale.txt"
+cat "$LOGS/tune-scale.txt"
+cp "$LOGS"/tune-*.log "$LOGS"/tune-scale.txt "$OUT"/ 2>/dev/null || true
