@@ -642,7 +642,7 @@ def _tune_math(shape, strat) -> str:
     "--model",
     "model_name",
     default=None,
-    help="every conv problem and op of a torchvision model (fp32 NCHW, bf16 channels_last)",
+    help="every conv problem and op of a torchvision model or unet (fp32 NCHW, bf16 channels_last)",
 )
 @click.option(
     "--compile-only",
