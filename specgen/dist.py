@@ -14,12 +14,11 @@ every worker it meets is recorded as failed, with the reason.
 Two phases, pipelined: the compile phase on CPU processes (each item planned,
 rendered, compiled for the architecture and its resources checked against the plan;
 ``--compile-only`` runs it alone, with no GPU), and the GPU phase on GPU workers, one
-per GPU (pinned with ``CUDA_VISIBLE_DEVICES``, Dask resource ``GPU=1``): each item
-verified against float64 and timed beside cuDNN's time for the same problem on the same
-card, an item's GPU task starting as soon as its compile ends.  When all of a problem's
-candidates in one math are timed, its three best by their ratio to cuDNN (each measured
-on one card) are timed again together on one GPU, and the fastest is the winner the
-operator then uses.
+per GPU (pinned with ``CUDA_VISIBLE_DEVICES``, Dask resource ``GPU=1``), one problem in
+one math a task, started once its items' compiles have ended: each candidate verified
+against float64 and timed beside cuDNN's time for the problem on that card, then the
+three best timed again together, interleaved; the fastest is the winner the operator
+then uses.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 from . import tunedb
 from .errors import SpecError
@@ -126,15 +126,19 @@ def work_items(searches, budget: int | None) -> list[Item]:
     return list(dict.fromkeys(items))
 
 
+def _record(item: Item, **fields) -> dict:
+    """A database record of ``item``: its key (the problem's spec as ``shape``), the
+    worker that ran it (none yet), and ``fields``."""
+    record = dict(asdict(item), worker="")
+    record["shape"] = record.pop("spec")
+    return dict(record, **fields)
+
+
 def compiled_record(item: Item, arch: str, **fields) -> dict:
-    """The database record of an item's compile phase: its key (the problem's spec as
-    ``shape``), the compiler and architecture, and ``fields``."""
+    """The record of an item's compile phase: the compiler and architecture too."""
     from .compile import nvrtc_version
 
-    record = dict(asdict(item), kind="compiled", arch=arch, nvrtc="%d.%d" % nvrtc_version())
-    record["shape"] = record.pop("spec")
-    record.setdefault("worker", "")
-    return dict(record, **fields)
+    return _record(item, kind="compiled", arch=arch, nvrtc="%d.%d" % nvrtc_version(), **fields)
 
 
 def compile_item(item: Item, arch: str) -> dict:
@@ -175,20 +179,8 @@ def _worker() -> str:
 
 def pending(items: list[Item], arch: str) -> list[Item]:
     """The items the database does not hold yet for this compiler and architecture."""
-    from .compile import nvrtc_version
-
-    done = recorded(arch, "%d.%d" % nvrtc_version())
+    done = compiled_records(arch)
     return [it for it in items if it.key not in done]
-
-
-def recorded(arch: str, nvrtc: str) -> set[tuple]:
-    """The keys of the items the database holds for this compiler: a resumed run's
-    work already done."""
-    return {
-        (r["shape"], r["batch"], r["variant"], r["source"])
-        for r in tunedb.records()
-        if r["kind"] == "compiled" and r["arch"] == arch and r["nvrtc"] == nvrtc
-    }
 
 
 def connect(scheduler: str | None, workers: int, gpus: list[str] = ()):
@@ -254,10 +246,8 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
     and the records of the items refused or failed."""
     from distributed import as_completed
 
-    counts: dict[str, int] = {}
-    per_worker: dict[str, int] = {}
+    stats = dict(counts={}, busy=0.0, per_worker={})
     dropped: list[dict] = []  # the records of items refused or failed
-    busy = 0.0
     start = time.perf_counter()
     futures = {client.submit(task, it, arch, pure=False): it for it in todo}
     written = set()
@@ -267,24 +257,18 @@ def fan_out(client, todo: list[Item], arch: str, progress=None, task=compile_ite
             try:
                 record = future.result()
             except Exception as e:  # a task's own error, or KilledWorker: said, not lost
-                reason = f"{type(e).__name__}: {e}"
-                record = compiled_record(item, arch, status="failed", reason=reason, seconds=0.0)
+                record = _failed("compile", item, arch, f"{type(e).__name__}: {e}")
             if item.key in written:
                 continue
             written.add(item.key)
             tunedb.append(record)
-            counts[record["status"]] = counts.get(record["status"], 0) + 1
-            if record["status"] != "ok":
-                dropped.append(record)
-            busy += record.get("seconds", 0.0)
-            per_worker[record.get("worker", "")] = per_worker.get(record.get("worker", ""), 0) + 1
+            _count(stats, record, dropped)
             if progress:
                 progress(record)
     finally:
         for future in futures:
             future.cancel()
-    wall = time.perf_counter() - start
-    return dict(counts=counts, wall=wall, busy=busy, per_worker=per_worker, dropped=dropped)
+    return dict(stats, wall=time.perf_counter() - start, dropped=dropped)
 
 
 # The GPU phase: what a GPU worker runs, one problem in one math (a group) a task, so
@@ -332,34 +316,37 @@ def gpu_environment() -> dict:
 
 
 def gpu_record(item: Item, env: dict, **fields) -> dict:
-    """A GPU-phase record of ``item``: its key (the problem's spec as ``shape``), the
-    GPU worker's environment (``gpu_environment``), the date, and ``fields``."""
-    record = dict(asdict(item), **env, worker="", date=datetime.date.today().isoformat())
-    record["shape"] = record.pop("spec")
-    return dict(record, **fields)
+    """A GPU-phase record of ``item``: the GPU worker's environment (``gpu_environment``)
+    and the date too."""
+    return _record(item, **env, date=datetime.date.today().isoformat(), **fields)
+
+
+class GpuTask(NamedTuple):
+    """What a GPU worker gets (``time_group``'s arguments): a problem in one math, the
+    candidates to time (compiled already), the group's records of an earlier run or of
+    its candidates run apart, and whether to time the finalists."""
+
+    group: tuple  # (spec, batch, precision)
+    items: list
+    arch: str
+    known: list
+    final: bool = True
 
 
 def time_group(
-    items: list[Item], arch: str, compiled: list, known: list[dict], final: bool = True
+    group: tuple, items: list[Item], arch: str, known: list[dict], final: bool = True
 ) -> list[dict]:
-    """The GPU phase of one problem in one math on this worker's card: each item (its
-    compile phase's record in ``compiled``, None where an earlier run compiled it)
-    verified against float64 at a small batch, then timed at its batch beside cuDNN's
-    time for the problem; then the three best of these and of ``known`` (the group's
-    items timed by an earlier run) timed again together, interleaved, for the winner.
-    Returns the items' records (kind "timing", or "dropped" with the reason: wrong
-    numbers, NaN in the timed output, a compile or launch error), then the winner's
-    (none where ``final`` is False: the group's items timed apart, its finalists
-    later)."""
+    """The GPU phase of one problem in one math (``group``) on this worker's card: each
+    item verified against float64 at a small batch, then timed at its batch beside
+    cuDNN's time for the problem; then the three best of these and of ``known`` timed
+    again together, interleaved, for the winner.  Returns the items' records (kind
+    "timing", or "dropped" with the reason: wrong numbers, NaN in the timed output, a
+    compile or launch error), then the winner's (none where ``final`` is False: the
+    group's items run apart, its finalists later)."""
     env = gpu_environment()
-    records = []
-    for item, before in zip(items, compiled):
-        if before is None or before.get("status") == "ok":
-            records.append(time_item(item, arch, env))
+    records = [time_item(item, arch, env) for item in items]
     names = finalists(records + known)
     if final and names:
-        group = (items or known)[0]
-        group = group.group if isinstance(group, Item) else _group_of(group)
         records.append(final_item(group, names, env))
     return records
 
@@ -516,10 +503,10 @@ def tune_on_gpus(
 
     A group that runs past its time (``item_limit`` a candidate, and ``overhead`` for
     cuDNN and the finalists, two items' worth by default), or keeps killing its
-    workers, has its worker killed and its
-    candidates run again one a task; a candidate that then runs past ``item_limit`` or
-    kills its worker is recorded as dropped with the reason, and the group's finalists
-    are timed from the rest.  ``progress(phase, record)`` after each record, and
+    workers, has its worker killed and its candidates run again one a task; a
+    candidate that then runs past its limit or kills its worker is recorded as dropped
+    with the reason, and the group's finalists are timed from the rest.  A result lost
+    with its worker is asked for once more.  ``progress(phase, record)`` after each record, and
     ``progress("running", {task: seconds})`` while waiting; ``tasks``: stand-ins for
     (``compile_item``, ``time_group``).  Returns, per phase, the counts by status, the
     items' summed seconds and the items per worker; the winners; the records dropped;
@@ -533,7 +520,7 @@ def tune_on_gpus(
     if not gpus:
         raise SpecError("the cluster has no GPU worker (Dask resource GPU=1) to time on")
     cpus = [a for a in client.scheduler_info()["workers"] if a not in gpus] or None
-    done_compile = _compiled_records(arch)
+    done_compile = compiled_records(arch)
     done_gpu = timed(env)
     won = {
         _group_of(r)
@@ -555,20 +542,20 @@ def tune_on_gpus(
     count = iter(range(1 << 62))  # ties in ``ready`` keep their order
     start = time.perf_counter()
 
-    def submit(phase, key, fn, *args, **kw):
+    def submit(phase, key, fn, *args, task=None, **kw):
         f = client.submit(fn, *args, pure=False, priority=-index[_key_group(key)], **kw)
-        futures[f] = (phase, key, args)
+        futures[f] = (phase, key, task)
 
-    def queue(phase, key, args, first=False):
-        order = -1 if first else index[_key_group(key)]  # a split group's pieces first
-        heapq.heappush(ready, (order, next(count), phase, key, args))
+    def queue(phase, key, task: GpuTask, first=False):
+        order = -1 if first else index[task.group]  # a split group's pieces first
+        heapq.heappush(ready, (order, next(count), phase, key, task))
 
     def dispatch():
         busy = sum(1 for phase, _, _ in futures.values() if phase in ("gpu", "piece"))
         free = len(gpu_workers(client)) - busy
         while ready and free > 0:
-            _, _, phase, key, args = heapq.heappop(ready)
-            submit(phase, key, group_task, *args, resources={"GPU": 1})
+            _, _, phase, key, task = heapq.heappop(ready)
+            submit(phase, key, group_task, *task, task=task, resources={"GPU": 1})
             free -= 1
 
     def compiled(group):
@@ -576,7 +563,7 @@ def tune_on_gpus(
         if compiling[group] == 0:
             members = [it for it in todo[group] if compiled_ok(it)]
             if members or finalists(known[group]):
-                queue("gpu", group, (members, arch, [None] * len(members), known[group]))
+                queue("gpu", group, GpuTask(group, members, arch, known[group]))
 
     def compiled_ok(it):
         return done_compile.get(it.key, {}).get("status", "ok") == "ok"
@@ -617,12 +604,12 @@ def tune_on_gpus(
             return
         pieces[group] = pieces.get(group, 0) + len(members)
         for it in members:
-            queue("piece", it, ([it], arch, [None], [], False), first=True)
+            queue("piece", it, GpuTask(group, [it], arch, [], False), first=True)
 
     def finish(group):
         """The finalists of a group whose candidates ran apart, once all have."""
         if pieces.get(group, 0) == 0 and finalists(known[group]):
-            queue("gpu", group, ([], arch, [], known[group]), first=True)
+            queue("gpu", group, GpuTask(group, [], arch, known[group]), first=True)
 
     running: dict = {}  # a GPU task's key -> when it was first seen running
     retried: set = set()  # GPU tasks sent again after a failure that was not theirs
@@ -646,8 +633,9 @@ def tune_on_gpus(
             except (TimeoutError, asyncio.TimeoutError):
                 done = ()
             for future in done:
-                phase, key, args = futures.pop(future)
+                phase, key, task = futures.pop(future)
                 group = _key_group(key)
+                failure = None
                 try:
                     out = future.result()
                 except (Exception, asyncio.CancelledError) as e:  # its own error, or Dask's
@@ -655,38 +643,36 @@ def tune_on_gpus(
                         # a result lost with a worker as it was fetched, say: once more
                         retried.add(key)
                         future.release()
-                        queue(phase, key, args, first=True)
+                        queue(phase, key, task, first=True)
                         continue
-                    if phase in ("gpu", "piece") and args[0]:
-                        if phase == "piece":
-                            pieces[group] -= 1
-                        split(group, args[0], _one_line(e))
-                        out = None
-                    else:
-                        out = _failed(phase, key, arch, _one_line(e))
-                        if phase == "piece":
-                            pieces[group] -= 1
+                    failure = _one_line(e)
                 future.release()  # its result lives here now, not on a worker that may die
-                for r in out if isinstance(out, list) else [out] if out else []:
+                if phase == "piece":
+                    pieces[group] -= 1
+                if failure and phase != "compile" and task.items:
+                    split(group, task.items, failure)  # run apart, or dropped
+                    continue
+                if failure:
+                    out = _failed(phase, key, arch, failure)
+                for r in out if isinstance(out, list) else [out]:
                     record("gpu" if phase == "piece" else phase, r)
                 if phase == "compile":
                     done_compile[key.key] = out
                     compiling[group] -= 1
                     compiled(group)
-                elif phase == "piece" and out is not None:
-                    pieces[group] -= 1
+                elif phase == "piece":
                     finish(group)
             overdue, now_running = _overdue(client, futures, running, item_limit, overhead)
             for future, worker, seconds in overdue:
-                phase, key, args = futures.pop(future)
+                phase, key, task = futures.pop(future)
                 future.cancel()
                 _stop_worker(client, worker)
                 group = _key_group(key)
                 what = f"past its time limit ({seconds:.0f} s on {worker}; the worker restarted)"
                 if phase == "piece":
                     pieces[group] -= 1
-                if args[0]:
-                    split(group, args[0], what)
+                if task.items:
+                    split(group, task.items, what)
                 else:  # the finalists alone hung: no winner, said at the end
                     dropped.append(_failed("gpu", group, arch, what))
             dispatch()
@@ -699,14 +685,19 @@ def tune_on_gpus(
     return dict(phases=phases, winners=winners, dropped=dropped, wall=wall, gpus=len(gpus))
 
 
-def _stop_worker(client, address: str) -> None:
+def _stop_worker(client, address: str, wait: float = 30.0) -> None:
     """Kill the worker process at ``address`` (a kernel that never ends cannot be
     interrupted) through its nanny, which starts a new one; a worker without a nanny
-    is asked to restart."""
+    is asked to restart.  Returns once the scheduler has let go of it (``wait``
+    seconds at most), so that no task is handed to the dying worker and then waits,
+    counted as running, behind another worker's."""
     try:
         client.run(_kill_own_worker, workers=[address], nanny=True)
     except Exception:  # no nanny, or it is gone already
         client.restart_workers([address], raise_for_error=False)
+    deadline = time.perf_counter() + wait
+    while address in client.scheduler_info()["workers"] and time.perf_counter() < deadline:
+        time.sleep(0.05)
 
 
 def _kill_own_worker(dask_worker) -> None:
@@ -753,11 +744,11 @@ def _overdue(client, futures, running, item_limit, overhead=None) -> tuple[list,
     out, now_running = [], {}
     for k, (worker, since) in seen.items():
         f = by_key[k]
-        phase, key, args = futures[f]
+        phase, key, task = futures[f]
         if phase not in ("gpu", "piece"):
             continue
         now_running[key] = now - since
-        limit = item_limit * len(args[0]) + (2 * item_limit if overhead is None else overhead)
+        limit = item_limit * len(task.items) + (2 * item_limit if overhead is None else overhead)
         if now - since > limit:
             out.append((f, worker, now - since))
     return out, now_running
@@ -773,7 +764,9 @@ def _count(stats: dict, record: dict, dropped: list) -> None:
         dropped.append(record)
 
 
-def _compiled_records(arch: str) -> dict[tuple, dict]:
+def compiled_records(arch: str) -> dict[tuple, dict]:
+    """Item key -> its compile record for this compiler and architecture: a resumed
+    run's compile work already done."""
     from .compile import nvrtc_version
 
     nvrtc = "%d.%d" % nvrtc_version()

@@ -218,7 +218,7 @@ def test_a_cluster_started_apart_as_hosts_would_start_it(tmp_path, db):
         def compiled(item, arch):
             return dist.compiled_record(item, arch, status="ok", seconds=0.0, worker=dist._worker())
 
-        def group(todo, arch, compiled, known, final=True):
+        def group(which, todo, arch, known, final=True):
             out = [
                 dist.gpu_record(it, env, kind="timing", status="ok", ms=1.0, worker=dist._worker())
                 for it in todo
@@ -275,7 +275,7 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
     def compiled(item, arch):
         return dist.compiled_record(item, arch, status="ok", seconds=0.01)
 
-    def group(todo, arch, compiled, known, final=True):
+    def group(which, todo, arch, known, final=True):
         time.sleep(0.3)
         device = os.environ["CUDA_VISIBLE_DEVICES"]
         out = [
@@ -291,7 +291,7 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
             )
             for it in todo
         ]
-        spec, batch, precision = todo[0].group if todo else dist._group_of(known[0])
+        spec, batch, precision = which
         winner = dict(env, kind="winner", shape=spec, batch=batch, precision=precision)
         winner.update(variant=dist.finalists(out + known)[0], ms=1.0, cudnn_ms=2.0, tie=False)
         # a group's candidates run apart (final False) leave the winner to a later task
@@ -345,10 +345,10 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
             and it != next(o for o in work if o.group == it.group)
         )
 
-        def hangs(todo, arch, compiled, known, final=True):
+        def hangs(which, todo, arch, known, final=True):
             if hung in todo:
                 time.sleep(3600)
-            return group(todo, arch, compiled, known, final)
+            return group(which, todo, arch, known, final)
 
         monkeypatch.setattr(tunedb, "db_path", lambda: tmp_path / "hung.jsonl")
         monkeypatch.setattr(dist, "WATCH", 0.3)
