@@ -26,7 +26,7 @@ from .strategies import (
     readers,
     strategy_class,
 )
-from .variants import Count, Precision, Variant, parse_precision, split_problem_tags
+from .variants import Count, Precision, Variant, parse_precision
 
 SIZE = click.IntRange(1, INDEX_LIMIT)
 
@@ -868,9 +868,8 @@ def _winners_table(winners: list[dict]) -> str:
         p = parse_shape(r["shape"])
         cudnn = r.get("cudnn_ms")
         x = f"{cudnn / r['ms']:.2f}" if cudnn else "-"
-        base = split_problem_tags(r["variant"])[0]
         lines.append(
-            f"{p.slug:<44} {p.op.value:<5} {r['precision']:<4} {base:<44} {r['ms']:>8.4f} "
+            f"{p.slug:<44} {p.op.value:<5} {r['precision']:<4} {r['variant']:<44} {r['ms']:>8.4f} "
             f"{(f'{cudnn:.4f}' if cudnn else '-'):>8} {x:>6}"
         )
     return "\n".join(lines)

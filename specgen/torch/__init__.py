@@ -102,6 +102,14 @@ def _pytorch(reason: SpecError, conv, input, weight, *args):
     return conv(input, weight, *args)
 
 
+def _unserved(input, weight, bias) -> None:
+    """The SpecError that says in one line why the kernels do not take these tensors
+    (a CPU tensor, a dtype they lack), raised before any work; the layers' own checks
+    cover the rest."""
+    if not input.is_cuda or input.dtype not in _engine.DTYPES:
+        _engine.check_tensors(input, weight, bias)
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """``torch.nn.functional.conv2d`` on specgen's kernels; what they do not serve runs
     on PyTorch's own (``_pytorch``) unless ``strict``."""
@@ -117,8 +125,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                 f"{weight.dim()}-D"
             )
         args = _arguments(stride, padding, dilation, weight)
-        if not input.is_cuda or input.dtype not in _engine.DTYPES:
-            _engine.check_tensors(input, weight, bias)  # the reason, in one line
+        _unserved(input, weight, bias)
         return _conv2d(input, weight, bias, *args, groups)
     except SpecError as e:
         return _pytorch(e, F.conv2d, input, weight, bias, *given)
@@ -144,8 +151,7 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                 f"conv1d takes a 2-D or 3-D input and 3-D weights, got {input.dim()}-D and "
                 f"{weight.dim()}-D"
             )
-        if not input.is_cuda or input.dtype not in _engine.DTYPES:
-            _engine.check_tensors(input, weight, bias)
+        _unserved(input, weight, bias)
         pad = padding if isinstance(padding, str) else (0, _one(padding, "padding"))
         args = ((1, _one(stride, "stride")), pad, (1, _one(dilation, "dilation")), groups)
     except SpecError as e:
@@ -172,8 +178,7 @@ def conv_transpose2d(
             )
         if isinstance(padding, str):
             raise SpecError(f"padding={padding!r}: a transposed convolution pads by ints")
-        if not input.is_cuda or input.dtype not in _engine.DTYPES:
-            _engine.check_tensors(input, weight, bias)
+        _unserved(input, weight, bias)
         stride, pads, dilation = _arguments(stride, padding, dilation, weight)
         unbatched = input.dim() == 3
         x = input.unsqueeze(0) if unbatched else input

@@ -203,9 +203,6 @@ def plan_rows(
     return rows
 
 
-log = logging.getLogger("specgen.torch")
-
-
 def precompile_model(model, example, backward: bool = True, index: int | None = None) -> int:
     """Compile the kernels of every convolution ``model`` meets on ``example`` at once,
     one process a core, as the operator will pick them on the example's device now

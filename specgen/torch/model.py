@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import os
 import statistics
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from ..parallel import precompile
 from ..shapes import DType, TensorLayout
-from ._trace import ConvLayer, Mode, Row, conv_layers, plan_rows, precompile_model
+from ._trace import ConvLayer, Mode, Row, conv_layers, plan_rows
 
 # name -> (batch, image side) of the table; any torchvision classifier works.
 MODELS = {
