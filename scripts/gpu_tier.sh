@@ -13,7 +13,7 @@
 # Each part fits one 10-minute device call; LIMIT (seconds, default 560) bounds it.
 # Where pytest-xdist is installed the tests run in WORKERS processes (default 8) on the
 # one GPU: the compiles and the float64 references, most of a test's time, overlap.
-export PYTHONPATH=.
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # keep a caller's (carried wheels)
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 TC="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py
