@@ -24,7 +24,8 @@ CACHE=${CACHE:-$PWD/.cache/tune-scale}
 export PYTHONPATH=${PYTHONPATH:-.}
 LOGS=$CACHE/logs  # every step's log, kept for a later call's summary, copied to $OUT
 mkdir -p "$OUT" "$LOGS"
-tune() { "$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH" --budget "$BUDGET" "$@"; }
+# an array, not a function: timeout runs programs only
+tune=("$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH" --budget "$BUDGET")
 
 STEPS=${STEPS:-"compile $GPUS kill"}
 fresh() {  # a run's own database and cache: a copy of the warm one
@@ -36,14 +37,14 @@ for step in $STEPS; do
     compile)  # one compile phase for all runs: every run then finds its items compiled
         rm -rf "$CACHE/warm"
         { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --compile-only"
-          date -u; time SPECGEN_CACHE_DIR=$CACHE/warm tune --compile-only; } \
+          date -u; time SPECGEN_CACHE_DIR=$CACHE/warm "${tune[@]}" --compile-only; } \
             > "$LOGS/tune-compile.log" 2>&1
         tail -3 "$LOGS/tune-compile.log" ;;
     kill)  # kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
         fresh k
         { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus 2," \
                "GPU 1's worker killed"
-          time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" tune --gpus 2 --workers 8; } \
+          time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" "${tune[@]}" --gpus 2 --workers 8; } \
             > "$LOGS/tune-kill.log" 2>&1 &
         run=$!
         for _ in $(seq 120); do
@@ -60,7 +61,7 @@ for step in $STEPS; do
         fresh "$step"
         { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $step --workers 8"
           date -u; nvidia-smi -L
-          time SPECGEN_CACHE_DIR=$CACHE/g$step timeout "$LIMIT" tune --gpus "$step" --workers 8; } \
+          time SPECGEN_CACHE_DIR=$CACHE/g$step timeout "$LIMIT" "${tune[@]}" --gpus "$step" --workers 8; } \
             > "$LOGS/tune-gpus$step.log" 2>&1
         grep -E "^wall|^gpu:|^final:" "$LOGS/tune-gpus$step.log" ;;
     esac
