@@ -555,7 +555,9 @@ def _packing(k: Kernel, w: torch.Tensor):
     if k.gather is None:  # PyTorch's own layout: at most one copy, cast and all
         if w.dtype is dtype and w.is_contiguous():
             return _as_they_are
-        return lambda w: w.to(dtype, memory_format=torch.contiguous_format)
+        # not .to(dtype, memory_format=...): it returns an expanded tensor (strides 0,
+        # as autograd hands a sum's gradient) itself, and the kernel would read past it
+        return lambda w: w.to(dtype).contiguous()
     if k.gather_cl is not None and w.is_contiguous(memory_format=torch.channels_last):
         # channels_last weights: their storage read as it lies, and for mrsc,
         # untransformed, that storage is the packed layout itself
