@@ -6,7 +6,10 @@ copies of the same values, within the error bound of the kernel that specgen cho
 the problem (``verify.tolerance``), on fresh random inputs, with the output's memory
 poisoned with NaN before the call so that an unwritten element fails."""
 
+import subprocess
+import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
@@ -946,18 +949,37 @@ def _conv1d_against_float64(dtype, args):
     assert type(model) is sg.Conv1d and model(x.float().detach()).shape == (3, 8, 40)
 
 
-def _opinfo_samples(name: str, dtype):
-    """PyTorch's own OpInfo samples of ``name`` (its test suite's; expecttest needed)."""
-    pytest.importorskip("expecttest")
-    from torch.testing._internal.common_methods_invocations import op_db
+_SAMPLES = """
+import sys, torch
+from torch.testing._internal.common_methods_invocations import op_db
+name, dtype, path = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]
+(op,) = [o for o in op_db if o.name == name and not o.variant_test_name]
+plain = lambda a: a.detach() if torch.is_tensor(a) else a
+samples = op.sample_inputs("cpu", dtype)
+torch.save([(s.input.detach(), [plain(a) for a in s.args], s.kwargs) for s in samples], path)
+"""
 
-    (op,) = [o for o in op_db if o.name == name and not o.variant_test_name]
-    return list(op.sample_inputs("cuda", dtype, requires_grad=True))
+
+def _opinfo_samples(name: str, dtype, tmp_path):
+    """PyTorch's own OpInfo samples of ``name`` (its test suite's; expecttest needed),
+    on the GPU with gradients.  They are drawn in a child process: importing PyTorch's
+    test suite freezes ``torch.backends`` flags for the rest of the process, and the
+    other tests here set ``cudnn.allow_tf32``."""
+    pytest.importorskip("expecttest")
+    path = tmp_path / "samples.pt"
+    subprocess.run(
+        [sys.executable, "-c", _SAMPLES, name, str(dtype).split(".")[1], str(path)], check=True
+    )
+    grad = lambda t: t.cuda().requires_grad_() if torch.is_tensor(t) else t
+    return [
+        SimpleNamespace(input=grad(x), args=[grad(a) for a in args], kwargs=kwargs)
+        for x, args, kwargs in torch.load(path)
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("name", ["nn.functional.conv_transpose2d", "nn.functional.conv1d"])
-def test_pytorchs_opinfo_samples_against_float64(name, dtype):
+def test_pytorchs_opinfo_samples_against_float64(name, dtype, tmp_path):
     """Every OpInfo sample of PyTorch's conv_transpose2d and conv1d, strict (on
     specgen's kernels, or refused for the one documented reason), values and gradients
     against PyTorch in float64 on the same values."""
@@ -972,7 +994,7 @@ def test_pytorchs_opinfo_samples_against_float64(name, dtype):
     u = {"fp32": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8}[dtype]  # the output's rounding
     sg.strict(True)
     try:
-        for sample in _opinfo_samples(name, DT[dtype]):
+        for sample in _opinfo_samples(name, DT[dtype], tmp_path):
             leaves = [sample.input] + [a for a in sample.args if torch.is_tensor(a)]
             try:
                 y = ours[name](sample.input, *sample.args, **sample.kwargs)
@@ -994,6 +1016,25 @@ def test_pytorchs_opinfo_samples_against_float64(name, dtype):
                 assert err <= bound, f"{name} {sample.kwargs}: {what} {err:.2e} > {bound:.2e}"
     finally:
         sg.strict(False)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_expanded_weights_are_read_as_their_values(dtype, channels_last):
+    """Weights with zero strides (a sum's gradient as autograd hands it, which the
+    gradient ops' own gradients take as weights) give the convolution of their values:
+    the kernels never read the one stored element as if it were the whole tensor."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 6, 9, 8, device="cuda", dtype=DT[dtype]).to(memory_format=fmt)
+    w = torch.randn((), device="cuda", dtype=DT[dtype]).expand(4, 3, 3, 3)
+    sg.strict(True)
+    try:
+        y = sg.conv2d(x, w, padding=1, groups=2)
+    finally:
+        sg.strict(False)
+    ref = F.conv2d(x.double(), w.double(), padding=1, groups=2)
+    u = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}[dtype]
+    assert rel_l2(y, ref) <= summed_bound(27, 2.0**-24) + 2 * u
 
 
 def test_the_gradient_ops_pass_opcheck_with_their_autograd():
