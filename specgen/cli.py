@@ -857,6 +857,11 @@ def _time_many(client, problems, budget, item_limit):
             f"{wall:.1f} s ({share:.0%} busy)"
         )
         click.echo("  " + ", ".join(f"{w}: {k}" for w, k in sorted(stats["per_worker"].items())))
+        if stats.get("parts"):
+            click.echo(
+                "  of which "
+                + ", ".join(f"{dist.PARTS[k]} {v:.1f} s" for k, v in stats["parts"].items())
+            )
     _name_dropped(report["dropped"])
     click.echo(f"recorded in {tunedb.db_path()}")
 

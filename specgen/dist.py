@@ -368,13 +368,16 @@ def time_item(item: Item, arch: str, env: dict) -> dict:
         v = parse_variant_name(item.variant, shape)
         met = _met(shape, item.precision)
         rng = met["rng"]
+        parts = dict(met_s=_since(start))  # where an item's seconds go, for the summary
         row = verify_variant(shape, v, arch=arch, batch=min(item.batch, 4), numbers=True, rng=rng)
+        parts["verify_s"] = _since(start) - parts["met_s"]
         if not row.ok:
             reason = "; ".join(row.problems) or f"verification {row.status}"
             return dict(
                 record, kind="dropped", status="wrong", reason=reason, seconds=_since(start)
             )
         t = bench_variant(shape, v, item.batch, met["xs"], met["w"], met["bias"], met["ceil"])
+        parts["bench_s"] = _since(start) - parts["met_s"] - parts["verify_s"]
         if t.verified:
             return dict(
                 record, kind="dropped", status="wrong", reason=t.verified, seconds=_since(start)
@@ -390,6 +393,7 @@ def time_item(item: Item, arch: str, env: dict) -> dict:
         p90=t.p90,
         cudnn_ms=met["cudnn"][item.precision],
         seconds=_since(start),
+        **parts,
     )
 
 
@@ -754,10 +758,17 @@ def _overdue(client, futures, running, item_limit, overhead=None) -> tuple[list,
     return out, now_running
 
 
+PARTS = {"met_s": "inputs and cuDNN", "verify_s": "verification", "bench_s": "timing"}
+
+
 def _count(stats: dict, record: dict, dropped: list) -> None:
     status = record.get("status", "ok")
     stats["counts"][status] = stats["counts"].get(status, 0) + 1
     stats["busy"] += record.get("seconds", 0.0)
+    for part in PARTS:
+        if part in record:
+            stats.setdefault("parts", {}).setdefault(part, 0.0)
+            stats["parts"][part] += record[part]
     worker = record.get("worker", "")
     stats["per_worker"][worker] = stats["per_worker"].get(worker, 0) + 1
     if status != "ok" and record["kind"] != "lost":
