@@ -221,14 +221,14 @@ def input_sets(shape: ConvProblem, batch: int, rng) -> list[dict]:
     them) that rotating them defeats the L2, in the problem's storage dtype and layout."""
     import cupy
 
-    from .verify import random_inputs
+    from .verify import random_activations
 
     per_image = sum(np.prod(role_shape(r, shape, 1)) * shape.dtype.bytes for r in INPUTS[shape.op])
     count = max(1, min(8, -(-L2_ROTATE_BYTES // int(batch * per_image))))
-    return [
-        {r: cupy.asarray(t) for r, t in random_inputs(shape, batch, rng)[0].items()}
-        for _ in range(count)
-    ]
+    # drawn on the GPU: on the host, drawing and copying them was most of a many-problem
+    # tune's time, and slowed as more GPU workers shared the host
+    device_rng = cupy.random.default_rng(int(rng.integers(1 << 62)))
+    return [random_activations(shape, batch, device_rng, cupy) for _ in range(count)]
 
 
 def bench_variant(

@@ -95,19 +95,27 @@ def random_inputs(shape: ConvProblem, batch: int, rng: np.random.Generator):
         return from_storage(to_storage(v, shape.dtype), shape.dtype)
 
     b = exact(rng.standard_normal(shape.M, dtype=np.float32) * 0.5) if shape.bias else None
+    inputs = random_activations(shape, batch, rng)
+    if shape.op in (Op.WGRAD, Op.BGRAD):
+        return inputs, None, None
+    return inputs, exact(w), (b if shape.op is Op.FPROP else None)
+
+
+def random_activations(shape: ConvProblem, batch: int, rng, xp=np) -> dict:
+    """``random_inputs``'s activations alone (``{Role: array}``), drawn by ``rng``: a
+    NumPy Generator, or with ``xp=cupy`` a CuPy generator, so that large inputs are
+    made where they are used rather than on the host and copied."""
     reduction = shape.op in (Op.WGRAD, Op.BGRAD)
     scale = np.float32(1.0 / np.sqrt(batch * shape.Ho * shape.Wo))
     inputs = {}
     for role in INPUTS[shape.op]:
         t = rng.standard_normal(role_shape(role, shape, batch), dtype=np.float32)
         if reduction and role is Role.X:
-            t = np.abs(t) * scale
+            t = xp.abs(t) * scale
         elif reduction and role is Role.DY:
             t = (t + np.float32(1.0)) * scale
-        inputs[role] = to_storage(t, shape.dtype)
-    if reduction:
-        return inputs, None, None
-    return inputs, exact(w), (b if shape.op is Op.FPROP else None)
+        inputs[role] = to_storage(t, shape.dtype, xp)
+    return inputs
 
 
 def references(shape: ConvProblem, values: dict, w, b, xp) -> dict:
