@@ -914,6 +914,9 @@ class _Progress:
         self.tty = sys.stderr.isatty()
 
     def __call__(self, phase: str, record: dict | None) -> None:
+        if phase == "stalled":  # no record for a while: what the tune waits on
+            click.echo(("\n" if self.tty else "") + record, err=True)
+            return
         if phase == "running":  # GPU tasks in flight -> seconds: the longest is named
             self.running = record
         else:

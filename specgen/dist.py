@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
+import faulthandler
 import logging
 import os
 import time
@@ -481,6 +482,7 @@ def finalists(records: list[dict]) -> list[str]:
 
 
 ITEM_LIMIT = 60.0  # seconds an item may take on a GPU worker before it is called hung
+STALL = 30.0  # seconds without a record before the tune says what it is waiting on
 WATCH = 5.0  # seconds between the client's looks at the GPU workers
 NO_GPU_WAIT = 120.0  # seconds the queue waits for a GPU worker to come back
 
@@ -511,7 +513,10 @@ def tune_on_gpus(
     candidate that then runs past its limit or kills its worker is recorded as dropped
     with the reason, and the group's finalists are timed from the rest.  A result lost
     with its worker is asked for once more.  ``progress(phase, record)`` after each record, and
-    ``progress("running", {task: seconds})`` while waiting; ``tasks``: stand-ins for
+    ``progress("running", {task: seconds})`` while waiting, ``progress("stalled", text)``
+    after ``STALL`` seconds without a record (what the tasks out are doing, from the
+    scheduler and the workers; the client's own threads' stacks go to stderr if its
+    loop itself stops for four times that); ``tasks``: stand-ins for
     (``compile_item``, ``time_group``).  Returns, per phase, the counts by status, the
     items' summed seconds and the items per worker; the winners; the records dropped;
     the wall time."""
@@ -585,6 +590,7 @@ def tune_on_gpus(
         compiled(group)
 
     def record(phase, r):
+        heard[0] = time.perf_counter()
         which = "final" if r["kind"] in ("winner", "lost") else phase
         if r["kind"] == "lost":
             dropped.append(r)  # a group that could not run: said, not written
@@ -616,11 +622,13 @@ def tune_on_gpus(
             queue("gpu", group, GpuTask(group, [], arch, known[group]), first=True)
 
     running: dict = {}  # a GPU task's key -> when it was first seen running
+    heard = [time.perf_counter(), 0.0]  # when the last record came, and the last stall report
     retried: set = set()  # GPU tasks sent again after a failure that was not theirs
     dispatch()
     try:
         idle_since = None  # when the queue last found no GPU worker to go to
         while futures or ready:
+            faulthandler.dump_traceback_later(4 * STALL)  # this loop stuck: where, on stderr
             if not futures:  # GPU tasks queued, none out: the GPU workers are restarting
                 idle_since = idle_since or time.perf_counter()
                 if time.perf_counter() - idle_since > NO_GPU_WAIT:
@@ -682,11 +690,50 @@ def tune_on_gpus(
             dispatch()
             if progress and now_running:
                 progress("running", now_running)
+            now = time.perf_counter()
+            if progress and futures and now - max(heard) > STALL:
+                heard[1] = now
+                progress("stalled", _stall_report(client, futures, now - heard[0]))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         for future in futures:
             future.cancel()
     wall = time.perf_counter() - start
     return dict(phases=phases, winners=winners, dropped=dropped, wall=wall, gpus=len(gpus))
+
+
+def _stall_report(client, futures: dict, quiet: float) -> str:
+    """What a tune with no record for ``quiet`` seconds is waiting on: each task out,
+    its state on the scheduler and its worker, and where a running one is (the last
+    frames of its call stack)."""
+    keys = [f.key for f in futures]
+    try:
+        states = client.run_on_scheduler(_task_states, keys)
+        stacks = client.call_stack(keys=keys)
+    except Exception as e:  # the report must not end the tune
+        return f"no record for {quiet:.0f} s; the scheduler did not say why: {_one_line(e)}"
+    frames = {k: lines for per_key in stacks.values() for k, lines in per_key.items()}
+    lines = [f"no record for {quiet:.0f} s; {len(keys)} task(s) out:"]
+    for f, (phase, key, _) in futures.items():
+        state, worker = states.get(str(f.key), ("unknown to the scheduler", None))
+        where = "".join(frames.get(f.key, [])[-2:]).strip().replace("\n", " | ")
+        lines.append(
+            f"  {phase} {key if isinstance(key, tuple) else key.variant}: {state}"
+            + (f" on {worker}" if worker else "")
+            + (f"; at {where}" if where else "")
+        )
+    return "\n".join(lines)
+
+
+def _task_states(keys, dask_scheduler=None) -> dict:
+    """On the scheduler: each key's task state and the worker it is processing on."""
+    out = {}
+    for k in keys:
+        ts = dask_scheduler.tasks.get(k)
+        if ts is not None:
+            on = ts.processing_on.address if ts.processing_on else None
+            out[str(k)] = (ts.state, on)
+    return out
 
 
 def _stop_worker(client, address: str, wait: float = 30.0) -> None:
