@@ -73,8 +73,16 @@ def test_names_round_trip_and_are_symbols(shape, variant):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", variant.name)
 
 
+# Strategies for layers that no preset has, and a layer that shows each in its default set.
+BEYOND_PRESETS = {
+    "dwlane": "C=32,M=32,H=112,W=112,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc",  # depthwise
+}
+
+
 def test_default_sets_cover_every_strategy_somewhere():
     seen = {(type(v), v.precision) for _, v in ALL}
+    for key, spec in BEYOND_PRESETS.items():
+        seen |= {(type(v), v.precision) for v in default_set(parse_shape(spec)) if v.key == key}
     for s in TABLE:
         assert any(st is s for st, _ in seen), s
     assert (Mma, Precision.TF32) in seen and (Mma, Precision.FP16) in seen

@@ -179,6 +179,7 @@ EPILOGUE_PROBLEMS = [
     "C=12,M=24,H=33,W=33,K=7,dtype=bf16",
     "C=3,M=256,H=32,W=32,K=3,pad=1,dtype=bf16,layout=nhwc",
     "C=256,M=3,H=32,W=32,K=3,pad=1,dtype=bf16,layout=nhwc",
+    "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc",
 ]
 FORWARD = [
     cls for cls in TABLE if Op.FPROP in cls.ops and {Feature.BIAS, Feature.ACT} <= set(cls.serves)

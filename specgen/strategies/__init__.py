@@ -12,6 +12,7 @@ from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, register_table, split_problem_tags
 from .direct import Direct
 from .drow import Drow
+from .dwlane import Dwlane
 from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
@@ -55,6 +56,7 @@ TABLE: tuple[type[Variant], ...] = (
     Persist,
     Stream,
     Flane,
+    Dwlane,
     Mmapersist,
     Mmastrip,
     Mmafold,

@@ -1,0 +1,208 @@
+"""``dwlane``: depthwise layers in channels-last (MobileNet's and EfficientNet's 3x3 and
+5x5 windows, ConvNeXt's 7x7): each channel convolved with a window of its own, nothing
+summed across channels.
+
+A planar kernel given NHWC tensors reads one channel's pixels C values apart: a
+2-byte word of every 32-byte sector it fetches (``tiled`` in bf16 NHWC).  Here a thread
+takes ``vec`` adjacent channels (16 bytes where C allows: 8 16-bit values or 4 fp32) of
+a run of ``pixels`` adjacent outputs of one row, and the threads beside it take the
+next channels of the same run, so that a warp loads and stores whole words at
+consecutive addresses.  For each window row the run's input columns are loaded once
+each and feed every output and tap that reads them (``pixels`` + the window's reach,
+at the stride); the weights come as [tap][channel] in fp32 (``ckkm``), a tap's
+channels of the thread in 16-byte loads that the block's threads share in L1.  Sums
+are fp32; the epilogue (bias, ReLU) is applied on the way out.  Dgrad at stride 1 is
+the forward convolution of dy with the flipped windows (``ConvProblem.dgrad_view``),
+depthwise again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds, shape_context, y_args
+from ..shapes import DType, Feature, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Variant, param
+
+THREADS = (64, 128, 256)
+MAX_PIXELS = 8
+# fp32 values a thread keeps: the run's sums and one window row's weights (ptxas
+# holds the rest in a few more); past this the sums would spill
+MAX_KEPT = 160
+
+
+def vector_widths(dtype: DType) -> tuple[int, ...]:
+    """Channels a thread may take, widest first: 16, 8 or 4 bytes of them."""
+    return (4, 2, 1) if dtype is DType.FP32 else (8, 4, 2)
+
+
+def depthwise(p) -> bool:
+    """One channel a group and one map a channel: what dwlane computes."""
+    return p.groups == p.C == p.M
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dwlane(Variant):
+    key = "dwlane"
+    templates = ("direct/dwlane.cu.j2",)
+    family = "direct"
+    description = (
+        "depthwise layers in channels-last: a thread takes adjacent channels of a run of "
+        "outputs, a warp whole words at consecutive addresses, fp32 sums"
+    )
+    serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
+
+    vec: int = param(8, Count("v"), "dwlane: adjacent channels a thread takes")
+    pixels: int = param(4, Count("p"), "dwlane: adjacent outputs of a row a thread takes")
+    threads: int = param(128, Count("t"), "dwlane: threads per block")
+
+    def plan(self, problem):
+        return plan_dwlane(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The widest channel vector C allows, runs of up to 4 outputs (fewer where the
+        window is wide), 128 threads a block."""
+        p = problem
+        vec = next((v for v in vector_widths(p.dtype) if p.C % v == 0), None)
+        if vec is None:
+            raise SpecError(f"dwlane takes channels in pairs at least: C={p.C} is odd")
+        pixels = max(1, min(4, p.Wo))
+        while pixels > 1 and kept(vec, pixels, p.S) > MAX_KEPT:
+            pixels //= 2
+        return replace(seed, vec=vec, pixels=pixels, threads=128)
+
+    @classmethod
+    def space(cls, problem, precision):
+        base = cls.default(problem, precision)
+        widths = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
+        out = []
+        for vec in widths[:2]:
+            for pixels in sorted({1, 2, 4, 8, base.pixels}):
+                for threads in THREADS:
+                    out.append(
+                        replace(base, vec=vec, pixels=min(pixels, problem.Wo), threads=threads)
+                    )
+        return list(dict.fromkeys(out))
+
+
+def kept(vec: int, pixels: int, S: int) -> int:
+    """fp32 values a thread keeps at once: its sums and one window row's weights."""
+    return vec * (pixels + S)
+
+
+def columns(p, pixels: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """A run's input columns of one window row, each as (its offset from the run's
+    first, the (output, tap) pairs that read it), in order: output j's tap s reads
+    column j * sw + s * dw."""
+    (_, sw), (_, dw) = p.stride, p.dil
+    users: dict[int, list[tuple[int, int]]] = {}
+    for j in range(pixels):
+        for s in range(p.S):
+            users.setdefault(j * sw + s * dw, []).append((j, s))
+    return sorted(users.items())
+
+
+def plan_dwlane(p, v) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC:
+        raise SpecError(
+            "dwlane reads channels-last tensors (adjacent channels a thread): use "
+            "layout=nhwc in the shape spec, or --strategy tiled for NCHW"
+        )
+    if not depthwise(p):
+        raise SpecError(
+            f"dwlane computes depthwise layers (groups = C = M); groups={p.groups}, "
+            f"C={p.C}, M={p.M}: use --strategy tcgemm or tiled"
+        )
+    widths = vector_widths(p.dtype)
+    if v.vec not in widths:
+        raise SpecError(
+            f"dwlane v{v.vec}: a thread takes {', '.join(map(str, widths))} channels of "
+            f"{p.dtype.value} (16, 8 or 4 bytes)"
+        )
+    if p.C % v.vec:
+        raise SpecError(f"dwlane v{v.vec}: C={p.C} is no multiple of it; choose --vec 2")
+    if not 1 <= v.pixels <= MAX_PIXELS:
+        raise SpecError(f"dwlane p{v.pixels}: a run is 1 to {MAX_PIXELS} outputs")
+    if v.pixels > p.Wo:
+        raise SpecError(f"dwlane p{v.pixels}: a row has only Wo={p.Wo} outputs")
+    if kept(v.vec, v.pixels, p.S) > MAX_KEPT:
+        raise SpecError(
+            f"dwlane v{v.vec} p{v.pixels}: {kept(v.vec, v.pixels, p.S)} sums and weights a "
+            f"thread for a {p.S}-wide window, over {MAX_KEPT}; choose fewer --pixels"
+        )
+    if v.threads not in THREADS:
+        raise SpecError(f"dwlane t{v.threads}: threads per block must be one of {THREADS}")
+
+    # 2. work: a unit is (image, output row, run, channel vector), channels fastest
+    per_row = ceil_div(p.Wo, v.pixels)
+    vectors = p.C // v.vec
+    units = p.Ho * per_row * vectors
+    (dh, _), (pt, _, pl, _) = p.dil, p.pads
+    wide = p.dtype is not DType.FP32
+    words = v.vec // 2 if wide else v.vec  # 16-bit values two a 32-bit word
+    ctx = dict(
+        shape_context(p),
+        R=p.R,
+        S=p.S,
+        vec=v.vec,
+        P=v.pixels,
+        per_row=per_row,
+        vectors=vectors,
+        units=units,
+        threads=v.threads,
+        rows=[(r, r * dh - pt) for r in range(p.R)],
+        cols=columns(p, v.pixels),
+        pl=pl,
+        ragged=p.Wo % v.pixels != 0,
+        x_image=p.H * p.W * p.C,
+        y_image=p.Ho * p.Wo * p.C,
+        # a thread's channels at a pixel: one load and one store of this type
+        words=words,
+        wtype=(
+            {1: "unsigned", 2: "uint2", 4: "uint4"}[words]
+            if wide
+            else ("float" if words == 1 else f"float{words}")
+        ),
+        elem={DType.FP16: "f16", DType.BF16: "bf16"}.get(p.dtype, ""),
+        **launch_bounds(v.threads),
+    )
+    launch = Launch(
+        v.kernel_name(p),
+        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (v.threads, 1, 1),
+        (1, 1, 1),
+        0,
+        units,
+        v.threads,
+    )
+    nbytes = v.vec * p.dtype.bytes
+    sizes = (
+        Size(
+            "thread",
+            f"{v.vec} channels x {v.pixels} outputs",
+            f"one {nbytes}-byte word a pixel; {per_row} run(s) a row, {vectors} words a pixel",
+        ),
+        Size(
+            "registers",
+            f"{v.pixels * v.vec} sums + {p.S * v.vec} weights",
+            f"a window row's weights at a time; {len(ctx['cols'])} input columns a row",
+        ),
+        Size(
+            "grid", f"{units} threads an image", f"Ho x runs x words = {p.Ho}*{per_row}*{vectors}"
+        ),
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="direct/dwlane.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=0,
+        const_bytes=0,
+        weight_format="ckkm",
+        sizes=sizes,
+        context=ctx,
+    )

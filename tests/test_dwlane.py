@@ -1,0 +1,199 @@
+"""dwlane, depthwise layers in channels-last: the planned walk replayed in NumPy against
+the float64 reference (every output once, every tap once), what the compiler makes of
+it and its limits (CPU tier), and its numbers on drawn problems (GPU tier)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from problems import (
+    DRAWN_COMPILES,
+    GPU_DRAWS,
+    assert_one_line_refusal,
+    default_and_drawn,
+    parsed_or_rejected,
+    verify_on_the_gpu,
+)
+from specgen.compile import compile_source
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.reference import conv2d
+from specgen.render import render
+from specgen.shapes import Op, parse_shape
+from specgen.strategies import Dwlane
+from specgen.variants import Precision
+
+# MobileNetV2's depthwise layers at 224x224 (its first, a strided one, a 14x14 one),
+# ConvNeXt's 7x7, and one of EfficientNet's 5x5 at stride 2
+LAYERS = [
+    "C=32,M=32,H=112,W=112,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc",
+    "C=144,M=144,H=56,W=56,K=3,pad=1,stride=2,groups=144,dtype=bf16,layout=nhwc",
+    "C=576,M=576,H=14,W=14,K=3,pad=1,groups=576,dtype=fp16,layout=nhwc",
+    "C=96,M=96,H=56,W=56,K=7,pad=3,groups=96,layout=nhwc",
+    "C=240,M=240,H=28,W=28,K=5,pad=2,stride=2,groups=240,dtype=bf16,layout=nhwc,bias=1,act=relu",
+]
+
+
+@st.composite
+def depthwise_problems(draw, largest: int = 15):
+    """Depthwise layers in channels-last: stride, dilation, every padding form,
+    rectangular windows, bias and ReLU, the three dtypes, forward and (at stride 1)
+    dgrad, channel counts that take 16-, 8- and 4-byte words."""
+    C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
+    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
+    W = draw(st.integers(dil[1] * (S - 1) + 1, largest))
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    reach = (dil[0] * (R - 1), dil[1] * (S - 1))
+    pads = [draw(st.integers(0, reach[i // 2])) for i in range(4)]
+    spec = (
+        f"C={C},M={C},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={C},"
+        f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout=nhwc,op={op}"
+    )
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    return parsed_or_rejected(spec)
+
+
+def _replay(view, plan, x, w, batch):
+    """y the way the kernel computes it, NCHW: thread u's channels, run and row from its
+    index; for each window row in the image, each planned column in the row, every
+    (output, tap) pair that reads it; outputs past the row dropped."""
+    c = plan.context
+    y = np.full((batch, view.C, view.Ho, view.Wo), np.nan)
+    (sh, sw), (pt, _, pl, _) = view.stride, view.pads
+    for u in range(batch * c["units"]):
+        c0 = u % c["vectors"] * c["vec"]
+        run = u // c["vectors"]
+        k, orow = run % c["per_row"], run // c["per_row"]
+        n, ho = divmod(orow, view.Ho)
+        wo0 = k * c["P"]
+        chans = slice(c0, c0 + c["vec"])
+        acc = np.zeros((c["P"], c["vec"]))
+        for r, hi_at in c["rows"]:
+            hi = ho * sh + hi_at
+            if not 0 <= hi < view.H:
+                continue
+            for t, users in c["cols"]:
+                wi = wo0 * sw - pl + t
+                if not 0 <= wi < view.W:
+                    continue
+                for j, s in users:
+                    acc[j] += x[n, chans, hi, wi] * w[chans, 0, r, s]
+        for j in range(c["P"]):
+            if wo0 + j < view.Wo:
+                assert np.isnan(y[n, chans, ho, wo0 + j]).all(), "an output written twice"
+                y[n, chans, ho, wo0 + j] = acc[j]
+    return y
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=depthwise_problems(), pixels=st.sampled_from([1, 2, 3, 4, 8]))
+def test_the_planned_walk_gives_the_convolution(p, pixels):
+    """Every output once, from every tap inside the image: the runs (the last one cut
+    short), the columns each row's loads cover at the stride and dilation, and the
+    padding on every side."""
+    view = Dwlane.problem_for(p)
+    try:
+        plan = make_plan(p, replace(Dwlane.default(view, Precision.FP32), pixels=pixels))
+    except SpecError:
+        assume(False)  # a run longer than the row, or a window too wide for the registers
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, view.C, view.H, view.W))
+    w = rng.standard_normal((view.M, 1, view.R, view.S))
+    got = _replay(view, plan, x, w, 2)
+    assert not np.isnan(got).any(), "an output never written"
+    np.testing.assert_allclose(got, conv2d(x, w, replace(view, bias=False), epilogue=False))
+
+
+@pytest.mark.parametrize("spec", LAYERS)
+def test_the_networks_layers_compile_without_spills(spec):
+    """16-byte words where C allows (8 16-bit channels, 4 fp32), the vector loads and
+    stores in the PTX, no spills."""
+    p = parse_shape(spec)
+    v = Dwlane.default(p, Precision.FP32)
+    assert v.vec * p.dtype.bytes == 16, v.name
+    plan = make_plan(p, v)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (plan.name, binary.resources)
+
+
+@pytest.mark.parametrize("spec", LAYERS[:2])
+def test_stride_one_dgrad_runs_on_the_flipped_forward_view(spec):
+    p = parse_shape(spec.replace("stride=2,", "") + ",op=dgrad")
+    plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
+    assert plan.view is not None and plan.view.op is Op.FPROP
+    assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad_iobf16_nhwc")
+
+
+@pytest.mark.parametrize(
+    "spec, name, words",
+    [
+        ("C=32,M=32,H=9,W=9,K=3,pad=1,groups=32,dtype=bf16", "dwlane_v8_p4_t128_fp32", "nhwc"),
+        ("C=32,M=64,H=9,W=9,K=3,pad=1,groups=32,layout=nhwc", "dwlane_v4_p4_t128_fp32", "groups"),
+        ("C=32,M=32,H=9,W=9,K=3,groups=1,layout=nhwc", "dwlane_v4_p4_t128_fp32", "depthwise"),
+        ("C=12,M=12,H=9,W=9,K=3,groups=12,layout=nhwc", "dwlane_v8_p4_t128_fp32", "4"),
+        (
+            "C=12,M=12,H=9,W=9,K=3,groups=12,dtype=fp16,layout=nhwc",
+            "dwlane_v8_p4_t128_fp32",
+            "multiple",
+        ),
+        ("C=8,M=8,H=9,W=5,K=3,groups=8,layout=nhwc", "dwlane_v4_p4_t128_fp32", "Wo=3"),
+        (
+            "C=8,M=8,H=9,W=30,K=1x13,groups=8,dtype=bf16,layout=nhwc",
+            "dwlane_v8_p8_t128_fp32",
+            "pixels",
+        ),
+        ("C=8,M=8,H=9,W=9,K=3,groups=8,layout=nhwc", "dwlane_v4_p4_t96_fp32", "threads"),
+        ("C=8,M=8,H=9,W=9,K=3,groups=8,layout=nhwc", "dwlane_v4_p9_t128_fp32", "1 to 8"),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=depthwise_problems())
+def test_drawn_defaults_compile_without_spills(p):
+    try:
+        plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
+    except SpecError:
+        assume(False)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+
+
+# ---- GPU tier ----
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, **GPU_DRAWS)
+@given(p=depthwise_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default and one variant of tune's space against the float64 reference: the
+    vector loads and stores of each width, the zero padding on every side, the last
+    run of a row cut short, the epilogue, dgrad's flipped windows."""
+    try:
+        make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
+    except SpecError:
+        assume(False)
+    verify_on_the_gpu(p, default_and_drawn(p, Dwlane, Precision.FP32, pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", LAYERS)
+def test_the_networks_layers_at_their_batch(spec):
+    from specgen.runtime import device_arch
+    from specgen.verify import verify_variant
+
+    p = parse_shape(spec)
+    row = verify_variant(
+        p, Dwlane.default(p, Precision.FP32), arch=device_arch(), batch=64, numbers=True
+    )
+    assert row.status == "PASS", row.problems
