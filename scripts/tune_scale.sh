@@ -47,15 +47,24 @@ for step in $STEPS; do
           time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" "${tune[@]}" --gpus 2 --workers 8; } \
             > "$LOGS/tune-kill.log" 2>&1 &
         run=$!
-        for _ in $(seq 120); do
+        # mid-run: once a quarter of the items are timed (the progress line, every 10 s);
+        # the GPU worker holds a CUDA context from its start, so nvidia-smi alone would
+        # find it before any task ran
+        victim=""
+        for _ in $(seq "$LIMIT"); do
             sleep 1
-            victim=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 1 | head -1)
-            [ -n "$victim" ] && break
+            kill -0 $run 2>/dev/null || break
+            done_=$(grep -o "gpu [0-9]*/[0-9]*" "$LOGS/tune-kill.log" | tail -1 | tr -dc '0-9/ ')
+            n=${done_%/*}; total=${done_#*/}
+            if [ -n "$n" ] && [ -n "$total" ] && [ $((4 * ${n// /})) -ge "${total// /}" ]; then
+                victim=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 1 | head -1)
+                break
+            fi
         done
-        sleep 5
-        echo "kill -9 ${victim:-none}" >> "$LOGS/tune-kill.log"
-        [ -n "${victim:-}" ] && kill -9 "$victim"
+        [ -n "$victim" ] && kill -9 "$victim"
+        note="kill -9 ${victim:-none} (GPU 1's worker) at $(grep -o "gpu [0-9]*/[0-9]*" "$LOGS/tune-kill.log" | tail -1) items"
         wait $run
+        echo "$note" >> "$LOGS/tune-kill.log"  # after the run: its own writes would cover it
         tail -3 "$LOGS/tune-kill.log" ;;
     *)  # a timed run on $step GPUs
         fresh "$step"
@@ -128,6 +137,7 @@ for n in $GPUS; do
         echo "--gpus $n: ${w:+wall $w s}${w:-not run, or cut off}"
     fi >> "$LOGS/tune-scale.txt"
 done
+grep -h "^kill -9" "$LOGS/tune-kill.log" >> "$LOGS/tune-scale.txt" 2>/dev/null
 cat "$LOGS/tune-scale.txt"
 cp "$LOGS"/tune-*.log "$LOGS"/tune-scale.txt "$OUT"/ 2>/dev/null || true
 # every run's database, one file (a device call returns at most eight)

@@ -366,9 +366,7 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
             item_limit=0.5,
             overhead=3.0,
         )
-        assert any(
-            "processing on tcp://" in text and "in hangs" in text for text in said
-        ), said
+        assert any("processing on tcp://" in text and "in hangs" in text for text in said), said
         assert len(report["dropped"]) == 1, [r["reason"] for r in report["dropped"]]
         (gone,) = report["dropped"]
         assert gone["variant"] == hung.variant and "past its time limit" in gone["reason"]
