@@ -20,7 +20,7 @@ from problems import (
 from specgen.compile import compile_source
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.reference import conv2d
+from specgen.reference import conv2d, conv2d_dgrad
 from specgen.render import render
 from specgen.shapes import Op, parse_shape
 from specgen.strategies import Dwlane
@@ -40,15 +40,16 @@ LAYERS = [
 @st.composite
 def depthwise_problems(draw, largest: int = 15):
     """Depthwise layers in channels-last: stride, dilation, every padding form,
-    rectangular windows, bias and ReLU, the three dtypes, forward and (at stride 1)
-    dgrad, channel counts that take 16-, 8- and 4-byte words."""
+    rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the
+    forward view at stride 1, the gather past it), channel counts that take 16-, 8-
+    and 4-byte words."""
     C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
     R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
     W = draw(st.integers(dil[1] * (S - 1) + 1, largest))
-    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
-    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    op = draw(st.sampled_from(["fprop", "dgrad"]))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     reach = (dil[0] * (R - 1), dil[1] * (S - 1))
     pads = [draw(st.integers(0, reach[i // 2])) for i in range(4)]
     spec = (
@@ -62,34 +63,42 @@ def depthwise_problems(draw, largest: int = 15):
 
 
 def _replay(view, plan, x, w, batch):
-    """y the way the kernel computes it, NCHW: thread u's channels, run and row from its
-    index; for each window row in the image, each planned column in the row, every
-    (output, tap) pair that reads it; outputs past the row dropped."""
+    """The kernel's output the way it computes it, NCHW: thread u's channels, run and
+    row from its index; for each window row that reaches the row, each planned column
+    in the input, every (output, tap) pair that reads it; outputs past the row dropped.
+    Forward: y from x.  Gather (dgrad past stride 1): dx from dy, row oh taking dy row
+    (oh + pt - r*dh) / sh where that divides."""
     c = plan.context
-    y = np.full((batch, view.C, view.Ho, view.Wo), np.nan)
+    y = np.full((batch, view.C, c["out_h"], c["out_w"]), np.nan)
     (sh, sw), (pt, _, pl, _) = view.stride, view.pads
     for u in range(batch * c["units"]):
         c0 = u % c["vectors"] * c["vec"]
         run = u // c["vectors"]
         k, orow = run % c["per_row"], run // c["per_row"]
-        n, ho = divmod(orow, view.Ho)
-        wo0 = k * c["P"]
+        n, oh = divmod(orow, c["out_h"])
+        ow0 = k * c["P"]
         chans = slice(c0, c0 + c["vec"])
         acc = np.zeros((c["P"], c["vec"]))
-        for r, hi_at in c["rows"]:
-            hi = ho * sh + hi_at
-            if not 0 <= hi < view.H:
+        for r, at in c["rows"]:
+            if c["gather"]:
+                num = oh + at
+                if num < 0 or num % sh:
+                    continue
+                ih = num // sh
+            else:
+                ih = oh * sh + at
+            if not 0 <= ih < c["in_h"]:
                 continue
             for t, users in c["cols"]:
-                wi = wo0 * sw - pl + t
-                if not 0 <= wi < view.W:
+                iw = (ow0 // sw if c["gather"] else ow0 * sw - pl) + t
+                if not 0 <= iw < c["in_w"]:
                     continue
                 for j, s in users:
-                    acc[j] += x[n, chans, hi, wi] * w[chans, 0, r, s]
+                    acc[j] += x[n, chans, ih, iw] * w[chans, 0, r, s]
         for j in range(c["P"]):
-            if wo0 + j < view.Wo:
-                assert np.isnan(y[n, chans, ho, wo0 + j]).all(), "an output written twice"
-                y[n, chans, ho, wo0 + j] = acc[j]
+            if ow0 + j < c["out_w"]:
+                assert np.isnan(y[n, chans, oh, ow0 + j]).all(), "an output written twice"
+                y[n, chans, oh, ow0 + j] = acc[j]
     return y
 
 
@@ -105,11 +114,16 @@ def test_the_planned_walk_gives_the_convolution(p, pixels):
     except SpecError:
         assume(False)  # a run longer than the row, or a window too wide for the registers
     rng = np.random.default_rng()
-    x = rng.standard_normal((2, view.C, view.H, view.W))
+    c = plan.context
+    x = rng.standard_normal((2, view.C, c["in_h"], c["in_w"]))
     w = rng.standard_normal((view.M, 1, view.R, view.S))
     got = _replay(view, plan, x, w, 2)
     assert not np.isnan(got).any(), "an output never written"
-    np.testing.assert_allclose(got, conv2d(x, w, replace(view, bias=False), epilogue=False))
+    if c["gather"]:
+        want = conv2d_dgrad(x, w, view)
+    else:
+        want = conv2d(x, w, replace(view, bias=False), epilogue=False)
+    np.testing.assert_allclose(got, want, atol=1e-12)
 
 
 @pytest.mark.parametrize("spec", LAYERS)
@@ -130,6 +144,19 @@ def test_stride_one_dgrad_runs_on_the_flipped_forward_view(spec):
     plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
     assert plan.view is not None and plan.view.op is Op.FPROP
     assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad_iobf16_nhwc")
+
+
+def test_strided_dgrad_is_a_gather_that_multiplies_no_zero():
+    """MobileNetV2's strided depthwise dgrad: dy read as it is, runs of dx starting at
+    even columns, each dy column feeding only the pixels its taps reach."""
+    p = parse_shape(LAYERS[1] + ",op=dgrad")
+    v = Dwlane.default(Dwlane.problem_for(p), Precision.FP32)
+    plan = make_plan(p, v)
+    assert plan.view is None and plan.weight_transform == "" and v.pixels % 2 == 0
+    taps = sum(len(users) for _, users in plan.context["cols"])
+    assert taps == v.pixels * p.S // 2  # half a row's products: the rest would meet zeros
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,10 @@ at the stride); the weights come as [tap][channel] in fp32 (``ckkm``), a tap's
 channels of the thread in 16-byte loads that the block's threads share in L1.  Sums
 are fp32; the epilogue (bias, ReLU) is applied on the way out.  Dgrad at stride 1 is
 the forward convolution of dy with the flipped windows (``ConvProblem.dgrad_view``),
-depthwise again."""
+depthwise again; at a larger stride each dx pixel gathers the dy pixels whose taps
+reach it, with no inserted zeros: a run starts at a multiple of the stride, so which
+of its outputs a tap reaches is known to the planner, and only the row's phase is
+tested at run time."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds, shape_context, y_args
-from ..shapes import DType, Feature, TensorLayout
+from ..shapes import Act, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Variant, param
 
@@ -57,8 +60,21 @@ class Dwlane(Variant):
     pixels: int = param(4, Count("p"), "dwlane: adjacent outputs of a row a thread takes")
     threads: int = param(128, Count("t"), "dwlane: threads per block")
 
+    ops = frozenset({Op.FPROP, Op.DGRAD})
+
     def plan(self, problem):
         return plan_dwlane(problem, self)
+
+    @classmethod
+    def problem_for(cls, problem):
+        """dgrad at stride 1 through its forward view, where it has one; else itself
+        (the gather)."""
+        if problem.op is Op.DGRAD and problem.stride == (1, 1):
+            try:
+                return problem.dgrad_view()
+            except SpecError:  # padding past the window's reach: the gather takes it
+                return problem
+        return super().problem_for(problem)
 
     @classmethod
     def fit(cls, problem, seed):
@@ -68,10 +84,11 @@ class Dwlane(Variant):
         vec = next((v for v in vector_widths(p.dtype) if p.C % v == 0), None)
         if vec is None:
             raise SpecError(f"dwlane takes channels in pairs at least: C={p.C} is odd")
-        pixels = max(1, min(4, p.Wo))
-        while pixels > 1 and kept(vec, pixels, p.S) > MAX_KEPT:
-            pixels //= 2
-        return replace(seed, vec=vec, pixels=pixels, threads=128)
+        step = run_step(p)
+        pixels = max(step, 4 // step * step)
+        while pixels > step and kept(vec, pixels, p.S) > MAX_KEPT:
+            pixels -= step
+        return replace(seed, vec=vec, pixels=min(pixels, out_width(p)), threads=128)
 
     @classmethod
     def space(cls, problem, precision):
@@ -80,11 +97,27 @@ class Dwlane(Variant):
         out = []
         for vec in widths[:2]:
             for pixels in sorted({1, 2, 4, 8, base.pixels}):
+                step = run_step(problem)
+                pixels = min(max(step, pixels // step * step), out_width(problem))
                 for threads in THREADS:
-                    out.append(
-                        replace(base, vec=vec, pixels=min(pixels, problem.Wo), threads=threads)
-                    )
+                    out.append(replace(base, vec=vec, pixels=pixels, threads=threads))
         return list(dict.fromkeys(out))
+
+
+def gathers(p) -> bool:
+    """Whether the planned problem is dgrad computed as a gather (not a forward view)."""
+    return p.op is Op.DGRAD
+
+
+def out_width(p) -> int:
+    """The width of the rows the kernel writes: y's, or dx's for the gather."""
+    return p.W if gathers(p) else p.Wo
+
+
+def run_step(p) -> int:
+    """What a run's length is a multiple of: the gather's runs start at a multiple of
+    the column stride, so that the taps reaching each output are the planner's."""
+    return p.stride[1] if gathers(p) else 1
 
 
 def kept(vec: int, pixels: int, S: int) -> int:
@@ -94,13 +127,18 @@ def kept(vec: int, pixels: int, S: int) -> int:
 
 def columns(p, pixels: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """A run's input columns of one window row, each as (its offset from the run's
-    first, the (output, tap) pairs that read it), in order: output j's tap s reads
-    column j * sw + s * dw."""
-    (_, sw), (_, dw) = p.stride, p.dil
+    first, the (output, tap) pairs that read it), in order.  Forward: output j's tap s
+    reads x column j * sw + s * dw of the run's reach.  Gather: dx column j (of a run
+    starting at a multiple of sw) takes tap s from dy column (j + pl - s * dw) / sw past
+    the run's first, where that divides; the offset may be negative."""
+    (_, sw), (_, dw), pl = p.stride, p.dil, p.pads[2]
     users: dict[int, list[tuple[int, int]]] = {}
     for j in range(pixels):
         for s in range(p.S):
-            users.setdefault(j * sw + s * dw, []).append((j, s))
+            if not gathers(p):
+                users.setdefault(j * sw + s * dw, []).append((j, s))
+            elif (j + pl - s * dw) % sw == 0:
+                users.setdefault((j + pl - s * dw) // sw, []).append((j, s))
     return sorted(users.items())
 
 
@@ -126,8 +164,16 @@ def plan_dwlane(p, v) -> Plan:
         raise SpecError(f"dwlane v{v.vec}: C={p.C} is no multiple of it; choose --vec 2")
     if not 1 <= v.pixels <= MAX_PIXELS:
         raise SpecError(f"dwlane p{v.pixels}: a run is 1 to {MAX_PIXELS} outputs")
-    if v.pixels > p.Wo:
-        raise SpecError(f"dwlane p{v.pixels}: a row has only Wo={p.Wo} outputs")
+    if v.pixels > out_width(p):
+        raise SpecError(
+            f"dwlane p{v.pixels}: a row has only {'W' if gathers(p) else 'Wo'}="
+            f"{out_width(p)} outputs"
+        )
+    if v.pixels % run_step(p) and v.pixels < out_width(p):
+        raise SpecError(
+            f"dwlane p{v.pixels}: dgrad's runs are multiples of the column stride "
+            f"{run_step(p)}; choose --pixels {run_step(p) * max(1, v.pixels // run_step(p))}"
+        )
     if kept(v.vec, v.pixels, p.S) > MAX_KEPT:
         raise SpecError(
             f"dwlane v{v.vec} p{v.pixels}: {kept(v.vec, v.pixels, p.S)} sums and weights a "
@@ -137,9 +183,12 @@ def plan_dwlane(p, v) -> Plan:
         raise SpecError(f"dwlane t{v.threads}: threads per block must be one of {THREADS}")
 
     # 2. work: a unit is (image, output row, run, channel vector), channels fastest
-    per_row = ceil_div(p.Wo, v.pixels)
+    gather = gathers(p)
+    out_h, out_w = (p.H, p.W) if gather else (p.Ho, p.Wo)
+    in_h, in_w = (p.Ho, p.Wo) if gather else (p.H, p.W)
+    per_row = ceil_div(out_w, v.pixels)
     vectors = p.C // v.vec
-    units = p.Ho * per_row * vectors
+    units = out_h * per_row * vectors
     (dh, _), (pt, _, pl, _) = p.dil, p.pads
     wide = p.dtype is not DType.FP32
     words = v.vec // 2 if wide else v.vec  # 16-bit values two a 32-bit word
@@ -153,12 +202,20 @@ def plan_dwlane(p, v) -> Plan:
         vectors=vectors,
         units=units,
         threads=v.threads,
-        rows=[(r, r * dh - pt) for r in range(p.R)],
+        # forward: window row r reads x row ho * sh + (r * dh - pt); gather: dx row hi
+        # takes dy row (hi + pt - r * dh) / sh where that divides
+        rows=[(r, pt - r * dh if gather else r * dh - pt) for r in range(p.R)],
         cols=columns(p, v.pixels),
         pl=pl,
-        ragged=p.Wo % v.pixels != 0,
-        x_image=p.H * p.W * p.C,
-        y_image=p.Ho * p.Wo * p.C,
+        gather=gather,
+        bias=p.bias and not gather,  # dgrad has no epilogue
+        relu=p.act is Act.RELU and not gather,
+        out_h=out_h,
+        out_w=out_w,
+        in_h=in_h,
+        in_w=in_w,
+        ragged=out_w % v.pixels != 0,
+        x_image=in_h * in_w * p.C,
         # a thread's channels at a pixel: one load and one store of this type
         words=words,
         wtype=(
@@ -169,9 +226,10 @@ def plan_dwlane(p, v) -> Plan:
         elem={DType.FP16: "f16", DType.BF16: "bf16"}.get(p.dtype, ""),
         **launch_bounds(v.threads),
     )
+    roles = (Role.DY, Role.W, Role.DX) if gather else (Role.X, Role.W, *y_args(p))
     launch = Launch(
         v.kernel_name(p),
-        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (*roles, Role.BATCH),
         (v.threads, 1, 1),
         (1, 1, 1),
         0,
@@ -191,9 +249,21 @@ def plan_dwlane(p, v) -> Plan:
             f"a window row's weights at a time; {len(ctx['cols'])} input columns a row",
         ),
         Size(
-            "grid", f"{units} threads an image", f"Ho x runs x words = {p.Ho}*{per_row}*{vectors}"
+            "grid",
+            f"{units} threads an image",
+            f"{'H' if gather else 'Ho'} x runs x words = {out_h}*{per_row}*{vectors}",
         ),
     )
+    if gather:
+        sizes = (
+            Size(
+                "dgrad",
+                f"gather at stride {p.stride[0]}x{p.stride[1]}",
+                "dx pixel (hi, wi) takes dy (hi + pt - r*dh, wi + pl - s*dw) / stride where "
+                "both divide: no inserted zeros",
+            ),
+            *sizes,
+        )
     return Plan(
         shape=p,
         variant=v,
