@@ -4,6 +4,7 @@ it and its limits (CPU tier), and its numbers on drawn problems (GPU tier)."""
 
 from dataclasses import replace
 
+import cpu_kernel
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -24,6 +25,7 @@ from specgen.reference import conv2d, conv2d_dgrad
 from specgen.render import render
 from specgen.shapes import Op, parse_shape
 from specgen.strategies import Dwlane
+from specgen.tensors import Role
 from specgen.variants import Precision
 
 # MobileNetV2's depthwise layers at 224x224 (its first, a strided one, a 14x14 one),
@@ -224,3 +226,41 @@ def test_the_networks_layers_at_their_batch(spec):
         p, Dwlane.default(p, Precision.FP32), arch=device_arch(), batch=64, numbers=True
     )
     assert row.status == "PASS", row.problems
+
+
+@pytest.mark.skipif(cpu_kernel.CXX is None, reason="no C++ compiler here")
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=16,M=16,H=9,W=11,K=3,pad=1,groups=16,dtype=bf16,layout=nhwc,bias=1,act=relu",
+        "C=12,M=12,H=10,W=9,K=3x5,pad=1x0x2x1,stride=2x3,dil=1x2,groups=12,dtype=fp16,layout=nhwc",
+        "C=6,M=6,H=8,W=13,K=7,pad=3,groups=6,layout=nhwc",
+        "C=24,M=24,H=9,W=10,K=3,pad=1,stride=2,groups=24,dtype=bf16,layout=nhwc,op=dgrad",
+        "C=8,M=8,H=11,W=12,K=5x3,pad=2x1x0x2,stride=3x2,groups=8,layout=nhwc,op=dgrad",
+        "C=10,M=10,H=7,W=8,K=3,pad=2,groups=10,dtype=bf16,layout=nhwc,op=dgrad",
+    ],
+)
+def test_the_emitted_kernel_run_on_the_cpu_matches_float64(spec):
+    """The generated source itself, compiled as C++ and run thread by thread: its vector
+    loads and stores, the 16-bit conversions, the padding checks, the runs cut short,
+    the epilogue, dgrad's forward view and its gather, against the float64 reference
+    within the error bound, the output poisoned with NaN first."""
+    from specgen.reference import compare
+    from specgen.runtime import dgrad_weights, pack_weights
+    from specgen.tensors import BATCHED, from_storage, outputs, role_shape, to_nchw, to_storage
+    from specgen.verify import random_inputs, references, tolerance
+
+    p, batch = parse_shape(spec), 2
+    plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
+    inputs, w, b = random_inputs(p, batch, np.random.default_rng())
+    packed = pack_weights(dgrad_weights(w, p.groups) if plan.weight_transform else w, "ckkm")
+    (out,) = outputs(p)
+    y = to_storage(np.full(role_shape(out, p, batch), np.nan, np.float32), p.dtype)
+    given = {**inputs, Role.W: packed, Role.BIAS: b, out: y, Role.BATCH: batch}
+    cpu_kernel.run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
+    values = {r: to_nchw(from_storage(t, p.dtype), p) for r, t in inputs.items() if r in BATCHED}
+    ref, mag = references(p, values, w, b, np)[out]
+    largest = max(float(np.abs(from_storage(t, p.dtype)).max()) for t in inputs.values())
+    gamma, absolute = tolerance(plan, batch, largest, float(np.abs(w).max()))
+    result = compare(to_nchw(from_storage(y, p.dtype), p), ref, mag, gamma, np, absolute)
+    assert result["ok"], (plan.name, result)
