@@ -133,3 +133,18 @@ def assert_one_line_refusal(spec: str, name: str, words: str) -> None:
     with pytest.raises(SpecError) as e:
         make_plan(parse_shape(spec), parse_variant_name(name))
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def assert_compiles_without_spills(p, variant_of) -> None:
+    """The variant that ``variant_of()`` makes for the drawn problem ``p`` compiles for
+    sm_90 without spilling; a draw its planner refuses is rejected."""
+    from specgen.compile import compile_source
+    from specgen.plan import make_plan
+    from specgen.render import render
+
+    try:
+        plan = make_plan(p, variant_of())
+    except SpecError:
+        assume(False)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (p.spec, plan.name, binary.resources)

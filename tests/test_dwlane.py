@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from problems import (
     DRAWN_COMPILES,
     GPU_DRAWS,
+    assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
     parsed_or_rejected,
@@ -72,7 +73,7 @@ def _replay(view, plan, x, w, batch):
     (oh + pt - r*dh) / sh where that divides."""
     c = plan.context
     y = np.full((batch, view.C, c["out_h"], c["out_w"]), np.nan)
-    (sh, sw), (pt, _, pl, _) = view.stride, view.pads
+    (sh, sw), pl = view.stride, view.pads[2]
     for u in range(batch * c["units"]):
         c0 = u % c["vectors"] * c["vec"]
         run = u // c["vectors"]
@@ -190,12 +191,7 @@ def test_limits_are_one_line_refusals(spec, name, words):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=depthwise_problems())
 def test_drawn_defaults_compile_without_spills(p):
-    try:
-        plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
-    except SpecError:
-        assume(False)
-    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
-    assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+    assert_compiles_without_spills(p, lambda: Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
 
 
 # ---- GPU tier ----

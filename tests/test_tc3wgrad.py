@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from problems import (
     DRAWN_COMPILES,
     GPU_DRAWS,
+    assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
     parsed_or_rejected,
@@ -139,12 +140,7 @@ def nchw_problems(draw):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=nchw_problems())
 def test_drawn_defaults_compile_without_spills(p):
-    try:
-        plan = make_plan(p, Tc3wgrad.default(p, Precision.FP32))
-    except SpecError:
-        assume(False)
-    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
-    assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+    assert_compiles_without_spills(p, lambda: Tc3wgrad.default(p, Precision.FP32))
 
 
 # ---- GPU tier ----

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from problems import (
     DRAWN_COMPILES,
     GPU_DRAWS,
+    assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
     parsed_or_rejected,
@@ -151,9 +152,4 @@ def test_three_channel_layers_at_the_models_batch(spec):
 @given(p=few_channel_problems())
 def test_drawn_defaults_compile_without_spills(p):
     precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[p.dtype]
-    try:
-        plan = make_plan(p, Tcwhalo.default(p, precision))
-    except SpecError:
-        assume(False)
-    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
-    assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+    assert_compiles_without_spills(p, lambda: Tcwhalo.default(p, precision))

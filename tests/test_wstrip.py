@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from problems import (
     DRAWN_COMPILES,
     GPU_DRAWS,
+    assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
     parsed_or_rejected,
@@ -372,9 +373,4 @@ def test_seven_by_seven_layers_at_a_long_reduction(name):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=narrow_problems())
 def test_drawn_defaults_compile_without_spills(p):
-    try:
-        plan = make_plan(p, Wstrip.default(p, _precision(p)))
-    except SpecError:
-        assume(False)
-    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
-    assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+    assert_compiles_without_spills(p, lambda: Wstrip.default(p, _precision(p)))
