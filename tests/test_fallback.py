@@ -3,6 +3,7 @@ convolution (CPU and float64 tensors, arguments it refuses), logged once a probl
 raises what PyTorch raises; strict, it is refused.  These run wherever PyTorch is, a GPU
 or not (the GPU cases are in test_torch.py)."""
 
+import copy
 import logging
 
 import pytest
@@ -301,3 +302,52 @@ def test_a_traced_transposed_convolution_is_its_adjoint_convolutions_ops():
     assert out_size(second.x_size, second.w_size, second.stride, second.pads, second.dilation) == (
         list(h.shape)
     )
+
+
+def test_a_converted_models_first_cuda_call_compiles_every_kernel_at_once(monkeypatch):
+    """The first call on CUDA tensors traces the model and compiles its kernels at once
+    (the backward's too in training with gradients on), then never again; CPU calls
+    leave it for later; a copy of the model keeps its own.  (Stand-ins for the CUDA
+    tensors and the compiler: this runs wherever PyTorch is.)"""
+    from specgen.torch import _trace
+
+    calls = []
+    monkeypatch.setattr(_trace, "precompile_model", lambda m, ex, back: calls.append(back))
+    model = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()))
+    x = torch.randn(1, 3, 8, 8)
+    assert torch.equal(model(x), F.relu(F.conv2d(x, model[0].weight, model[0].bias)))
+    assert calls == []  # on the CPU: PyTorch's convolution, nothing to compile
+    monkeypatch.setattr(sg, "_on_cuda", lambda args: True)
+    twin = copy.deepcopy(model).eval()
+    model(x)
+    model(x)
+    assert calls == [True]
+    with torch.no_grad():
+        twin(x)
+    assert calls == [True, False]
+    sg.autotune(True)
+    try:
+        fresh = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3)))
+        fresh(x)  # autotuning picks the kernels as it goes
+    finally:
+        sg.autotune(False)
+    assert calls == [True, False]
+
+
+def test_torch_compile_takes_a_converted_model_off_the_gpu():
+    """fullgraph=True traces the fallback (and the first call's compile-ahead hook)
+    without a break: the values and the input's gradient are eager PyTorch's."""
+    model = sg.convert(
+        torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.ConvTranspose2d(8, 4, 3, stride=2)
+        )
+    )
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y.sum(), x)
+    ref = F.conv_transpose2d(
+        F.relu(F.conv2d(x, model[0].weight, model[0].bias)), model[2].weight, model[2].bias, 2
+    )
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(dx, torch.autograd.grad(ref.sum(), x)[0])

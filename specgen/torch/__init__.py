@@ -89,6 +89,8 @@ def _pytorch(reason: SpecError, conv, input, weight, *args):
     the exception PyTorch raises.  Strict (``strict``), the refusal itself."""
     if _strict[0] or (input.is_cuda and torch.cuda.is_current_stream_capturing()):
         raise reason
+    if torch.compiler.is_compiling():  # traced into a graph: PyTorch's op, not logged
+        return conv(input, weight, *args)  # (torch.compile's tracer takes no logging)
     key = (tuple(input.shape), input.dtype, input.device.type, tuple(weight.shape), str(reason))
     if key not in _fell_back and len(_fell_back) < 4096:
         _fell_back.add(key)
@@ -306,13 +308,48 @@ SPECGEN = {  # PyTorch's module -> ours
 def convert(model: torch.nn.Module) -> torch.nn.Module:
     """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
     model itself too) replaced in place by specgen's, sharing its parameters; returns
-    the model."""
+    the model.  Its first call on CUDA tensors compiles the kernels of every
+    convolution it will meet at once, a process a core, before running (as ``warmup``
+    does): one after another, as the layers meet them, they take minutes on a deep
+    model."""
+    converted = _convert(model)
+    if converted is model and not hasattr(model, AHEAD):  # a container, not one layer
+        setattr(model, AHEAD, model.register_forward_pre_hook(_compile_ahead))
+    return converted
+
+
+def _convert(model: torch.nn.Module) -> torch.nn.Module:
     ours = SPECGEN.get(type(model))
     if ours is not None:
         return ours.from_torch(model)
     for name, child in model.named_children():
-        setattr(model, name, convert(child))
+        setattr(model, name, _convert(child))
     return model
+
+
+AHEAD = "_specgen_compile_ahead"  # the converted model's one-shot forward pre-hook
+
+
+def _on_cuda(args) -> bool:
+    return any(torch.is_tensor(a) and a.is_cuda for a in args)
+
+
+def _compile_ahead(model: torch.nn.Module, args) -> None:
+    """On the first call of a converted model on CUDA tensors: its kernels compiled at
+    once (``_trace.precompile_model``; the backward's too where it will run).  Never
+    under torch.compile's tracing or a graph capture, where nothing may compile, nor
+    where autotuning picks the kernels as it goes; a model that cannot be traced
+    ahead compiles as it goes, as before."""
+    if torch.compiler.is_compiling() or autotuning() or not _on_cuda(args):
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    getattr(model, AHEAD).remove()
+    delattr(model, AHEAD)
+    from ._trace import precompile_model
+
+    backward = model.training and torch.is_grad_enabled()
+    precompile_model(model, args, backward)
 
 
 def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
@@ -325,6 +362,9 @@ def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
     if not autotuning():
         from ._trace import precompile_model
 
+        if hasattr(model, AHEAD):  # compiled here, not again by the first call
+            getattr(model, AHEAD).remove()
+            delattr(model, AHEAD)
         precompile_model(model, example, backward)
     out = model(*example)
     params = [p for p in model.parameters() if p.requires_grad]
