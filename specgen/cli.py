@@ -969,7 +969,12 @@ SHOWN = 10  # the refused or failed items a many-problem tune names at its end
 @click.option("--reps", type=SIZE, default=20, show_default=True, help="timed runs a median")
 @click.option("--graph/--no-graph", default=True, help="time the step as a CUDA graph too")
 @click.option("--layers/--no-layers", default=True, help="time every layer op alone too")
-def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers):
+@click.option(
+    "--first-step",
+    is_flag=True,
+    help="the first training step in fresh processes too: cuDNN, specgen cold and warm",
+)
+def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, first_step):
     """Run the torchvision model NAME (resnet50, vgg11, mobilenet_v2, ...) on specgen
     beside cuDNN: accuracy against float64, the training step, and a per-layer table
     (torchvision: the model extra).  --plan lists the problems and picks without a GPU."""
@@ -1013,6 +1018,7 @@ def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers):
             layers,
             click.echo,
             lambda t: click.echo(t, err=True),
+            first_step,
         )
     except SpecError as e:
         fail(str(e))

@@ -137,3 +137,29 @@ def test_the_built_in_unet_plans_its_transposed_layers_as_dgrad_first():
     assert r.exit_code == 0, r.output
     ops = [line.split()[2] for line in r.output.splitlines() if line.startswith("up2 ")]
     assert ops == ["dgrad", "fprop", "wgrad"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
+def test_the_first_steps_run_in_fresh_processes_cold_then_warm():
+    """cuDNN's, then specgen's twice on one disk cache that starts empty; each child's
+    JSON line read back and put in a table with the targets."""
+    import json
+    import os
+
+    from specgen.torch import model as m
+
+    seen = []
+
+    def child(args, env):
+        cache = env["SPECGEN_CACHE_DIR"]
+        seen.append((args[-1], cache, sorted(os.listdir(cache))))
+        open(os.path.join(cache, f"run{len(seen)}"), "w").close()  # what a run leaves
+        return json.dumps(dict(import_s=1.0, first_s=2.0 * len(seen), second_s=0.01))
+
+    found = m.first_steps("unet", 4, 32, m.MODES["bf16"], child=child)
+    assert [engine for engine, _, _ in seen] == ["cudnn", "specgen", "specgen"]
+    assert len({cache for _, cache, _ in seen}) == 1 and not os.path.exists(seen[0][1])
+    assert seen[1][2] == ["run1"] and seen[2][2] == ["run1", "run2"]  # cold, then warm
+    assert [r["first_s"] for r in found.values()] == [2.0, 4.0, 6.0]
+    table = m.format_first_steps({("bf16", who): r for who, r in found.items()})
+    assert "cold <= cuDNN + 20 s" in table and "specgen, warm cache" in table

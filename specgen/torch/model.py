@@ -13,6 +13,9 @@ Three steps, each its own function so that scripts can call them:
   the output and the conv weights' gradients against float64, beside cuDNN's; the
   training step (forward, cross-entropy, backward, SGD) timed beside cuDNN's in the same
   run, eagerly and as one CUDA graph; and each layer's ops timed alone.
+* ``first_steps`` (``--first-step``): the first training step of a fresh process on
+  cuDNN, and on specgen with an empty disk cache and then with it warm
+  (``first_step``, one child process each; the imports timed apart).
 """
 
 from __future__ import annotations
@@ -312,6 +315,7 @@ def run(
     layers_too: bool,
     echo,
     progress,
+    first_too: bool = False,
 ) -> None:
     """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
     training step and (``layers_too``) the per-layer table, printed through ``echo``;
@@ -365,3 +369,62 @@ def run(
         ce, se = err["cuDNN"], err["specgen"]
         line += f"  {ce[0]:9.2e} {ce[1]:9.2e}   {se[0]:9.2e} {se[1]:9.2e}"
         echo(line)
+    if first_too:
+        found = {}
+        for mode in modes:
+            progress(f"[{mode.name}] first training steps in fresh processes")
+            for who, r in first_steps(name, batch, image, mode).items():
+                found[(mode.name, who)] = r
+        echo("\n" + format_first_steps(found))
+
+
+# -- the first step, in fresh processes ------------------------------------------------
+
+FIRST = ("cuDNN", "specgen, cold cache", "specgen, warm cache")
+
+
+def first_steps(name: str, batch: int, image: int, mode: Mode, child=None) -> dict:
+    """The model's first training step in three fresh processes (``first_step``): on
+    cuDNN; on specgen with an empty disk cache (every kernel compiled; nothing tuned);
+    on specgen again with that cache.  Returns FIRST's names -> the child's report.
+    ``child(args, env)``: runs one and returns its JSON line (a stand-in in tests)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    def run(args, env):
+        done = subprocess.run(
+            [sys.executable, "-m", "specgen.torch.first_step", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SpecError(f"the first-step process failed: {tail}")
+        return done.stdout.strip().splitlines()[-1]
+
+    child = child or run
+    args = [name, str(batch), str(image), mode.name]
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="specgen-cold-") as cold:
+        env = dict(os.environ, SPECGEN_CACHE_DIR=cold)
+        for who, engine in zip(FIRST, ("cudnn", "specgen", "specgen")):
+            found[who] = json.loads(child(args + [engine], env))
+    return found
+
+
+def format_first_steps(found: dict[str, dict]) -> str:
+    """The three first steps as a table, against the issue's targets: specgen's cold
+    first step within cuDNN's plus 20 s, its warm first step within 3 s."""
+    lines = [
+        "first training step in a fresh process (s): import, model built to first step "
+        "done, second step; targets: cold <= cuDNN + 20 s, warm <= 3 s"
+    ]
+    lines.append(f"{'mode':<6} {'run':<22} {'import':>7} {'first':>8} {'second':>8}")
+    for (mode, who), r in found.items():
+        lines.append(
+            f"{mode:<6} {who:<22} {r['import_s']:7.2f} {r['first_s']:8.2f} {r['second_s']:8.3f}"
+        )
+    return "\n".join(lines)
