@@ -628,7 +628,7 @@ def tune_on_gpus(
     try:
         idle_since = None  # when the queue last found no GPU worker to go to
         while futures or ready:
-            faulthandler.dump_traceback_later(4 * STALL)  # this loop stuck: where, on stderr
+            _watch_loop(4 * STALL)  # this loop stuck that long: where, on stderr
             if not futures:  # GPU tasks queued, none out: the GPU workers are restarting
                 idle_since = idle_since or time.perf_counter()
                 if time.perf_counter() - idle_since > NO_GPU_WAIT:
@@ -700,6 +700,15 @@ def tune_on_gpus(
             future.cancel()
     wall = time.perf_counter() - start
     return dict(phases=phases, winners=winners, dropped=dropped, wall=wall, gpus=len(gpus))
+
+
+def _watch_loop(seconds: float) -> None:
+    """The threads' stacks on stderr if this is not called again within ``seconds``;
+    nothing where stderr is no file (a notebook's, a test runner's)."""
+    try:
+        faulthandler.dump_traceback_later(seconds)
+    except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
+        pass
 
 
 def _stall_report(client, futures: dict, quiet: float) -> str:
