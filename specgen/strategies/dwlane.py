@@ -94,10 +94,10 @@ class Dwlane(Variant):
     def space(cls, problem, precision):
         base = cls.default(problem, precision)
         widths = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
+        step = run_step(problem)
         out = []
         for vec in widths[:2]:
             for pixels in sorted({1, 2, 4, 8, base.pixels}):
-                step = run_step(problem)
                 pixels = min(max(step, pixels // step * step), out_width(problem))
                 for threads in THREADS:
                     out.append(replace(base, vec=vec, pixels=pixels, threads=threads))
