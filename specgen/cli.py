@@ -664,7 +664,7 @@ def _tune_math(shape, strat) -> str:
 @click.option(
     "--item-limit",
     type=click.FloatRange(1, None),
-    default=60.0,
+    default=30.0,
     show_default=True,
     help="seconds a candidate may take on a GPU worker before it is dropped as hung",
 )

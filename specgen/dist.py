@@ -481,7 +481,10 @@ def finalists(records: list[dict]) -> list[str]:
     return [r["variant"] for r in ok[:RETIME_TOP]]
 
 
-ITEM_LIMIT = 60.0  # seconds an item may take on a GPU worker before it is called hung
+# seconds an item may take on a GPU worker before it is called hung: a candidate takes
+# 0.05-1 s, and its group's first up to 9 s with the worker's start and cuDNN's timing
+# (resnet18's 7x7 stem, H200), which the group's allowance of two items' more covers
+ITEM_LIMIT = 30.0
 STALL = 30.0  # seconds without a record before the tune says what it is waiting on
 WATCH = 5.0  # seconds between the client's looks at the GPU workers
 NO_GPU_WAIT = 120.0  # seconds the queue waits for a GPU worker to come back
