@@ -263,6 +263,16 @@ def _store(path: Path, binary: Binary, name: str) -> None:
         _unwritable(path.parent, e)
 
 
+def cached(source: str, arch: str = DEFAULT_ARCH) -> bool:
+    """Whether the disk cache holds an entry for ``source`` on ``arch`` (checked when
+    it is loaded; a damaged one compiles again then)."""
+    return _entry_path(source, arch).exists()
+
+
+def _entry_path(source: str, arch: str) -> Path:
+    return cache_dir() / arch / f"{cache_key(source, arch)}.entry"
+
+
 def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool = True) -> Binary:
     """Compile (or fetch from the cache) and return the cubin with its resource report.
 
@@ -271,7 +281,7 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
     bytes is kept: the cache holds the outcome, so the retry is paid once."""
     supported_arch(arch)
     key = cache_key(source, arch)
-    path = cache_dir() / arch / f"{key}.entry"
+    path = _entry_path(source, arch)
     if cache and (hit := _load_cached(path, key, arch)):
         return hit
     cubin, log = _nvrtc_compile(source, name, arch)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .compile import cache_writable, compile_source
+from .compile import cache_writable, cached, compile_source
 from .errors import SpecError
 from .plan import make_plan
 from .render import render
@@ -21,6 +21,19 @@ def _compile_one(shape, variant, arch):
         return plan.name, None
     except (RuntimeError, SpecError) as e:  # a compile error, or an architecture it needs
         return plan.name, str(e)
+
+
+def _in_cache(shape, variant, arch, results) -> bool:
+    """Whether the variant's kernel is in the disk cache already (noted in
+    ``results``); one the planner refuses is left to ``_compile_one`` to report."""
+    try:
+        plan = make_plan(shape, variant)
+        if not cached(render(plan), plan.target(arch)):
+            return False
+    except SpecError:
+        return False
+    results[plan.name] = None
+    return True
 
 
 def _ignore_interrupts():
@@ -41,7 +54,9 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
     results = {}
     if not cache_writable(arch):
         return results
-    items = list(items)
+    items = [it for it in items if not _in_cache(*it, arch, results)]
+    if not items:  # a warm cache: no worker processes started (a second or two)
+        return results
     if jobs <= 1 or len(items) <= 1:
         for shape, v in items:
             name, err = _compile_one(shape, v, arch)

@@ -108,3 +108,25 @@ def test_two_verify_runs_share_one_empty_cache(tmp_path):
     for e in entries:
         key = e.stem
         assert comp._load_cached(e, key, e.parent.name) is not None
+
+
+def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
+    """precompile finds what the disk cache holds before it starts a pool: with every
+    kernel there it starts none (a converted model's first call in a new process pays
+    no process start-up), and reports each as compiled."""
+    from specgen import parallel
+    from specgen.shapes import PRESETS
+    from specgen.strategies import default_set
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    shape = PRESETS["layer2"]
+    items = [(shape, v) for v in default_set(shape)[:3]]
+    first = parallel.precompile(items, "sm_90", jobs=2)
+    assert len(first) == 3 and all(err is None for err in first.values()), first
+
+    def no_pool(*args):
+        raise AssertionError("a pool started for kernels the cache holds")
+
+    monkeypatch.setattr(parallel.multiprocessing, "get_context", no_pool)
+    again = parallel.precompile(items, "sm_90", jobs=2)
+    assert again == first
