@@ -450,6 +450,17 @@ def speed_class(v: Variant) -> int:
     return 1 if getattr(v, "three_tf32", False) else FASTEST
 
 
+def search_floor(problem: ConvProblem, pick: Variant) -> int:
+    """The slowest math a tune of ``problem`` searches (``tune.prune``), given its
+    untuned pick: the pick's speed class, since slower math does not win, except for
+    layers of one channel a group (depthwise), whose GEMMs are a window's taps deep and
+    a few maps wide, where the tensor cores' tiles idle and the CUDA-core kernels
+    (``dwlane``, ``wlane``) may win."""
+    if problem.groups > 1 and problem.Cg == 1:
+        return 0
+    return speed_class(pick)
+
+
 def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> Choice:
     """The kernel for ``problem`` on ``gpu`` (a device name as ``bench.device_name``;
     ``arch``, its architecture, keeps out kernels it cannot run)."""

@@ -90,10 +90,10 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     problem and each math a PyTorch user gets for it (``choose.maths``, tf32 allowed),
     the problem in the layout the operator computes that math in (``choose.
     computed_layout``: an NCHW layer whose tensor-core pick is in NHWC is tuned there),
-    from the untuned pick's speed class up (``tune.prune``), the pick kept.  fp32 math
-    of a 16-bit layer whose own pick is on the tensor cores is left out: it is slower,
-    and never picked."""
-    from .choose import FASTEST, computed_layout, maths, planned, speed_class
+    from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
+    pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
+    left out: it is slower, and never picked (depthwise layers aside)."""
+    from .choose import FASTEST, computed_layout, maths, planned, search_floor
 
     out = []
     for p in problems:
@@ -105,9 +105,10 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             except SpecError:
                 out.append((p, precision, 0, ()))
                 continue
+            floor = search_floor(q, pick)
             if pick.precision is precision:
-                out.append((q, precision, speed_class(pick), (pick,)))
-            elif not (precision is Precision.FP32 and speed_class(pick) == FASTEST):
+                out.append((q, precision, floor, (pick,)))
+            elif not (precision is Precision.FP32 and floor == FASTEST):
                 out.append((q, precision, 0, ()))
     return list(dict.fromkeys(out))
 

@@ -405,3 +405,17 @@ def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
         items = dist.work_items([(p, precision, floor, keep)], 6)
         assert items[0].variant == keep[0].name  # the pick first, so a tune never ends slower
         assert all(it.precision == precision.value for it in items)
+
+
+def test_a_depthwise_layers_tune_searches_the_cuda_cores_too():
+    """MobileNetV2's depthwise wgrad in bf16 NHWC: its untuned pick runs on the tensor
+    cores, whose tiles idle on one channel a group, so its fp32 math (wlane's) and the
+    CUDA-core kernels are searched beside the pick (``choose.search_floor``)."""
+    from specgen.shapes import parse_shape
+    from specgen.variants import Precision
+
+    spec = "C=144,M=144,H=56,W=56,K=3,pad=1,groups=144,dtype=bf16,layout=nhwc,op=wgrad"
+    found = {precision: floor for _, precision, floor, _ in dist.searched([parse_shape(spec)], "")}
+    assert found == {Precision.BF16: 0, Precision.FP32: 0}
+    items = dist.work_items(dist.searched([parse_shape(spec)], ""), None)
+    assert {"wlane", "tcwhalo"} <= {it.variant.split("_")[0] for it in items}

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import tunedb
-from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, maths, speed_class, three_tf32_suits
+from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, maths, search_floor
+from ..choose import three_tf32_suits
 from ..choose import computed_layout as layout_for
 from ..errors import SpecError
 from ..plan import make_plan
@@ -511,7 +512,7 @@ def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
         pick = choose(p, gpu, tf32, arch)
         if pick.source == "tuned":
             return  # another process tuned it while this one waited
-        floor = speed_class(pick.variant)
+        floor = search_floor(p, pick.variant)
         for precision in maths(p, tf32):
             if precision is Precision.FP32 and p.dtype is not DType.FP32 and floor == FASTEST:
                 continue  # a 16-bit layer on its own tensor cores: fp32 math is slower
