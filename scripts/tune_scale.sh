@@ -72,7 +72,7 @@ for step in $STEPS; do
           date -u; nvidia-smi -L
           time SPECGEN_CACHE_DIR=$CACHE/g$step timeout "$LIMIT" "${tune[@]}" --gpus "$step" --workers 8; } \
             > "$LOGS/tune-gpus$step.log" 2>&1
-        grep -E "^wall|^gpu:|^final:" "$LOGS/tune-gpus$step.log" ;;
+        grep -E "^wall|^gpu:|^final:|^  of which" "$LOGS/tune-gpus$step.log" ;;
     esac
 done
 
