@@ -333,6 +333,13 @@ def test_a_converted_models_first_cuda_call_compiles_every_kernel_at_once(monkey
         sg.autotune(False)
     assert calls == [True, False]
 
+    def fails(m, ex, back):
+        raise KeyError("a model the meta trace cannot run")
+
+    monkeypatch.setattr(_trace, "precompile_model", fails)
+    odd = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3)))
+    assert torch.equal(odd(x), F.conv2d(x, odd[0].weight, odd[0].bias))  # runs regardless
+
 
 def test_torch_compile_takes_a_converted_model_off_the_gpu():
     """fullgraph=True traces the fallback (and the first call's compile-ahead hook)

@@ -349,7 +349,10 @@ def _compile_ahead(model: torch.nn.Module, args) -> None:
     from ._trace import precompile_model
 
     backward = model.training and torch.is_grad_enabled()
-    precompile_model(model, args, backward)
+    try:
+        precompile_model(model, args, backward)
+    except Exception as e:  # a head start only: never the reason a forward fails
+        _engine.log.info("specgen: kernels not compiled ahead (%s); they compile as met", e)
 
 
 def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
