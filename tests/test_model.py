@@ -163,3 +163,27 @@ def test_the_first_steps_run_in_fresh_processes_cold_then_warm():
     assert [r["first_s"] for r in found.values()] == [2.0, 4.0, 6.0]
     table = m.format_first_steps({("bf16", who): r for who, r in found.items()})
     assert "cold <= cuDNN + 20 s" in table and "specgen, warm cache" in table
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
+def test_the_first_step_child_reports_one_json_line(monkeypatch, capsys):
+    """The child's own code, on the CPU: the built-in U-Net built, converted and trained
+    two steps (the operator's fallback computes there), its times as one JSON line."""
+    import json
+
+    import torch
+
+    from specgen.torch import first_step
+    from specgen.torch import model as m
+
+    def on_cpu(batch, image, mode, classes, seed=0):
+        return torch.randn(batch, 3, image, image), torch.randn(batch, 3, image, image)
+
+    monkeypatch.setattr(m, "_prepare", lambda model, mode: model)
+    monkeypatch.setattr(m, "_inputs", on_cpu)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    for engine in ("cudnn", "specgen"):
+        first_step.main(["unet", "2", "16", "fp32", engine])
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["engine"] == engine and report["mode"] == "fp32"
+        assert report["first_s"] > 0 and report["second_s"] > 0 and report["import_s"] >= 0
