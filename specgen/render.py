@@ -30,6 +30,8 @@ _env = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
+# ``{{ base }}{{ n | signed }}``: "ho + 2", "ho - 1", "ho": an offset as C reads it
+_env.filters["signed"] = lambda n: f" + {n}" if n > 0 else (f" - {-n}" if n < 0 else "")
 
 
 def render_template(path: str, **context) -> str:

@@ -216,6 +216,20 @@ def plan_dwlane(p, v) -> Plan:
         in_w=in_w,
         ragged=out_w % v.pixels != 0,
         x_image=in_h * in_w * p.C,
+        in_row=in_w * p.C,
+        out_row=out_w * p.C,
+        # the gather's first dy column of a run: the run's first dx column / sw
+        iw_per_run=v.pixels // p.stride[1] if per_row > 1 else 0,
+        in_rows_span=p.stride[0] * in_h,  # the gather's row numerators below this divide in
+        # each window row's weight loads: (tap s, first channel q, offset, floats 4, 2 or 1)
+        w_loads=[
+            [
+                (s, q, (r * p.S + s) * p.C + q, min(4, v.vec - q))
+                for s in range(p.S)
+                for q in range(0, v.vec, 4)
+            ]
+            for r in range(p.R)
+        ],
         # a thread's channels at a pixel: one load and one store of this type
         words=words,
         wtype=(
