@@ -190,14 +190,24 @@ def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> di
     conv.run(dev, outs)
     cupy.cuda.Device().synchronize()
     xp = cupy if shape.flops(batch) > 2 * CPU_REFERENCE_MACS else np
+    return judge(shape, plan, batch, inputs, w, b, outs, xp)
+
+
+def judge(shape: ConvProblem, plan: Plan, batch: int, inputs, w, b, outs, xp=np) -> dict:
+    """``plan``'s outputs ``outs`` (Role -> storage array, NumPy's or CuPy's) from
+    ``inputs``, ``w`` and ``b`` (as ``random_inputs`` made them) against the float64
+    reference computed in ``xp``, within the plan's error bound: the worst output's
+    comparison (``reference.compare``)."""
 
     def values(role, t):
-        v = from_storage(t if xp is cupy else cupy.asnumpy(t), shape.dtype, xp)
+        if xp is np and not isinstance(t, np.ndarray):
+            t = t.get()  # a CuPy array, judged on the host
+        v = from_storage(t, shape.dtype, xp)
         return to_nchw(v, shape) if role in BATCHED else v
 
     refs = references(
         shape,
-        {r: values(r, t) for r, t in dev.items()},
+        {r: values(r, t) for r, t in inputs.items()},
         None if w is None else xp.asarray(w),
         None if b is None else xp.asarray(b),
         xp,

@@ -241,10 +241,9 @@ def test_the_emitted_kernel_run_on_the_cpu_matches_float64(spec):
     loads and stores, the 16-bit conversions, the padding checks, the runs cut short,
     the epilogue, dgrad's forward view and its gather, against the float64 reference
     within the error bound, the output poisoned with NaN first."""
-    from specgen.reference import compare
     from specgen.runtime import dgrad_weights, pack_weights
-    from specgen.tensors import BATCHED, from_storage, outputs, role_shape, to_nchw, to_storage
-    from specgen.verify import random_inputs, references, tolerance
+    from specgen.tensors import outputs, role_shape, to_storage
+    from specgen.verify import judge, random_inputs
 
     p, batch = parse_shape(spec), 2
     plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
@@ -254,9 +253,5 @@ def test_the_emitted_kernel_run_on_the_cpu_matches_float64(spec):
     y = to_storage(np.full(role_shape(out, p, batch), np.nan, np.float32), p.dtype)
     given = {**inputs, Role.W: packed, Role.BIAS: b, out: y, Role.BATCH: batch}
     cpu_kernel.run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
-    values = {r: to_nchw(from_storage(t, p.dtype), p) for r, t in inputs.items() if r in BATCHED}
-    ref, mag = references(p, values, w, b, np)[out]
-    largest = max(float(np.abs(from_storage(t, p.dtype)).max()) for t in inputs.values())
-    gamma, absolute = tolerance(plan, batch, largest, float(np.abs(w).max()))
-    result = compare(to_nchw(from_storage(y, p.dtype), p), ref, mag, gamma, np, absolute)
+    result = judge(p, plan, batch, inputs, w, b, {out: y})
     assert result["ok"], (plan.name, result)
