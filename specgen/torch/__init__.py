@@ -330,6 +330,13 @@ def _convert(model: torch.nn.Module) -> torch.nn.Module:
 AHEAD = "_specgen_compile_ahead"  # the converted model's one-shot forward pre-hook
 
 
+def _drop_ahead(model: torch.nn.Module) -> None:
+    """The first call's compile-ahead hook removed, where the model has it."""
+    handle = model.__dict__.pop(AHEAD, None)
+    if handle is not None:
+        handle.remove()
+
+
 def _on_cuda(args) -> bool:
     return any(torch.is_tensor(a) and a.is_cuda for a in args)
 
@@ -344,8 +351,7 @@ def _compile_ahead(model: torch.nn.Module, args) -> None:
         return
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return
-    getattr(model, AHEAD).remove()
-    delattr(model, AHEAD)
+    _drop_ahead(model)
     from ._trace import precompile_model
 
     backward = model.training and torch.is_grad_enabled()
@@ -365,9 +371,7 @@ def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
     if not autotuning():
         from ._trace import precompile_model
 
-        if hasattr(model, AHEAD):  # compiled here, not again by the first call
-            getattr(model, AHEAD).remove()
-            delattr(model, AHEAD)
+        _drop_ahead(model)  # compiled here, not again by the first call
         precompile_model(model, example, backward)
     out = model(*example)
     params = [p for p in model.parameters() if p.requires_grad]

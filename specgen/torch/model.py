@@ -165,6 +165,18 @@ def _forward_backward(model, x, t, mode: Mode, seed: int | None = None):
     return out.detach().double()
 
 
+def training_step(model, opt, x, t, mode: Mode):
+    """One training step of ``model`` on (``x``, ``t``) as a function of no arguments:
+    gradients cleared, forward, loss and backward, the optimizer's step."""
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        _forward_backward(model, x, t, mode)
+        opt.step()
+
+    return step
+
+
 CONVS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
 
 
@@ -232,12 +244,7 @@ def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int
         if who == "specgen":
             m = sg.convert(m)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            _forward_backward(m, x, t, mode)
-            opt.step()
-
+        step = training_step(m, opt, x, t, mode)
         found[(who, "eager")] = median_ms(step, reps=reps, warmup=3)
         if graph:
             side = torch.cuda.Stream()
