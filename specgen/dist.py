@@ -594,7 +594,8 @@ def tune_on_gpus(
         compiled(group)
 
     def record(phase, r):
-        heard[0] = time.perf_counter()
+        nonlocal last_record
+        last_record = time.perf_counter()
         which = "final" if r["kind"] in ("winner", "lost") else phase
         if r["kind"] == "lost":
             dropped.append(r)  # a group that could not run: said, not written
@@ -626,7 +627,7 @@ def tune_on_gpus(
             queue("gpu", group, GpuTask(group, [], arch, known[group]), first=True)
 
     running: dict = {}  # a GPU task's key -> when it was first seen running
-    heard = [time.perf_counter(), 0.0]  # when the last record came, and the last stall report
+    last_record = last_report = time.perf_counter()  # the last record; the last stall report
     retried: set = set()  # GPU tasks sent again after a failure that was not theirs
     dispatch()
     try:
@@ -695,9 +696,9 @@ def tune_on_gpus(
             if progress and now_running:
                 progress("running", now_running)
             now = time.perf_counter()
-            if progress and futures and now - max(heard) > STALL:
-                heard[1] = now
-                progress("stalled", _stall_report(client, futures, now - heard[0]))
+            if progress and futures and now - max(last_record, last_report) > STALL:
+                last_report = now
+                progress("stalled", _stall_report(client, futures, now - last_record))
     finally:
         faulthandler.cancel_dump_traceback_later()
         for future in futures:
