@@ -44,12 +44,24 @@ def environment() -> dict:
     )
 
 
+def searched_strategies(strategy: type[Variant] | None = None, floor: int = 0) -> list:
+    """The strategies a search enumerates: ``strategy`` alone where one is named, and of
+    those, where ``floor`` asks for the tensor cores' math (``choose.speed_class``), the
+    tensor-core ones only: the CUDA-core planners' searches of bank layouts were most of
+    a whole-model tune's setup."""
+    return [c for c in ([strategy] if strategy else TABLE) if c.tensor_core or not floor]
+
+
 def defaults(
-    shape: ConvProblem, precision: Precision, strategy: type[Variant] | None = None
+    shape: ConvProblem,
+    precision: Precision,
+    strategy: type[Variant] | None = None,
+    floor: int = 0,
 ) -> list[Variant]:
-    """Each strategy's default variant in ``precision`` for ``shape``, where it has one."""
+    """Each strategy's default variant in ``precision`` for ``shape``, where it has one
+    (of ``searched_strategies``)."""
     out = []
-    for cls in [strategy] if strategy else TABLE:
+    for cls in searched_strategies(strategy, floor):
         if precision in cls.precisions:
             try:
                 out.append(cls.default(cls.problem_for(shape), precision))
@@ -59,14 +71,20 @@ def defaults(
 
 
 def candidates(
-    shape: ConvProblem, precision: Precision, strategy: type[Variant] | None = None
+    shape: ConvProblem,
+    precision: Precision,
+    strategy: type[Variant] | None = None,
+    floor: int = 0,
 ) -> list[Variant]:
     """Every variant of the strategies' spaces that the planner accepts, in a stable
     order, each strategy's default first (fitted to ``shape``'s batch: a space need not
     hold it, and a tuned winner slower than the default would be a loss); only
-    ``strategy``'s when one is named."""
-    out = defaults(shape, precision, strategy)
-    for cls in [strategy] if strategy else TABLE:
+    ``strategy``'s when one is named, and only those whose math is at least ``floor``
+    fast (``choose.speed_class``), left out before they are planned."""
+    from .choose import speed_class
+
+    out = defaults(shape, precision, strategy, floor)
+    for cls in searched_strategies(strategy, floor):
         if precision in cls.precisions:
             try:
                 out += cls.space(cls.problem_for(shape), precision)
@@ -74,7 +92,7 @@ def candidates(
                 continue  # it does not compute this op
     valid, seen = [], set()
     for v in out:
-        if v in seen:
+        if v in seen or speed_class(v) < floor:
             continue
         seen.add(v)
         try:
@@ -108,15 +126,16 @@ def sample(
     budget: int | None,
     keep=(),
     strategy: type[Variant] | None = None,
+    floor: int = 0,
 ) -> list[Variant]:
     """At most ``budget`` of ``space``: ``keep``, each strategy's default and the
     shape's default set first (a tuned winner slower than a default would be a loss),
-    then the rest sampled evenly."""
-    seeds = defaults(shape, precision, strategy)
-    seeds += [v for v in default_set(shape) if v.precision is precision]
-    seeds = [v for v in dict.fromkeys([*keep, *seeds]) if v in space]
+    then the rest sampled evenly; ``floor`` as ``space`` was pruned to (``prune``)."""
     if not budget or len(space) <= budget:
         return space
+    seeds = defaults(shape, precision, strategy, floor)
+    seeds += [v for v in default_set(shape, floor > 0) if v.precision is precision]
+    seeds = [v for v in dict.fromkeys([*keep, *seeds]) if v in space]
     rest = [v for v in space if v not in seeds]
     space = seeds + rest[:: max(1, len(rest) // max(1, budget - len(seeds)))]
     return space[:budget]
@@ -148,13 +167,13 @@ def run_tune(
     arch = device_arch()
     batch = batch or shape.batch
     sized = replace(shape, batch=batch)  # the defaults' tiles follow the batch
-    space = candidates(sized, precision, strategy)
+    space = candidates(sized, precision, strategy, floor)
     if floor or keep:
         space = prune(space, floor, [v for v in keep if v.precision is precision])
     if not space:
         what = f"{strategy.key} in {precision.value}" if strategy else precision.value
         raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
-    space = sample(sized, precision, space, budget, keep, strategy)
+    space = sample(sized, precision, space, budget, keep, strategy, floor)
     echo(f"tune {shape.slug} {precision.value} on {env['gpu']}: {len(space)} candidates, B={batch}")
     errors = precompile([(shape, v) for v in space], arch, os.cpu_count() or 1, label="compiled")
     known = tunedb.timings(env, shape.spec, batch)

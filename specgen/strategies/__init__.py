@@ -127,15 +127,16 @@ def readers(option: str) -> list[str]:
     return [cls.key for cls in TABLE if option in {f.name for f in cls.params()}]
 
 
-def default_set(problem: ConvProblem) -> list[Variant]:
+def default_set(problem: ConvProblem, tensor_cores: bool = False) -> list[Variant]:
     """One of each strategy and precision that can serve the problem, and for a preset
     the winners shipped for it (``tunedb.shipped_winners``), so that the kernels worth
-    reading are in generated/ and covered by ``verify --all``."""
-    return list(_default_set(problem))
+    reading are in generated/ and covered by ``verify --all``; the tensor-core
+    strategies' only where ``tensor_cores`` (a tune searching those alone)."""
+    return list(_default_set(problem, tensor_cores))
 
 
 @functools.lru_cache(maxsize=1024)
-def _default_set(problem: ConvProblem) -> tuple[Variant, ...]:
+def _default_set(problem: ConvProblem, tensor_cores: bool) -> tuple[Variant, ...]:
     """``default_set``, planned once a process: the CLI, the operator and the tests ask
     for the same problems' sets many times, and some planners search a bank model."""
     from .. import tunedb
@@ -143,6 +144,8 @@ def _default_set(problem: ConvProblem) -> tuple[Variant, ...]:
 
     out: list[Variant] = []
     for cls in TABLE:
+        if tensor_cores and not cls.tensor_core:
+            continue
         for seed in cls.seeds():
             try:
                 v = cls.fit(cls.problem_for(problem), seed)
