@@ -830,12 +830,15 @@ def _time_many(client, problems, budget, item_limit):
         raise SpecError("the Dask cluster has no worker with the resource GPU=1 to time on")
     env = dist.gpu_of(client, gpus)
     searches = dist.searched(problems, env["gpu"], env["arch"])
-    items = dist.work_items(searches, budget)
+    warming = dist.warm_gpus(client, gpus, dist.warm_up_problems(searches))
+    items = dist.work_items(searches, budget)  # while the GPU workers warm up
+    warm = dist.warmed(warming)
     workers = len(client.scheduler_info()["workers"])
     click.echo(
         f"tune: {len(problems)} problems, {len(searches)} problem x math searches, "
         f"{len(items)} items, on {len(gpus)} {env['gpu']} GPU worker(s) and "
-        f"{workers - len(gpus)} compile worker(s)"
+        f"{workers - len(gpus)} compile worker(s); the GPU workers warmed up in "
+        f"{warm:.1f} s"
     )
     shown = _Progress(len(items), len({it.group for it in items}))
     report = dist.tune_on_gpus(

@@ -120,10 +120,10 @@ def work_items(searches, budget: int | None) -> list[Item]:
 
     items = []
     for p, precision, floor, keep in searches:
-        space = candidates(p, precision)
+        space = candidates(p, precision, floor=floor)
         if floor or keep:
             space = prune(space, floor, keep)
-        for v in sample(p, precision, space, budget, keep):
+        for v in sample(p, precision, space, budget, keep, floor=floor):
             items.append(Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)))
     return list(dict.fromkeys(items))
 
@@ -304,6 +304,48 @@ def _met(shape: ConvProblem, precision: str) -> dict:
         )
         met["cudnn"][precision] = found[0].ms if found else None
     return met
+
+
+def warm_up_problems(searches: list[tuple]) -> list[tuple[ConvProblem, str]]:
+    """For each kind of cuDNN call a tune makes (op, dtype, layout and math), its
+    smallest problem: what a GPU worker meets first (``warm_up``)."""
+    kinds: dict[tuple, tuple[ConvProblem, str]] = {}
+    for p, precision, _, _ in sorted(searches, key=lambda s: s[0].batch * s[0].C * s[0].H * s[0].W):
+        kinds.setdefault((p.op, p.dtype, p.layout, precision), (p, precision.value))
+    return list(kinds.values())
+
+
+def warm_up(problems: list[tuple[ConvProblem, str]]) -> float:
+    """A GPU worker's one-time costs, paid before its first item rather than inside it:
+    PyTorch, cuDNN and CuPy's generators loaded, the card's ceilings measured, and
+    cuDNN's kernels loaded for each kind of call (``warm_up_problems``).  Without this,
+    each worker's first item took 5.4-6.8 s of a 29-s tune on four GPUs (resnet50,
+    H200, 2026-11-28).  Returns its seconds."""
+    start = time.perf_counter()
+    for shape, precision in problems:
+        try:
+            _met(shape, precision)
+        except (SpecError, RuntimeError):  # the item that meets it says why
+            continue
+    return _since(start)
+
+
+def warmed(futures: list) -> float:
+    """The longest warm-up of ``warm_gpus``'s that ended (a worker lost meanwhile is the
+    tune's to handle), once all have."""
+    from distributed import wait
+
+    wait(futures)
+    return max([f.result() for f in futures if f.status == "finished"], default=0.0)
+
+
+def warm_gpus(client, workers: list[str], problems: list[tuple[ConvProblem, str]]) -> list:
+    """``warm_up`` on each GPU worker, as a task holding its GPU: futures that the caller
+    waits for while it plans the items."""
+    return [
+        client.submit(warm_up, problems, workers=[a], resources={"GPU": 1}, pure=False)
+        for a in workers
+    ]
 
 
 def gpu_environment() -> dict:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -419,3 +420,43 @@ def test_a_depthwise_layers_tune_searches_the_cuda_cores_too():
     assert found == {Precision.BF16: 0, Precision.FP32: 0}
     items = dist.work_items(dist.searched([parse_shape(spec)], ""), None)
     assert {"wlane", "tcwhalo"} <= {it.variant.split("_")[0] for it in items}
+
+
+def test_a_floored_search_leaves_the_slower_strategies_unplanned_and_samples_the_same():
+    """``tune.candidates`` with a floor: the CUDA-core strategies are not enumerated (their
+    planners were most of a whole-model tune's setup), and what is left is what pruning
+    the whole space would have kept, in the same order, so the sampled items are too."""
+    from specgen.choose import speed_class
+    from specgen.tune import candidates, prune, sample
+    from specgen.variants import Precision
+
+    p = replace(parse_shape("C=128,M=128,H=28,W=28,K=3,pad=1,layout=nhwc"), batch=32)
+    whole = candidates(p, Precision.FP32)
+    assert {speed_class(v) for v in whole} == {0, 1}
+    floored = candidates(p, Precision.FP32, floor=1)
+    assert floored == [v for v in whole if speed_class(v) >= 1]
+    keep = (floored[-1],)
+    assert sample(p, Precision.FP32, prune(floored, 1, keep), 5, keep, floor=1) == sample(
+        p, Precision.FP32, prune(whole, 1, keep), 5, keep
+    )
+
+
+def test_each_gpu_worker_warms_up_on_the_smallest_problem_of_each_kind():
+    """``warm_up_problems``: one problem for each op, dtype, layout and math the tune's
+    cuDNN calls meet, the smallest of its kind."""
+    from specgen.variants import Precision
+
+    small = replace(parse_shape("C=64,M=64,H=14,W=14,K=3,pad=1"), batch=8)
+    large = replace(parse_shape("C=64,M=64,H=56,W=56,K=3,pad=1"), batch=8)
+    wgrad = replace(parse_shape("C=64,M=64,H=56,W=56,K=3,pad=1,op=wgrad"), batch=8)
+    searches = [
+        (large, Precision.FP32, 0, ()),
+        (small, Precision.FP32, 0, ()),
+        (large, Precision.TF32, 0, ()),
+        (wgrad, Precision.FP32, 0, ()),
+    ]
+    assert dist.warm_up_problems(searches) == [
+        (small, "fp32"),
+        (large, "tf32"),
+        (wgrad, "fp32"),
+    ]
