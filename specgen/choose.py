@@ -159,6 +159,8 @@ ROWS_MIN_TAPS = 5
 
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
 FORWARD = (
+    # depthwise layers in channels-last (no other strategy reads them a word at a time)
+    "dwlane",
     "kn2row",
     "wgmma",
     "tcgemm",

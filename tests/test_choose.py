@@ -336,3 +336,13 @@ def test_winners_in_both_layouts_the_faster_one_decides():
     assert computed_layout(wgrad, gpu, allow_tf32=True) is nhwc
     winner(there, tf32.name, 0.50, "tf32", gpu)  # the latest counts: now slower than in place
     assert computed_layout(wgrad, gpu, allow_tf32=True) is nchw
+
+
+def test_depthwise_channels_last_layers_go_to_dwlane():
+    """MobileNetV2's depthwise layers in bf16 NHWC, forward and dgrad (its forward view
+    at stride 1, the gather at 2); NCHW stays with the planar kernels."""
+    spec = "C=144,M=144,H=56,W=56,K=3,pad=1,groups=144,dtype=bf16,layout=nhwc"
+    for s in (spec, spec + ",op=dgrad", spec.replace("pad=1", "pad=1,stride=2") + ",op=dgrad"):
+        assert planned(parse_shape(s), allow_tf32=False).variant.key == "dwlane", s
+    nchw = parse_shape(spec.replace(",layout=nhwc", ""))
+    assert planned(nchw, allow_tf32=False).variant.key != "dwlane"
