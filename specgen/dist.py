@@ -89,18 +89,19 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     """What a whole-model tune searches: (problem, precision, floor, keep) for each
     problem and each math a PyTorch user gets for it (``choose.maths``, tf32 allowed),
     the problem in the layout the operator computes that math in (``choose.
-    computed_layout``: an NCHW layer whose tensor-core pick is in NHWC is tuned there),
+    computed_problem``: an NCHW layer whose tensor-core pick is in NHWC is tuned there,
+    a few-channel wgrad over its padded channels),
     from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
     left out: it is slower, and never picked (depthwise layers aside)."""
-    from .choose import FASTEST, computed_layout, maths, planned, search_floor
+    from .choose import FASTEST, computed_problem, maths, planned, search_floor
 
     out = []
     for p in problems:
         for precision in maths(p, allow_tf32=True):
             tf32 = precision is Precision.TF32
             try:
-                q = replace(p, layout=computed_layout(p, gpu, tf32, arch))
+                q = computed_problem(p, gpu, tf32, arch)
                 pick = planned(q, tf32, arch).variant
             except SpecError:
                 out.append((p, precision, 0, ()))

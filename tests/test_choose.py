@@ -306,6 +306,33 @@ def test_the_layout_an_op_is_computed_in():
     assert computed_layout(replace(wide, op=Op.BGRAD, bias=True), gpu) is nchw
 
 
+def test_a_few_channel_wgrad_is_computed_over_padded_channels_on_the_tensor_cores():
+    """computed_problem: a first layer's wgrad (3 channels), which no tensor-core wgrad
+    takes, is computed over channels padded to 8 in 16 bits and to 4 in tf32, where the
+    pick runs on the tensor cores; its forward and dgrad, already on them, keep their
+    channels, as do a wgrad that padding would not speed (fp32 math, CUDA cores either
+    way), grouped layers, layers of 8 channels and 3x3 windows (``PAD_MIN_TAPS``)."""
+    from specgen.choose import computed_problem, speed_class
+
+    gpu, nhwc = "some GPU", TensorLayout.NHWC
+    stem = ConvProblem(C=3, M=64, H=224, W=224, R=7, S=7, stride=(2, 2), pads=(3,) * 4, batch=32)
+    bf16 = replace(stem, dtype=DType.BF16, layout=nhwc)
+    for first, tf32, width in ((bf16, False, 8), (stem, True, 4)):
+        q = computed_problem(replace(first, op=Op.WGRAD), gpu, tf32)
+        assert (q.C, q.layout, q.op) == (width, nhwc, Op.WGRAD)
+        assert speed_class(choose(q, gpu, tf32).variant) == 2
+        assert speed_class(choose(replace(first, op=Op.WGRAD), gpu, tf32).variant) == 0
+    for op in (Op.FPROP, Op.DGRAD):
+        assert computed_problem(replace(bf16, op=op), gpu).C == 3
+    assert computed_problem(replace(stem, op=Op.WGRAD), gpu).C == 3  # fp32 math
+    eight = replace(bf16, C=8, op=Op.WGRAD)
+    assert computed_problem(eight, gpu) == eight
+    grouped = replace(bf16, C=6, M=6, groups=3, op=Op.WGRAD)
+    assert computed_problem(grouped, gpu).C == 6
+    three = replace(bf16, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)  # not yet verified padded
+    assert computed_problem(three, gpu).C == 3
+
+
 def test_a_measured_winner_keeps_the_tensors_layout():
     """The presets' shipped winners were measured on their tensors' layout: the
     operator computes them there, whatever the other layout's planner default (the

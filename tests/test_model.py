@@ -48,7 +48,8 @@ def test_resnet18_layers_as_one_forward_pass_meets_them():
 @needs_torchvision
 def test_plan_lists_a_pick_for_every_problem_and_op():
     """--plan: one row per distinct problem and op, each with a kernel; the wide NCHW
-    layers computed in NHWC on the tensor cores, the stem's wgrad in place."""
+    layers computed in NHWC on the tensor cores, the stem's wgrad in place in fp32 and
+    over channels padded to 8 in bf16."""
     import torch
 
     from specgen.torch._trace import conv_layers, plan_rows
@@ -67,6 +68,8 @@ def test_plan_lists_a_pick_for_every_problem_and_op():
     r = run("model", "resnet18", "--plan", "--batch", "8", "--image", "64", "--modes", "bf16")
     assert r.exit_code == 0, r.output
     assert "wgmma_" in r.output and "bf16 (bf16, nhwc)" in r.output
+    stem = [l for l in r.output.splitlines() if l.startswith("conv1 ") and "wgrad" in l]
+    assert len(stem) == 1 and "nhwc C=8" in stem[0] and "tcwgrad_" in stem[0]  # padded
 
 
 @needs_torchvision

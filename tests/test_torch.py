@@ -903,6 +903,56 @@ def test_wide_nchw_layers_run_on_tensor_cores_through_nhwc(mode, stride):
     assert torch.allclose(db.double(), dy.double().sum((0, 2, 3)), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize(
+    "mode,K,stride,channels_last",
+    [
+        ("bf16", 7, 2, True),
+        ("bf16", 7, 2, False),
+        ("fp16", 7, 2, True),
+        ("tf32", 7, 2, False),
+        ("autocast", 7, 2, True),
+    ],
+)
+def test_a_first_layers_wgrad_runs_on_tensor_cores_over_padded_channels(
+    mode, K, stride, channels_last
+):
+    """A network's first layer (3 channels, x needing no gradient): its weight gradient
+    is computed over x's channels padded with zeros (``choose.computed_problem``) on a
+    tensor-core kernel, and dw's own three channels come back within that kernel's
+    bound against float64, in the weights' dtype (fp32 under autocast, whose cast
+    reaches fp32 weights, and then in their memory format), with db."""
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.float32)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(4, 3, 37, 41, device="cuda", dtype=dt).contiguous(memory_format=fmt)
+    w = (torch.randn(64, 3, K, K, device="cuda") / K).to(dt).contiguous(memory_format=fmt)
+    w.requires_grad_()
+    b = torch.randn(64, device="cuda", dtype=dt, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        y = sg.conv2d(x, w, b, stride, K // 2)
+    dy = torch.randn_like(y)
+    dw, db = torch.autograd.grad(y, [w, b], dy)
+    assert dw.dtype is w.dtype and dw.shape == w.shape
+    if w.dtype is torch.float32:  # fp32 weights get dw in their memory format
+        assert dw.is_contiguous(memory_format=fmt)
+    math = torch.bfloat16 if mode == "autocast" else dt  # what the kernel was handed
+    x64, dy64 = x.to(math).double(), dy.double()
+    w64 = w.detach().to(math).double().requires_grad_()
+    ref = torch.autograd.grad(F.conv2d(x64, w64, None, stride, K // 2), w64, dy64)[0]
+    a64 = w64.detach().abs().requires_grad_()
+    mag = torch.autograd.grad(F.conv2d(x64.abs(), a64, None, stride, K // 2), a64, dy64.abs())[0]
+    layout = TensorLayout.NHWC if channels_last else TensorLayout.NCHW
+    args = ([stride] * 2, [K // 2] * 4, [1, 1], 1)
+    p = E.problem(Op.WGRAD, x.shape, w.shape, True, *args, E.dtype_of(x.to(math)), layout)
+    k = kernel(p)
+    assert k.problem.C == (4 if mode == "tf32" else 8), k.conv.plan.name
+    assert k.choice.variant.tensor_core, k.conv.plan.name
+    largest = max(float(x.abs().max()), float(dy.abs().max()))
+    check(dw, ref, mag, k.conv.plan, x.shape[0], largest, float(w.abs().max()), "wgrad")
+    sums = dy64.sum((0, 2, 3))
+    assert torch.allclose(db.double(), sums, rtol=1e-2, atol=1e-2 * float(sums.abs().max()))
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9), (2, 64, 33, 31), (1, 40, 1, 1), (2, 1, 6, 6)])
 def test_the_layout_transpose_equals_pytorchs_copy_both_ways(dtype, shape):

@@ -14,7 +14,7 @@ import torch
 from .. import tunedb
 from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, maths, search_floor
 from ..choose import three_tf32_suits
-from ..choose import computed_layout as layout_for
+from ..choose import computed_problem
 from ..errors import SpecError
 from ..plan import make_plan
 from ..runtime import Conv, _driver_launch, _Step, device_arch, transpose_source, weight_dtype
@@ -252,11 +252,11 @@ def gpu_name(index: int) -> str:
 
 
 def computed(p: ConvProblem, index: int, tf32: bool) -> ConvProblem:
-    """The problem as the operator computes it on device ``index``: ``p``, or its twin
-    in the other layout (``choose.computed_layout``: an NCHW op that only in NHWC gets
-    a tensor-core kernel), the tensors copied there and back around the launch."""
-    layout = layout_for(p, gpu_name(index), tf32, arch_of(index))
-    return p if layout is p.layout else replace(p, layout=layout)
+    """The problem as the operator computes it on device ``index``
+    (``choose.computed_problem``): ``p``, or its twin in the other layout (an NCHW op
+    that only in NHWC gets a tensor-core kernel), the tensors copied there and back
+    around the launch; for a wgrad of a few channels, over more channels, zeros."""
+    return computed_problem(p, gpu_name(index), tf32, arch_of(index))
 
 
 def arch_of(index: int) -> str:
@@ -908,12 +908,12 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     and the caller (or autograd) makes them what the weights need."""
     N = x.shape[0]
     k = lay.kernel(Op.WGRAD, bias, N, grads32)
-    x, dy = dense(x, k.problem.layout), dense(dy, k.problem.layout)
-    if k.grads32:
-        lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
-        dw = empty(lay.w_size, x, lay32, torch.float32)
-    else:
-        dw = empty(lay.w_size, x, TensorLayout.NCHW)
+    C, layout = x.shape[1], k.problem.layout
+    x = dense(x, layout) if k.problem.C == C else widened(x, k.problem.C, layout)
+    dy = dense(dy, layout)
+    w_size = (lay.w_size[0], k.problem.C, *lay.w_size[2:])
+    lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
+    dw = empty(w_size, x, lay32, torch.float32 if k.grads32 else None)
     out = {Role.X: x, Role.DY: dy, Role.DW: dw}
     if bias:
         db_size = (lay.w_size[0],)
@@ -922,7 +922,19 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
         dw.zero_()
         out.get(Role.DB, dw).zero_()
     launch(k, out, N, lay.device)
+    if k.problem.C != C:  # the padded channels' sums dropped
+        dw = dense(dw[:, :C], lay32)
     return (dw, out[Role.DB]) if bias else dw
+
+
+def widened(t: torch.Tensor, channels: int, layout: TensorLayout) -> torch.Tensor:
+    """``t`` with zero channels after its own up to ``channels``, dense in ``layout``:
+    what a wgrad over padded channels reads (``choose.computed_problem``)."""
+    N, C, H, W = t.shape
+    out = empty((N, channels, H, W), t, layout)
+    out[:, C:].zero_()
+    out[:, :C].copy_(t)
+    return out
 
 
 def bias_grad(lay: Layer, dy):

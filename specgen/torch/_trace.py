@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from ..choose import choose, computed_layout
+from ..choose import choose, computed_problem
 from ..errors import SpecError
 from ..parallel import precompile
 from ..shapes import DType, Op, TensorLayout
@@ -171,7 +171,7 @@ class Row:
     layer: str
     spec: str
     op: str
-    computed: str  # the layout the op runs in
+    computed: str  # the layout the op runs in, and " C=N" where its channels are padded
     kernel: str
     source: str
     specgen_ms: float | None = None
@@ -191,15 +191,17 @@ def plan_rows(
             if p in seen:
                 continue
             seen.add(p)
-            p = replace(p, layout=computed_layout(p, gpu, mode.tf32, arch))
+            p = computed_problem(p, gpu, mode.tf32, arch)
             pick = None
             try:
                 c = choose(p, gpu, mode.tf32, arch)
                 kernel, source, pick = c.variant.kernel_name(p), c.source, (p, c.variant)
             except SpecError as e:
                 kernel, source = "-", str(e)
-            spec = layer.problem(op, mode).spec
-            rows.append(Row(layer.name, spec, op.value, p.layout.value, kernel, source, pick=pick))
+            given = layer.problem(op, mode)
+            # the layout computed in, and the channels where they are padded
+            at = p.layout.value + (f" C={p.C}" if p.C != given.C else "")
+            rows.append(Row(layer.name, given.spec, op.value, at, kernel, source, pick=pick))
     return rows
 
 
