@@ -269,11 +269,22 @@ def the_pick(shape, gpu: str) -> tuple[Variant, str]:
     """The kernel the PyTorch operator runs for ``shape`` on ``gpu`` (``choose``: the
     tuned winner, else the shipped one, else the planner's default; fp32 tensors in fp32
     math) and one line saying which and why."""
-    from .choose import choose
+    from .choose import choose, computed_problem
 
     c = choose(shape, gpu, allow_tf32=False)
     whose = f"on {gpu}" if gpu else "with no GPU present or named (--gpu NAME)"
-    return c.variant, f"the pick {whose}: {c.why}"
+    line = f"the pick {whose}: {c.why}"
+    try:
+        there = computed_problem(shape, gpu)
+    except SpecError:
+        there = shape
+    if there != shape:  # the operator copies the tensors to another layout or channels
+        k = choose(there, gpu, allow_tf32=False).variant.kernel_name(there)
+        line += (
+            f"; the PyTorch operator computes it as {there.spec} instead, its tensors "
+            f"copied there, with {k}"
+        )
+    return c.variant, line
 
 
 def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=None):
