@@ -11,6 +11,7 @@ import os
 import signal
 from dataclasses import replace
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -770,12 +771,14 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     from . import dist
     from .compile import DEFAULT_ARCH
 
+    setup = _Setup()
     if problems_path is not None:
         problems = dist.problems_file(problems_path)
         if batch:
             problems = [with_batch(p, batch=batch) for p in problems]
     else:
         problems = _model_problems(model_name, batch)
+    setup.mark("problems")
     if compile_only:
         if gpus is not None:
             raise SpecError("--gpus times on GPU workers; --compile-only runs none")
@@ -795,8 +798,9 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
             "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
         )
     client = dist.connect(scheduler, workers, ids)
+    setup.mark("cluster up")
     try:
-        _time_many(client, problems, budget, cluster["item_limit"])
+        _time_many(client, problems, budget, cluster["item_limit"], setup)
     finally:
         dist.disconnect(client)
 
@@ -831,26 +835,48 @@ def _compile_many(problems, arch, scheduler, workers, budget):
     click.echo(f"recorded in {tunedb.db_path()}")
 
 
-def _time_many(client, problems, budget, item_limit):
+class _Setup:
+    """Where a many-problem tune's seconds before its first item go: each ``mark`` names
+    the step that just ended."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+        self.steps: list[tuple[str, float]] = []
+
+    def mark(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps.append((step, now - self.last))
+        self.last = now
+
+    def line(self) -> str:
+        total = sum(s for _, s in self.steps)
+        return f"setup {total:.1f} s: " + ", ".join(f"{k} {s:.1f} s" for k, s in self.steps)
+
+
+def _time_many(client, problems, budget, item_limit, setup=None):
     """The timed tune on the client's cluster: items planned for its GPUs' model, the
     pipeline run with a progress line, then the winners table and the phases' times."""
     from . import dist, tunedb
 
+    setup = setup or _Setup()
     gpus = dist.gpu_workers(client)
     if not gpus:
         raise SpecError("the Dask cluster has no worker with the resource GPU=1 to time on")
     env = dist.gpu_of(client, gpus)
+    setup.mark("GPUs read")
     searches = dist.searched(problems, env["gpu"], env["arch"])
     warming = dist.warm_gpus(client, gpus, dist.warm_up_problems(searches))
     items = dist.work_items(searches, budget)  # while the GPU workers warm up
+    setup.mark("items listed")
     warm = dist.warmed(warming)
+    setup.mark(f"the rest of the GPU workers' warm-up ({warm:.1f} s in all)")
     workers = len(client.scheduler_info()["workers"])
     click.echo(
         f"tune: {len(problems)} problems, {len(searches)} problem x math searches, "
         f"{len(items)} items, on {len(gpus)} {env['gpu']} GPU worker(s) and "
-        f"{workers - len(gpus)} compile worker(s); the GPU workers warmed up in "
-        f"{warm:.1f} s"
+        f"{workers - len(gpus)} compile worker(s)"
     )
+    click.echo(setup.line())
     shown = _Progress(len(items), len({it.group for it in items}))
     report = dist.tune_on_gpus(
         client, items, env["arch"], env, progress=shown, item_limit=item_limit

@@ -282,3 +282,16 @@ def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
     r = run("verify", "--shape", "C=64,M=128,H=28,W=28,K=3,pad=1", "--jobs", "1")
     assert r.exit_code == 0, r.output
     assert "computes it as C=64,M=128,H=28,W=28,K=3,pad=1,layout=nhwc instead" in r.output
+
+
+def test_a_many_problem_tunes_setup_is_said_step_by_step(monkeypatch):
+    """The line a timed tune prints before its first item: the setup's seconds in all,
+    then each step's, in order, summing to the whole."""
+    from specgen import cli
+
+    clock = iter([10.0, 12.5, 16.0, 16.25])
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
+    setup = cli._Setup()
+    for step in ("problems", "cluster up", "items listed"):
+        setup.mark(step)
+    assert setup.line() == "setup 6.2 s: problems 2.5 s, cluster up 3.5 s, items listed 0.2 s"
