@@ -1126,3 +1126,17 @@ def test_conv_transpose2d_under_torch_compile_and_a_cuda_graph():
     static_x.copy_(torch.randn_like(static_x))
     graph.replay()
     torch.testing.assert_close(static_y, model(static_x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18"])
+def test_a_converted_torchvision_model_trains_as_close_to_float64_as_cudnn_in_bf16(name):
+    """A whole model under bf16 autocast, channels_last (its depthwise layers on dwlane,
+    its first layer's wgrad padded where the operator pads it): the output and every
+    conv weight gradient finite, and no further from float64 than twice cuDNN's."""
+    pytest.importorskip("torchvision")
+    from specgen.torch import model as m
+
+    found = m.accuracy(m.build(name), 8, 112, m.MODES["bf16"], sg)
+    (y_cudnn, dw_cudnn), (y_ours, dw_ours) = found["cuDNN"], found["specgen"]
+    assert y_ours == y_ours and dw_ours == dw_ours, f"{name}: a non-finite output or gradient"
+    assert y_ours <= 2 * y_cudnn and dw_ours <= 2 * dw_cudnn, found
