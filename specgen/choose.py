@@ -456,11 +456,11 @@ PAD_MIN_TAPS = 25
 
 def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
     """The problem as the operator computes it: in ``computed_layout``'s layout, and a
-    wgrad of fewer than ``PAD_CHANNELS_BELOW`` channels (one group; a window of at least
-    ``PAD_MIN_TAPS`` taps) over its channels
-    padded with zeros to the first of ``PAD_WIDTHS`` whose pick runs faster math
-    (``speed_class``): x is copied there with zero channels added, and dw's extra
-    channels, the sums of products with zeros, are dropped."""
+    wgrad of fewer than ``PAD_CHANNELS_BELOW`` channels (one group, a window of at least
+    ``PAD_MIN_TAPS`` taps) over its channels padded with zeros to the first of
+    ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is copied there with
+    zero channels added, and dw's extra channels, the sums of products with zeros, are
+    dropped."""
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))
     if problem.op is not Op.WGRAD or problem.groups != 1 or problem.C >= PAD_CHANNELS_BELOW:
         return here

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import tunedb
-from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, maths, search_floor
-from ..choose import three_tf32_suits
-from ..choose import computed_problem
+from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, computed_problem, maths
+from ..choose import search_floor, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
 from ..runtime import Conv, _driver_launch, _Step, device_arch, transpose_source, weight_dtype
