@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+from contextlib import contextmanager
 
 import click
 
@@ -46,6 +47,29 @@ def _compile_item(item):
     return _compile_one(*item)
 
 
+@contextmanager
+def _main_left_alone():
+    """Worker processes started inside do not run the caller's main script.
+
+    A spawned worker re-imports ``__main__`` (from its file, or by its module name under
+    ``python -m``) before its first task, so a script that converts a model at top level,
+    with no ``if __name__ == "__main__"`` guard, would run again in every worker: timing
+    and training beside its parent.  The workers need only specgen's own functions, so
+    while the pool starts, ``__main__`` names neither a file nor a module."""
+    main = sys.modules.get("__main__")
+    if main is None:  # an embedding interpreter may have none
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant); returns name -> error or None.
     With no writable cache there is nothing to fill: each variant compiles when used.
@@ -63,7 +87,8 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
             results[name] = err
         return results
     ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
-    pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
+    with _main_left_alone():
+        pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
     try:
         work = pool.imap_unordered(_compile_item, [(s, v, arch) for s, v in items])
         with click.progressbar(length=len(items), label=label, file=sys.stderr) as bar:

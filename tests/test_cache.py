@@ -6,11 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specgen import compile as comp
 from specgen.compile import compile_source
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SRC = 'extern "C" __global__ void k(float* __restrict__ y) { y[threadIdx.x] = 1.0f; }'
 
@@ -130,3 +133,34 @@ def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel.multiprocessing, "get_context", no_pool)
     again = parallel.precompile(items, "sm_90", jobs=2)
     assert again == first
+
+
+GUARDLESS = """
+import os, sys
+with open(os.environ["RUNS_LOG"], "a") as f:
+    f.write("ran\\n")
+from specgen import parallel
+from specgen.shapes import PRESETS
+from specgen.strategies import default_set
+
+shape = PRESETS["layer2"]
+found = parallel.precompile([(shape, v) for v in default_set(shape)[:2]], "sm_90", jobs=2)
+assert len(found) == 2 and all(e is None for e in found.values()), found
+assert sys.modules["__main__"].__file__  # given back
+"""
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["script", "python -m"])
+def test_compile_workers_do_not_run_the_callers_script_again(tmp_path, as_module):
+    """A script that compiles at top level, with no ``if __name__ == "__main__"`` guard
+    (as people write them), runs once: the spawned compile workers do not import it."""
+    (tmp_path / "guardless.py").write_text(GUARDLESS)
+    runs = tmp_path / "runs.log"
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"), RUNS_LOG=str(runs))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    target = ["-m", "guardless"] if as_module else [str(tmp_path / "guardless.py")]
+    done = subprocess.run(
+        [sys.executable, *target], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert runs.read_text() == "ran\n"
