@@ -910,7 +910,7 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     C, layout = x.shape[1], k.problem.layout
     x = dense(x, layout) if k.problem.C == C else widened(x, k.problem.C, layout)
     dy = dense(dy, layout)
-    w_size = (lay.w_size[0], k.problem.C, *lay.w_size[2:])
+    w_size = (lay.w_size[0], k.problem.Cg, *lay.w_size[2:])  # [M][C/g][R][S] computed
     lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
     dw = empty(w_size, x, lay32, torch.float32 if k.grads32 else None)
     out = {Role.X: x, Role.DY: dy, Role.DW: dw}
@@ -921,8 +921,8 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
         dw.zero_()
         out.get(Role.DB, dw).zero_()
     launch(k, out, N, lay.device)
-    if k.problem.C != C:  # the padded channels' sums dropped
-        dw = dense(dw[:, :C], lay32)
+    if k.problem.Cg != lay.w_size[1]:  # the padded channels' sums dropped
+        dw = dense(dw[:, : lay.w_size[1]], lay32)
     return (dw, out[Role.DB]) if bias else dw
 
 
