@@ -446,25 +446,16 @@ FASTEST = 2
 # H200 2026-11-28).
 PAD_CHANNELS_BELOW = 8
 PAD_WIDTHS = (4, 8)  # the channel multiples the tensor-core wgrads read: tf32's, 16-bit's
-# The windows padding is verified on in whole models: resnet18's and resnet50's 7x7 stems
-# (their bf16 gradients as close to float64 as cuDNN's). mobilenet_v2's 3x3 stem, padded,
-# ended in a non-finite output or conv gradient in bf16 (H200, 2026-11-28), with nothing
-# else changed since the same model ran finite: 3x3 stems stay unpadded until that is
-# found.
-PAD_MIN_TAPS = 25
 
 
 def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
     """The problem as the operator computes it: in ``computed_layout``'s layout, and a
-    wgrad of fewer than ``PAD_CHANNELS_BELOW`` channels (one group, a window of at least
-    ``PAD_MIN_TAPS`` taps) over its channels padded with zeros to the first of
-    ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is copied there with
-    zero channels added, and dw's extra channels, the sums of products with zeros, are
-    dropped."""
+    wgrad of fewer than ``PAD_CHANNELS_BELOW`` channels (one group) over its channels
+    padded with zeros to the first of ``PAD_WIDTHS`` whose pick runs faster math
+    (``speed_class``): x is copied there with zero channels added, and dw's extra
+    channels, the sums of products with zeros, are dropped."""
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))
     if problem.op is not Op.WGRAD or problem.groups != 1 or problem.C >= PAD_CHANNELS_BELOW:
-        return here
-    if problem.R * problem.S < PAD_MIN_TAPS:
         return here
     fast = speed_class(choose(here, gpu, allow_tf32, arch).variant)
     for width in PAD_WIDTHS:

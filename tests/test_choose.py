@@ -311,7 +311,7 @@ def test_a_few_channel_wgrad_is_computed_over_padded_channels_on_the_tensor_core
     takes, is computed over channels padded to 8 in 16 bits and to 4 in tf32, where the
     pick runs on the tensor cores; its forward and dgrad, already on them, keep their
     channels, as do a wgrad that padding would not speed (fp32 math, CUDA cores either
-    way), grouped layers, layers of 8 channels and 3x3 windows (``PAD_MIN_TAPS``)."""
+    way), grouped layers and layers of 8 channels; 3x3 stems (mobilenet_v2's) as 7x7 ones."""
     from specgen.choose import computed_problem, speed_class
 
     gpu, nhwc = "some GPU", TensorLayout.NHWC
@@ -329,8 +329,8 @@ def test_a_few_channel_wgrad_is_computed_over_padded_channels_on_the_tensor_core
     assert computed_problem(eight, gpu) == eight
     grouped = replace(bf16, C=6, M=6, groups=3, op=Op.WGRAD)
     assert computed_problem(grouped, gpu).C == 6
-    three = replace(bf16, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)  # not yet verified padded
-    assert computed_problem(three, gpu).C == 3
+    three = replace(bf16, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
+    assert computed_problem(three, gpu).C == 8
 
 
 def test_a_measured_winner_keeps_the_tensors_layout():
