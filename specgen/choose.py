@@ -69,6 +69,18 @@ WARP_OF_CHANNELS = {"flane"}
 # Tried only for fewer than WGEMM_MIN_MAPS maps a group: with more, each lane's dy
 # loads match its FMAs (a 1x1 window), where wgemm's tiles reuse every load.
 FEW_MAPS = {"wlane"}
+# Not tried for depthwise layers (one channel and one map a group): their tiles span a
+# group's maps by its channels, so a 16x8 tile multiplies one useful row. On
+# mobilenet_v2's 3x3 depthwise wgrads at B=64 (bf16, NHWC, H200, 2026-11-28) tcwhalo took
+# 0.10-3.05 ms against cuDNN's 0.04-0.14, wlane's lane a channel 0.145 against 0.091 on
+# the one it was picked for.
+GROUP_TILED_WGRAD = {"wgwgrad", "tcwgrad", "tcwhalo", "tc3wgrad"}
+
+
+def depthwise(view: ConvProblem) -> bool:
+    return view.groups > 1 and view.Cg == 1 and view.Mg == 1
+
+
 # Tried only in 16-bit math, for windows of 5 taps a row or more (a row is padded to 8
 # taps) over at most this many channels a group.  On the 16-bit 7x7 layers at B=10000
 # (H200, 2026-11-23, bf16 NCHW): 1 channel, mmastrip 0.30 ms against mmapersist's 0.63
@@ -344,6 +356,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key in GEMM_FP32 and math is Precision.FP32 and not gemm_fp32_suits(view):
                     continue
                 if key in FEW_MAPS and view.Mg >= WGEMM_MIN_MAPS:
+                    continue
+                if key in GROUP_TILED_WGRAD and depthwise(view):
                     continue
                 if key in WARP_OF_CHANNELS and view.C < 32:
                     continue

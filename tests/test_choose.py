@@ -373,3 +373,44 @@ def test_depthwise_channels_last_layers_go_to_dwlane():
         assert planned(parse_shape(s), allow_tf32=False).variant.key == "dwlane", s
     nchw = parse_shape(spec.replace(",layout=nhwc", ""))
     assert planned(nchw, allow_tf32=False).variant.key != "dwlane"
+
+
+def test_a_depthwise_wgrad_is_not_tiled_over_its_groups_maps_on_the_tensor_cores():
+    """mobilenet_v2's depthwise wgrads (one channel and one map a group) go to wlane, a
+    lane a channel, not to a tensor-core wgrad whose tiles span a group's maps and
+    channels (one useful row of 16); a grouped layer of 8 channels a group still may."""
+    from specgen.choose import GROUP_TILED_WGRAD
+
+    nhwc = TensorLayout.NHWC
+    for C, H, stride in ((32, 112, 1), (144, 56, 1), (144, 56, 2), (960, 7, 1)):
+        dw = ConvProblem(
+            C=C,
+            M=C,
+            H=H,
+            W=H,
+            R=3,
+            S=3,
+            pads=(1,) * 4,
+            stride=(stride,) * 2,
+            groups=C,
+            dtype=DType.BF16,
+            layout=nhwc,
+            op=Op.WGRAD,
+            batch=64,
+        )
+        assert choose(dw, "some GPU").variant.key == "wlane", C
+    grouped = ConvProblem(
+        C=64,
+        M=64,
+        H=28,
+        W=28,
+        R=3,
+        S=3,
+        pads=(1,) * 4,
+        groups=8,
+        dtype=DType.BF16,
+        layout=nhwc,
+        op=Op.WGRAD,
+        batch=64,
+    )
+    assert choose(grouped, "some GPU").variant.key in GROUP_TILED_WGRAD
