@@ -866,7 +866,7 @@ def _time_many(client, problems, budget, item_limit, setup=None):
     setup.mark("GPUs read")
     searches = dist.searched(problems, env["gpu"], env["arch"])
     warming = dist.warm_gpus(client, gpus, dist.warm_up_problems(searches))
-    items = dist.work_items(searches, budget)  # while the GPU workers warm up
+    items = dist.work_items(searches, budget, client)  # while the GPU workers warm up
     setup.mark("items listed")
     warm = dist.warmed(warming)
     setup.mark(f"the rest of the GPU workers' warm-up ({warm:.1f} s in all)")

@@ -114,19 +114,34 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     return list(dict.fromkeys(out))
 
 
-def work_items(searches, budget: int | None) -> list[Item]:
+def work_items(searches, budget: int | None, client=None) -> list[Item]:
     """Each search's candidates (``searched``), pruned and sampled to ``budget`` as the
-    operator's autotune does, one ``Item`` each."""
+    operator's autotune does, one ``Item`` each.  With ``client``, the searches are
+    listed on its workers without a GPU, one task each, and put back in their order:
+    planning every candidate of resnet50's 204 searches takes 7-8 s on one core, all of
+    it before the first item can run."""
+    if client is None:
+        found = [search_items(s, budget) for s in searches]
+    else:
+        gpus = set(gpu_workers(client))
+        cpus = [a for a in client.scheduler_info()["workers"] if a not in gpus] or None
+        futures = client.map(search_items, searches, budget=budget, workers=cpus, pure=False)
+        found = client.gather(futures)
+    return list(dict.fromkeys(it for chunk in found for it in chunk))
+
+
+def search_items(search: tuple, budget: int | None) -> list[Item]:
+    """One search's items: its candidates, pruned from its floor up and sampled."""
     from .tune import candidates, prune, sample, source_hash
 
-    items = []
-    for p, precision, floor, keep in searches:
-        space = candidates(p, precision, floor=floor)
-        if floor or keep:
-            space = prune(space, floor, keep)
-        for v in sample(p, precision, space, budget, keep, floor=floor):
-            items.append(Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)))
-    return list(dict.fromkeys(items))
+    p, precision, floor, keep = search
+    space = candidates(p, precision, floor=floor)
+    if floor or keep:
+        space = prune(space, floor, keep)
+    return [
+        Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v))
+        for v in sample(p, precision, space, budget, keep, floor=floor)
+    ]
 
 
 def _record(item: Item, **fields) -> dict:

@@ -304,6 +304,8 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
         assert len(gpus) == 2
         pinned = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"], workers=gpus)
         assert sorted(pinned.values()) == ["0", "1"]
+        searches = dist.searched([parse_shape(s) for s in SPECS], "")
+        assert dist.work_items(searches, 3, client) == work  # listed on the CPU worker
         victim = client.run(os.getpid, workers=[gpus[0]])[gpus[0]]
         killed = []
 
