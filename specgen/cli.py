@@ -12,6 +12,7 @@ import signal
 from dataclasses import replace
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -771,15 +772,15 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     from . import dist
     from .compile import DEFAULT_ARCH
 
+    def listed():
+        if problems_path is None:
+            return _model_problems(model_name, batch)
+        found = dist.problems_file(problems_path)
+        return [with_batch(p, batch=batch) for p in found] if batch else found
+
     setup = _Setup()
-    if problems_path is not None:
-        problems = dist.problems_file(problems_path)
-        if batch:
-            problems = [with_batch(p, batch=batch) for p in problems]
-    else:
-        problems = _model_problems(model_name, batch)
-    setup.mark("problems")
     if compile_only:
+        problems = listed()
         if gpus is not None:
             raise SpecError("--gpus times on GPU workers; --compile-only runs none")
         _check_arch(arch)
@@ -797,8 +798,21 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
         raise SpecError(
             "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
         )
-    client = dist.connect(scheduler, workers, ids)
-    setup.mark("cluster up")
+    # the problems listed (a model traced: PyTorch imported, 4-5 s) while the cluster
+    # starts, its processes importing Dask
+    with ThreadPoolExecutor(1) as pool:
+        listing = pool.submit(listed)
+        try:
+            client = dist.connect(scheduler, workers, ids)
+        except BaseException:
+            listing.cancel()
+            raise
+        try:
+            problems = listing.result()
+        except BaseException:
+            dist.disconnect(client)
+            raise
+    setup.mark("problems listed and cluster up")
     try:
         _time_many(client, problems, budget, cluster["item_limit"], setup)
     finally:
