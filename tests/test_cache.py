@@ -164,3 +164,35 @@ def test_compile_workers_do_not_run_the_callers_script_again(tmp_path, as_module
     )
     assert done.returncode == 0, done.stderr
     assert runs.read_text() == "ran\n"
+
+
+RENDER = """
+from specgen.plan import make_plan
+from specgen.render import _env, render
+from specgen.shapes import PRESETS
+from specgen.strategies import default_set
+
+shape = PRESETS["layer2"]
+print(_env.bytecode_cache is not None)
+print(render(make_plan(shape, default_set(shape)[0])))
+"""
+
+
+def test_templates_compiled_once_a_machine_render_the_same_source(tmp_path):
+    """The templates' compiled code is kept in the cache folder (Jinja's bytecode
+    cache), so that a fresh process renders without compiling them again, into the same
+    source; where that folder cannot be made, templates compile in memory as before."""
+    runs = []
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    for folder in (tmp_path / "cache", tmp_path / "cache", blocked):
+        env = dict(os.environ, SPECGEN_CACHE_DIR=str(folder), PYTHONPATH=str(ROOT))
+        done = subprocess.run(
+            [sys.executable, "-c", RENDER], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.split("\n", 1))
+    assert [cached for cached, _ in runs] == ["True", "True", "False"]
+    assert runs[0][1] == runs[1][1] == runs[2][1] and "__global__" in runs[0][1]
+    entries = list((tmp_path / "cache" / "templates").iterdir())
+    assert entries and all(e.name.endswith(".cache") for e in entries)
