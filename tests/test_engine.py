@@ -1,0 +1,100 @@
+"""The operator's bookkeeping around a kernel, with the launch stubbed: what
+``weight_grads`` allocates, hands the kernel and returns, for grouped layers and for a
+first layer's wgrad over padded channels.  These run wherever PyTorch is, a GPU or not
+(the kernels' numbers are the GPU tier's, test_torch.py)."""
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specgen.shapes import ConvProblem, DType, Op, TensorLayout  # noqa: E402
+from specgen.tensors import Role  # noqa: E402
+from specgen.torch import _engine as E  # noqa: E402
+
+
+@dataclass
+class Kernel:
+    problem: ConvProblem
+    grads32: str = ""
+
+
+@dataclass
+class Layer:
+    """A layer whose wgrad is computed as ``computed`` (the problem ``choose.
+    computed_problem`` gives), on the CPU."""
+
+    computed: ConvProblem
+    w_size: tuple
+    device: torch.device = torch.device("cpu")
+
+    def kernel(self, op, bias, batch, grads32=""):
+        assert op is Op.WGRAD
+        return Kernel(replace(self.computed, batch=batch), grads32)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The tensors each stubbed launch was given; it writes dw's elements' own indices
+    (and db's) so that what comes back can be traced to where the kernel wrote it."""
+    seen = []
+
+    def launch(k, tensors, batch, device, w=None, bias=None):
+        seen.append(tensors)
+        for role in (Role.DW, Role.DB):
+            if role in tensors:
+                t = tensors[role]
+                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape))
+
+    monkeypatch.setattr(E, "launch", launch)
+    return seen
+
+
+def problem(**kw):
+    base = dict(C=32, M=32, H=10, W=10, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
+    return ConvProblem(**dict(base, **kw))
+
+
+@pytest.mark.parametrize("groups", [1, 4, 32])
+@pytest.mark.parametrize("layout", [TensorLayout.NCHW, TensorLayout.NHWC])
+def test_a_grouped_wgrad_returns_its_groups_channels(launched, groups, layout):
+    """dw is [M][C/groups][R][S], allocated so and returned as the kernel wrote it."""
+    fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
+    p = problem(groups=groups, layout=layout)
+    lay = Layer(p, (32, 32 // groups, 3, 3))
+    x = torch.randn(2, 32, 10, 10).contiguous(memory_format=fmt)
+    dy = torch.randn(2, 32, 10, 10).contiguous(memory_format=fmt)
+    dw, db = E.weight_grads(lay, x, dy, bias=True)
+    (given,) = launched
+    assert given[Role.DW].shape == dw.shape == (32, 32 // groups, 3, 3)
+    assert torch.equal(dw, given[Role.DW]) and db.shape == (32,)
+    assert given[Role.X] is x or torch.equal(given[Role.X], x)
+
+
+def test_a_first_layers_wgrad_over_padded_channels_gives_back_its_own(launched):
+    """A 3-channel wgrad computed over 8 channels: x reaches the kernel with five zero
+    channels after its own, and dw comes back [M][3][R][S], the kernel's first three
+    channels' sums, dense, in fp32 in the weights' format where grads32 asks."""
+    nhwc = TensorLayout.NHWC
+    p = problem(C=8, M=16, R=7, S=7, pads=(3,) * 4, dtype=DType.BF16, layout=nhwc)
+    lay = Layer(p, (16, 3, 7, 7))
+    x = torch.randn(2, 3, 10, 10, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last
+    )
+    dy = torch.randn(2, 16, 10, 10, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last
+    )
+    for grads32, fmt in (("", torch.contiguous_format), ("mrsc", torch.channels_last)):
+        launched.clear()
+        dw = E.weight_grads(lay, x, dy, bias=False, grads32=grads32)
+        (given,) = launched
+        wide = given[Role.X]
+        assert wide.shape == (2, 8, 10, 10) and wide.is_contiguous(
+            memory_format=torch.channels_last
+        )
+        assert torch.equal(wide[:, :3], x) and not wide[:, 3:].any()
+        assert given[Role.DW].shape == (16, 8, 7, 7)
+        assert dw.shape == (16, 3, 7, 7) and dw.is_contiguous(memory_format=fmt)
+        assert torch.equal(dw, given[Role.DW][:, :3])
+        assert dw.dtype is (torch.float32 if grads32 else torch.bfloat16)
