@@ -58,7 +58,9 @@ class Kernel:
     # whether it is the identity there (mrsc, untransformed: the storage itself serves)
     gather_cl: torch.Tensor | None = None
     storage_order: bool = False
-    at_cl: torch.Tensor | None = None  # gather_cl as int32, for the operator's own gather
+    # gather and gather_cl as int32, for the operator's own gather kernel
+    at: torch.Tensor | None = None
+    at_cl: torch.Tensor | None = None
     # memos of the calls: batch -> (launcher, scratch bytes), and (weights' dtype,
     # strides) -> how pack_weights packs such weights
     runs: dict = field(default_factory=dict)
@@ -494,7 +496,7 @@ def _build(p: ConvProblem, index: int, tf32: bool, grads32: str = "") -> Kernel:
         if len(gather) < 2**31 and stored in (p.dtype.value, "fp32"):
             # the gather compiled now, outside any graph capture: its weights' dtype is
             # the problem's (the ops check it), so this is the one it will run
-            k.at_cl = k.gather_cl.to(torch.int32)
+            k.at, k.at_cl = k.gather.to(torch.int32), k.gather_cl.to(torch.int32)
             gather_kernel(index, p.dtype.value, stored)
     return k
 
@@ -567,6 +569,8 @@ def _packing(k: Kernel, w: torch.Tensor):
             return Gather(k.at_cl, w.dtype, dtype)
         at = k.gather_cl
         return lambda w: w.as_strided((w.numel(),), (1,)).index_select(0, at).to(dtype)
+    if k.at is not None and w.is_contiguous() and (w.dtype is dtype or dtype is torch.float32):
+        return Gather(k.at, w.dtype, dtype)  # one launch for index_select's and the cast's
     at = k.gather
     return lambda w: w.reshape(-1).index_select(0, at).to(dtype)
 
