@@ -8,7 +8,8 @@
 #   MODEL=resnet50 BATCH=32 BUDGET=2 GPUS="4 2 1" OUT=out bash scripts/tune_scale.sh
 #
 # Logs: $OUT/tune-compile.log, $OUT/tune-gpusN.log, $OUT/tune-kill.log,
-# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300).  STEPS picks
+# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300); PRIME_BUDGET the
+# priming run's budget (default BUDGET).  STEPS picks
 # the steps (default "compile prime $GPUS kill"), so that a 10-minute device call can take
 # some and the next call on the same warm machine the rest: the caches and databases
 # stay under $CACHE, and the summary reads every run there.  The speedups are given on
@@ -27,7 +28,8 @@ export PYTHONPATH=${PYTHONPATH:-.}
 LOGS=$CACHE/logs  # every step's log, kept for a later call's summary, copied to $OUT
 mkdir -p "$OUT" "$LOGS"
 # an array, not a function: timeout runs programs only
-tune=("$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH" --budget "$BUDGET")
+base=("$PYTHON" -m specgen tune --model "$MODEL" --batch "$BATCH")
+tune=("${base[@]}" --budget "$BUDGET")
 
 STEPS=${STEPS:-"compile prime $GPUS kill"}
 fresh() {  # a run's own database and cache: a copy of the warm one
@@ -44,10 +46,12 @@ for step in $STEPS; do
         tail -3 "$LOGS/tune-compile.log" ;;
     prime)  # an untimed one-GPU run: on a fresh machine the first run also fills CuPy's
         # kernel cache and reads the libraries from disk, and its items took twice the
-        # work (2 H200s, 2026-11-28); every timed run then starts from the same warm host
+        # work (2 H200s, 2026-11-28); every timed run then starts from the same warm host.
+        # PRIME_BUDGET (default BUDGET) makes it shorter: the warm-up is the host's, not
+        # the items'
         fresh prime
-        SPECGEN_CACHE_DIR=$CACHE/gprime timeout "$LIMIT" "${tune[@]}" --gpus 1 --workers 8 \
-            > "$LOGS/tune-prime.log" 2>&1
+        SPECGEN_CACHE_DIR=$CACHE/gprime timeout "$LIMIT" "${base[@]}" \
+            --budget "${PRIME_BUDGET:-$BUDGET}" --gpus 1 --workers 8 > "$LOGS/tune-prime.log" 2>&1
         grep -E "^wall" "$LOGS/tune-prime.log" ;;
     kill)  # kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
         fresh k
