@@ -8,7 +8,8 @@
 #   MODEL=resnet50 BATCH=32 BUDGET=2 GPUS="4 2 1" OUT=out bash scripts/tune_scale.sh
 #
 # Logs: $OUT/tune-compile.log, $OUT/tune-gpusN.log, $OUT/tune-kill.log,
-# $OUT/tune-scale.txt.  LIMIT caps each timed run (seconds, default 300); PRIME_BUDGET the
+# $OUT/tune-scale.txt.  STEPS may end with "ship": the one-GPU run's winners go into
+# specgen/layer_winners.json.  LIMIT caps each timed run (seconds, default 300); PRIME_BUDGET the
 # priming run's budget (default BUDGET).  STEPS picks
 # the steps (default "compile prime $GPUS kill"), so that a 10-minute device call can take
 # some and the next call on the same warm machine the rest: the caches and databases
@@ -79,6 +80,21 @@ for step in $STEPS; do
         wait $run
         echo "$note" >> "$LOGS/tune-kill.log"  # after the run: its own writes would cover it
         tail -3 "$LOGS/tune-kill.log" ;;
+    ship)  # the one-GPU run's winners shipped with specgen (specgen/layer_winners.json),
+        # for the GPU that run measured on; the tree and this command go with them
+        "$PYTHON" - "$CACHE/g1/tune.jsonl" "$MODEL" "$BATCH" "$BUDGET" <<'PY'
+import subprocess, sys
+from pathlib import Path
+from specgen import tunedb
+db, model, batch, budget = sys.argv[1:]
+gpu = next(r["gpu"] for r in tunedb.records(Path(db)) if r["kind"] == "winner")
+tree = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True, text=True)
+tune = dict(model=f"{model} at batch {batch}, --budget {budget}, one GPU",
+            command=f"MODEL={model} BATCH={batch} BUDGET={budget} bash scripts/tune_scale.sh",
+            tree=tree.stdout.strip())
+print(tunedb.ship_layer_winners(Path(db), gpu, tune), "winners of", gpu, "shipped")
+PY
+        ;;
     *)  # a timed run on $step GPUs
         fresh "$step"
         { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $step --workers 8"

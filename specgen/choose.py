@@ -304,9 +304,11 @@ def preset_of(problem: ConvProblem) -> ConvProblem | None:
 
 
 def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choice | None:
+    """A winner specgen ships for the problem on ``gpu``: its preset's (``winners.json``),
+    else the layer's from a whole-model tune (``layer_winners.json``)."""
     preset = preset_of(problem)
     if preset is None:
-        return None
+        return shipped_layer(problem, gpu, allow_tf32, arch)
     times = tunedb.shipped_ms(preset.slug, gpu)
     picks = []
     for name in tunedb.shipped_names(preset.slug, gpu):
@@ -321,6 +323,31 @@ def shipped(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choi
     ms, v, name = min(picks, key=lambda p: p[0])
     timed = f", {ms:.4f} ms at B={preset.batch}" if ms != float("inf") else ""
     return Choice(v, "shipped", f"shipped winner of preset {preset.slug} on {gpu}{timed}")
+
+
+def shipped_layer(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -> Choice | None:
+    """The fastest allowed winner of the maths a whole-model tune on ``gpu`` found for
+    the problem, or for the problem without its epilogue; each was as fast as the
+    planner's default or faster there, which was among its candidates."""
+    for spec in dict.fromkeys([problem.spec, _bare(problem).spec]):
+        picks = []
+        for r in tunedb.layer_winners(spec, gpu).values():
+            try:
+                v = parse_variant_name(r["variant"])
+            except SpecError:
+                continue
+            if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
+                picks.append((r, v))
+        if picks:
+            r, v = min(picks, key=lambda p: p[0]["ms"])
+            what = "" if spec == problem.spec else " of the layer without its epilogue"
+            cudnn = f", cuDNN {r['cudnn_ms']:.4f}" if r.get("cudnn_ms") else ""
+            why = (
+                f"shipped winner{what} of a whole-model tune on {gpu}, {r['ms']:.4f} ms "
+                f"at B={r['batch']}{cudnn}"
+            )
+            return Choice(v, "shipped", why, r["ms"])
+    return None
 
 
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
@@ -425,7 +452,8 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     NCHW for a channels-last wgrad that only ``wsplit`` takes in place where
     another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
     or shipped winner (the presets', measured there), the problem's own, unless both
-    layouts hold tuned winners and the other's is faster."""
+    layouts hold measured winners (tuned, or shipped from a whole-model tune) and the
+    other's is faster."""
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
@@ -434,8 +462,9 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
         # unless the other layout has a faster one measured on the same GPU (a tune that
         # searched each math in the layout the operator computes it in: fp32 in place,
         # tf32 in NHWC, say)
-        theirs = tuned(replace(problem, layout=other), gpu, allow_tf32, arch)
-        if found.source == "tuned" and theirs is not None and theirs.ms < found.ms:
+        there = replace(problem, layout=other)
+        theirs = tuned(there, gpu, allow_tf32, arch) or shipped_layer(there, gpu, allow_tf32, arch)
+        if found.ms is not None and theirs is not None and theirs.ms < found.ms:
             return other
         return problem.layout
     here = found.variant

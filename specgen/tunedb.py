@@ -10,6 +10,7 @@ for one GPU: a result measured on another GPU is never used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -17,10 +18,13 @@ import os
 from pathlib import Path
 
 from .compile import cache_dir
-from .errors import warn_once
+from .errors import SpecError, warn_once
+from .files import atomic_write
 from .variants import Precision
 
 SHIPPED = Path(__file__).with_name("winners.json")
+# The winners of whole-model tunes, per GPU and layer problem (scripts/ship_layer_winners.py)
+LAYER_WINNERS = Path(__file__).with_name("layer_winners.json")
 
 # What each kind of record must hold, and the type of each field.
 _POSITIVE = "positive number"
@@ -73,9 +77,10 @@ def valid(record) -> bool:
     return True
 
 
-def records() -> list[dict]:
-    """Every readable record, each with ``line``: its line number in the file."""
-    path = db_path()
+def records(path: Path | None = None) -> list[dict]:
+    """Every readable record of this machine's database (or of the one at ``path``),
+    each with ``line``: its line number in the file."""
+    path = path or db_path()
     try:
         data = path.read_bytes()
     except OSError:
@@ -183,6 +188,42 @@ def shipped() -> dict[str, dict[str, list[str]]]:
 def shipped_ms(slug: str, gpu: str) -> dict[str, float]:
     """Kernel name -> the median measured for it at the preset's default batch."""
     return json.loads(SHIPPED.read_text()).get("ms", {}).get(gpu, {}).get(slug, {})
+
+
+@functools.cache
+def _layer_winners() -> dict:
+    return json.loads(LAYER_WINNERS.read_text())["winners"]
+
+
+def layer_winners(spec: str, gpu: str) -> dict[str, dict]:
+    """Precision -> the winner a whole-model tune on ``gpu`` found for the layer problem
+    ``spec`` and specgen ships (its variant, ms and cuDNN's ms at its batch)."""
+    return _layer_winners().get(gpu, {}).get(spec, {})
+
+
+def ship_layer_winners(db: Path, gpu: str, tune: dict, path: Path = LAYER_WINNERS) -> int:
+    """Every winner the results database at ``db`` holds for ``gpu`` put into the shipped
+    layer winners at ``path`` (``layer_winners.json``), each math of a problem replacing
+    the one shipped before; ``tune`` (what was tuned, the command, its log and tree) is
+    added to its list of tunes.  The file is written whole; returns the winners shipped."""
+    found = [r for r in records(db) if r["kind"] == "winner" and r["gpu"] == gpu]
+    if not found:
+        raise SpecError(f"{db} holds no winner measured on {gpu}")
+    shipped = json.loads(path.read_text())
+    table = shipped["winners"].setdefault(gpu, {})
+    for r in found:  # in the database's order: a later winner of the same math replaces
+        table.setdefault(r["shape"], {})[r["precision"]] = {
+            "variant": r["variant"],
+            "ms": round(r["ms"], 4),
+            "cudnn_ms": round(r["cudnn_ms"], 4) if r.get("cudnn_ms") else None,
+            "batch": r["batch"],
+            "date": r["date"],
+        }
+    shipped["winners"][gpu] = dict(sorted(table.items()))
+    shipped["tunes"].append(dict(tune, gpu=gpu, winners=len(found)))
+    atomic_write(path, (json.dumps(shipped, indent=1) + "\n").encode())
+    _layer_winners.cache_clear()
+    return len(found)
 
 
 def shipped_names(slug: str, gpu: str | None = None) -> list[str]:

@@ -414,3 +414,42 @@ def test_a_depthwise_wgrad_is_not_tiled_over_its_groups_maps_on_the_tensor_cores
         batch=64,
     )
     assert choose(grouped, "some GPU").variant.key in GROUP_TILED_WGRAD
+
+
+def test_every_shipped_layer_winner_plans_for_its_problem():
+    """layer_winners.json stays in step with the planner: each winner a whole-model tune
+    shipped is a variant that plans for the problem it was tuned on (as generated/ is
+    kept in step with the templates)."""
+    from specgen.plan import make_plan
+    from specgen.shapes import parse_shape
+    from specgen.strategies import parse_variant_name
+
+    shipped = json.loads(tunedb.LAYER_WINNERS.read_text())
+    assert shipped["tunes"] and shipped["winners"]
+    for gpu, table in shipped["winners"].items():
+        for spec, by_math in table.items():
+            p = parse_shape(spec)
+            for math, r in by_math.items():
+                v = parse_variant_name(r["variant"])
+                assert v.precision.value == math, (spec, r["variant"])
+                make_plan(replace(p, batch=r["batch"]), v)
+
+
+def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():
+    """resnet50's stem in fp32: the winner of its whole-model tune on the H200 (tiled with
+    its weights in global memory, 0.31 ms against the planner's 0.96 in that tune's
+    finals), the planner's default elsewhere; with tf32 allowed, a wgrad whose fp32
+    winner was tuned in place moves to NHWC where its shipped tf32 winner is faster."""
+    from specgen.choose import computed_layout, computed_problem
+
+    stem = ConvProblem(C=3, M=64, H=224, W=224, R=7, S=7, stride=(2, 2), pads=(3,) * 4)
+    c = choose(stem, H200)
+    assert c.source == "shipped" and "whole-model tune" in c.why
+    assert c.variant.name == "tiled_t16_x4y1m8_planar_wglobal_lc_fp32"
+    assert choose(stem, "NVIDIA H100").source == "planned"
+    wgrad = ConvProblem(C=64, M=64, H=56, W=56, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
+    assert choose(wgrad, H200).variant.key == "tc3wgrad"
+    assert computed_layout(wgrad, H200) is TensorLayout.NCHW
+    assert computed_layout(wgrad, H200, allow_tf32=True) is TensorLayout.NHWC
+    q = computed_problem(wgrad, H200, True)
+    assert choose(q, H200, True).variant.name == "tcwgrad_b64x128_w1x4_k32_p4_s52_tf32"

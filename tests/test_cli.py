@@ -247,7 +247,8 @@ def test_each_strategys_templates_are_the_ones_its_plans_render():
 def test_no_variant_option_is_the_operators_pick(tmp_path):
     """emit and verify with no variant option take the kernel the operator would run
     (choose) for --gpu, fitted to --batch, and say which and why; the issue's
-    channels-last dgrad, whose fixed default tile did not fit, emits."""
+    channels-last dgrad, whose fixed default tile did not fit, emits (the winner of
+    resnet50's tune on the H200; the planner's default on another GPU)."""
     from dataclasses import replace
 
     from specgen.choose import choose
@@ -260,7 +261,13 @@ def test_no_variant_option_is_the_operators_pick(tmp_path):
     (f,) = tmp_path.glob("*/*.cu")
     want = choose(replace(parse_shape(spec + ",op=dgrad"), batch=64), "NVIDIA H200")
     assert f.name == want.variant.kernel_name(parse_shape(spec + ",op=dgrad")) + ".cu"
-    assert "the pick on NVIDIA H200: planner default (wgmma" in f.read_text()
+    # resnet50's layer3 3x3 dgrad: the winner of its whole-model tune on the H200
+    assert "the pick on NVIDIA H200: shipped winner of a whole-model tune" in f.read_text()
+    r = run(
+        "emit", "--shape", spec, "--op", "dgrad", "--gpu", "NVIDIA H100", "--out", str(tmp_path)
+    )
+    assert r.exit_code == 0, r.output
+    assert any("planner default (wgmma" in g.read_text() for g in tmp_path.glob("*/*.cu"))
     # a preset's shipped winner on the H200, and the planner's default with no GPU
     r = run("verify", "--shape", "layer2", *gpu, "--jobs", "1")
     assert r.exit_code == 0 and "shipped winner of preset layer2 on NVIDIA H200" in r.output

@@ -78,3 +78,54 @@ def test_autotune_prunes_to_the_picks_math_and_keeps_the_pick():
     assert kept[0] == pick and all(v.tensor_core for v in kept)
     assert len(kept) < len(space) / 3
     assert sorted(map(str, prune(space, 0))) == sorted(map(str, space))
+
+
+def test_a_tunes_winners_are_shipped_per_gpu_and_math(tmp_path):
+    """ship_layer_winners takes a database's winners of one GPU into the shipped table:
+    a math already there is replaced, the others kept, the tune noted; a database
+    without winners of that GPU is refused and the file left as it was."""
+    import pytest
+
+    from specgen.errors import SpecError
+
+    spec = "C=64,M=64,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc"
+
+    def winner(gpu, precision, variant, ms):
+        return dict(
+            kind="winner",
+            gpu=gpu,
+            shape=spec,
+            batch=32,
+            precision=precision,
+            variant=variant,
+            ms=ms,
+            cudnn_ms=0.05,
+            date="2026-11-28",
+        )
+
+    db = tmp_path / "tune.jsonl"
+    db.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in (
+                winner("GPU A", "bf16", "wgmma_b192x64_p3_q1_gr_sy_bf16", 0.025),
+                winner("GPU B", "bf16", "tcgemm_b128x64_w2x2_k32_p4_bf16", 0.03),
+            )
+        )
+    )
+    path = tmp_path / "layer_winners.json"
+    old = {"variant": "old", "ms": 1.0, "batch": 8}
+    keep = {"variant": "mma_t64_fp32", "ms": 0.5, "batch": 8}
+    path.write_text(
+        json.dumps(dict(about="", tunes=[], winners={"GPU A": {spec: {"bf16": old, "fp32": keep}}}))
+    )
+    assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 1
+    shipped = json.loads(path.read_text())
+    table = shipped["winners"]["GPU A"][spec]
+    assert table["fp32"] == keep and table["bf16"]["variant"].startswith("wgmma")
+    assert table["bf16"]["ms"] == 0.025 and "GPU B" not in shipped["winners"]
+    assert shipped["tunes"] == [dict(model="m", gpu="GPU A", winners=1)]
+    before = path.read_text()
+    with pytest.raises(SpecError, match="no winner measured on GPU C"):
+        tunedb.ship_layer_winners(db, "GPU C", dict(model="m"), path)
+    assert path.read_text() == before
