@@ -13,10 +13,19 @@ from .compile import cache_writable, cached, compile_source
 from .errors import SpecError
 from .plan import make_plan
 from .render import render
+from .strategies.wsplit import with_fp32_grads
 
 
-def _compile_one(shape, variant, arch):
+def _plan(shape, variant, grads32: str = ""):
+    """The plan compiled for (shape, variant): with ``grads32`` ("mcrs" or "mrsc"), the
+    wgrad the PyTorch operator runs for fp32 weights, its sums written in fp32 in that
+    order where its second pass can (``with_fp32_grads``)."""
     plan = make_plan(shape, variant)
+    return (with_fp32_grads(plan, grads32) or plan) if grads32 else plan
+
+
+def _compile_one(shape, variant, arch, grads32: str = ""):
+    plan = _plan(shape, variant, grads32)
     try:
         compile_source(render(plan), plan.name, plan.target(arch))
         return plan.name, None
@@ -24,11 +33,11 @@ def _compile_one(shape, variant, arch):
         return plan.name, str(e)
 
 
-def _in_cache(shape, variant, arch, results) -> bool:
+def _in_cache(results, arch, shape, variant, grads32: str = "") -> bool:
     """Whether the variant's kernel is in the disk cache already (noted in
     ``results``); one the planner refuses is left to ``_compile_one`` to report."""
     try:
-        plan = make_plan(shape, variant)
+        plan = _plan(shape, variant, grads32)
         if not cached(render(plan), plan.target(arch)):
             return False
     except SpecError:
@@ -44,7 +53,8 @@ def _ignore_interrupts():
 
 
 def _compile_item(item):
-    return _compile_one(*item)
+    shape, variant, arch, *grads32 = item
+    return _compile_one(shape, variant, arch, *grads32)
 
 
 @contextmanager
@@ -71,26 +81,27 @@ def _main_left_alone():
 
 
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
-    """Fill the disk cache for every (shape, variant); returns name -> error or None.
+    """Fill the disk cache for every (shape, variant) or (shape, variant, grads32) (the
+    wgrad the operator runs for fp32 weights, ``_plan``); returns name -> error or None.
     With no writable cache there is nothing to fill: each variant compiles when used.
     Interrupted (Ctrl-C, or SIGTERM through the CLI), it ends its workers at once rather
     than finish the queue; every cache entry is whole (written, then renamed)."""
     results = {}
     if not cache_writable(arch):
         return results
-    items = [it for it in items if not _in_cache(*it, arch, results)]
+    items = [it for it in items if not _in_cache(results, arch, *it)]
     if not items:  # a warm cache: no worker processes started (a second or two)
         return results
     if jobs <= 1 or len(items) <= 1:
-        for shape, v in items:
-            name, err = _compile_one(shape, v, arch)
+        for shape, v, *grads32 in items:
+            name, err = _compile_one(shape, v, arch, *grads32)
             results[name] = err
         return results
     ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
     with _main_left_alone():
         pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
     try:
-        work = pool.imap_unordered(_compile_item, [(s, v, arch) for s, v in items])
+        work = pool.imap_unordered(_compile_item, [(s, v, arch, *g) for s, v, *g in items])
         with click.progressbar(length=len(items), label=label, file=sys.stderr) as bar:
             for name, err in work:
                 results[name] = err

@@ -196,3 +196,27 @@ def test_templates_compiled_once_a_machine_render_the_same_source(tmp_path):
     assert runs[0][1] == runs[1][1] == runs[2][1] and "__global__" in runs[0][1]
     entries = list((tmp_path / "cache" / "templates").iterdir())
     assert entries and all(e.name.endswith(".cache") for e in entries)
+
+
+def test_a_wgrad_for_fp32_weights_is_compiled_ahead_as_the_operator_runs_it(tmp_path, monkeypatch):
+    """precompile's (shape, variant, grads32) items compile the wgrad the operator runs
+    for fp32 weights (its sums written in fp32, ``with_fp32_grads``), whose source differs
+    from the plan's: that kernel, not the plan's, is then in the cache."""
+    from specgen import parallel
+    from specgen.compile import cached
+    from specgen.plan import make_plan
+    from specgen.render import render
+    from specgen.shapes import parse_shape
+    from specgen.strategies import parse_variant_name
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    p = parse_shape("C=64,M=64,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    v = parse_variant_name("tcwgrad_b64x64_w2x2_k32_p4_s4_bf16")
+    plan = make_plan(p, v)
+    wide = with_fp32_grads(plan, "mrsc")
+    assert wide is not None and render(wide) != render(plan)
+    found = parallel.precompile([(p, v, "mrsc")], "sm_90", jobs=1)
+    assert list(found.values()) == [None]
+    assert cached(render(wide), wide.target("sm_90"))
+    assert not cached(render(plan), plan.target("sm_90"))

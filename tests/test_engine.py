@@ -98,3 +98,18 @@ def test_a_first_layers_wgrad_over_padded_channels_gives_back_its_own(launched):
         assert dw.shape == (16, 3, 7, 7) and dw.is_contiguous(memory_format=fmt)
         assert torch.equal(dw, given[Role.DW][:, :3])
         assert dw.dtype is (torch.float32 if grads32 else torch.bfloat16)
+
+
+def test_the_wgrads_compiled_ahead_write_dw_in_the_weights_order():
+    """precompile_model's order for each layer's fp32 dw: the weights' own memory format
+    under autocast's cast, channels_last fp32 weights' outside it, none for weights the
+    operator's wgrad writes in the tensors' dtype."""
+    from specgen.torch._trace import dw_orders
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1))
+    assert dw_orders(model, autocast=True) == {"0": "mcrs", "1": "mcrs"}
+    assert dw_orders(model, autocast=False) == {}
+    model = model.to(memory_format=torch.channels_last)
+    assert dw_orders(model, autocast=True) == {"0": "mrsc", "1": "mrsc"}
+    assert dw_orders(model, autocast=False) == {"0": "mrsc", "1": "mrsc"}
+    assert dw_orders(model.half(), autocast=True) == {}

@@ -127,8 +127,10 @@ def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkey
     monkeypatch.setattr(E, "arch_of", lambda index: "sm_90")
     monkeypatch.setattr(E, "allow_tf32", lambda: False)
     assert M.precompile_model(net, (x,), index=0) == 4
-    assert {p.op for p, _ in compiled} == {Op.FPROP, Op.DGRAD, Op.WGRAD}
-    assert all(v.tensor_core for p, v in compiled if p.op is not Op.FPROP or p.C == 32)
+    assert {it[0].op for it in compiled} == {Op.FPROP, Op.DGRAD, Op.WGRAD}
+    assert all(it[1].tensor_core for it in compiled if it[0].op is not Op.FPROP or it[0].C == 32)
+    # the wgrad as the operator runs it: bf16 weights, so dw in bf16, not fp32 (dw_orders)
+    assert [it[2:] for it in compiled if it[0].op is Op.WGRAD] == [("",)]
 
 
 def test_the_built_in_unet_plans_its_transposed_layers_as_dgrad_first():

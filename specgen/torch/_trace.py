@@ -205,6 +205,30 @@ def plan_rows(
     return rows
 
 
+def dw_orders(model, autocast: bool) -> dict[str, str]:
+    """Layer name -> the order its wgrad writes an fp32 dw in, where it does
+    (``Layer.dw_order`` for fp32 weights under autocast's cast, ``Layer.fp32_dw`` for
+    fp32 channels_last weights): the wgrad kernel the operator runs for that layer is
+    that one (``with_fp32_grads``), not the plan as it stands, and is compiled ahead so.
+    resnet50's 23 wgrads under bf16 autocast otherwise compiled one after another at its
+    first backward."""
+    from ._engine import channels_last_strides
+
+    out = {}
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if not isinstance(m, torch.nn.Conv2d) or not torch.is_tensor(w) or w.dim() != 4:
+            continue
+        if w.dtype is not torch.float32:
+            continue
+        cl = tuple(w.stride()) == channels_last_strides(tuple(w.shape))
+        if autocast:
+            out[name] = "mrsc" if cl else "mcrs"
+        elif cl:
+            out[name] = "mrsc"
+    return out
+
+
 def precompile_model(model, example, backward: bool = True, index: int | None = None) -> int:
     """Compile the kernels of every convolution ``model`` meets on ``example`` at once,
     one process a core, as the operator will pick them on the example's device now
@@ -228,6 +252,11 @@ def precompile_model(model, example, backward: bool = True, index: int | None = 
     cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     mode = Mode("as called", DTYPES.get(cast), None, allow_tf32())
     rows = plan_rows(layers, mode, gpu_name(index), arch_of(index), backward)
-    picks = [r.pick for r in rows if r.pick]
+    orders = dw_orders(model, autocast=cast is not None)
+    picks = [
+        (*r.pick, orders.get(r.layer, "")) if r.op == Op.WGRAD.value else r.pick
+        for r in rows
+        if r.pick
+    ]
     precompile(picks, arch_of(index), os.cpu_count() or 1, f"compiling {len(picks)} kernels")
     return len(picks)
