@@ -141,6 +141,28 @@ def sample(
     return space[:budget]
 
 
+def tune_space(
+    shape: ConvProblem,
+    precision: Precision,
+    budget: int | None,
+    batch: int | None = None,
+    strategy: type[Variant] | None = None,
+    floor: int = 0,
+    keep: tuple[Variant, ...] = (),
+) -> list[Variant]:
+    """The candidates ``run_tune`` verifies and times, in its order: the space at the
+    batch (the defaults' tiles follow it), ``prune``d to ``floor`` with ``keep`` first,
+    sampled to ``budget``; SpecError where the planner refuses them all."""
+    sized = replace(shape, batch=batch or shape.batch)
+    space = candidates(sized, precision, strategy, floor)
+    if floor or keep:
+        space = prune(space, floor, [v for v in keep if v.precision is precision])
+    if not space:
+        what = f"{strategy.key} in {precision.value}" if strategy else precision.value
+        raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
+    return sample(sized, precision, space, budget, keep, strategy, floor)
+
+
 def run_tune(
     shape: ConvProblem,
     precision: Precision,
@@ -166,14 +188,7 @@ def run_tune(
     env = environment()
     arch = device_arch()
     batch = batch or shape.batch
-    sized = replace(shape, batch=batch)  # the defaults' tiles follow the batch
-    space = candidates(sized, precision, strategy, floor)
-    if floor or keep:
-        space = prune(space, floor, [v for v in keep if v.precision is precision])
-    if not space:
-        what = f"{strategy.key} in {precision.value}" if strategy else precision.value
-        raise SpecError(f"no variant of {what} can serve {shape.slug}: the planner refused all")
-    space = sample(sized, precision, space, budget, keep, strategy, floor)
+    space = tune_space(shape, precision, budget, batch, strategy, floor, keep)
     echo(f"tune {shape.slug} {precision.value} on {env['gpu']}: {len(space)} candidates, B={batch}")
     errors = precompile([(shape, v) for v in space], arch, os.cpu_count() or 1, label="compiled")
     known = tunedb.timings(env, shape.spec, batch)

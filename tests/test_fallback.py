@@ -307,12 +307,17 @@ def test_a_traced_transposed_convolution_is_its_adjoint_convolutions_ops():
 def test_a_converted_models_first_cuda_call_compiles_every_kernel_at_once(monkeypatch):
     """The first call on CUDA tensors traces the model and compiles its kernels at once
     (the backward's too in training with gradients on), then never again; CPU calls
-    leave it for later; a copy of the model keeps its own.  (Stand-ins for the CUDA
-    tensors and the compiler: this runs wherever PyTorch is.)"""
+    leave it for later; a copy of the model keeps its own; under autotuning, with every
+    candidate the tunes will time.  (Stand-ins for the CUDA tensors and the compiler:
+    this runs wherever PyTorch is.)"""
     from specgen.torch import _trace
 
     calls = []
-    monkeypatch.setattr(_trace, "precompile_model", lambda m, ex, back: calls.append(back))
+
+    def compiles(m, ex, back, autotune=False):
+        calls.append((back, True) if autotune else back)
+
+    monkeypatch.setattr(_trace, "precompile_model", compiles)
     model = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()))
     x = torch.randn(1, 3, 8, 8)
     assert torch.equal(model(x), F.relu(F.conv2d(x, model[0].weight, model[0].bias)))
@@ -328,12 +333,12 @@ def test_a_converted_models_first_cuda_call_compiles_every_kernel_at_once(monkey
     sg.autotune(True)
     try:
         fresh = sg.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3)))
-        fresh(x)  # autotuning picks the kernels as it goes
+        fresh(x)  # its candidates compiled ahead too; the tunes run as it goes
     finally:
         sg.autotune(False)
-    assert calls == [True, False]
+    assert calls == [True, False, (True, True)]
 
-    def fails(m, ex, back):
+    def fails(m, ex, back, autotune=False):
         raise KeyError("a model the meta trace cannot run")
 
     monkeypatch.setattr(_trace, "precompile_model", fails)

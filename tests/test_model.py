@@ -100,6 +100,7 @@ def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkey
     from specgen.shapes import DType, Op, TensorLayout
     from specgen.torch import _engine as E
     from specgen.torch import _trace as M
+    from specgen.tune import tune_space
 
     net = torch.nn.Sequential(
         torch.nn.Conv2d(16, 32, 3, padding=1),
@@ -131,6 +132,17 @@ def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkey
     assert all(it[1].tensor_core for it in compiled if it[0].op is not Op.FPROP or it[0].C == 32)
     # the wgrad as the operator runs it: bf16 weights, so dw in bf16, not fp32 (dw_orders)
     assert [it[2:] for it in compiled if it[0].op is Op.WGRAD] == [("",)]
+    # under autotuning: every candidate of each problem's tune too, the picks among them
+    picks = list(compiled)
+    compiled.clear()
+    n = M.precompile_model(net, (x,), index=0, autotune=True)
+    assert n == len(compiled) > len(picks) and set(picks) <= set(compiled)
+    # each problem's candidates as its tune lists them (run_tune's tune_space, per math)
+    for p, v, *_ in picks:
+        pick = E.choose(p, "NVIDIA H200", False, "sm_90")
+        for precision, floor in E.tuned_maths(p, pick, False):
+            space = tune_space(p, precision, E.AUTOTUNE_BUDGET, floor=floor, keep=(v,))
+            assert v in space and {(p, c) for c in space} <= set(compiled)
 
 
 def test_the_built_in_unet_plans_its_transposed_layers_as_dgrad_first():

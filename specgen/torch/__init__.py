@@ -343,11 +343,11 @@ def _on_cuda(args) -> bool:
 
 def _compile_ahead(model: torch.nn.Module, args) -> None:
     """On the first call of a converted model on CUDA tensors: its kernels compiled at
-    once (``_trace.precompile_model``; the backward's too where it will run).  Never
-    under torch.compile's tracing or a graph capture, where nothing may compile, nor
-    where autotuning picks the kernels as it goes; a model that cannot be traced
-    ahead compiles as it goes, as before."""
-    if torch.compiler.is_compiling() or autotuning() or not _on_cuda(args):
+    once (``_trace.precompile_model``; the backward's too where it will run), and where
+    autotuning is on, every candidate it will time.  Never under torch.compile's
+    tracing or a graph capture, where nothing may compile; a model that cannot be
+    traced ahead compiles as it goes, as before."""
+    if torch.compiler.is_compiling() or not _on_cuda(args):
         return
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return
@@ -356,7 +356,7 @@ def _compile_ahead(model: torch.nn.Module, args) -> None:
 
     backward = model.training and torch.is_grad_enabled()
     try:
-        precompile_model(model, args, backward)
+        precompile_model(model, args, backward, autotune=autotuning())
     except Exception as e:  # a head start only: never the reason a forward fails
         _engine.log.info("specgen: kernels not compiled ahead (%s); they compile as met", e)
 
@@ -366,13 +366,12 @@ def warmup(model: torch.nn.Module, *example, backward: bool = True) -> None:
     so that every convolution's kernels are chosen, tuned where autotuning is on and
     compiled: before a timed run, and before a CUDA graph capture, which cannot
     compile.  Every kernel is compiled first, at once, a process a core
-    (``_trace.precompile_model``), unless autotuning picks them as it goes.  The
-    parameters' ``.grad`` are left as they were."""
-    if not autotuning():
-        from ._trace import precompile_model
+    (``_trace.precompile_model``), and where autotuning is on every candidate it will
+    time.  The parameters' ``.grad`` are left as they were."""
+    from ._trace import precompile_model
 
-        _drop_ahead(model)  # compiled here, not again by the first call
-        precompile_model(model, example, backward)
+    _drop_ahead(model)  # compiled here, not again by the first call
+    precompile_model(model, example, backward, autotune=autotuning())
     out = model(*example)
     params = [p for p in model.parameters() if p.requires_grad]
     if backward and params and torch.is_tensor(out) and out.requires_grad:

@@ -513,14 +513,45 @@ def _tune(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> None:
         pick = choose(p, gpu, tf32, arch)
         if pick.source == "tuned":
             return  # another process tuned it while this one waited
-        floor = search_floor(p, pick.variant)
-        for precision in maths(p, tf32):
-            if precision is Precision.FP32 and p.dtype is not DType.FP32 and floor == FASTEST:
-                continue  # a 16-bit layer on its own tensor cores: fp32 math is slower
+        for precision, floor in tuned_maths(p, pick, tf32):
             try:
                 run_tune(p, precision, AUTOTUNE_BUDGET, log.info, floor=floor, keep=(pick.variant,))
             except SpecError as e:
                 log.info("specgen: no %s kernel tuned for %s (%s)", precision.value, p.spec, e)
+
+
+def tuned_maths(p: ConvProblem, pick, tf32: bool) -> list[tuple[Precision, int]]:
+    """(precision, floor) of each math autotuning searches for ``p`` given its untuned
+    ``pick``: every math the caller allows, from the pick's speed class up
+    (``search_floor``), but fp32 math for a 16-bit layer on its own tensor cores."""
+    floor = search_floor(p, pick.variant)
+    return [
+        (precision, floor)
+        for precision in maths(p, tf32)
+        if not (precision is Precision.FP32 and p.dtype is not DType.FP32 and floor == FASTEST)
+    ]
+
+
+def autotune_items(p: ConvProblem, gpu: str, tf32: bool, arch: str) -> list[tuple]:
+    """(problem, variant) of every candidate autotuning ``p`` will compile (``_tune``'s,
+    at its batch and budget), so that a model's are compiled at once ahead of its first
+    step; none where ``p`` is tuned already or the planner refuses it."""
+    from ..tune import tune_space
+
+    try:
+        pick = choose(p, gpu, tf32, arch)
+    except SpecError:
+        return []
+    if pick.source == "tuned":
+        return []
+    items = []
+    for precision, floor in tuned_maths(p, pick, tf32):
+        try:
+            space = tune_space(p, precision, AUTOTUNE_BUDGET, floor=floor, keep=(pick.variant,))
+        except SpecError:
+            continue
+        items += [(p, v) for v in space]
+    return items
 
 
 def _stream_of(index: int) -> int:

@@ -229,15 +229,20 @@ def dw_orders(model, autocast: bool) -> dict[str, str]:
     return out
 
 
-def precompile_model(model, example, backward: bool = True, index: int | None = None) -> int:
+def precompile_model(
+    model, example, backward: bool = True, index: int | None = None, autotune: bool = False
+) -> int:
     """Compile the kernels of every convolution ``model`` meets on ``example`` at once,
     one process a core, as the operator will pick them on the example's device now
     (its dtype, or autocast's where it is on; its memory format; tf32 as cuDNN may):
     the operator's first calls then find them in the disk cache instead of compiling
     one after another.  ``index``: the device, where not the example's.  Returns how
     many were compiled; 0 where the example is not on a CUDA device or the model cannot
-    be traced on the meta device (its kernels then compile as the run meets them)."""
-    from ._engine import DTYPES, allow_tf32, arch_of, gpu_name
+    be traced on the meta device (its kernels then compile as the run meets them).
+    ``autotune``: every candidate autotuning will verify and time for each problem
+    (``_engine.autotune_items``), all compiled at once rather than a problem's at a
+    time as each is met, each such compile starting its own pool of processes."""
+    from ._engine import DTYPES, allow_tf32, arch_of, autotune_items, gpu_name
 
     if index is None:  # the example's device
         x = next((e for e in example if torch.is_tensor(e) and e.is_cuda), None)
@@ -258,5 +263,11 @@ def precompile_model(model, example, backward: bool = True, index: int | None = 
         for r in rows
         if r.pick
     ]
+    if autotune:
+        gpu, arch = gpu_name(index), arch_of(index)
+        for r in rows:
+            if r.pick:
+                picks += autotune_items(r.pick[0], gpu, mode.tf32, arch)
+        picks = list(dict.fromkeys(picks))
     precompile(picks, arch_of(index), os.cpu_count() or 1, f"compiling {len(picks)} kernels")
     return len(picks)
