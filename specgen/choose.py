@@ -276,16 +276,22 @@ def _bare(problem: ConvProblem) -> ConvProblem:
     return replace(problem, bias=False, act=Act.NONE)
 
 
-def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
-    best = None
-    for r in tunedb.winners(spec, gpu).values():
+def _fastest(records, problem, allow_tf32, arch=None) -> tuple[dict, Variant] | None:
+    """(record, variant) of the fastest winner record whose variant the problem allows
+    and plans; None where there is none."""
+    picks = []
+    for r in records:
         try:
             v = parse_variant_name(r["variant"])
         except SpecError:
             continue
         if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
-            if best is None or r["ms"] < best[0]["ms"]:
-                best = (r, v)
+            picks.append((r, v))
+    return min(picks, key=lambda p: p[0]["ms"], default=None)
+
+
+def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
+    best = _fastest(tunedb.winners(spec, gpu).values(), problem, allow_tf32, arch)
     if best is None:
         return None
     r, v = best
@@ -330,16 +336,9 @@ def shipped_layer(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -
     the problem, or for the problem without its epilogue; each was as fast as the
     planner's default or faster there, which was among its candidates."""
     for spec in dict.fromkeys([problem.spec, _bare(problem).spec]):
-        picks = []
-        for r in tunedb.layer_winners(spec, gpu).values():
-            try:
-                v = parse_variant_name(r["variant"])
-            except SpecError:
-                continue
-            if allowed(v, problem, allow_tf32) and _plans(problem, v, arch):
-                picks.append((r, v))
-        if picks:
-            r, v = min(picks, key=lambda p: p[0]["ms"])
+        best = _fastest(tunedb.layer_winners(spec, gpu).values(), problem, allow_tf32, arch)
+        if best:
+            r, v = best
             what = "" if spec == problem.spec else " of the layer without its epilogue"
             cudnn = f", cuDNN {r['cudnn_ms']:.4f}" if r.get("cudnn_ms") else ""
             why = (
