@@ -140,10 +140,10 @@ import os, sys
 with open(os.environ["RUNS_LOG"], "a") as f:
     f.write("ran\\n")
 from specgen import parallel
-from specgen.shapes import PRESETS
+from specgen.shapes import parse_shape
 from specgen.strategies import default_set
 
-shape = PRESETS["layer2"]
+shape = parse_shape("C=2,M=4,H=9,W=9,K=3")  # two small kernels: a second or so each
 found = parallel.precompile([(shape, v) for v in default_set(shape)[:2]], "sm_90", jobs=2)
 assert len(found) == 2 and all(e is None for e in found.values()), found
 assert sys.modules["__main__"].__file__  # given back
@@ -159,8 +159,10 @@ def test_compile_workers_do_not_run_the_callers_script_again(tmp_path, as_module
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"), RUNS_LOG=str(runs))
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
     target = ["-m", "guardless"] if as_module else [str(tmp_path / "guardless.py")]
+    # without the fix the workers' re-run of the script tries to start a pool of its own,
+    # dies, and the pool starts it again: the run hangs
     done = subprocess.run(
-        [sys.executable, *target], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, *target], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     assert runs.read_text() == "ran\n"
