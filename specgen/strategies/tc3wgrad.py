@@ -56,9 +56,6 @@ COPIES = 24  # 16-byte copies a thread issues a chunk (33 spilled past 255 regis
 REGISTERS = 232
 FIT_REGISTERS = 216
 WORD = 4  # bytes of an fp32
-import os
-
-_GROUP = int(os.environ.get("TC3_GROUP", "3"))
 UNIT = 4  # fp32 words per 16-byte copy
 
 
