@@ -410,7 +410,9 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
                     continue
-                if key == "tc3wgrad" and not three_tf32_suits(view):
+                # tc3wgrad's tf32 (one product a product, in place in NCHW) is tune's to
+                # find: the planner keeps tcwgrad's tf32 in NHWC for an NCHW layer
+                if key == "tc3wgrad" and (math is not Precision.FP32 or not three_tf32_suits(view)):
                     continue
                 v = cls.default(view, math)
             except SpecError:

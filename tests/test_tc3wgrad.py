@@ -1,6 +1,6 @@
-"""tc3wgrad, fp32 wgrad of NCHW layers on tensor cores in 3xTF32: what the compiler makes
-of it (CPU tier), its error bound, its limits, and its numbers on drawn problems and at
-the autoencoder's batch (GPU tier)."""
+"""tc3wgrad, fp32 wgrad of NCHW layers on tensor cores in 3xTF32 (and in tf32, one
+product a product): what the compiler makes of it (CPU tier), its error bound, its
+limits, and its numbers on drawn problems and at the autoencoder's batch (GPU tier)."""
 
 import re
 
@@ -86,7 +86,34 @@ def test_tune_space_plans_or_refuses_in_one_line():
     for v in ok[::11]:  # a sample compiles clean too
         plan = make_plan(p, v)
         assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
-    assert Tc3wgrad.space(p, Precision.TF32) == []
+    tf32 = Tc3wgrad.space(p, Precision.TF32)
+    assert len(tf32) == len(Tc3wgrad.space(p, Precision.FP32))
+    assert all(v.precision is Precision.TF32 for v in tf32)
+    assert Tc3wgrad.space(p, Precision.BF16) == []
+
+
+@pytest.mark.parametrize("spec", [ENC2, DEC2])
+def test_in_tf32_one_product_a_product(spec):
+    """tf32 math: each word rounded to tf32 once (two integer operations, no split), one
+    m16n8k8 a pair of fragments, its step's sum added in fp32; the plan counts one
+    addition a pixel and the bound is tf32's (two roundings of the inputs), no split
+    term; the speed class is the tensor cores' fastest."""
+    from specgen.choose import FASTEST, speed_class
+
+    p = parse_shape(spec)
+    v = Tc3wgrad.default(p, Precision.TF32)
+    assert not v.three_tf32 and Tc3wgrad.default(p, Precision.FP32).three_tf32
+    assert speed_class(v) == FASTEST
+    plan = make_plan(p, v)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (plan.name, binary.resources)
+    ptx = ptx_of(plan)
+    fm, frags = plan.context["FM"], plan.context["NF"]
+    assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == fm * frags
+    assert "cvt.rna.tf32" not in ptx
+    per_image, slices, fixed = plan.sum_depth
+    assert per_image == plan.context["HB"] * plan.context["KC"]
+    assert error_coefficient(v, p, 100) == pytest.approx((2 * U_HALF + 100 * U_FP32) * 1.01)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +121,6 @@ def test_tune_space_plans_or_refuses_in_one_line():
     [
         (ENC2 + ",layout=nhwc", "tc3wgrad_b64x32_w2x4_r2_p4_s8_fp32", "nhwc"),
         (ENC2 + ",dtype=bf16", "tc3wgrad_b64x32_w2x4_r2_p4_s8_fp32", "bf16"),
-        (ENC2, "tc3wgrad_b64x32_w2x4_r2_p4_s8_tf32", "not tf32"),
         (ENC2.replace("W=16", "W=18"), "tc3wgrad_b64x32_w2x4_r2_p4_s8_fp32", "multiples of 4"),
         (ENC2, "tc3wgrad_b48x32_w2x4_r2_p4_s8_fp32", "maps per block"),
         (ENC2, "tc3wgrad_b64x32_w8x1_r2_p4_s8_fp32", "fewer warps"),
@@ -150,24 +176,27 @@ def test_drawn_defaults_compile_without_spills(p):
 @settings(max_examples=25, **GPU_DRAWS)
 @given(p=nchw_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
 def test_drawn_problems_on_the_gpu(p, batch, pick):
-    """The default and one variant of tune's space against the float64 reference: the
-    halo's zero-fill at every edge, strided and dilated taps, maps and channels past
-    the group, rows past the image in the last chunk, empty slices."""
+    """The default and one variant of tune's space, in fp32 or tf32 math, against the
+    float64 reference: the halo's zero-fill at every edge, strided and dilated taps,
+    maps and channels past the group, rows past the image in the last chunk, empty
+    slices."""
+    math = (Precision.FP32, Precision.TF32)[pick % 2]
     try:
-        make_plan(p, Tc3wgrad.default(p, Precision.FP32))
+        make_plan(p, Tc3wgrad.default(p, math))
     except SpecError:
         assume(False)
-    verify_on_the_gpu(p, default_and_drawn(p, Tc3wgrad, Precision.FP32, pick), batch)
+    verify_on_the_gpu(p, default_and_drawn(p, Tc3wgrad, math, pick // 2), batch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("math", [Precision.FP32, Precision.TF32], ids=["fp32", "tf32"])
 @pytest.mark.parametrize("spec", [ENC2, DEC2])
-def test_wide_layers_at_the_models_batch(spec):
+def test_wide_layers_at_the_models_batch(spec, math):
     """The long reduction (32768 pixels a weight) where the error shows."""
     from specgen.runtime import device_arch
     from specgen.verify import verify_variant
 
     p = parse_shape(spec)
-    v = Tc3wgrad.default(p, Precision.FP32)
+    v = Tc3wgrad.default(p, math)
     row = verify_variant(p, v, arch=device_arch(), batch=128, numbers=True)
     assert row.status == "PASS", (v.name, row.problems)

@@ -4,7 +4,7 @@
 // Shape    ae-dec1: C=128 M=128 H=8 W=8 K=3 pad=1 op=wgrad
 //          fp32 x[B][128][8][8] * dy[B][128][8][8] -> dw[128][128][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  tc3wgrad_b64x32_w2x4_r8_p4_s16_fp32_wgrad
-//          fp32 wgrad of NCHW layers on tensor cores in 3xTF32 (fp32 accuracy): whole output rows a chunk with the input rows under them, every tap a shifted read, mma.sync m16n8k8 three times a product, batch slices added in order
+//          wgrad of fp32 NCHW layers on tensor cores, in 3xTF32 (fp32 accuracy: mma.sync m16n8k8 three times a product) or in tf32 (once): whole output rows a chunk with the input rows under them, every tap a shifted read, batch slices added in order
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -4,7 +4,7 @@
 // Shape    ae-enc1: C=3 M=256 H=32 W=32 K=3 pad=1 op=wgrad
 //          fp32 x[B][3][32][32] * dy[B][256][32][32] -> dw[256][3][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad
-//          fp32 wgrad of NCHW layers on tensor cores in 3xTF32 (fp32 accuracy): whole output rows a chunk with the input rows under them, every tap a shifted read, mma.sync m16n8k8 three times a product, batch slices added in order
+//          wgrad of fp32 NCHW layers on tensor cores, in 3xTF32 (fp32 accuracy: mma.sync m16n8k8 three times a product) or in tf32 (once): whole output rows a chunk with the input rows under them, every tap a shifted read, batch slices added in order
 //          precision fp32: fp32 inputs, products and sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -20,7 +20,10 @@ tensor cores' own sums truncate: chained over a whole slice they drifted toward 
 float64; wtap 6e-7, cuDNN fp32 7e-6; ``scripts/wgrad_accuracy.py``, H200).  The dropped
 lo x lo and the truncation of lo leave about 5 x 2^-22 of each product
 (``reference.error_coefficient``), below what the fp32 sums of a long reduction add, so
-the kernel serves fp32 math.  It spends three tensor-core products where tf32 spends one,
+the kernel serves fp32 math.  In tf32 math (``--precision tf32``) each word is rounded
+to tf32 the same way and multiplied once, a step's sum still added in fp32: tf32 in
+place on NCHW tensors, which tune searches (the planner's tf32 pick for an NCHW layer is
+tcwgrad's in NHWC).  It spends three tensor-core products where tf32 spends one,
 and the tensor cores have rate enough for them on wide layers, where fp32 FMAs bound
 every other fp32 wgrad (the autoencoder's 3x3 layers: wtap runs FFMA at nearly full
 issue).
@@ -65,14 +68,13 @@ class Tc3wgrad(Variant):
     templates = ("backward/tc3wgrad.cu.j2",)
     family = "backward"
     description = (
-        "fp32 wgrad of NCHW layers on tensor cores in 3xTF32 (fp32 accuracy): whole output "
-        "rows a chunk with the input rows under them, every tap a shifted read, mma.sync "
-        "m16n8k8 three times a product, batch slices added in order"
+        "wgrad of fp32 NCHW layers on tensor cores, in 3xTF32 (fp32 accuracy: mma.sync "
+        "m16n8k8 three times a product) or in tf32 (once): whole output rows a chunk with "
+        "the input rows under them, every tap a shifted read, batch slices added in order"
     )
     serves = GEOMETRY | EPILOGUE
-    precisions = (Precision.FP32,)
+    precisions = (Precision.FP32, Precision.TF32)
     tensor_core = True
-    three_tf32 = True  # reference.error_coefficient's bound for its products
     ops = frozenset({Op.WGRAD})
 
     blocktile: tuple[int, int] = param(
@@ -84,6 +86,12 @@ class Tc3wgrad(Variant):
     splits: int = param(
         16, Count("s"), "tc3wgrad: slices of the batch's chunks, one block plane each"
     )
+
+    @property
+    def three_tf32(self) -> bool:
+        """fp32 math in three tf32 products (reference.error_coefficient's bound); in tf32
+        math each word is rounded to tf32 once and multiplied once."""
+        return self.precision is Precision.FP32
 
     def plan(self, problem):
         return plan_tc3wgrad(problem, self)
@@ -129,7 +137,7 @@ class Tc3wgrad(Variant):
         """Around the default: half and twice the maps or the channels, the warps along
         each halved, half and twice the rows, 3 or 4 stages, half, as many and twice the
         slices."""
-        if precision is not Precision.FP32:
+        if precision not in (Precision.FP32, Precision.TF32):
             return []
         try:
             base = cls.fit(problem, cls(precision=precision))
@@ -219,9 +227,10 @@ def plan_tc3wgrad(p, v: Tc3wgrad) -> Plan:
             "tc3wgrad computes fp32 NCHW tensors; for 16-bit or channels-last layers use "
             "--strategy tcwgrad or tcwhalo"
         )
-    if v.precision is not Precision.FP32:
+    if v.precision not in (Precision.FP32, Precision.TF32):
         raise SpecError(
-            "tc3wgrad computes fp32 math (three tf32 products each): take --precision fp32"
+            "tc3wgrad computes fp32 math (three tf32 products each) or tf32: take "
+            "--precision fp32 or tf32"
         )
     if p.W % UNIT or p.Wo % UNIT:
         raise SpecError(
@@ -290,8 +299,10 @@ def plan_tc3wgrad(p, v: Tc3wgrad) -> Plan:
     name = v.kernel_name(p)
     ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
     regs = _registers(p, v)
+    products = 3 if v.three_tf32 else 1
     ctx.update(
         geo,
+        three=v.three_tf32,
         elem="tf32",
         mma_shape="m16n8k8",
         BM=bm,
@@ -343,8 +354,8 @@ def plan_tc3wgrad(p, v: Tc3wgrad) -> Plan:
         Size(
             "chunk",
             f"{v.rows} output rows = {v.rows * p.Wo} pixels (k padded to {geo['KC']})",
-            f"under them {geo['HIN']} input rows; {ksteps} k8 steps of 3 x {fm * len(frags)} "
-            "mma a warp, one at a time",
+            f"under them {geo['HIN']} input rows; {ksteps} k8 steps of {products} x "
+            f"{fm * len(frags)} mma a warp, one at a time",
         ),
         Size(
             "__shared__",
@@ -373,6 +384,7 @@ def plan_tc3wgrad(p, v: Tc3wgrad) -> Plan:
         context=ctx,
         workspace_bytes=workspace,
         # a slice holds at most ceil(batch / splits) images' chunks, three tf32 products
-        # a pixel into the same sums (db's sums fewer); then the slices in order
-        sum_depth=(3 * hb * geo["KC"], v.splits, v.splits),
+        # a pixel into the same sums in fp32 math, one in tf32 (db's sums fewer); then
+        # the slices in order
+        sum_depth=(products * hb * geo["KC"], v.splits, v.splits),
     )
