@@ -76,6 +76,11 @@ def test_wheel_installs_and_works_outside_the_tree(tmp_path):
         "from specgen.runtime import gather_source; assert 'gather_bf16_fp32' in gather_source('bf16', 'fp32')[1]",
         cwd=elsewhere,
     )
+    # The layer winners ship: a resnet50 layer's pick on the H200 is its tuned winner.
+    spec = "C=64,M=64,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc"
+    _run(specgen, "emit", "--shape", spec, "--gpu", "NVIDIA H200", "--out", "L", cwd=elsewhere)
+    (emitted,) = (elsewhere / "L").glob("*/*.cu")
+    assert "shipped winner of a whole-model tune" in emitted.read_text()
     # The PyTorch operator's package ships (importing it needs PyTorch, an extra).
     _run(
         python,
