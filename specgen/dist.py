@@ -131,17 +131,16 @@ def work_items(searches, budget: int | None, client=None) -> list[Item]:
 
 
 def search_items(search: tuple, budget: int | None) -> list[Item]:
-    """One search's items: its candidates, pruned from its floor up and sampled."""
-    from .tune import candidates, prune, sample, source_hash
+    """One search's items: the candidates ``run_tune`` would time (``tune_space``: pruned
+    from its floor up, the pick kept, sampled); none where the planner refuses all."""
+    from .tune import source_hash, tune_space
 
     p, precision, floor, keep = search
-    space = candidates(p, precision, floor=floor)
-    if floor or keep:
-        space = prune(space, floor, keep)
-    return [
-        Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v))
-        for v in sample(p, precision, space, budget, keep, floor=floor)
-    ]
+    try:
+        space = tune_space(p, precision, budget, floor=floor, keep=keep)
+    except SpecError:
+        return []
+    return [Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)) for v in space]
 
 
 def _record(item: Item, **fields) -> dict:
