@@ -170,7 +170,7 @@ def error_coefficient(variant: Variant, problem, terms: int | None = None) -> fl
     n = terms if terms is not None else problem.reduction + (1 if problem.bias else 0)
     if variant.precision is Precision.FP32:
         gamma = n * U_FP32
-        if getattr(variant, "three_tf32", False):
+        if variant.three_tf32:
             gamma += 5 * U_HALF**2
     elif variant.tensor_core:
         u = U_BF16 if variant.precision is Precision.BF16 else U_HALF

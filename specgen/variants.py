@@ -238,6 +238,13 @@ class Variant:
         return self.key
 
     @property
+    def three_tf32(self) -> bool:
+        """fp32 math on the tensor cores, each product as three tf32 ones (tcgemm, tcwgrad,
+        tc3wgrad): reference.error_coefficient's bound, choose.speed_class's middle
+        class."""
+        return self.tensor_core and self.precision is Precision.FP32
+
+    @property
     def name(self) -> str:
         parts = [self.key]
         parts += [f.metadata["codec"].name(getattr(self, f.name)) for f in self.params()]

@@ -87,12 +87,6 @@ class Tc3wgrad(Variant):
         16, Count("s"), "tc3wgrad: slices of the batch's chunks, one block plane each"
     )
 
-    @property
-    def three_tf32(self) -> bool:
-        """fp32 math in three tf32 products (reference.error_coefficient's bound); in tf32
-        math each word is rounded to tf32 once and multiplied once."""
-        return self.precision is Precision.FP32
-
     def plan(self, problem):
         return plan_tc3wgrad(problem, self)
 

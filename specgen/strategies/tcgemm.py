@@ -79,11 +79,6 @@ class Tcgemm(Variant):
                 return problem
         return super().problem_for(problem)
 
-    @property
-    def three_tf32(self) -> bool:
-        """fp32 math in three tf32 products (reference.error_coefficient's bound)."""
-        return self.precision is Precision.FP32
-
     def plan(self, problem):
         return plan_tcgemm(problem, self)
 

@@ -57,11 +57,6 @@ class Tcwgrad(Variant):
         16, Count("s"), "tcwgrad: slices of the batch's pixels, one block plane each"
     )
 
-    @property
-    def three_tf32(self) -> bool:
-        """fp32 math in three tf32 products (reference.error_coefficient's bound)."""
-        return self.precision is Precision.FP32
-
     def plan(self, problem):
         return plan_tcwgrad(problem, self)
 
