@@ -69,8 +69,8 @@ WARP_OF_CHANNELS = {"flane"}
 # Tried only for fewer than WGEMM_MIN_MAPS maps a group: with more, each lane's dy
 # loads match its FMAs (a 1x1 window), where wgemm's tiles reuse every load.
 FEW_MAPS = {"wlane"}
-# Not tried for depthwise layers (one channel and one map a group): their tiles span a
-# group's maps by its channels, so a 16x8 tile multiplies one useful row. On
+# Not tried for depthwise layers (one channel a group): their tiles span a group's maps
+# by its channels, so a 16x8 tile multiplies one useful row of a depthwise layer's. On
 # mobilenet_v2's 3x3 depthwise wgrads at B=64 (bf16, NHWC, H200, 2026-11-28) tcwhalo took
 # 0.10-3.05 ms against cuDNN's 0.04-0.14, wlane's lane a channel 0.145 against 0.091 on
 # the one it was picked for.
@@ -78,7 +78,9 @@ GROUP_TILED_WGRAD = {"wgwgrad", "tcwgrad", "tcwhalo", "tc3wgrad"}
 
 
 def depthwise(view: ConvProblem) -> bool:
-    return view.groups > 1 and view.Cg == 1 and view.Mg == 1
+    """One input channel a group (MobileNet's, EfficientNet's depthwise layers, their
+    maps a group the channel multiplier)."""
+    return view.groups > 1 and view.Cg == 1
 
 
 # Tried only in 16-bit math, for windows of 5 taps a row or more (a row is padded to 8
@@ -523,7 +525,7 @@ def speed_class(v: Variant) -> int:
     tc3wgrad's 0.20-0.44 (H200, 2026-11-28)."""
     if not v.tensor_core:
         return 0
-    return 1 if getattr(v, "three_tf32", False) else FASTEST
+    return 1 if v.three_tf32 else FASTEST
 
 
 def search_floor(problem: ConvProblem, pick: Variant) -> int:
@@ -532,7 +534,7 @@ def search_floor(problem: ConvProblem, pick: Variant) -> int:
     layers of one channel a group (depthwise), whose GEMMs are a window's taps deep and
     a few maps wide, where the tensor cores' tiles idle and the CUDA-core kernels
     (``dwlane``, ``wlane``) may win."""
-    if problem.groups > 1 and problem.Cg == 1:
+    if depthwise(problem):
         return 0
     return speed_class(pick)
 

@@ -23,7 +23,7 @@ from .files import atomic_write
 from .variants import Precision
 
 SHIPPED = Path(__file__).with_name("winners.json")
-# The winners of whole-model tunes, per GPU and layer problem (scripts/ship_layer_winners.py)
+# The winners of whole-model tunes, per GPU and layer problem (``ship_layer_winners``)
 LAYER_WINNERS = Path(__file__).with_name("layer_winners.json")
 
 # What each kind of record must hold, and the type of each field.
