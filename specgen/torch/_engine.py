@@ -300,8 +300,8 @@ class Layer:
         # and for fp32 channels_last weights, which autograd would otherwise copy dw into
         cl = w_stride is not None and tuple(w_stride) == channels_last_strides(w_size)
         self.w_format = torch.channels_last if cl else torch.contiguous_format
-        self.dw_order = "mrsc" if cl else "mcrs"
-        self.fp32_dw = "mrsc" if dtype is DType.FP32 and cl else ""
+        self.dw_order = fp32_dw_order(cl, cast=True)
+        self.fp32_dw = fp32_dw_order(cl, cast=False, fp32=dtype is DType.FP32)
         self.problem(Op.FPROP, False, 1)  # a problem no convolution has fails here, once
 
     def problem(self, op: Op, bias: bool, batch: int) -> ConvProblem:
@@ -346,6 +346,16 @@ FORMATS = {TensorLayout.NCHW: torch.contiguous_format, TensorLayout.NHWC: torch.
 
 _layers: dict[tuple, Layer] = {}  # layer_of's arguments -> the layer
 _eager: dict[tuple, tuple] = {}  # the eager path's key -> (layer, whether x is dense)
+
+
+def fp32_dw_order(channels_last: bool, cast: bool, fp32: bool = True) -> str:
+    """The order wgrad writes dw in, in fp32, for weights of that memory format: under
+    autocast's cast always ("mrsc" for channels_last weights, "mcrs" for contiguous
+    ones), outside it for fp32 channels_last weights only, which autograd would
+    otherwise copy dw into; "" where dw comes in the tensors' dtype as PyTorch lays it."""
+    if cast:
+        return "mrsc" if channels_last else "mcrs"
+    return "mrsc" if fp32 and channels_last else ""
 
 
 def layer_of(x_size, layout, dtype, index, w_size, w_stride, stride, pads, dilation, groups):

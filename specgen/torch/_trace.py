@@ -212,21 +212,17 @@ def dw_orders(model, autocast: bool) -> dict[str, str]:
     that one (``with_fp32_grads``), not the plan as it stands, and is compiled ahead so.
     resnet50's 23 wgrads under bf16 autocast otherwise compiled one after another at its
     first backward."""
-    from ._engine import channels_last_strides
+    from ._engine import channels_last_strides, fp32_dw_order
 
     out = {}
     for name, m in model.named_modules():
         w = getattr(m, "weight", None)
         if not isinstance(m, torch.nn.Conv2d) or not torch.is_tensor(w) or w.dim() != 4:
             continue
-        if w.dtype is not torch.float32:
-            continue
-        cl = tuple(w.stride()) == channels_last_strides(tuple(w.shape))
-        if autocast:
-            out[name] = "mrsc" if cl else "mcrs"
-        elif cl:
-            out[name] = "mrsc"
-    return out
+        if w.dtype is torch.float32:  # autocast casts fp32 weights only
+            cl = tuple(w.stride()) == channels_last_strides(tuple(w.shape))
+            out[name] = fp32_dw_order(cl, cast=autocast)
+    return {name: order for name, order in out.items() if order}
 
 
 def precompile_model(
@@ -256,7 +252,8 @@ def precompile_model(
         return 0
     cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     mode = Mode("as called", DTYPES.get(cast), None, allow_tf32())
-    rows = plan_rows(layers, mode, gpu_name(index), arch_of(index), backward)
+    gpu, arch = gpu_name(index), arch_of(index)
+    rows = plan_rows(layers, mode, gpu, arch, backward)
     orders = dw_orders(model, autocast=cast is not None)
     picks = [
         (*r.pick, orders.get(r.layer, "")) if r.op == Op.WGRAD.value else r.pick
@@ -264,10 +261,9 @@ def precompile_model(
         if r.pick
     ]
     if autotune:
-        gpu, arch = gpu_name(index), arch_of(index)
         for r in rows:
             if r.pick:
                 picks += autotune_items(r.pick[0], gpu, mode.tf32, arch)
         picks = list(dict.fromkeys(picks))
-    precompile(picks, arch_of(index), os.cpu_count() or 1, f"compiling {len(picks)} kernels")
+    precompile(picks, arch, os.cpu_count() or 1, f"compiling {len(picks)} kernels")
     return len(picks)
