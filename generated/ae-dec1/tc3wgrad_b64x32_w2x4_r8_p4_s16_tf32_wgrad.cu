@@ -61,9 +61,14 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // v = hi + lo: hi is v rounded to tf32 (to nearest, ties away from zero: half a tf32 ulp
 // added to the magnitude's bits, the 13 bits tf32 drops cleared), lo = v - hi exactly,
 // of which the tensor cores read the leading 10 mantissa bits.
+__device__ __forceinline__ unsigned round_tf32(float v)
+{
+    return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+}
+
 __device__ __forceinline__ void split_tf32(float v, unsigned& hi, unsigned& lo)
 {
-    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    hi = round_tf32(v);
     lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
@@ -73,12 +78,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// tf32 math: a word rounded to tf32 as split_tf32 rounds its hi, and nothing kept of the rest.
-__device__ __forceinline__ unsigned round_tf32(float v)
-{
-    return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
 }
 
 // The batch's chunks (8 output rows of one image each, 1 an image) cut into

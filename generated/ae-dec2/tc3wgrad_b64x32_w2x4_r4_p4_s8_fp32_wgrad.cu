@@ -61,9 +61,14 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // v = hi + lo: hi is v rounded to tf32 (to nearest, ties away from zero: half a tf32 ulp
 // added to the magnitude's bits, the 13 bits tf32 drops cleared), lo = v - hi exactly,
 // of which the tensor cores read the leading 10 mantissa bits.
+__device__ __forceinline__ unsigned round_tf32(float v)
+{
+    return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+}
+
 __device__ __forceinline__ void split_tf32(float v, unsigned& hi, unsigned& lo)
 {
-    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    hi = round_tf32(v);
     lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
