@@ -296,7 +296,7 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
 
     from .runtime import Conv, device_arch
     from .strategies import default_set
-    from .verify import random_inputs, verify_variant
+    from .verify import draw_trial, random_inputs, verify_variant
 
     ceil = ceilings()
     arch = device_arch()
@@ -321,8 +321,11 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
         xs = input_sets(shape, b, rng)
         _, w, bias = random_inputs(shape, 1, rng)
         rows = cudnn_timings(shape, xs, w, bias, b, ceil)
+        trial = draw_trial(shape, min(b, 8), rng)  # one set of inputs for the chosen
         for v in chosen:
-            check = verify_variant(shape, v, arch=arch, batch=min(b, 8), numbers=True, rng=rng)
+            check = verify_variant(
+                shape, v, arch=arch, batch=trial.batch, numbers=True, trial=trial
+            )
             if not check.ok:
                 echo(f"{check.name}: not timed, verification failed: {'; '.join(check.problems)}")
                 continue

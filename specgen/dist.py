@@ -311,7 +311,7 @@ def _met(shape: ConvProblem, precision: str) -> dict:
         _, w, bias = random_inputs(shape, 1, rng)
         while len(_MET) >= _MET_KEPT:
             _MET.pop(next(iter(_MET)))
-        _MET[key] = dict(xs=xs, w=w, bias=bias, ceil=ceilings(), cudnn={}, rng=rng)
+        _MET[key] = dict(xs=xs, w=w, bias=bias, ceil=ceilings(), cudnn={}, rng=rng, trial=None)
     met = _MET[key]
     if precision not in met["cudnn"]:
         found = cudnn_timings(
@@ -418,7 +418,7 @@ def time_item(item: Item, arch: str, env: dict) -> dict:
     """One candidate verified and timed on this worker's card (``time_group``)."""
     from .bench import bench_variant
     from .strategies import parse_variant_name
-    from .verify import verify_variant
+    from .verify import draw_trial, verify_variant
 
     start = time.perf_counter()
     record = gpu_record(item, env, worker=_worker())
@@ -426,9 +426,11 @@ def time_item(item: Item, arch: str, env: dict) -> dict:
         shape = item.problem()
         v = parse_variant_name(item.variant, shape)
         met = _met(shape, item.precision)
-        rng = met["rng"]
+        met["trial"] = met["trial"] or draw_trial(shape, min(item.batch, 4), met["rng"])
         parts = dict(met_s=_since(start))  # where an item's seconds go, for the summary
-        row = verify_variant(shape, v, arch=arch, batch=min(item.batch, 4), numbers=True, rng=rng)
+        row = verify_variant(
+            shape, v, arch=arch, batch=met["trial"].batch, numbers=True, trial=met["trial"]
+        )
         parts["verify_s"] = _since(start) - parts["met_s"]
         if not row.ok:
             reason = "; ".join(row.problems) or f"verification {row.status}"
@@ -876,7 +878,7 @@ def _overdue(client, futures, running, item_limit, overhead=None) -> tuple[list,
     return out, now_running
 
 
-PARTS = {"met_s": "inputs and cuDNN", "verify_s": "verification", "bench_s": "timing"}
+PARTS = {"met_s": "inputs, references and cuDNN", "verify_s": "verification", "bench_s": "timing"}
 
 
 def _count(stats: dict, record: dict, dropped: list) -> None:

@@ -183,7 +183,7 @@ def run_tune(
     from .bench import bench_variant, ceilings, input_sets
     from .parallel import precompile
     from .runtime import device_arch
-    from .verify import random_inputs, verify_variant
+    from .verify import draw_trial, random_inputs, verify_variant
 
     env = environment()
     arch = device_arch()
@@ -197,6 +197,7 @@ def run_tune(
     xs = input_sets(shape, batch, rng)
     _, w, bias = random_inputs(shape, 1, rng)
     results, counts = [], dict(verified=0, timed=0, resumed=0, dropped=0)
+    trial = None  # the candidates' shared inputs and references, drawn at the first
     with click.progressbar(
         space, label="verified/timed", file=sys.stderr, item_show_func=lambda v: v.name if v else ""
     ) as bar:
@@ -209,7 +210,8 @@ def run_tune(
                 results.append((known[(v.name, src)]["ms"], v))
                 counts["resumed"] += 1
                 continue
-            row = verify_variant(shape, v, arch=arch, batch=min(batch, 4), numbers=True, rng=rng)
+            trial = trial or draw_trial(shape, min(batch, 4), rng)
+            row = verify_variant(shape, v, arch=arch, batch=trial.batch, numbers=True, trial=trial)
             if not row.ok:
                 counts["dropped"] += 1  # spills, wrong numbers: never timed
                 continue

@@ -169,61 +169,122 @@ def tolerance(plan: Plan, batch: int, max_input: float, max_w: float) -> tuple[f
     return gamma, underflow_term(plan.variant, bound_problem, max_input, max_w)
 
 
-def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng) -> dict:
+@dataclass
+class Trial:
+    """Fresh random inputs of one problem at one batch (``random_inputs``), on the GPU,
+    with their float64 references: what each candidate of a search is checked against
+    (``verify_variant``'s ``trial``).  The references of resnet50's layers at batch 4
+    run on the GPU, and drawing and reducing them again for each candidate was most of
+    a tune's GPU time; a search draws them once, and each of its candidates reads a
+    copy of the inputs, so that one that writes where it should not cannot change what
+    the next is judged on."""
+
+    shape: ConvProblem
+    batch: int
+    inputs: dict  # Role -> storage array on the host
+    w: np.ndarray | None
+    b: np.ndarray | None
+    dev: dict  # Role -> the inputs on the GPU
+    refs: dict  # Role -> (float64 reference, its terms' magnitudes), NCHW
+    largest: float  # the largest input value, for the underflow term
+    xp: object  # where the references live and the outputs are judged: NumPy or CuPy
+
+
+def draw_trial(shape: ConvProblem, batch: int, rng) -> Trial:
+    """A ``Trial`` of ``shape`` at ``batch`` drawn by ``rng``; its references in float64
+    on the GPU above ``CPU_REFERENCE_MACS`` (times two), else on the host."""
     import cupy
 
-    from .runtime import Conv
-
-    # A persistent kernel's blocks stride over the work items; with a third as many
-    # blocks as items, each block computes about three, through both band buffers.
-    items = max((l.per_image * batch for l in plan.launches if l.persistent), default=0)
-    conv = Conv(shape, plan.variant, plan=plan, binary=binary, max_blocks=-(-items // 3) or None)
     inputs, w, b = random_inputs(shape, batch, rng)
-    conv.set_weights(w, b)
-    dev = {r: cupy.asarray(t) for r, t in inputs.items()}
-    outs = {
-        r: cupy.asarray(
-            to_storage(np.full(role_shape(r, shape, batch), np.nan, np.float32), shape.dtype)
-        )
-        for r in outputs(shape)
-    }
-    conv.run(dev, outs)
-    cupy.cuda.Device().synchronize()
     xp = cupy if shape.flops(batch) > 2 * CPU_REFERENCE_MACS else np
-    return judge(shape, plan, batch, inputs, w, b, outs, xp)
-
-
-def judge(shape: ConvProblem, plan: Plan, batch: int, inputs, w, b, outs, xp=np) -> dict:
-    """``plan``'s outputs ``outs`` (Role -> storage array, NumPy's or CuPy's) from
-    ``inputs``, ``w`` and ``b`` (as ``random_inputs`` made them) against the float64
-    reference computed in ``xp``, within the plan's error bound: the worst output's
-    comparison (``reference.compare``)."""
-
-    def values(role, t):
-        if xp is np and not isinstance(t, np.ndarray):
-            t = t.get()  # a CuPy array, judged on the host
-        v = from_storage(t, shape.dtype, xp)
-        return to_nchw(v, shape) if role in BATCHED else v
-
     refs = references(
         shape,
-        {r: values(r, t) for r, t in inputs.items()},
+        {r: _values(shape, r, t, xp) for r, t in inputs.items()},
         None if w is None else xp.asarray(w),
         None if b is None else xp.asarray(b),
         xp,
     )
     largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
-    gamma, absolute = tolerance(plan, batch, largest, 0.0 if w is None else float(np.abs(w).max()))
+    dev = {r: cupy.asarray(t) for r, t in inputs.items()}
+    return Trial(shape, batch, inputs, w, b, dev, refs, largest, xp)
+
+
+def _values(shape: ConvProblem, role: Role, t, xp):
+    """A storage array as float values in ``xp``, NCHW where it is batched."""
+    if xp is np and not isinstance(t, np.ndarray):
+        t = t.get()  # a CuPy array, judged on the host
+    v = from_storage(t, shape.dtype, xp)
+    return to_nchw(v, shape) if role in BATCHED else v
+
+
+def check_numbers(shape: ConvProblem, plan: Plan, binary, batch: int, rng, trial=None) -> dict:
+    """``plan``'s kernels run once on random inputs (``trial``'s, else fresh ones at
+    ``batch``) into outputs poisoned with NaN, and judged against float64."""
+    import cupy
+
+    from .runtime import Conv
+
+    trial = trial or draw_trial(shape, batch, rng)
+    # A persistent kernel's blocks stride over the work items; with a third as many
+    # blocks as items, each block computes about three, through both band buffers.
+    items = max((l.per_image * trial.batch for l in plan.launches if l.persistent), default=0)
+    conv = Conv(shape, plan.variant, plan=plan, binary=binary, max_blocks=-(-items // 3) or None)
+    conv.set_weights(trial.w, trial.b)
+    dev = {r: t.copy() for r, t in trial.dev.items()}
+    outs = {
+        r: cupy.asarray(
+            to_storage(np.full(role_shape(r, shape, trial.batch), np.nan, np.float32), shape.dtype)
+        )
+        for r in outputs(shape)
+    }
+    conv.run(dev, outs)
+    cupy.cuda.Device().synchronize()
+    return judge_trial(trial, plan, outs)
+
+
+def judge_trial(trial: Trial, plan: Plan, outs) -> dict:
+    """``plan``'s outputs ``outs`` (Role -> storage array, NumPy's or CuPy's) from
+    ``trial``'s inputs against its float64 references, within the plan's error bound:
+    the worst output's comparison (``reference.compare``)."""
+    shape, xp, w = trial.shape, trial.xp, trial.w
+    gamma, absolute = tolerance(
+        plan, trial.batch, trial.largest, 0.0 if w is None else float(np.abs(w).max())
+    )
     results = [
-        compare(values(role, outs[role]), ref, mag, gamma, xp, absolute)
-        for role, (ref, mag) in refs.items()
+        compare(_values(shape, role, outs[role], xp), ref, mag, gamma, xp, absolute)
+        for role, (ref, mag) in trial.refs.items()
     ]
     return max(results, key=lambda r: (not r["ok"], r["bound_ratio"]))  # the worst output
 
 
+def judge(shape: ConvProblem, plan: Plan, batch: int, inputs, w, b, outs, xp=np) -> dict:
+    """``plan``'s outputs ``outs`` from ``inputs``, ``w`` and ``b`` (as ``random_inputs``
+    made them) against the float64 reference computed in ``xp`` (``judge_trial``)."""
+    refs = references(
+        shape,
+        {r: _values(shape, r, t, xp) for r, t in inputs.items()},
+        None if w is None else xp.asarray(w),
+        None if b is None else xp.asarray(b),
+        xp,
+    )
+    largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
+    trial = Trial(shape, batch, inputs, w, b, {}, refs, largest, xp)
+    return judge_trial(trial, plan, outs)
+
+
 def verify_variant(
-    shape: ConvProblem, variant: Variant, *, arch: str, batch: int, numbers: bool, rng=None
+    shape: ConvProblem,
+    variant: Variant,
+    *,
+    arch: str,
+    batch: int,
+    numbers: bool,
+    rng=None,
+    trial: Trial | None = None,
 ) -> Row:
+    """``variant`` of ``shape`` compiled for ``arch``, its resources checked against the
+    plan, and with ``numbers`` its outputs at ``batch`` against float64: on ``trial``'s
+    inputs where given (a search's candidates share one), else on fresh ones."""
     plan = make_plan(shape, variant)
     row = Row(shape.slug, plan.name, plan.variant.precision.value)
     try:
@@ -240,7 +301,7 @@ def verify_variant(
     if not numbers:
         row.status = "COMPILED"
         return row
-    result = check_numbers(shape, plan, binary, batch, rng or np.random.default_rng())
+    result = check_numbers(shape, plan, binary, batch, rng or np.random.default_rng(), trial)
     row.rel_l2, row.max_err, row.bound_ratio = (
         result["rel_l2"],
         result["max_err"],

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from specgen.parallel import precompile
 from specgen.shapes import PRESETS, Act, DType, Op, parse_shape, square
 from specgen.strategies import default_set
-from specgen.verify import verify_variant
+from specgen.plan import make_plan
+from specgen.tensors import Role
+from specgen.verify import draw_trial, judge_trial, verify_variant
 
 from problems import GPU_DRAWS, problem_specs
 
@@ -52,6 +54,32 @@ def verify_default_set(problem, batch, arch):
 def test_preset_variant(shape, variant, arch, compiled):
     row = verify_variant(shape, variant, arch=arch, batch=3, numbers=True)
     assert row.status == "PASS", row.problems
+
+
+def test_a_search_judges_its_candidates_on_one_trial(arch):
+    """The candidates of a search share one draw of inputs and references (what a tune
+    does): each passes on it, a run leaves the drawn inputs as they were, and the
+    references still catch an output one element off, or left NaN."""
+    import cupy
+
+    p = parse_shape(f"C={np.random.randint(3, 33)},M=24,H=13,W=11,K=3,pad=1,bias=1")
+    variants = default_set(p)
+    trial = draw_trial(p, 3, np.random.default_rng())
+    drawn = {r: t.copy() for r, t in trial.dev.items()}
+    for v in variants:
+        row = verify_variant(p, v, arch=arch, batch=3, numbers=True, trial=trial)
+        assert row.status == "PASS", (v.name, row.problems)
+    assert all(bool((trial.dev[r] == t).all()) for r, t in drawn.items())
+    plan = make_plan(p, variants[0])
+    ref, mag = trial.refs[Role.Y]
+    y = cupy.asarray(ref, dtype=cupy.float32)  # NCHW fp32: the storage of this problem
+    assert judge_trial(trial, plan, {Role.Y: y})["ok"]
+    at = tuple(int(np.random.randint(n)) for n in y.shape)
+    off = y.copy()
+    off[at] += 1e-2 * (float(mag[at]) + 1.0)
+    assert not judge_trial(trial, plan, {Role.Y: off})["ok"]
+    off[at] = cupy.nan
+    assert not judge_trial(trial, plan, {Role.Y: off})["ok"]
 
 
 @settings(max_examples=16, **GPU_DRAWS)
