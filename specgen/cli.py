@@ -756,7 +756,9 @@ def _model_problems(name: str, batch: int | None) -> list:
             "--model needs PyTorch and torchvision: pip install 'specgen[model]'"
         ) from None
     default_batch, image = m.MODELS.get(name, (32, 224))
-    layers = conv_layers(m.build(name), torch.empty(batch or default_batch, 3, image, image))
+    with torch.device("meta"):  # sizes alone: no weights initialised (2 s for resnet50)
+        net = m.build(name)
+    layers = conv_layers(net, torch.empty(batch or default_batch, 3, image, image))
     out = []
     for mode in (m.MODES["fp32"], m.MODES["bf16"]):
         out += [layer.problem(op, mode) for layer in layers for op in layer.ops()]
@@ -808,6 +810,7 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
             listing.cancel()
             raise
         try:
+            preparing = dist.prepare_gpus(client)  # while the model is traced
             problems = listing.result()
         except BaseException:
             dist.disconnect(client)
@@ -815,6 +818,7 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     setup.mark("problems listed and cluster up")
     try:
         _time_many(client, problems, budget, cluster["item_limit"], setup)
+        del preparing  # done long before: the GPU workers ran it first
     finally:
         dist.disconnect(client)
 

@@ -321,6 +321,36 @@ def _met(shape: ConvProblem, precision: str) -> dict:
     return met
 
 
+def prepare() -> float:
+    """A GPU worker's one-time costs that no problem decides: CuPy's and PyTorch's CUDA
+    contexts made (PyTorch imported, where it is installed) and the card's ceilings read
+    (``bench.ceilings``, measured on the card's first tune).  ``prepare_gpus`` runs it
+    while the client still traces the model.  Returns its seconds."""
+    import cupy
+
+    from .bench import ceilings
+
+    start = time.perf_counter()
+    cupy.zeros(1, dtype=cupy.float32).sum()
+    try:
+        import torch
+    except ImportError:  # cuDNN is then not timed: the items say so
+        pass
+    else:
+        torch.zeros(1, device="cuda").sum()
+    ceilings()
+    return _since(start)
+
+
+def prepare_gpus(client) -> list:
+    """``prepare`` on each GPU worker of the cluster, as a task holding its GPU: futures
+    that nobody needs to wait for (the worker's next task queues behind it)."""
+    return [
+        client.submit(prepare, workers=[a], resources={"GPU": 1}, pure=False)
+        for a in gpu_workers(client)
+    ]
+
+
 def warm_up_problems(searches: list[tuple]) -> list[tuple[ConvProblem, str]]:
     """For each kind of cuDNN call a tune makes (op, dtype, layout and math), its
     smallest problem: what a GPU worker meets first (``warm_up``)."""
