@@ -3,7 +3,7 @@
 # cache, each run with a database of its own; then a run whose GPU worker on card 1 is
 # killed (kill -9) mid-run; then the wall times, the speedups over one GPU, how far
 # each run's winners are from the one-GPU run's, and whether any item was recorded
-# twice.  On a GPU host, from the source tree:
+# twice.  On a GPU host, from the source tree (KILL_GPUS: the kill run's GPUs, default 2):
 #
 #   MODEL=resnet50 BATCH=32 BUDGET=2 GPUS="4 2 1" OUT=out bash scripts/tune_scale.sh
 #
@@ -21,6 +21,7 @@ MODEL=${MODEL:-resnet50}
 BATCH=${BATCH:-32}
 BUDGET=${BUDGET:-2}
 GPUS=${GPUS:-"2 1"}
+KILL_GPUS=${KILL_GPUS:-2}  # the GPUs of the kill run
 OUT=${OUT:-out}
 LIMIT=${LIMIT:-300}
 PYTHON=${PYTHON:-python3}
@@ -54,11 +55,11 @@ for step in $STEPS; do
         SPECGEN_CACHE_DIR=$CACHE/gprime timeout "$LIMIT" "${base[@]}" \
             --budget "${PRIME_BUDGET:-$BUDGET}" --gpus 1 --workers 8 > "$LOGS/tune-prime.log" 2>&1
         grep -E "^wall" "$LOGS/tune-prime.log" ;;
-    kill)  # kill -9 of the process on GPU 1 once the run is under way (2 GPUs)
+    kill)  # kill -9 of the process on GPU 1 once the run is under way (KILL_GPUS GPUs)
         fresh k
-        { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus 2," \
+        { echo "# specgen tune --model $MODEL --batch $BATCH --budget $BUDGET --gpus $KILL_GPUS," \
                "GPU 1's worker killed"
-          time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" "${tune[@]}" --gpus 2 --workers 8; } \
+          time SPECGEN_CACHE_DIR=$CACHE/gk timeout "$LIMIT" "${tune[@]}" --gpus "$KILL_GPUS" --workers 8; } \
             > "$LOGS/tune-kill.log" 2>&1 &
         run=$!
         # mid-run: once a quarter of the items are timed (the progress line, every 10 s);
