@@ -129,3 +129,50 @@ def test_a_tunes_winners_are_shipped_per_gpu_and_math(tmp_path):
     with pytest.raises(SpecError, match="no winner measured on GPU C"):
         tunedb.ship_layer_winners(db, "GPU C", dict(model="m"), path)
     assert path.read_text() == before
+
+
+def test_records_read_again_see_what_was_appended_or_rewritten(tmp_path, monkeypatch):
+    """``records`` parses only what was appended since its last read, and gives what a
+    fresh read of the whole file gives: after appends, a record cut short and then
+    completed, and the file rewritten in place."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    path = tunedb.db_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def rec(i, gpu="A"):
+        spec = PRESETS["layer2"].spec
+        return dict(
+            kind="winner",
+            shape=spec,
+            batch=i,
+            precision="fp32",
+            variant=f"v{i}",
+            ms=1.0 + i,
+            gpu=gpu,
+            date="2026-11-28",
+        )
+
+    def fresh():
+        tunedb._READ.clear()
+        return tunedb.records()
+
+    tunedb.append(rec(1))
+    assert [r["variant"] for r in tunedb.records()] == ["v1"]
+    tunedb.append(rec(2))
+    with open(path, "ab") as f:
+        f.write(b"\n")  # a blank line counts in the numbering
+    tunedb.append(rec(3))
+    seen = tunedb.records()
+    assert [(r["variant"], r["line"]) for r in seen] == [("v1", 1), ("v2", 2), ("v3", 4)]
+    whole = json.dumps(rec(4))
+    with open(path, "ab") as f:
+        f.write(whole[:20].encode())  # an append under way
+    assert len(tunedb.records()) == 3
+    with open(path, "ab") as f:
+        f.write(whole[20:].encode())  # complete, no newline yet
+    assert [r["variant"] for r in tunedb.records()][-1] == "v4" == fresh()[-1]["variant"]
+    with open(path, "r+b") as f:  # rewritten in place, same inode, longer
+        f.write(b"\n".join(json.dumps(rec(i, "B")).encode() for i in range(5, 10)) + b"\n")
+    again = tunedb.records()
+    assert [r["gpu"] for r in again][:5] == ["B"] * 5
+    assert again == fresh()
