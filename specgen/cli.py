@@ -800,22 +800,28 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
         raise SpecError(
             "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
         )
+
     # the problems listed (a model traced: PyTorch imported, 4-5 s) while the cluster
     # starts, its processes importing Dask
+    def timed_listing():
+        start = time.perf_counter()
+        return listed(), time.perf_counter() - start
+
     with ThreadPoolExecutor(1) as pool:
-        listing = pool.submit(listed)
+        listing = pool.submit(timed_listing)
         try:
             client = dist.connect(scheduler, workers, ids)
+            up = time.perf_counter() - setup.last
         except BaseException:
             listing.cancel()
             raise
         try:
             preparing = dist.prepare_gpus(client)  # while the model is traced
-            problems = listing.result()
+            problems, traced = listing.result()
         except BaseException:
             dist.disconnect(client)
             raise
-    setup.mark("problems listed and cluster up")
+    setup.mark(f"problems listed ({traced:.1f} s) and cluster up ({up:.1f} s)")
     try:
         _time_many(client, problems, budget, cluster["item_limit"], setup)
         del preparing  # done long before: the GPU workers ran it first
