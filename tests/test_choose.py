@@ -452,4 +452,5 @@ def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():
     assert computed_layout(wgrad, H200) is TensorLayout.NCHW
     assert computed_layout(wgrad, H200, allow_tf32=True) is TensorLayout.NHWC
     q = computed_problem(wgrad, H200, True)
-    assert choose(q, H200, True).variant.name == "tcwgrad_b64x128_w1x4_k32_p4_s52_tf32"
+    tf32 = tunedb.layer_winners(q.spec, H200)["tf32"]["variant"]
+    assert tf32.startswith("tcwgrad") and choose(q, H200, True).variant.name == tf32
