@@ -95,6 +95,11 @@ def test_the_planner_puts_wide_16_bit_wgrad_on_wgwgrad_and_not_off_hopper():
         (AE_DEC2_BF16, "wgwgrad_b128x256_p4_s7_bf16", "choose one of 64, 128 channels"),
         (AE_DEC2_BF16, "wgwgrad_b256x128_p5_s7_bf16", "--stages 4"),
         (AE_DEC2_BF16, "wgwgrad_b128x128_p1_s7_bf16", "2 to 8"),
+        (
+            "C=256,M=256,H=28,W=28,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+            "wgwgrad_b256x256_p3_s14_bf16",
+            "at most 128 x 256",
+        ),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):

@@ -165,6 +165,12 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             "(a tile is one tap's); "
             + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tcwgrad")
         )
+    if bm * bn > MOST_SUMS:
+        raise SpecError(
+            f"wgwgrad b{bm}x{bn}: {bm * bn // (128 * bm // BLOCK)} sums a thread leave no "
+            f"registers for the rest (ptxas stops at 128 a thread of {128 * bm // BLOCK}); "
+            "at most 128 x 256 or 256 x 128"
+        )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgwgrad p{v.stages}: the ring holds 2 to 8 chunks")
     if not 1 <= v.splits <= 65535:
