@@ -539,6 +539,16 @@ def search_floor(problem: ConvProblem, pick: Variant) -> int:
     return speed_class(pick)
 
 
+def searched_math(problem: ConvProblem, precision: Precision, floor: int) -> bool:
+    """Whether a tune searches ``problem`` in ``precision`` from ``floor`` (its
+    ``search_floor``): every math but fp32 for 16-bit tensors whose pick is on their own
+    tensor cores, which is slower and never picked.  The Dask tune (``dist.searched``)
+    and the operator's autotune (``_engine.tuned_maths``) both ask."""
+    return not (
+        precision is Precision.FP32 and problem.dtype is not DType.FP32 and floor == FASTEST
+    )
+
+
 def choose(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> Choice:
     """The kernel for ``problem`` on ``gpu`` (a device name as ``bench.device_name``;
     ``arch``, its architecture, keeps out kernels it cannot run)."""

@@ -94,7 +94,7 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
     left out: it is slower, and never picked (depthwise layers aside)."""
-    from .choose import FASTEST, computed_problem, maths, planned, search_floor
+    from .choose import computed_problem, maths, planned, search_floor, searched_math
 
     out = []
     for p in problems:
@@ -109,7 +109,7 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             floor = search_floor(q, pick)
             if pick.precision is precision:
                 out.append((q, precision, floor, (pick,)))
-            elif not (precision is Precision.FP32 and floor == FASTEST):
+            elif searched_math(q, precision, floor):
                 out.append((q, precision, 0, ()))
     return list(dict.fromkeys(out))
 

@@ -454,3 +454,18 @@ def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():
     q = computed_problem(wgrad, H200, True)
     tf32 = tunedb.layer_winners(q.spec, H200)["tf32"]["variant"]
     assert tf32.startswith("tcwgrad") and choose(q, H200, True).variant.name == tf32
+
+
+def test_a_tune_skips_fp32_math_only_for_16_bit_tensors_on_their_tensor_cores():
+    """``searched_math``, which the Dask tune and the operator's autotune both ask: fp32
+    math of a bf16 layer whose pick is on the tensor cores is not searched; from a
+    CUDA-core floor it is, and so is every math of an fp32 layer."""
+    from specgen.choose import FASTEST, searched_math
+
+    bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc")
+    fp32 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1")
+    assert not searched_math(bf16, Precision.FP32, FASTEST)
+    assert searched_math(bf16, Precision.FP32, 0)
+    assert searched_math(bf16, Precision.BF16, FASTEST)
+    assert searched_math(fp32, Precision.FP32, FASTEST)
+    assert searched_math(fp32, Precision.TF32, FASTEST)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import tunedb
-from ..choose import FASTEST, WGEMM_MIN_MAPS, Choice, choose, computed_problem, maths
-from ..choose import search_floor, three_tf32_suits
+from ..choose import WGEMM_MIN_MAPS, Choice, choose, computed_problem, maths
+from ..choose import search_floor, searched_math, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
 from ..runtime import Conv, _driver_launch, _Step, device_arch, transpose_source, weight_dtype
@@ -536,9 +536,7 @@ def tuned_maths(p: ConvProblem, pick, tf32: bool) -> list[tuple[Precision, int]]
     (``search_floor``), but fp32 math for a 16-bit layer on its own tensor cores."""
     floor = search_floor(p, pick.variant)
     return [
-        (precision, floor)
-        for precision in maths(p, tf32)
-        if not (precision is Precision.FP32 and p.dtype is not DType.FP32 and floor == FASTEST)
+        (precision, floor) for precision in maths(p, tf32) if searched_math(p, precision, floor)
     ]
 
 
