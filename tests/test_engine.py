@@ -113,3 +113,31 @@ def test_the_wgrads_compiled_ahead_write_dw_in_the_weights_order():
     assert dw_orders(model, autocast=True) == {"0": "mrsc", "1": "mrsc"}
     assert dw_orders(model, autocast=False) == {"0": "mrsc", "1": "mrsc"}
     assert dw_orders(model.half(), autocast=True) == {}
+
+
+@pytest.mark.parametrize(
+    "dgrad,wgrad,moved",
+    [
+        (TensorLayout.NHWC, TensorLayout.NHWC, True),
+        (TensorLayout.NHWC, TensorLayout.NCHW, False),
+        (TensorLayout.NCHW, TensorLayout.NCHW, False),
+    ],
+)
+def test_dy_is_moved_once_for_dgrad_and_wgrad_where_both_compute_in_the_other_layout(
+    dgrad, wgrad, moved
+):
+    """An NCHW layer whose dgrad and wgrad both compute in NHWC gets dy in NHWC once,
+    for both (each then finds it dense there); otherwise dy is left as it came."""
+
+    class Both:
+        layout = TensorLayout.NCHW
+
+        def kernel(self, op, bias, batch, grads32=""):
+            layout = dgrad if op is Op.DGRAD else wgrad
+            return Kernel(problem(op=op, layout=layout, batch=batch), grads32)
+
+    dy = torch.randn(2, 32, 10, 10)
+    out = E.shared_dy(Both(), dy, bias=True)
+    assert torch.equal(out, dy)
+    assert out.is_contiguous(memory_format=torch.channels_last) is moved
+    assert (out is dy) is not moved

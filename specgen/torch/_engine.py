@@ -941,6 +941,16 @@ def input_grad(lay: Layer, dy, w):
     return dx if computed is lay.layout else dense(dx, lay.layout)
 
 
+def shared_dy(lay: Layer, dy, bias: bool, grads32: str = ""):
+    """dy for a backward that runs both dgrad and wgrad (``bias``: db fused into wgrad;
+    ``grads32`` as ``weight_grads``): dense in the layout both kernels compute in where
+    that is not the layer's, transposed once for the two instead of once in each."""
+    N = dy.shape[0]
+    dgrad = lay.kernel(Op.DGRAD, False, N).problem.layout
+    wgrad = lay.kernel(Op.WGRAD, bias, N, grads32).problem.layout
+    return dense(dy, dgrad) if dgrad is wgrad is not lay.layout else dy
+
+
 def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     """dw, and db with it where ``bias`` (wgrad, db fused), in the layout the layer
     computes them in (x and dy copied there where it is not theirs).  ``grads32``
