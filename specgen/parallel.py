@@ -107,9 +107,9 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
                 results[name] = err
                 bar.update(1)
         pool.close()
-    except BaseException:
-        pool.terminate()  # the workers end now, mid-compile; their entries are not renamed
-        raise
-    finally:
         pool.join()
+    except BaseException:  # an interrupt mid-compile, or while the workers were exiting
+        pool.terminate()  # the workers end now; their entries are not renamed
+        pool.join()
+        raise
     return results
