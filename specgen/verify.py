@@ -197,6 +197,12 @@ def draw_trial(shape: ConvProblem, batch: int, rng) -> Trial:
 
     inputs, w, b = random_inputs(shape, batch, rng)
     xp = cupy if shape.flops(batch) > 2 * CPU_REFERENCE_MACS else np
+    dev = {r: cupy.asarray(t) for r, t in inputs.items()}
+    return _trial(shape, batch, inputs, w, b, dev, xp)
+
+
+def _trial(shape: ConvProblem, batch: int, inputs, w, b, dev: dict, xp) -> Trial:
+    """The ``Trial`` of these inputs: their references in float64, computed in ``xp``."""
     refs = references(
         shape,
         {r: _values(shape, r, t, xp) for r, t in inputs.items()},
@@ -205,7 +211,6 @@ def draw_trial(shape: ConvProblem, batch: int, rng) -> Trial:
         xp,
     )
     largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
-    dev = {r: cupy.asarray(t) for r, t in inputs.items()}
     return Trial(shape, batch, inputs, w, b, dev, refs, largest, xp)
 
 
@@ -260,16 +265,7 @@ def judge_trial(trial: Trial, plan: Plan, outs) -> dict:
 def judge(shape: ConvProblem, plan: Plan, batch: int, inputs, w, b, outs, xp=np) -> dict:
     """``plan``'s outputs ``outs`` from ``inputs``, ``w`` and ``b`` (as ``random_inputs``
     made them) against the float64 reference computed in ``xp`` (``judge_trial``)."""
-    refs = references(
-        shape,
-        {r: _values(shape, r, t, xp) for r, t in inputs.items()},
-        None if w is None else xp.asarray(w),
-        None if b is None else xp.asarray(b),
-        xp,
-    )
-    largest = max(float(np.abs(from_storage(t, shape.dtype)).max()) for t in inputs.values())
-    trial = Trial(shape, batch, inputs, w, b, {}, refs, largest, xp)
-    return judge_trial(trial, plan, outs)
+    return judge_trial(_trial(shape, batch, inputs, w, b, {}, xp), plan, outs)
 
 
 def verify_variant(
