@@ -127,7 +127,8 @@ def test_dy_is_moved_once_for_dgrad_and_wgrad_where_both_compute_in_the_other_la
     dgrad, wgrad, moved
 ):
     """An NCHW layer whose dgrad and wgrad both compute in NHWC gets dy in NHWC once,
-    for both (each then finds it dense there); otherwise dy is left as it came."""
+    for both (each then finds it dense there); otherwise dy dense in the layer's layout,
+    as it came, and a channels_last dy goes straight to NHWC kernels."""
 
     class Both:
         layout = TensorLayout.NCHW
@@ -141,3 +142,5 @@ def test_dy_is_moved_once_for_dgrad_and_wgrad_where_both_compute_in_the_other_la
     assert torch.equal(out, dy)
     assert out.is_contiguous(memory_format=torch.channels_last) is moved
     assert (out is dy) is not moved
+    cl = dy.contiguous(memory_format=torch.channels_last)
+    assert (E.shared_dy(Both(), cl, bias=True) is cl) is moved

@@ -943,12 +943,12 @@ def input_grad(lay: Layer, dy, w):
 
 def shared_dy(lay: Layer, dy, bias: bool, grads32: str = ""):
     """dy for a backward that runs both dgrad and wgrad (``bias``: db fused into wgrad;
-    ``grads32`` as ``weight_grads``): dense in the layout both kernels compute in where
-    that is not the layer's, transposed once for the two instead of once in each."""
+    ``grads32`` as ``weight_grads``): dense in the layout both kernels compute in, else
+    in the layer's; moved at most once for the two, instead of once in each."""
     N = dy.shape[0]
     dgrad = lay.kernel(Op.DGRAD, False, N).problem.layout
     wgrad = lay.kernel(Op.WGRAD, bias, N, grads32).problem.layout
-    return dense(dy, dgrad) if dgrad is wgrad is not lay.layout else dy
+    return dense(dy, dgrad if dgrad is wgrad else lay.layout)
 
 
 def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):

@@ -331,11 +331,12 @@ class Conv2dFunction(torch.autograd.Function):
         x, lay = saved[0], ctx.lay
         if torch.is_grad_enabled():  # create_graph: the registered, differentiable ops
             return (*_differentiable(ctx, lay, x, saved[1], dy), None)
-        dy = E.dense(dy, lay.layout)
         need_x, need_w = ctx.needs_input_grad[:2]
         if need_x and need_w:
             need_b = ctx.needs_input_grad[2] and ctx.has_bias
             dy = E.shared_dy(lay, dy, need_b, lay.dw_order if ctx.cast else lay.fp32_dw)
+        else:
+            dy = E.dense(dy, lay.layout)
         if not ctx.cast:
             dx, dw, db = _gradients(
                 ctx,
