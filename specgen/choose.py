@@ -13,6 +13,7 @@ tensors get fp32 math or tensor cores of their own dtype (fp32 accumulation in b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import prod
 
 from . import tunedb
 from .errors import SpecError
@@ -21,6 +22,7 @@ from .plan.common import ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
 from .strategies.wtap import lane_tiled
+from .tensors import Role, role_shape
 from .variants import Precision, Variant, split_problem_tags
 
 # The strategies tried for the planner's default, in order, per op.  wgrad: 16-bit
@@ -233,6 +235,7 @@ class Choice:
     source: str  # "tuned", "shipped" or "planned"
     why: str  # one line for the log: where the choice came from and what it measured
     ms: float | None = None  # what a tuned winner measured
+    batch: int | None = None  # the batch it measured ``ms`` at
 
 
 def maths(problem: ConvProblem, allow_tf32: bool) -> tuple[Precision, ...]:
@@ -299,7 +302,7 @@ def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
     r, v = best
     what = "" if spec == problem.spec else " of the layer without its epilogue"
     why = f"tuned winner{what}, {r['ms']:.4f} ms at B={r['batch']} ({tunedb.db_path()} line {r['line']})"
-    return Choice(v, "tuned", why, r["ms"])
+    return Choice(v, "tuned", why, r["ms"], r["batch"])
 
 
 def preset_of(problem: ConvProblem) -> ConvProblem | None:
@@ -347,7 +350,7 @@ def shipped_layer(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -
                 f"shipped winner{what} of a whole-model tune on {gpu}, {r['ms']:.4f} ms "
                 f"at B={r['batch']}{cudnn}"
             )
-            return Choice(v, "shipped", why, r["ms"])
+            return Choice(v, "shipped", why, r["ms"], r["batch"])
     return None
 
 
@@ -456,7 +459,7 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
     or shipped winner (the presets', measured there), the problem's own, unless both
     layouts hold measured winners (tuned, or shipped from a whole-model tune) and the
-    other's is faster."""
+    other's is faster with its tensors moved there and back (``moves_ms``)."""
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
@@ -467,9 +470,10 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
         # tf32 in NHWC, say)
         there = replace(problem, layout=other)
         theirs = tuned(there, gpu, allow_tf32, arch) or shipped_layer(there, gpu, allow_tf32, arch)
-        if found.ms is not None and theirs is not None and theirs.ms < found.ms:
-            return other
-        return problem.layout
+        if found.ms is None or theirs is None:
+            return problem.layout
+        at = replace(problem, batch=theirs.batch or problem.batch)  # where both were timed
+        return other if theirs.ms + moves_ms(at, gpu) < found.ms else problem.layout
     here = found.variant
     if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout
@@ -482,6 +486,35 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     if other is TensorLayout.NHWC:
         return other if speed_class(there) > speed_class(here) else problem.layout
     return other if there.key != LAST_RESORT else problem.layout
+
+
+# Bytes a second that the operator's layout moves read and write together, where this
+# machine has not measured the GPU's copy rate (``bench.ceilings``: 4.23e12 on an H200,
+# 2026-11-21); below it, as a transpose's scattered writes are.
+COPY_RATE = 3.0e12
+# What the operator moves between layouts for an op computed in the other one: its
+# inputs there, and its output back.  A wgrad's dw is the weights' shape in either, and
+# its dy is the dgrad's: an NCHW layer's dgrad runs in NHWC (no tensor-core dgrad reads
+# NCHW), and the backward moves dy once for both where wgrad runs there too
+# (``_engine.shared_dy``), so x alone is wgrad's to move.
+MOVED = {
+    Op.FPROP: (Role.X, Role.Y),
+    Op.DGRAD: (Role.DY, Role.DX),
+    Op.WGRAD: (Role.X,),
+    Op.BGRAD: (),
+}
+
+
+def moves_ms(problem: ConvProblem, gpu: str) -> float:
+    """The ms the operator spends moving the op's tensors (``MOVED``) out of the
+    problem's layout into the other one and back, at the problem's batch: each read
+    once and written once at the GPU's measured copy rate, else ``COPY_RATE``."""
+    from .bench import known_ceilings
+
+    size = 4 if problem.dtype is DType.FP32 else 2
+    moved = sum(prod(role_shape(r, problem, problem.batch)) for r in MOVED[problem.op]) * size
+    rate = (known_ceilings(gpu) or {}).get("copy_bytes_per_s") or COPY_RATE
+    return 2 * moved / rate * 1e3
 
 
 FASTEST = 2

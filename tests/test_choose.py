@@ -469,3 +469,51 @@ def test_a_tune_skips_fp32_math_only_for_16_bit_tensors_on_their_tensor_cores():
     assert searched_math(bf16, Precision.BF16, FASTEST)
     assert searched_math(fp32, Precision.FP32, FASTEST)
     assert searched_math(fp32, Precision.TF32, FASTEST)
+
+
+def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_the_move(
+    tmp_path, monkeypatch
+):
+    """computed_layout with tuned winners in both layouts: an NCHW fp32 wgrad with tf32
+    allowed goes to NHWC only where the winner there beats the one in place by more than
+    moving x there takes (``moves_ms``: read and written at the GPU's measured copy
+    rate, ``COPY_RATE`` where this machine has not measured it)."""
+    import json
+
+    from specgen.choose import COPY_RATE, computed_layout, moves_ms
+
+    gpu = "GPU X"
+    wgrad = ConvProblem(C=64, M=64, H=56, W=56, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD, batch=32)
+    there = replace(wgrad, layout=TensorLayout.NHWC)
+    x_bytes = 32 * 64 * 56 * 56 * 4
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "none"))
+    moves = moves_ms(wgrad, gpu)
+    assert moves == pytest.approx(2 * x_bytes / COPY_RATE * 1e3)
+    here_v, there_v = planned(wgrad, True).variant, planned(there, True).variant
+    assert (here_v.key, there_v.key) == ("tc3wgrad", "tcwgrad")
+
+    def with_winners(folder, ms_here, ms_there, rate=None):
+        monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
+        for p, v, ms in ((wgrad, here_v, ms_here), (there, there_v, ms_there)):
+            tunedb.append(
+                dict(
+                    kind="winner",
+                    gpu=gpu,
+                    shape=p.spec,
+                    batch=32,
+                    variant=v.name,
+                    precision=v.precision.value,
+                    ms=ms,
+                    date="2026-11-28",
+                )
+            )
+        if rate:
+            (tmp_path / folder / "ceilings.json").write_text(
+                json.dumps({gpu: dict(copy_bytes_per_s=rate, fp32_flops_per_s=5e13)})
+            )
+        return computed_layout(wgrad, gpu, allow_tf32=True)
+
+    assert with_winners("short", 0.14, 0.14 - moves / 2) is TensorLayout.NCHW
+    assert with_winners("long", 0.14, 0.14 - 2 * moves) is TensorLayout.NHWC
+    # on a GPU whose copies measured twice as fast, half the move: the first case moves
+    assert with_winners("fast", 0.14, 0.14 - moves / 1.5, rate=2 * COPY_RATE) is TensorLayout.NHWC
