@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from . import tunedb
 from .errors import SpecError
-from .shapes import ConvProblem, parse_shape
+from .shapes import ConvProblem, DType, Op, TensorLayout, parse_shape
 from .variants import Precision
 
 DIST_EXTRA = "tuning on Dask needs dask and distributed: pip install 'specgen[dist]'"
@@ -93,7 +93,10 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     a few-channel wgrad over its padded channels),
     from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
-    left out: it is slower, and never picked (depthwise layers aside)."""
+    left out: it is slower, and never picked (depthwise layers aside).  An fp32 wgrad is
+    searched in both layouts, as both have tensor-core kernels (``tc3wgrad`` in NCHW,
+    ``tcwgrad`` in NHWC): the operator then computes it where its winner with the
+    tensors moved there is faster (``choose.computed_layout``)."""
     from .choose import computed_problem, maths, planned, search_floor, searched_math
 
     out = []
@@ -102,16 +105,29 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             tf32 = precision is Precision.TF32
             try:
                 q = computed_problem(p, gpu, tf32, arch)
-                pick = planned(q, tf32, arch).variant
             except SpecError:
                 out.append((p, precision, 0, ()))
                 continue
-            floor = search_floor(q, pick)
-            if pick.precision is precision:
-                out.append((q, precision, floor, (pick,)))
-            elif searched_math(q, precision, floor):
-                out.append((q, precision, 0, ()))
+            # (not a first layer's over padded channels: the operator looks its other
+            # layout up unpadded)
+            both = p.op is Op.WGRAD and p.dtype is DType.FP32 and q.C == p.C
+            for r in (q, _other_layout(q)) if both else (q,):
+                try:
+                    pick = planned(r, tf32, arch).variant
+                except SpecError:
+                    out.append((r, precision, 0, ()))
+                    continue
+                floor = search_floor(r, pick)
+                if pick.precision is precision:
+                    out.append((r, precision, floor, (pick,)))
+                elif searched_math(r, precision, floor):
+                    out.append((r, precision, 0, ()))
     return list(dict.fromkeys(out))
+
+
+def _other_layout(p: ConvProblem) -> ConvProblem:
+    other = TensorLayout.NHWC if p.layout is TensorLayout.NCHW else TensorLayout.NCHW
+    return replace(p, layout=other)
 
 
 def work_items(searches, budget: int | None, client=None) -> list[Item]:

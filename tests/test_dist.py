@@ -383,8 +383,9 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
 def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
     """``searched``: an fp32 NCHW layer's fp32 math in the layout the operator computes
     fp32 in, its tf32 math where it computes tf32 (NHWC, on the tensor cores), each from
-    its pick's speed class up, the pick kept; a bf16 layer's own math alone (fp32 math
-    is never picked for it once its own runs on the tensor cores)."""
+    its pick's speed class up, the pick kept, and each in the other layout too; a bf16
+    layer's own math alone (fp32 math is never picked for it once its own runs on the
+    tensor cores)."""
     from dataclasses import replace
 
     from specgen.choose import computed_layout, speed_class
@@ -392,21 +393,31 @@ def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
     from specgen.variants import Precision
 
     wgrad = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32, op=Op.WGRAD)
+    nchw, nhwc = TensorLayout.NCHW, TensorLayout.NHWC
     found = {
-        precision: (p, floor, keep) for p, precision, floor, keep in dist.searched([wgrad], "")
+        (precision, p.layout): (floor, keep)
+        for p, precision, floor, keep in dist.searched([wgrad], "")
     }
-    assert set(found) == {Precision.FP32, Precision.TF32}
-    p32, floor32, keep32 = found[Precision.FP32]
-    assert p32.layout is computed_layout(wgrad, "", False) is TensorLayout.NCHW
+    assert set(found) == {
+        (m, lay) for m in (Precision.FP32, Precision.TF32) for lay in (nchw, nhwc)
+    }
+    assert computed_layout(wgrad, "", False) is nchw
+    floor32, keep32 = found[(Precision.FP32, nchw)]
     assert floor32 == speed_class(keep32[0]) == 1 and keep32[0].precision is Precision.FP32
-    ptf, floortf, keeptf = found[Precision.TF32]
-    assert ptf.layout is TensorLayout.NHWC and floortf == 2
-    assert keeptf[0].precision is Precision.TF32
+    floortf, keeptf = found[(Precision.TF32, nhwc)]
+    assert floortf == 2 and keeptf[0].precision is Precision.TF32
+    # each math in the other layout too: an fp32 wgrad has tensor-core kernels in both
+    # (tcwgrad's three products in NHWC; tc3wgrad's one tf32 product in place in NCHW,
+    # which the planner leaves to the tune)
+    assert found[(Precision.FP32, nhwc)][1][0].key == "tcwgrad"
+    tf32_nchw = [(replace(wgrad, layout=nchw), Precision.TF32, *found[(Precision.TF32, nchw)])]
+    assert {it.variant.split("_")[0] for it in dist.work_items(tf32_nchw, None)} == {"tc3wgrad"}
     bf16 = replace(wgrad, dtype=DType.BF16, layout=TensorLayout.NHWC)
     assert [s[1] for s in dist.searched([bf16], "")] == [Precision.BF16]
     for p, precision, floor, keep in dist.searched([wgrad, bf16], ""):
         items = dist.work_items([(p, precision, floor, keep)], 6)
-        assert items[0].variant == keep[0].name  # the pick first, so a tune never ends slower
+        # the pick first, so a tune never ends slower (none in a math it does not run)
+        assert items[0].variant == keep[0].name if keep else floor == 0
         assert all(it.precision == precision.value for it in items)
 
 
