@@ -174,6 +174,9 @@ for n in $GPUS; do
     fi >> "$LOGS/tune-scale.txt"
 done
 grep -h "^kill -9" "$LOGS/tune-kill.log" >> "$LOGS/tune-scale.txt" 2>/dev/null
+for n in $GPUS; do  # where each timed run's seconds before its first item went
+    grep -m1 "^setup" "$LOGS/tune-gpus$n.log" 2>/dev/null | sed "s/^/--gpus $n: /"
+done >> "$LOGS/tune-scale.txt"
 cat "$LOGS/tune-scale.txt"
 cp "$LOGS"/tune-*.log "$LOGS"/tune-scale.txt "$OUT"/ 2>/dev/null || true
 # every run's database, one file (a device call returns at most eight)
