@@ -4,14 +4,13 @@ when they fit in L2, each variant verified first, cuDNN timed in the same run.""
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .compile import cache_dir
+from . import measured
 from .errors import SpecError
 from .shapes import Act, ConvProblem, DType, Op, TensorLayout
 from .tensors import INPUTS, Role, from_storage, outputs, role_shape, to_storage, w_shape
@@ -147,34 +146,13 @@ def device_name() -> str:
     return name.decode() if isinstance(name, bytes) else name
 
 
-def _ceilings_file() -> dict:
-    """Device name -> its measured ceilings, as this machine's cache holds them."""
-    try:
-        known = json.loads((cache_dir() / "ceilings.json").read_text())
-    except (OSError, ValueError, RecursionError):  # missing, damaged or nested too deep
-        return {}
-    return known if isinstance(known, dict) else {}
-
-
-def known_ceilings(gpu: str) -> dict | None:
-    """The ceilings ``ceilings`` measured for ``gpu`` on this machine, None where it has
-    not (or the entry is damaged): read, never measured, so no GPU is needed."""
-    entry = _ceilings_file().get(gpu)
-    rates = ("copy_bytes_per_s", "fp32_flops_per_s")
-    if isinstance(entry, dict) and all(
-        isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in rates
-    ):
-        return entry
-    return None
-
-
 def ceilings(refresh: bool = False) -> dict:
     """Copy bandwidth (bytes read + written) and the fp32 rate of cuBLAS SGEMM,
     measured once per device and cached."""
     import cupy
 
     name = device_name()
-    entry = None if refresh else known_ceilings(name)
+    entry = None if refresh else measured.ceilings(name)
     if entry is not None:
         return entry
     a = cupy.empty(2**28, dtype=np.float32)  # 1 GiB
@@ -192,10 +170,7 @@ def ceilings(refresh: bool = False) -> dict:
         os.environ["CUPY_TF32"] = "0"  # pure fp32: the rate a fp32 kernel is held to
         t = statistics.median(time_launches(lambda i: cupy.matmul(x, y), reps=10))
     result = dict(device=name, copy_bytes_per_s=copy, fp32_flops_per_s=2 * n**3 / t * 1e3)
-    known = dict(_ceilings_file(), **{name: result})
-    from .files import atomic_write
-
-    atomic_write(cache_dir() / "ceilings.json", json.dumps(known, indent=1).encode())
+    measured.record(name, result)
     return result
 
 

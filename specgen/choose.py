@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from . import tunedb
+from . import measured, tunedb
 from .errors import SpecError
 from .plan import make_plan
 from .plan.common import ceil_div
@@ -509,11 +509,9 @@ def moves_ms(problem: ConvProblem, gpu: str) -> float:
     """The ms the operator spends moving the op's tensors (``MOVED``) out of the
     problem's layout into the other one and back, at the problem's batch: each read
     once and written once at the GPU's measured copy rate, else ``COPY_RATE``."""
-    from .bench import known_ceilings
-
     size = 4 if problem.dtype is DType.FP32 else 2
     moved = sum(prod(role_shape(r, problem, problem.batch)) for r in MOVED[problem.op]) * size
-    rate = (known_ceilings(gpu) or {}).get("copy_bytes_per_s") or COPY_RATE
+    rate = (measured.ceilings(gpu) or {}).get("copy_bytes_per_s") or COPY_RATE
     return 2 * moved / rate * 1e3
 
 

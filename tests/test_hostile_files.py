@@ -456,12 +456,12 @@ def test_every_count_option_refuses_a_value_past_the_hardware(tmp_path):
 def test_a_damaged_ceilings_file_reads_as_not_measured(tmp_path, monkeypatch, text):
     """What the operator's layout choice reads of the measured ceilings (no GPU): a
     damaged entry is no entry, and the choice falls back to its assumed copy rate."""
-    from specgen.bench import known_ceilings
+    from specgen import measured
     from specgen.choose import COPY_RATE, moves_ms
     from specgen.shapes import ConvProblem, Op
 
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     (tmp_path / "ceilings.json").write_text(text)
-    assert known_ceilings("GPU X") is None
+    assert measured.ceilings("GPU X") is None
     p = ConvProblem(C=8, M=8, H=4, W=4, R=1, S=1, op=Op.FPROP, batch=2)
     assert moves_ms(p, "GPU X") == pytest.approx(2 * 2 * (2 * 8 * 16 * 4) / COPY_RATE * 1e3)
