@@ -24,13 +24,13 @@ def empty_db(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
 
 
-def winner(shape, variant, ms, precision, gpu=H200):
+def winner(shape, variant, ms, precision, gpu=H200, batch=128):
     tunedb.append(
         dict(
             kind="winner",
             gpu=gpu,
             shape=shape.spec,
-            batch=128,
+            batch=batch,
             precision=precision,
             variant=variant,
             ms=ms,
@@ -495,18 +495,7 @@ def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_
     def with_winners(folder, ms_here, ms_there, rate=None):
         monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
         for p, v, ms in ((wgrad, here_v, ms_here), (there, there_v, ms_there)):
-            tunedb.append(
-                dict(
-                    kind="winner",
-                    gpu=gpu,
-                    shape=p.spec,
-                    batch=32,
-                    variant=v.name,
-                    precision=v.precision.value,
-                    ms=ms,
-                    date="2026-11-28",
-                )
-            )
+            winner(p, v.name, ms, v.precision.value, gpu, batch=32)
         if rate:
             (tmp_path / folder / "ceilings.json").write_text(
                 json.dumps({gpu: dict(copy_bytes_per_s=rate, fp32_flops_per_s=5e13)})
