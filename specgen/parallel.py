@@ -109,7 +109,13 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
         pool.close()
         pool.join()
     except BaseException:  # an interrupt mid-compile, or while the workers were exiting
-        pool.terminate()  # the workers end now; their entries are not renamed
+        # The workers end now, killed: a compile's entry is not renamed until whole, so
+        # there is nothing to save.  terminate()'s SIGTERM is not enough: a worker that
+        # Ctrl-C caught while it was still starting (before it ignores SIGINT) was seen
+        # to live on, and terminate() then waited for it forever (2 busy cores).
+        for worker in getattr(pool, "_pool", ()):
+            worker.kill()
+        pool.terminate()
         pool.join()
         raise
     return results
