@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 import click
@@ -50,6 +51,24 @@ def _ignore_interrupts():
     """A worker leaves Ctrl-C to its parent, which ends every worker at once (the
     terminal sends SIGINT to the whole process group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextmanager
+def _started_ignoring_interrupts():
+    """Worker processes started inside ignore Ctrl-C from their first instruction: an
+    ignored signal stays ignored across exec, where a handler does not, so this process
+    ignores SIGINT while the pool starts them (milliseconds).  ``_ignore_interrupts``
+    comes only once a worker has imported specgen; a Ctrl-C before then printed the
+    worker's traceback and killed it mid-start (2 busy cores).  Only the main thread
+    may set a handler; elsewhere the workers are started as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _compile_item(item):
@@ -98,7 +117,7 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
             results[name] = err
         return results
     ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
-    with _main_left_alone():
+    with _main_left_alone(), _started_ignoring_interrupts():
         pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
     try:
         work = pool.imap_unordered(_compile_item, [(s, v, arch, *g) for s, v, *g in items])
