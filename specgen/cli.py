@@ -12,7 +12,6 @@ import signal
 from dataclasses import replace
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -743,6 +742,20 @@ def tune(
     run_tune(shape, prec, budget, echo=click.echo, batch=batch, strategy=strat)
 
 
+def _many_problems(problems_path, model_name, batch) -> tuple[list, float]:
+    """A many-problem tune's problems (from ``problems_path``, at ``batch`` where given,
+    else ``model_name``'s at it), and the seconds listing them took."""
+    from . import dist
+
+    start = time.perf_counter()
+    if problems_path is None:
+        found = _model_problems(model_name, batch)
+    else:
+        found = dist.problems_file(problems_path)
+        found = [replace(p, batch=batch) for p in found] if batch else found
+    return found, time.perf_counter() - start
+
+
 def _model_problems(name: str, batch: int | None) -> list:
     """Every conv problem and op of the torchvision model ``name``, in fp32 NCHW and in
     bf16 channels_last, as ``specgen model NAME --plan`` lists them."""
@@ -769,20 +782,12 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     """A many-problem tune: the compile phase alone (``compile_only``, for ``arch``) or
     the timed one; ``cluster``: workers, gpus, scheduler and item_limit as given."""
     workers, gpus, scheduler = cluster["workers"], cluster["gpus"], cluster["scheduler"]
-    from dataclasses import replace as with_batch
-
     from . import dist
     from .compile import DEFAULT_ARCH
 
-    def listed():
-        if problems_path is None:
-            return _model_problems(model_name, batch)
-        found = dist.problems_file(problems_path)
-        return [with_batch(p, batch=batch) for p in found] if batch else found
-
     setup = _Setup()
     if compile_only:
-        problems = listed()
+        problems = _many_problems(problems_path, model_name, batch)[0]
         if gpus is not None:
             raise SpecError("--gpus times on GPU workers; --compile-only runs none")
         _check_arch(arch)
@@ -801,14 +806,13 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
             "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
         )
 
-    # the problems listed (a model traced: PyTorch imported, 4-5 s) while the cluster
-    # starts, its processes importing Dask
-    def timed_listing():
-        start = time.perf_counter()
-        return listed(), time.perf_counter() - start
+    # The problems listed (a model traced: PyTorch imported, 3-5 s) while the cluster
+    # starts, in a process of their own: in a thread of this one, the import and Dask's
+    # start would share one interpreter lock (the two took 12-14 s together on a 2-GPU
+    # host, 2026-11-28, where each alone takes a few seconds).
+    from .parallel import apart
 
-    with ThreadPoolExecutor(1) as pool:
-        listing = pool.submit(timed_listing)
+    with apart(_many_problems, problems_path, model_name, batch) as listing:
         try:
             client = dist.connect(scheduler, workers, ids)
             up = time.perf_counter() - setup.last

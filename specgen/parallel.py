@@ -99,6 +99,23 @@ def _main_left_alone():
         main.__dict__.update(saved)
 
 
+@contextmanager
+def apart(fn, *args):
+    """``fn(*args)`` in a spawned process of its own, for work that should not share
+    this one's interpreter lock (importing PyTorch beside Dask's event loop, say):
+    yields its future.  The process starts with ``__main__`` left alone and Ctrl-C
+    ignored, as compile workers do, and is told to end with the block."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        with _main_left_alone(), _started_ignoring_interrupts():
+            future = pool.submit(fn, *args)  # the process starts here
+        yield future
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant) or (shape, variant, grads32) (the
     wgrad the operator runs for fp32 weights, ``_plan``); returns name -> error or None.

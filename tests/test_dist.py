@@ -77,6 +77,25 @@ def test_problems_file(tmp_path):
         dist.problems_file(f)
 
 
+def test_a_timed_tune_lists_its_problems_in_a_process_of_their_own(tmp_path):
+    """What the timed tune runs apart while its cluster starts (``parallel.apart``): the
+    same problems at the asked batch as listing them here, and a bad file's one-line
+    SpecError carried back as it is."""
+    from specgen.cli import _many_problems
+    from specgen.parallel import apart
+
+    f = tmp_path / "p.txt"
+    f.write_text("layer2\nC=8,M=8,H=6,W=6,K=3,op=wgrad\n")
+    with apart(_many_problems, str(f), None, 3) as listing:
+        found, seconds = listing.result(timeout=60)
+    assert found == _many_problems(str(f), None, 3)[0] and seconds >= 0
+    assert {p.batch for p in found} == {3}
+    f.write_text("layer2\nC=8,M=8\n")
+    with apart(_many_problems, str(f), None, None) as listing:
+        with pytest.raises(SpecError, match="line 2"):
+            listing.result(timeout=60)
+
+
 def test_the_fan_out_records_every_item_once_and_a_rerun_has_nothing_to_do(db, cluster):
     """Each problem x math x candidate compiled on a worker process and recorded by the
     client, once; the items spread over both workers' ids; run again, nothing is pending."""
