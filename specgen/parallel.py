@@ -104,7 +104,8 @@ def apart(fn, *args):
     """``fn(*args)`` in a spawned process of its own, for work that should not share
     this one's interpreter lock (importing PyTorch beside Dask's event loop, say):
     yields its future.  The process starts with ``__main__`` left alone and Ctrl-C
-    ignored, as compile workers do, and is told to end with the block."""
+    ignored, as compile workers do; it is told to end with the block, and killed where
+    the block ends in an exception (an interrupt: nothing waits for its work)."""
     from concurrent.futures import ProcessPoolExecutor
 
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
@@ -112,6 +113,10 @@ def apart(fn, *args):
         with _main_left_alone(), _started_ignoring_interrupts():
             future = pool.submit(fn, *args)  # the process starts here
         yield future
+    except BaseException:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+        raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -94,6 +94,12 @@ def test_a_timed_tune_lists_its_problems_in_a_process_of_their_own(tmp_path):
     with apart(_many_problems, str(f), None, None) as listing:
         with pytest.raises(SpecError, match="line 2"):
             listing.result(timeout=60)
+    # interrupted while the work runs: its process is killed, not waited for
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        with apart(time.sleep, 30) as sleeping:
+            raise KeyboardInterrupt
+    assert time.perf_counter() - start < 10 and sleeping.exception(timeout=20) is not None
 
 
 def test_the_fan_out_records_every_item_once_and_a_rerun_has_nothing_to_do(db, cluster):
