@@ -463,7 +463,7 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
-    other = TensorLayout.NHWC if problem.layout is TensorLayout.NCHW else TensorLayout.NCHW
+    other = problem.layout.other
     if found.source != "planned":  # a winner measured on these tensors stays with them,
         # unless the other layout has a faster one measured on the same GPU (a tune that
         # searched each math in the layout the operator computes it in: fp32 in place,

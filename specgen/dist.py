@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from . import tunedb
 from .errors import SpecError
-from .shapes import ConvProblem, DType, Op, TensorLayout, parse_shape
+from .shapes import ConvProblem, DType, Op, parse_shape
 from .variants import Precision
 
 DIST_EXTRA = "tuning on Dask needs dask and distributed: pip install 'specgen[dist]'"
@@ -97,7 +97,7 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     searched in both layouts, as both have tensor-core kernels (``tc3wgrad`` in NCHW,
     ``tcwgrad`` in NHWC): the operator then computes it where its winner with the
     tensors moved there is faster (``choose.computed_layout``)."""
-    from .choose import computed_problem, maths, planned, search_floor, searched_math
+    from .choose import computed_problem, maths
 
     out = []
     for p in problems:
@@ -111,23 +111,26 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             # (not a first layer's over padded channels: the operator looks its other
             # layout up unpadded)
             both = p.op is Op.WGRAD and p.dtype is DType.FP32 and q.C == p.C
-            for r in (q, _other_layout(q)) if both else (q,):
-                try:
-                    pick = planned(r, tf32, arch).variant
-                except SpecError:
-                    out.append((r, precision, 0, ()))
-                    continue
-                floor = search_floor(r, pick)
-                if pick.precision is precision:
-                    out.append((r, precision, floor, (pick,)))
-                elif searched_math(r, precision, floor):
-                    out.append((r, precision, 0, ()))
+            for r in (q, replace(q, layout=q.layout.other)) if both else (q,):
+                out += _search(r, precision, arch)
     return list(dict.fromkeys(out))
 
 
-def _other_layout(p: ConvProblem) -> ConvProblem:
-    other = TensorLayout.NHWC if p.layout is TensorLayout.NCHW else TensorLayout.NCHW
-    return replace(p, layout=other)
+def _search(p: ConvProblem, precision: Precision, arch: str | None) -> list[tuple]:
+    """``searched``'s search of ``p`` in ``precision``: from its pick's speed class up,
+    the pick kept, where the pick is of that math; from the bottom where it is not and
+    the math is worth searching (``choose.searched_math``); one that finds nothing
+    where the planner refuses the problem."""
+    from .choose import planned, search_floor, searched_math
+
+    try:
+        pick = planned(p, precision is Precision.TF32, arch).variant
+    except SpecError:
+        return [(p, precision, 0, ())]
+    floor = search_floor(p, pick)
+    if pick.precision is precision:
+        return [(p, precision, floor, (pick,))]
+    return [(p, precision, 0, ())] if searched_math(p, precision, floor) else []
 
 
 def work_items(searches, budget: int | None, client=None) -> list[Item]:

@@ -58,6 +58,11 @@ class TensorLayout(enum.Enum):
 
     __hash__ = object.__hash__  # as Op's
 
+    @property
+    def other(self) -> "TensorLayout":
+        """The other memory format: where the operator may compute an op instead."""
+        return TensorLayout.NHWC if self is TensorLayout.NCHW else TensorLayout.NCHW
+
 
 class Feature(enum.Enum):
     """What a problem may have beyond a dense, stride-1, square-window fp32 NCHW

@@ -140,7 +140,7 @@ def dense(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
     fmt = torch.channels_last if layout is TensorLayout.NHWC else torch.contiguous_format
     if t.is_contiguous(memory_format=fmt):
         return t
-    other = TensorLayout.NCHW if layout is TensorLayout.NHWC else TensorLayout.NHWC
+    other = layout.other
     if (
         t.is_cuda
         and t.dim() == 4
