@@ -17,14 +17,27 @@ def _path() -> Path:
     return cache_dir() / "ceilings.json"
 
 
+_READ: dict[tuple, dict] = {}  # (path, mtime, size) -> what it held: read once
+
+
 def _all() -> dict:
     """Device name -> its entry, as the file holds them; nothing where it is missing or
-    damaged."""
+    damaged.  Read again only when the file changed: the operator's layout choice asks
+    once a layer, and a whole-model plan once a problem."""
+    path = _path()
     try:
-        known = json.loads(_path().read_text())
-    except (OSError, ValueError, RecursionError):  # missing, damaged or nested too deep
+        st = path.stat()
+    except OSError:
         return {}
-    return known if isinstance(known, dict) else {}
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _READ:
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):  # damaged or nested too deep
+            known = {}
+        _READ.clear()
+        _READ[key] = known if isinstance(known, dict) else {}
+    return _READ[key]
 
 
 def ceilings(gpu: str) -> dict | None:
@@ -41,3 +54,4 @@ def ceilings(gpu: str) -> dict | None:
 def record(gpu: str, entry: dict) -> None:
     """``entry`` as ``gpu``'s, the others kept; the file written whole."""
     atomic_write(_path(), json.dumps(dict(_all(), **{gpu: entry}), indent=1).encode())
+    _READ.clear()
