@@ -7,6 +7,8 @@ names one, ``--all`` is the shape's default set (``--strategy`` may filter it).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import signal
 from dataclasses import replace
@@ -745,15 +747,24 @@ def tune(
 def _many_problems(problems_path, model_name, batch) -> tuple[list, float]:
     """A many-problem tune's problems (from ``problems_path``, at ``batch`` where given,
     else ``model_name``'s at it), and the seconds listing them took."""
-    from . import dist
+    from . import dist, listings
 
     start = time.perf_counter()
     if problems_path is None:
-        found = _model_problems(model_name, batch)
+        found = listings.model_problems(model_name, batch)
+        if found is None:
+            found = _model_problems(model_name, batch)
+            listings.store_model_problems(model_name, batch, found)
     else:
         found = dist.problems_file(problems_path)
         found = [replace(p, batch=batch) for p in found] if batch else found
     return found, time.perf_counter() - start
+
+
+def _done(result) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    future.set_result(result)
+    return future
 
 
 def _model_problems(name: str, batch: int | None) -> list:
@@ -810,9 +821,15 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     # starts, in a process of their own: in a thread of this one, the import and Dask's
     # start would share one interpreter lock (the two took 12-14 s together on a 2-GPU
     # host, 2026-11-28, where each alone takes a few seconds).
+    from . import listings
     from .parallel import apart
 
-    with apart(_many_problems, problems_path, model_name, batch) as listing:
+    if problems_path is None and listings.model_problems(model_name, batch) is not None:
+        # listed before under this code: read here, in milliseconds
+        listed = contextlib.nullcontext(_done(_many_problems(None, model_name, batch)))
+    else:
+        listed = apart(_many_problems, problems_path, model_name, batch)
+    with listed as listing:
         try:
             client = dist.connect(scheduler, workers, ids)
             up = time.perf_counter() - setup.last
@@ -836,7 +853,7 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
 def _compile_many(problems, arch, scheduler, workers, budget):
     from . import dist, tunedb
 
-    items = dist.work_items(dist.searched(problems, "", arch), budget)
+    items = dist.work_items(dist.searched(problems, "", arch), budget, stored=True)
     todo = dist.pending(items, arch)
     click.echo(
         f"tune: {len(problems)} problems, {len(items)} items (problem x math x candidate); "
@@ -894,7 +911,7 @@ def _time_many(client, problems, budget, item_limit, setup=None):
     setup.mark("GPUs read")
     searches = dist.searched(problems, env["gpu"], env["arch"])
     warming = dist.warm_gpus(client, gpus, dist.warm_up_problems(searches))
-    items = dist.work_items(searches, budget, client)  # while the GPU workers warm up
+    items = dist.work_items(searches, budget, client, stored=True)  # while GPUs warm up
     setup.mark("items listed")
     warm = dist.warmed(warming)
     setup.mark(f"the rest of the GPU workers' warm-up ({warm:.1f} s in all)")

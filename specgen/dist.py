@@ -133,20 +133,32 @@ def _search(p: ConvProblem, precision: Precision, arch: str | None) -> list[tupl
     return [(p, precision, 0, ())] if searched_math(p, precision, floor) else []
 
 
-def work_items(searches, budget: int | None, client=None) -> list[Item]:
+def work_items(searches, budget: int | None, client=None, stored=False) -> list[Item]:
     """Each search's candidates (``searched``), pruned and sampled to ``budget`` as the
     operator's autotune does, one ``Item`` each.  With ``client``, the searches are
     listed on its workers without a GPU, one task each, and put back in their order:
     planning every candidate of resnet50's 204 searches takes 7-8 s on one core, all of
-    it before the first item can run."""
-    if client is None:
-        found = [search_items(s, budget) for s in searches]
+    it before the first item can run.  ``stored``: searches listed before under the
+    same code come from ``listings``, and the rest are stored there once listed."""
+    from . import listings
+
+    found = {}
+    for s, pairs in (listings.items(searches, budget) if stored else {}).items():
+        p, precision = s[0], s[1].value
+        found[s] = [Item(p.spec, p.batch, precision, v, h) for v, h in pairs]
+    todo = [s for s in searches if s not in found]
+    if client is None or not todo:
+        listed = [search_items(s, budget) for s in todo]
     else:
         gpus = set(gpu_workers(client))
         cpus = [a for a in client.scheduler_info()["workers"] if a not in gpus] or None
-        futures = client.map(search_items, searches, budget=budget, workers=cpus, pure=False)
-        found = client.gather(futures)
-    return list(dict.fromkeys(it for chunk in found for it in chunk))
+        futures = client.map(search_items, todo, budget=budget, workers=cpus, pure=False)
+        listed = client.gather(futures)
+    if stored:
+        pairs = [[(it.variant, it.source) for it in its] for its in listed]
+        listings.store_items(dict(zip(todo, pairs)), budget)
+    found.update(zip(todo, listed))
+    return list(dict.fromkeys(it for s in searches for it in found[s]))
 
 
 def search_items(search: tuple, budget: int | None) -> list[Item]:
