@@ -7,9 +7,11 @@ cuDNN: the same initial weights and the same batches on every rank.
 Each rank (NCCL on GPUs, one GPU a rank; gloo on the CPU, where the operator runs
 PyTorch's own convolution) trains two copies of a model from one seed: specgen's
 (``sg.convert``) and PyTorch's, on its own shard of each batch, SGD with momentum,
-gradients averaged by DDP.  Rank 0 prints each step's two losses and, at the end, the
-largest loss difference over the losses' size, the kernels' devices, and the training
-step of each timed after warm-up (CUDA events, median of the steps), one JSON line.
+gradients averaged by DDP, and a third copy in float64 (PyTorch's convolution) as the
+losses' reference.  Rank 0 prints each step's three losses and, at the end, the largest
+difference of cuDNN's and specgen's losses and of each from float64's, over the losses'
+size, the kernels' devices, and the training step of cuDNN and specgen timed after
+warm-up (CUDA events, median of the steps), one JSON line.
 ``--model unet`` is a small U-Net with ConvTranspose2d up-sampling, ``resnet18`` the
 torchvision one (torchvision needed); ``--bf16`` trains both under bf16 autocast with
 channels_last tensors.  With ``--nproc-per-node 1`` it is the one-GPU comparison.
@@ -87,9 +89,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     base = build(args.model)
+    # float64: the losses' reference (PyTorch's own convolution; specgen's operator falls
+    # back to it for float64 tensors too), from the same weights and batches
+    reference = copy.deepcopy(base).double().to(device)
     models = {"cudnn": base.to(device), "specgen": sg.convert(copy.deepcopy(base)).to(device)}
     runs = {}
-    for k, m in models.items():
+    for k, m in (*models.items(), ("float64", reference)):
         wrapped = DDP(m, device_ids=[device.index] if cuda else None)
         runs[k] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=0.9))
 
@@ -101,8 +106,13 @@ def main() -> None:
     def step(which, x, t):
         model, opt = runs[which]
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            loss = loss_of(args.model, model(x).float(), t)
+        if which == "float64":
+            loss = loss_of(
+                args.model, model(x.double()), t.double() if t.is_floating_point() else t
+            )
+        else:
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                loss = loss_of(args.model, model(x).float(), t)
         loss.backward()
         opt.step()
         return loss
@@ -118,19 +128,24 @@ def main() -> None:
         if rank == 0:
             print(
                 f"step {len(losses['cudnn']):3d}  cudnn {losses['cudnn'][-1]:.6f}  "
-                f"specgen {losses['specgen'][-1]:.6f}",
+                f"specgen {losses['specgen'][-1]:.6f}  float64 {losses['float64'][-1]:.6f}",
                 flush=True,
             )
 
-    scale = max(abs(v) for v in losses["cudnn"])
+    scale = max(abs(v) for v in losses["float64"])
     diff = max(abs(a - b) for a, b in zip(losses["cudnn"], losses["specgen"])) / scale
+    # how far each run's losses drift from float64's over the same steps: the reordering
+    # of fp32 (or bf16) sums, to which the cuDNN-specgen difference is compared
+    drift = {
+        k: max(abs(a - b) for a, b in zip(losses[k], losses["float64"])) / scale for k in models
+    }
     # the devices specgen's layers (and so their kernels) were built for on this rank
     devices = sorted({lay.index for lay in sg._engine._layers.values()})
     times = {}
     if cuda:
         x, t = next(batches(args.model, 1, args.batch, seed=2, image=args.image))
         x, t = x[:shard].to(device).contiguous(memory_format=fmt), t[:shard].to(device)
-        for k in runs:
+        for k in models:
             for _ in range(5):
                 step(k, x, t)
             samples = []
@@ -153,6 +168,7 @@ def main() -> None:
         steps=args.steps,
         lr=lr,
         max_loss_difference=diff,
+        max_drift_from_float64=drift,
         kernel_devices=devices,
         device=str(device),
         step_ms=times,
