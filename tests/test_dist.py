@@ -498,3 +498,22 @@ def test_each_gpu_worker_warms_up_on_the_smallest_problem_of_each_kind():
         (large, "tf32"),
         (wgrad, "fp32"),
     ]
+
+
+def test_the_longest_groups_go_first():
+    """``longest_first``: a group's place by its candidates times its problem's work, so
+    the wide layers' long searches start before the small ones'; equal ones keep their
+    order."""
+
+    def group(spec, n):
+        p = replace(parse_shape(spec), batch=32)
+        return [dist.Item(p.spec, p.batch, "fp32", f"v{i}", "h") for i in range(n)]
+
+    small, wide = "C=8,M=8,H=8,W=8,K=3,pad=1", "C=256,M=256,H=56,W=56,K=3,pad=1"
+    groups = {
+        ("a",): group(small, 40),
+        ("b",): group(wide, 10),
+        ("c",): group(wide, 40),
+        ("d",): group(small, 40),
+    }
+    assert dist.longest_first(groups) == {("c",): 0, ("b",): 1, ("a",): 2, ("d",): 3}
