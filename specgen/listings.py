@@ -49,7 +49,7 @@ def _versions() -> str:
 
 def _model_path(name: str, batch: int | None) -> Path:
     key = f"{name}\0{batch}\0{_versions()}\0{code_hash()}"
-    return _folder() / f"model-{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.txt"
+    return _folder() / f"model-{hashlib.sha256(key.encode()).hexdigest()[:16]}.txt"
 
 
 def model_problems(name: str, batch: int | None) -> list | None:
