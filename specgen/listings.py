@@ -107,6 +107,8 @@ def store_items(listed: dict[tuple, list[tuple[str, str]]], budget: int | None) 
         old = path.read_bytes()
     except OSError:
         old = b""
+        for stale in _folder().glob("items-*.jsonl"):  # listed by code changed since
+            stale.unlink(missing_ok=True)
     old = old[: old.rfind(b"\n") + 1]  # a last line cut short: dropped, listed again
     new = "".join(
         json.dumps(dict(key=_search_key(s, budget), items=pairs)) + "\n"

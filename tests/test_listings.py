@@ -59,6 +59,8 @@ def test_a_change_to_the_code_or_a_line_cut_short_lists_again(cache, monkeypatch
     monkeypatch.setattr(listings, "code_hash", lambda: "another")
     assert dist.work_items(searches(), 3, stored=True) == want
     assert len(cache) == len(searches())
+    # the entries of the code before are gone with the first of the new code's
+    assert [p.name for p in (tmp_path / "listings").glob("items-*")] == ["items-another.jsonl"]
 
 
 def test_a_model_listed_before_is_read_without_tracing_it(cache, monkeypatch):
