@@ -225,7 +225,7 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
                 continue
             torch.backends.cudnn.allow_tf32 = tf32
             f = lambda i: run(tx[i], tw, tb)  # noqa: E731
-            out.append(summarize(label, precision, _torch_times(f, len(tx)), shape, batch, ceil))
+            out.append(summarize(label, precision, torch_times(f, len(tx)), shape, batch, ceil))
         torch.backends.cudnn.allow_tf32 = True
         halves = (torch.float16, torch.bfloat16)
     else:
@@ -241,12 +241,13 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
         hb = None if tb is None else tb.to(half)
         name = "fp16" if half is torch.float16 else "bf16"
         f = lambda i: run(hx[i], hw, hb)  # noqa: E731
-        out.append(summarize(f"cudnn-{name}", name, _torch_times(f, len(hx)), shape, batch, ceil))
+        out.append(summarize(f"cudnn-{name}", name, torch_times(f, len(hx)), shape, batch, ceil))
     return out
 
 
-def _torch_times(f, rotate):
-    """As time_launches, with torch's events on torch's stream, held there."""
+def torch_times(f, rotate):
+    """As time_launches, for work PyTorch queues (cuDNN's convolution, specgen's
+    operator): torch's events on torch's current stream, the launches held there."""
     import cupy
     import torch
 

@@ -204,3 +204,22 @@ def test_the_first_step_child_reports_one_json_line(monkeypatch, capsys):
         report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert report["engine"] == engine and report["mode"] == "fp32"
         assert report["first_s"] > 0 and report["second_s"] > 0 and report["import_s"] >= 0
+
+
+@needs_torchvision
+def test_the_layer_table_is_summed_by_op():
+    """Below the per-layer table: each op's problems, the two sums, their ratio and how
+    many fall below 0.8x cuDNN; untimed rows left out."""
+    from specgen.torch._trace import Row
+    from specgen.torch.model import format_op_sums
+
+    def row(op, ours, theirs):
+        return Row("l", "C=8,M=8,H=8,W=8,K=3", op, "nchw", "k", "planned", ours, theirs)
+
+    rows = [row("fprop", 1.0, 1.0), row("wgrad", 1.0, 0.5), row("wgrad", 1.0, 0.9)]
+    rows.append(row("dgrad", None, 1.0))
+    lines = [line.split() for line in format_op_sums(rows).splitlines()]
+    assert lines[0][:2] == ["op", "problems"]
+    assert lines[1] == ["fprop", "1", "1.000", "1.000", "1.00x", "0"]
+    assert lines[2] == ["wgrad", "2", "2.000", "1.400", "0.70x", "1"]
+    assert lines[3] == ["all", "3", "3.000", "2.400", "0.80x", "1"]

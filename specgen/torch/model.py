@@ -118,6 +118,21 @@ def format_rows(rows: list[Row], timed: bool) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
 
 
+def format_op_sums(rows: list[Row]) -> str:
+    """The timed rows summed by op: where a model's kernels lose to cuDNN's at a glance
+    (each distinct problem once, as the rows hold them: not weighted by its layers)."""
+    head = ["op", "problems", "specgen ms", "cuDNN ms", "speedup", "below 0.8x"]
+    lines = [head]
+    timed = [r for r in rows if r.specgen_ms and r.cudnn_ms]
+    for op in (*dict.fromkeys(r.op for r in timed), "all"):
+        mine = [r for r in timed if op in (r.op, "all")]
+        ours, theirs = sum(r.specgen_ms for r in mine), sum(r.cudnn_ms for r in mine)
+        slow = sum(r.cudnn_ms < 0.8 * r.specgen_ms for r in mine)
+        lines.append([op, len(mine), f"{ours:.3f}", f"{theirs:.3f}", f"{theirs / ours:.2f}x", slow])
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+
+
 # -- on a GPU -------------------------------------------------------------------------
 
 
@@ -263,8 +278,9 @@ def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int
     return found
 
 
-def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg, reps: int) -> None:
-    """Each row's op timed alone on specgen's kernel and on cuDNN, in the row."""
+def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> None:
+    """Each row's op timed alone on specgen's kernel and on cuDNN, in the row: the
+    median of ``bench.REPS`` launches of each, the GPU's time (``held_ms``)."""
     from . import _engine
 
     dt = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}
@@ -308,8 +324,17 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg, reps: 
             "dgrad": lambda: _engine.input_grad(lay, dys, w),
             "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None),
         }
-        r.cudnn_ms = median_ms(cu[r.op], reps=reps)
-        r.specgen_ms = median_ms(ours[r.op], reps=reps)
+        r.cudnn_ms = held_ms(cu[r.op])
+        r.specgen_ms = held_ms(ours[r.op])
+
+
+def held_ms(fn) -> float:
+    """The median GPU time of ``fn``'s launches, queued behind ``bench.held``'s hold: a
+    layer's op is often shorter than the host's path to launch it (PyTorch's or the
+    operator's), and timed one call at a time its figure would be the host's."""
+    from ..bench import torch_times
+
+    return statistics.median(torch_times(lambda i: fn(), 1))
 
 
 def run(
@@ -352,12 +377,14 @@ def run(
         summary.append((mode, err, t))
         if layers_too:
             progress(f"[{mode.name}] {len(rows)} layer ops timed alone")
-            layer_times(layers, rows, mode, sg, reps)
+            layer_times(layers, rows, mode, sg)
             echo(
                 f"\n{mode.name} ({mode.dtype.value}, {mode.layout.value}"
                 f"{', tf32 allowed' if mode.tf32 else ''}), per layer op, median ms:"
             )
             echo(format_rows(rows, timed=True))
+            echo("\nsummed by op:")
+            echo(format_op_sums(rows))
     echo(
         "\ntraining step (forward, loss, backward, SGD), median ms; "
         "speedup = cuDNN / specgen; errors: relative to float64 (output, worst conv dw)"
