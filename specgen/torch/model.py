@@ -114,8 +114,15 @@ def format_rows(rows: list[Row], timed: bool) -> str:
                 f"{r.cudnn_ms / r.specgen_ms:.2f}x" if ok else "-",
             ]
         lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+    return _columns(lines)
+
+
+def _columns(lines: list[list]) -> str:
+    """Rows of cells as left-aligned columns two spaces apart."""
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines
+    )
 
 
 def format_op_sums(rows: list[Row]) -> str:
@@ -129,8 +136,7 @@ def format_op_sums(rows: list[Row]) -> str:
         ours, theirs = sum(r.specgen_ms for r in mine), sum(r.cudnn_ms for r in mine)
         slow = sum(r.cudnn_ms < 0.8 * r.specgen_ms for r in mine)
         lines.append([op, len(mine), f"{ours:.3f}", f"{theirs:.3f}", f"{theirs / ours:.2f}x", slow])
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+    return _columns(lines)
 
 
 # -- on a GPU -------------------------------------------------------------------------
