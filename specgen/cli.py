@@ -824,9 +824,10 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
     from . import listings
     from .parallel import apart
 
-    if problems_path is None and listings.model_problems(model_name, batch) is not None:
-        # listed before under this code: read here, in milliseconds
-        listed = contextlib.nullcontext(_done(_many_problems(None, model_name, batch)))
+    start = time.perf_counter()
+    stored = listings.model_problems(model_name, batch) if problems_path is None else None
+    if stored is not None:  # listed before under this code: read here, in milliseconds
+        listed = contextlib.nullcontext(_done((stored, time.perf_counter() - start)))
     else:
         listed = apart(_many_problems, problems_path, model_name, batch)
     with listed as listing:
