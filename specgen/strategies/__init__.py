@@ -37,6 +37,7 @@ from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
 from .wgmma import Wgmma
+from .wgnchw import Wgnchw
 from .wgwgrad import Wgwgrad
 from .wlane import Wlane
 from .wsplit import Wsplit
@@ -72,6 +73,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wtap,
     Wgemm,
     Wgwgrad,
+    Wgnchw,
     Tcwgrad,
     Tcwhalo,
     Tc3wgrad,

@@ -1,0 +1,250 @@
+"""``wgnchw``: tf32 wgrad (and db) of fp32 NCHW layers on Hopper's warpgroup tensor cores
+(sm_90a).
+
+The product is wgwgrad's, dw[m][(r, s, c)] = sum over the batch's pixels p of dy[m][p] *
+x[c][p's tap (r, s)], a warpgroup multiplying 64 maps by up to 256 channels of one tap on
+``wgmma.mma_async``.  wgmma takes tf32 operands K-major only (no transpose flags), and in
+NCHW the reduction's axis, the pixels, is the one along which each map's dy and each
+channel's x lie: a chunk of 32 pixels is one 128-byte row a map and a row a channel, in
+the 128-byte swizzle, and the descriptors are wgmma's forward pass's.  A warp copies rows
+with 4-byte ``cp.async``, lane l the chunk's pixel l, so each copy instruction reads
+one map's or channel's run of pixels (split where the tap's row ends) and writes one
+128-byte line of shared memory; a tap that leaves the image, and pixels past the slice,
+are the copies' zero-fill.  The fp32 words are read as tf32 with no cvt on the way
+(``tf32_truncated``), as wgmma's tf32 forward pass reads them.
+
+The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
+block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
+the rows in order, so the result is deterministic.  db rides along on the blocks of the
+first column tile: dy times a shared 8 x 32 tile of ones on an m64n8k8 wgmma.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import Plan, Size, choices
+from ..shapes import DType, Op, TensorLayout
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .tcgemm import STAGE_LIMIT
+from .tcwgrad import slice_kernel, slice_sums
+
+CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
+ROW_BYTES = 128
+SMS = 132  # the H200's SMs: one block each (the ring takes most of an SM's memory)
+ONES_BYTES = 1024  # db's tile of ones: one 8-row group of 128 bytes
+MAP_TILES = (64, 128, 256)  # a warpgroup's 64 maps, up to four warpgroups
+CHANNEL_TILES = (64, 128, 256)  # wgmma's N
+MOST_SUMS = 128 * 256  # a block's: 128 a thread of 256, or 64 of 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgnchw(Variant):
+    key = "wgnchw"
+    templates = ("backward/wgnchw.cu.j2",)
+    family = "backward"
+    description = (
+        "tf32 wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a): "
+        "pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async "
+        "ring, wgmma.mma_async, batch slices added in order"
+    )
+    serves = GEOMETRY | EPILOGUE
+    precisions = (Precision.TF32,)
+    tensor_core = True
+    tf32_truncated = True  # fp32 words read as tf32 with no cvt: truncated
+    ops = frozenset({Op.WGRAD})
+
+    blocktile: tuple[int, int] = param(
+        (128, 128), Pair("b"), "wgnchw: the block's tile of dw, maps x channels of one tap"
+    )
+    stages: int = param(6, Count("p"), "wgnchw: chunks of 32 pixels in the shared-memory ring")
+    splits: int = param(8, Count("s"), "wgnchw: slices of the batch's pixels, one block plane each")
+
+    def plan(self, problem):
+        return plan_wgnchw(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """The widest tile of channels that divides a group's, then the widest of maps
+        that does with at most 128 x 256 sums a block; the most stages that fit, up to 8;
+        slices for one block an SM."""
+        p = problem
+        bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0), default=seed.blocktile[1])
+        bm = max(
+            (d for d in MAP_TILES if p.Mg % d == 0 and d * bn <= MOST_SUMS),
+            default=seed.blocktile[0],
+        )
+        stages = max(2, min(8, _most_stages(bm, bn)))
+        tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
+        splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
+        return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Every tile that divides the group's maps and channels, with 4 and the most
+        stages up to 8 that fit, and slices for one and two blocks an SM."""
+        if precision is not Precision.TF32 or problem.dtype is not DType.FP32:
+            return []
+        if problem.layout is not TensorLayout.NCHW:
+            return []
+        out = []
+        for bm in MAP_TILES:
+            for bn in CHANNEL_TILES:
+                if problem.Mg % bm or problem.Cg % bn or bm * bn > MOST_SUMS:
+                    continue
+                most, tiles = _most_stages(bm, bn), _tiles(problem, bm, bn)
+                for stages in sorted({4, min(8, most)}):
+                    for blocks in (SMS, 2 * SMS):
+                        if stages <= most:
+                            s = max(1, min(blocks // tiles, 65535))
+                            out.append(
+                                cls(
+                                    blocktile=(bm, bn), stages=stages, splits=s, precision=precision
+                                )
+                            )
+        return list(dict.fromkeys(out))
+
+
+def _stage_bytes(bm: int, bn: int) -> int:
+    return (bm + bn) * ROW_BYTES
+
+
+def _most_stages(bm: int, bn: int) -> int:
+    """The most chunks whose ring fits beside db's ones and the alignment slack."""
+    return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
+
+
+def _tiles(p, bm: int, bn: int) -> int:
+    return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
+
+
+def plan_wgnchw(p, v: Wgnchw) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NCHW:
+        raise SpecError(
+            "wgnchw reads NCHW tensors (rows of pixels, one a map and a channel): use "
+            "layout=nchw, or --strategy tcwgrad for channels-last ones"
+        )
+    if p.dtype is not DType.FP32 or v.precision is not Precision.TF32:
+        raise SpecError(
+            "wgnchw multiplies fp32 tensors in tf32 (wgmma reads their words as tf32): "
+            "use dtype=fp32 and --precision tf32, or --strategy tc3wgrad for fp32 math"
+        )
+    bm, bn = v.blocktile
+    if bm not in MAP_TILES:
+        raise SpecError(f"wgnchw b{bm}x{bn}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
+    if bn not in CHANNEL_TILES:
+        raise SpecError(f"wgnchw b{bm}x{bn}: the channels of a tile are wgmma's N, 64, 128 or 256")
+    if p.Mg % bm:
+        fits = [d for d in MAP_TILES if p.Mg % d == 0]
+        raise SpecError(
+            f"wgnchw b{bm}x{bn}: {bm} maps must divide the {p.Mg} maps of a group; "
+            + (f"choose one of {choices(fits)} maps" if fits else "use --strategy tc3wgrad")
+        )
+    if p.Cg % bn:
+        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
+        raise SpecError(
+            f"wgnchw b{bm}x{bn}: {bn} channels must divide the {p.Cg} channels of a group "
+            "(a tile is one tap's); "
+            + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tc3wgrad")
+        )
+    if bm * bn > MOST_SUMS:
+        raise SpecError(
+            f"wgnchw b{bm}x{bn}: {bm * bn // (128 * bm // 64)} sums a thread leave no "
+            f"registers for the rest; at most 128 x 256 or 256 x 128"
+        )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"wgnchw p{v.stages}: the ring holds 2 to 8 chunks")
+    if not 1 <= v.splits <= 65535:
+        raise SpecError(f"wgnchw s{v.splits}: 1 to 65535 slices (grid z)")
+    a_stage, b_stage = bm * ROW_BYTES, bn * ROW_BYTES
+    ring = v.stages * (a_stage + b_stage)
+    smem = ring + (ONES_BYTES if p.bias else 0) + 1024  # and the slack to align to 1024 B
+    if smem > STAGE_LIMIT:
+        most = (STAGE_LIMIT - 1024 - (ONES_BYTES if p.bias else 0)) // (a_stage + b_stage)
+        raise SpecError(
+            f"wgnchw's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {most} or a smaller tile"
+        )
+
+    # 2. work
+    warpgroups = bm // 64
+    threads = 128 * warpgroups
+    warps = threads // 32
+    CgRS = p.Cg * p.R * p.S
+    col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), p.Mg // bm
+    P = p.Ho * p.Wo
+    name = v.kernel_name(p)
+    ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
+    (sh, sw), (pt, _, pl, _) = p.stride, p.pads
+    ctx.update(
+        BM=bm,
+        BN=bn,
+        BK=CHUNK,
+        NACC=bn // 2,
+        stages=v.stages,
+        threads=threads,
+        warps=warps,
+        warpgroups=warpgroups,
+        a_rows=bm // warps,
+        b_rows=bn // warps,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        ones_at=ring,
+        a_ring=v.stages * a_stage,
+        c_tiles=p.Cg // bn,
+        CgRS=CgRS,
+        P=P,
+        sh=sh,
+        sw=sw,
+        pt=pt,
+        pl=pl,
+        map_tiles=map_tiles,
+        precision_note="x and dy read as tf32 (their fp32 words truncated), products "
+        "accumulated in fp32",
+    )
+    main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
+    sizes = (
+        gemm,
+        Size(
+            "block tile",
+            f"{bm} maps x {bn} channels of one tap",
+            f"{warpgroups} warpgroup(s) of m64n{bn}k8, {bn // 2} fp32 sums per thread",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x ({bm} map + {bn} channel) rows of {CHUNK} pixels x 4 B, "
+            "128B-swizzled"
+            + (f"; {ONES_BYTES} B of ones for db" if p.bias else "")
+            + "; 1024 B of slack to align the ring",
+        ),
+        Size(
+            "copies",
+            f"{bm // warps + bn // warps} 4-byte cp.async per thread per chunk",
+            "lane l the chunk's pixel l of a row: one 128-byte line of shared memory a copy",
+        ),
+        Size(
+            "grid",
+            f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
+            f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
+            "of the batch's pixels (contiguous, chunk-aligned)",
+        ),
+        scratch,
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="backward/wgnchw.cu.j2",
+        launches=(main, reduce),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        sum_depth=(P, v.splits, v.splits + CHUNK),
+        arch="sm_90a",
+    )

@@ -1,0 +1,147 @@
+"""wgnchw, tf32 wgrad of fp32 NCHW layers on Hopper's warpgroup tensor cores with K-major
+operands: what ptxas makes of it for sm_90a (CPU tier), its limits, where the tune and
+the planner take it, and its numbers on drawn problems (GPU tier)."""
+
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from problems import default_and_drawn, verify_on_the_gpu
+from specgen.choose import planned
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.shapes import PRESETS, Op, parse_shape
+from specgen.strategies import default_set, parse_variant_name
+from specgen.strategies.wgnchw import Wgnchw
+from specgen.variants import Precision
+from test_wgmma import SERIALIZED, compiled, ptx_of
+
+TF32 = Precision.TF32
+RESNET_7X7 = "C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad"  # resnet50's last 3x3, B=32
+
+
+@pytest.mark.parametrize("spec", ["ae-enc2", RESNET_7X7, "C=64,M=128,H=28,W=28,K=3,pad=1,bias=1"])
+def test_the_wide_layers_compile_for_sm_90a_with_k_major_wgmma(spec):
+    """No spills, the multiplies not serialized, and in the PTX the warpgroup MMA in tf32
+    with no transpose flags (K-major: rows of pixels), fed by 4-byte cp.async copies
+    under the proxy fence; with a bias, db's m64n8 product on the tile of ones."""
+    p = PRESETS[spec].with_op(Op.WGRAD) if spec in PRESETS else parse_shape(spec)
+    p = p.with_op(Op.WGRAD)
+    v = Wgnchw.default(p, TF32)
+    plan = make_plan(p, v)
+    assert plan.target("sm_90") == "sm_90a"
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    bm, bn = v.blocktile
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" in ptx
+    assert ", p, 1, 1;" in ptx  # scale-d from p, scale-a, scale-b: tf32 has no transpose
+    assert "fence.proxy.async.shared::cta;" in ptx
+    assert "cp.async.ca.shared.global" in ptx and ", 4, " in ptx
+    assert ("wgmma.mma_async.sync.aligned.m64n8k8" in ptx) == p.bias
+    assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 maps
+
+
+def test_the_fit_tiles_the_widest_and_fills_the_sms():
+    """128 maps x 256 channels where both divide, the most stages that fit (up to 8), and
+    slices for one block an SM: resnet50's 7x7 layer has 9 x 2 x 4 tiles, so one slice."""
+    v = Wgnchw.default(parse_shape(RESNET_7X7), TF32)
+    assert v.blocktile == (128, 256) and v.splits == 1 and v.stages == 4
+    v = Wgnchw.default(parse_shape("C=64,M=64,H=56,W=56,K=3,pad=1,op=wgrad"), TF32)
+    assert v.blocktile == (64, 64) and v.stages == 8 and 9 * v.splits <= 132 < 9 * (v.splits + 1)
+
+
+def test_every_tune_candidate_plans_and_compiles_unserialized():
+    p = parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
+    n = 0
+    for v in Wgnchw.space(p, TF32):
+        binary = compiled(make_plan(p, v))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+        n += 1
+    assert n >= 8
+
+
+def test_the_tune_and_the_default_set_take_it_and_the_planner_does_not_yet():
+    """In the default set and tune's space of an fp32 NCHW wgrad in tf32, not in fp32
+    math or for other layouts and dtypes; not the planner's pick until measured."""
+    p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
+    assert [v for v in default_set(p) if v.key == "wgnchw"]
+    assert Wgnchw.space(p, TF32) and not Wgnchw.space(p, Precision.FP32)
+    assert planned(p, allow_tf32=True).variant.key != "wgnchw"
+    nhwc = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc,op=wgrad")
+    bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,op=wgrad")
+    for q in (nhwc, bf16):
+        assert not Wgnchw.space(q, TF32)
+        assert not [v for v in default_set(q) if v.key == "wgnchw"]
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        (RESNET_7X7 + ",layout=nhwc", "wgnchw_b128x128_p4_s1_tf32", "cannot serve nhwc"),
+        (
+            RESNET_7X7.replace("op=wgrad", "dtype=bf16,op=wgrad"),
+            "wgnchw_b128x128_p4_s1_tf32",
+            "cannot serve bf16",
+        ),
+        (RESNET_7X7, "wgnchw_b128x128_p4_s1_fp32", "tf32"),
+        (RESNET_7X7, "wgnchw_b96x128_p4_s1_tf32", "64 maps"),
+        (RESNET_7X7, "wgnchw_b128x96_p4_s1_tf32", "wgmma's N"),
+        ("C=512,M=192,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x128_p4_s1_tf32", "64"),
+        ("C=96,M=512,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x128_p4_s1_tf32", "tc3wgrad"),
+        (RESNET_7X7, "wgnchw_b256x256_p2_s1_tf32", "at most 128 x 256"),
+        (RESNET_7X7, "wgnchw_b128x256_p8_s1_tf32", "--stages 4"),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name(name))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- GPU tier ----
+
+
+@st.composite
+def wgnchw_problems(draw):
+    """Problems wgnchw serves: channels and maps multiples of 64 per group, stride,
+    dilation, every padding, images whose pixels are not a multiple of a chunk's 32,
+    a bias (db)."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg, mg = 64 * draw(st.integers(1, 2)), 64 * draw(st.integers(1, 3))
+    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    H, W = draw(st.integers(R, 13)), draw(st.integers(S, 13))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},op=wgrad"
+    )
+    if draw(st.booleans()):
+        spec += ",bias=1"
+    try:
+        return parse_shape(spec)
+    except SpecError:
+        assume(False)
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(p=wgnchw_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default variant and one drawn from tune's space, against the float64
+    reference: slices past the batch's pixels, chunks across images, the taps'
+    zero-fill, groups, db."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgnchw, TF32, pick), batch)
+
+
+@pytest.mark.gpu
+def test_resnet50s_widest_7x7_layer_on_the_gpu():
+    p = parse_shape(RESNET_7X7)
+    verify_on_the_gpu(p, [Wgnchw.default(p, TF32)], 3)
