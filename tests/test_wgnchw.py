@@ -16,18 +16,20 @@ from specgen.strategies.wgnchw import Wgnchw
 from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
-TF32 = Precision.TF32
+TF32, FP32 = Precision.TF32, Precision.FP32
 RESNET_7X7 = "C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad"  # resnet50's last 3x3, B=32
 
 
+@pytest.mark.parametrize("precision", [TF32, FP32])
 @pytest.mark.parametrize("spec", ["ae-enc2", RESNET_7X7, "C=64,M=128,H=28,W=28,K=3,pad=1,bias=1"])
-def test_the_wide_layers_compile_for_sm_90a_with_k_major_wgmma(spec):
+def test_the_wide_layers_compile_for_sm_90a_with_k_major_wgmma(spec, precision):
     """No spills, the multiplies not serialized, and in the PTX the warpgroup MMA in tf32
     with no transpose flags (K-major: rows of pixels), fed by 4-byte cp.async copies
-    under the proxy fence; with a bias, db's m64n8 product on the tile of ones."""
+    under the proxy fence; with a bias, db's m64n8 product on the tile of ones; in fp32
+    math three products a step."""
     p = PRESETS[spec].with_op(Op.WGRAD) if spec in PRESETS else parse_shape(spec)
     p = p.with_op(Op.WGRAD)
-    v = Wgnchw.default(p, TF32)
+    v = Wgnchw.default(p, precision)
     plan = make_plan(p, v)
     assert plan.target("sm_90") == "sm_90a"
     binary = compiled(plan)
@@ -40,6 +42,8 @@ def test_the_wide_layers_compile_for_sm_90a_with_k_major_wgmma(spec):
     assert "cp.async.ca.shared.global" in ptx and ", 4, " in ptx
     assert ("wgmma.mma_async.sync.aligned.m64n8k8" in ptx) == p.bias
     assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 maps
+    products = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k8")
+    assert products == (12 if precision is FP32 else 4)  # a chunk's, unrolled
 
 
 def test_the_fit_tiles_the_widest_and_fills_the_sms():
@@ -49,16 +53,19 @@ def test_the_fit_tiles_the_widest_and_fills_the_sms():
     assert v.blocktile == (128, 256) and v.splits == 1 and v.stages == 4
     v = Wgnchw.default(parse_shape("C=64,M=64,H=56,W=56,K=3,pad=1,op=wgrad"), TF32)
     assert v.blocktile == (64, 64) and v.stages == 8 and 9 * v.splits <= 132 < 9 * (v.splits + 1)
+    # fp32 math keeps a chunk's products apart: at most 128 channels, half the sums
+    v = Wgnchw.default(parse_shape(RESNET_7X7), FP32)
+    assert v.blocktile == (128, 128) and v.stages == 3
 
 
 def test_every_tune_candidate_plans_and_compiles_unserialized():
     p = parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
     n = 0
-    for v in Wgnchw.space(p, TF32):
+    for v in Wgnchw.space(p, TF32) + Wgnchw.space(p, FP32):
         binary = compiled(make_plan(p, v))
         assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
         n += 1
-    assert n >= 8
+    assert n >= 16
 
 
 def test_the_tune_and_the_default_set_take_it_and_the_planner_does_not_yet():
@@ -66,7 +73,7 @@ def test_the_tune_and_the_default_set_take_it_and_the_planner_does_not_yet():
     math or for other layouts and dtypes; not the planner's pick until measured."""
     p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
     assert [v for v in default_set(p) if v.key == "wgnchw"]
-    assert Wgnchw.space(p, TF32) and not Wgnchw.space(p, Precision.FP32)
+    assert Wgnchw.space(p, TF32) and Wgnchw.space(p, FP32)
     assert planned(p, allow_tf32=True).variant.key != "wgnchw"
     nhwc = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc,op=wgrad")
     bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,op=wgrad")
@@ -84,7 +91,7 @@ def test_the_tune_and_the_default_set_take_it_and_the_planner_does_not_yet():
             "wgnchw_b128x128_p4_s1_tf32",
             "cannot serve bf16",
         ),
-        (RESNET_7X7, "wgnchw_b128x128_p4_s1_fp32", "tf32"),
+        (RESNET_7X7, "wgnchw_b64x256_p2_s1_fp32", "at most 128 x 128 in fp32 math"),
         (RESNET_7X7, "wgnchw_b96x128_p4_s1_tf32", "64 maps"),
         (RESNET_7X7, "wgnchw_b128x96_p4_s1_tf32", "wgmma's N"),
         ("C=512,M=192,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x128_p4_s1_tf32", "64"),
@@ -133,15 +140,21 @@ def wgnchw_problems(draw):
     suppress_health_check=list(HealthCheck),
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
-@given(p=wgnchw_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
-    """The default variant and one drawn from tune's space, against the float64
-    reference: slices past the batch's pixels, chunks across images, the taps'
-    zero-fill, groups, db."""
-    verify_on_the_gpu(p, default_and_drawn(p, Wgnchw, TF32, pick), batch)
+@given(
+    p=wgnchw_problems(),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+    precision=st.sampled_from([TF32, FP32]),
+)
+def test_drawn_problems_on_the_gpu(p, batch, pick, precision):
+    """The default variant and one drawn from tune's space, in tf32 and in 3xTF32,
+    against the float64 reference (3xTF32's bound is fp32's): slices past the batch's
+    pixels, chunks across images, the taps' zero-fill, groups, db."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgnchw, precision, pick), batch)
 
 
 @pytest.mark.gpu
-def test_resnet50s_widest_7x7_layer_on_the_gpu():
+@pytest.mark.parametrize("precision", [TF32, FP32])
+def test_resnet50s_widest_7x7_layer_on_the_gpu(precision):
     p = parse_shape(RESNET_7X7)
-    verify_on_the_gpu(p, [Wgnchw.default(p, TF32)], 3)
+    verify_on_the_gpu(p, [Wgnchw.default(p, precision)], 3)

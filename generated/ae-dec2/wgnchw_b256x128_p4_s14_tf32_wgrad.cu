@@ -4,7 +4,7 @@
 // Shape    ae-dec2: C=128 M=256 H=16 W=16 K=3 pad=1 op=wgrad
 //          fp32 x[B][128][16][16] * dy[B][256][16][16] -> dw[256][128][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgnchw_b256x128_p4_s14_tf32_wgrad
-//          tf32 wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a): pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async ring, wgmma.mma_async, batch slices added in order
+//          wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async ring, wgmma.mma_async, batch slices added in order
 //          precision tf32: x and dy read as tf32 (their fp32 words truncated), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -63,7 +63,7 @@ __device__ __forceinline__ void pin(float* acc)
 
 // acc[64 maps x 128 channels] += A[64 maps x 8 pixels] * B[8 pixels x 128 channels] (32
 // bytes of each row): dy times one tap's x, the pixels the reduction.
-__device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, unsigned long long b)
+__device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, unsigned long long b, int add = 1)
 {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -81,7 +81,7 @@ __device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, uns
   "+f"(acc[40]), "+f"(acc[41]), "+f"(acc[42]), "+f"(acc[43]), "+f"(acc[44]), "+f"(acc[45]), "+f"(acc[46]), "+f"(acc[47]), 
   "+f"(acc[48]), "+f"(acc[49]), "+f"(acc[50]), "+f"(acc[51]), "+f"(acc[52]), "+f"(acc[53]), "+f"(acc[54]), "+f"(acc[55]), 
   "+f"(acc[56]), "+f"(acc[57]), "+f"(acc[58]), "+f"(acc[59]), "+f"(acc[60]), "+f"(acc[61]), "+f"(acc[62]), "+f"(acc[63])
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(add));
 }
 
 // 4 bytes global -> shared through L1; src_bytes 0 writes a zero (padding, tails).
@@ -177,9 +177,9 @@ wgnchw_b256x128_p4_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
         // Chunk kt has landed (this thread's copies), is visible to the tensor cores'
         // reads, and everyone's is; every warpgroup has retired chunk kt - 1.
         cp_async_wait<2>();
+        const int stage = kt % 4;
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        const int stage = kt % 4;
         const unsigned a_at = a_wg + stage * 32768u;
         const unsigned b_at = b_base + stage * 16384u;
         pin<64>(acc);

@@ -4,7 +4,7 @@
 // Shape    ae-enc2: C=256 M=128 H=16 W=16 K=3 pad=1 op=wgrad
 //          fp32 x[B][256][16][16] * dy[B][128][16][16] -> dw[128][256][3][3], summed over the batch (nchw), fp32 sums, B at launch
 // Variant  wgnchw_b128x256_p4_s14_tf32_wgrad
-//          tf32 wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a): pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async ring, wgmma.mma_async, batch slices added in order
+//          wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async ring, wgmma.mma_async, batch slices added in order
 //          precision tf32: x and dy read as tf32 (their fp32 words truncated), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -63,7 +63,7 @@ __device__ __forceinline__ void pin(float* acc)
 
 // acc[64 maps x 256 channels] += A[64 maps x 8 pixels] * B[8 pixels x 256 channels] (32
 // bytes of each row): dy times one tap's x, the pixels the reduction.
-__device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, unsigned long long b)
+__device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, unsigned long long b, int add = 1)
 {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -93,7 +93,7 @@ __device__ __forceinline__ void wgmma_step(float* acc, unsigned long long a, uns
   "+f"(acc[104]), "+f"(acc[105]), "+f"(acc[106]), "+f"(acc[107]), "+f"(acc[108]), "+f"(acc[109]), "+f"(acc[110]), "+f"(acc[111]), 
   "+f"(acc[112]), "+f"(acc[113]), "+f"(acc[114]), "+f"(acc[115]), "+f"(acc[116]), "+f"(acc[117]), "+f"(acc[118]), "+f"(acc[119]), 
   "+f"(acc[120]), "+f"(acc[121]), "+f"(acc[122]), "+f"(acc[123]), "+f"(acc[124]), "+f"(acc[125]), "+f"(acc[126]), "+f"(acc[127])
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(add));
 }
 
 // 4 bytes global -> shared through L1; src_bytes 0 writes a zero (padding, tails).
@@ -189,9 +189,9 @@ wgnchw_b128x256_p4_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
         // Chunk kt has landed (this thread's copies), is visible to the tensor cores'
         // reads, and everyone's is; every warpgroup has retired chunk kt - 1.
         cp_async_wait<2>();
+        const int stage = kt % 4;
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        const int stage = kt % 4;
         const unsigned a_at = a_wg + stage * 16384u;
         const unsigned b_at = b_base + stage * 32768u;
         pin<128>(acc);

@@ -1,5 +1,5 @@
-"""``wgnchw``: tf32 wgrad (and db) of fp32 NCHW layers on Hopper's warpgroup tensor cores
-(sm_90a).
+"""``wgnchw``: wgrad (and db) of fp32 NCHW layers on Hopper's warpgroup tensor cores
+(sm_90a), in tf32 or at fp32 accuracy in three tf32 products.
 
 The product is wgwgrad's, dw[m][(r, s, c)] = sum over the batch's pixels p of dy[m][p] *
 x[c][p's tap (r, s)], a warpgroup multiplying 64 maps by up to 256 channels of one tap on
@@ -10,8 +10,12 @@ the 128-byte swizzle, and the descriptors are wgmma's forward pass's.  A warp co
 with 4-byte ``cp.async``, lane l the chunk's pixel l, so each copy instruction reads
 one map's or channel's run of pixels (split where the tap's row ends) and writes one
 128-byte line of shared memory; a tap that leaves the image, and pixels past the slice,
-are the copies' zero-fill.  The fp32 words are read as tf32 with no cvt on the way
-(``tf32_truncated``), as wgmma's tf32 forward pass reads them.
+are the copies' zero-fill.  In tf32 math the fp32 words are read as tf32 with no cvt on
+the way (``tf32_truncated``), as wgmma's tf32 forward pass reads them.  In fp32 math
+(3xTF32, tc3wgrad's split) each thread splits the words it copied, once they have
+landed: hi, the word rounded to tf32, in place, and lo = v - hi into a second tile of the
+stage; a chunk's products lo x hi, hi x lo and hi x hi start from zero on the tensor cores
+and are added to the thread's sums in fp32, as the tensor cores' own sums truncate.
 
 The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
 block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
@@ -45,14 +49,14 @@ class Wgnchw(Variant):
     templates = ("backward/wgnchw.cu.j2",)
     family = "backward"
     description = (
-        "tf32 wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a): "
-        "pixels as the reduction, K-major rows of 32 pixels in a 128B-swizzled cp.async "
-        "ring, wgmma.mma_async, batch slices added in order"
+        "wgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 "
+        "or in 3xTF32 (fp32 accuracy): pixels as the reduction, K-major rows of 32 pixels "
+        "in a 128B-swizzled cp.async ring, wgmma.mma_async, batch slices added in order"
     )
     serves = GEOMETRY | EPILOGUE
-    precisions = (Precision.TF32,)
+    precisions = (Precision.TF32, Precision.FP32)
     tensor_core = True
-    tf32_truncated = True  # fp32 words read as tf32 with no cvt: truncated
+    tf32_truncated = True  # in tf32 math, fp32 words read as tf32 with no cvt: truncated
     ops = frozenset({Op.WGRAD})
 
     blocktile: tuple[int, int] = param(
@@ -71,11 +75,14 @@ class Wgnchw(Variant):
         slices for one block an SM."""
         p = problem
         bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0), default=seed.blocktile[1])
+        three = seed.precision is Precision.FP32
+        if three:
+            bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0 and d <= 128), default=bn)
         bm = max(
-            (d for d in MAP_TILES if p.Mg % d == 0 and d * bn <= MOST_SUMS),
+            (d for d in MAP_TILES if p.Mg % d == 0 and _sums_fit(d, bn, three)),
             default=seed.blocktile[0],
         )
-        stages = max(2, min(8, _most_stages(bm, bn)))
+        stages = max(2, min(8, _most_stages(bm, bn, three)))
         tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
         splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
@@ -84,16 +91,17 @@ class Wgnchw(Variant):
     def space(cls, problem, precision):
         """Every tile that divides the group's maps and channels, with 4 and the most
         stages up to 8 that fit, and slices for one and two blocks an SM."""
-        if precision is not Precision.TF32 or problem.dtype is not DType.FP32:
+        if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
+        three = precision is Precision.FP32
         if problem.layout is not TensorLayout.NCHW:
             return []
         out = []
         for bm in MAP_TILES:
             for bn in CHANNEL_TILES:
-                if problem.Mg % bm or problem.Cg % bn or bm * bn > MOST_SUMS:
+                if problem.Mg % bm or problem.Cg % bn or not _sums_fit(bm, bn, three):
                     continue
-                most, tiles = _most_stages(bm, bn), _tiles(problem, bm, bn)
+                most, tiles = _most_stages(bm, bn, three), _tiles(problem, bm, bn)
                 for stages in sorted({4, min(8, most)}):
                     for blocks in (SMS, 2 * SMS):
                         if stages <= most:
@@ -106,13 +114,24 @@ class Wgnchw(Variant):
         return list(dict.fromkeys(out))
 
 
-def _stage_bytes(bm: int, bn: int) -> int:
-    return (bm + bn) * ROW_BYTES
+def _stage_bytes(bm: int, bn: int, three: bool) -> int:
+    """A chunk's rows, and in 3xTF32 as many again for the lo words."""
+    return (bm + bn) * ROW_BYTES * (2 if three else 1)
 
 
-def _most_stages(bm: int, bn: int) -> int:
+def _most_stages(bm: int, bn: int, three: bool) -> int:
     """The most chunks whose ring fits beside db's ones and the alignment slack."""
-    return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
+    return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn, three)
+
+
+def _sums_fit(bm: int, bn: int, three: bool) -> bool:
+    """Whether a thread's sums leave registers for the rest: bn / 2 a thread, at most
+    128 x 256 a block (the register file's share of a thread falls with the block's
+    threads); in 3xTF32 a chunk's products are kept apart too, twice the registers a
+    sum, so half that, and at most 128 channels (255 registers a thread)."""
+    if three:
+        return bn <= 128 and 2 * bm * bn <= MOST_SUMS
+    return bm * bn <= MOST_SUMS
 
 
 def _tiles(p, bm: int, bn: int) -> int:
@@ -126,11 +145,12 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
             "wgnchw reads NCHW tensors (rows of pixels, one a map and a channel): use "
             "layout=nchw, or --strategy tcwgrad for channels-last ones"
         )
-    if p.dtype is not DType.FP32 or v.precision is not Precision.TF32:
+    if p.dtype is not DType.FP32 or v.precision not in Wgnchw.precisions:
         raise SpecError(
-            "wgnchw multiplies fp32 tensors in tf32 (wgmma reads their words as tf32): "
-            "use dtype=fp32 and --precision tf32, or --strategy tc3wgrad for fp32 math"
+            "wgnchw multiplies fp32 tensors, in tf32 or in three tf32 products: use "
+            "dtype=fp32 and --precision tf32 or fp32"
         )
+    three = v.three_tf32
     bm, bn = v.blocktile
     if bm not in MAP_TILES:
         raise SpecError(f"wgnchw b{bm}x{bn}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
@@ -149,16 +169,19 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
             "(a tile is one tap's); "
             + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tc3wgrad")
         )
-    if bm * bn > MOST_SUMS:
+    if not _sums_fit(bm, bn, three):
+        most = "128 x 128 in fp32 math" if three else "128 x 256 or 256 x 128"
         raise SpecError(
-            f"wgnchw b{bm}x{bn}: {bm * bn // (128 * bm // 64)} sums a thread leave no "
-            f"registers for the rest; at most 128 x 256 or 256 x 128"
+            f"wgnchw b{bm}x{bn}: {bm * bn // (128 * bm // 64)} sums a thread"
+            + (", and as many of a chunk's products," if three else "")
+            + f" leave no registers for the rest; at most {most}"
         )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgnchw p{v.stages}: the ring holds 2 to 8 chunks")
     if not 1 <= v.splits <= 65535:
         raise SpecError(f"wgnchw s{v.splits}: 1 to 65535 slices (grid z)")
-    a_stage, b_stage = bm * ROW_BYTES, bn * ROW_BYTES
+    words = 2 if three else 1  # hi and lo tiles a stage in 3xTF32
+    a_stage, b_stage = words * bm * ROW_BYTES, words * bn * ROW_BYTES
     ring = v.stages * (a_stage + b_stage)
     smem = ring + (ONES_BYTES if p.bias else 0) + 1024  # and the slack to align to 1024 B
     if smem > STAGE_LIMIT:
@@ -191,6 +214,9 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         b_rows=bn // warps,
         a_stage=a_stage,
         b_stage=b_stage,
+        three=three,
+        a_half=bm * ROW_BYTES,
+        b_half=bn * ROW_BYTES,
         ones_at=ring,
         a_ring=v.stages * a_stage,
         c_tiles=p.Cg // bn,
@@ -201,8 +227,13 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         pt=pt,
         pl=pl,
         map_tiles=map_tiles,
-        precision_note="x and dy read as tf32 (their fp32 words truncated), products "
-        "accumulated in fp32",
+        precision_note=(
+            "x and dy split into tf32 hi + lo, lo x hi + hi x lo + hi x hi a chunk from "
+            "zero, added to the sums in fp32"
+            if three
+            else "x and dy read as tf32 (their fp32 words truncated), products accumulated "
+            "in fp32"
+        ),
     )
     main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
     sizes = (
@@ -210,13 +241,15 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         Size(
             "block tile",
             f"{bm} maps x {bn} channels of one tap",
-            f"{warpgroups} warpgroup(s) of m64n{bn}k8, {bn // 2} fp32 sums per thread",
+            f"{warpgroups} warpgroup(s) of m64n{bn}k8, {bn // 2} fp32 sums per thread"
+            + (f" and {bn // 2} of a chunk's three products" if three else ""),
         ),
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
-            f"{v.stages} stages x ({bm} map + {bn} channel) rows of {CHUNK} pixels x 4 B, "
-            "128B-swizzled"
+            f"{v.stages} stages x ({bm} map + {bn} channel) rows of {CHUNK} pixels x 4 B"
+            + (", hi and lo" if three else "")
+            + ", 128B-swizzled"
             + (f"; {ONES_BYTES} B of ones for db" if p.bias else "")
             + "; 1024 B of slack to align the ring",
         ),
