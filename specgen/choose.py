@@ -203,12 +203,18 @@ PREFERENCE = {
     # wgwgrad: 16-bit channels-last layers whose maps and channels fill 64-wide tiles, on
     # wgmma (the wide autoencoder layers' bf16 wgrad at B=128 in 0.043 and 0.054 ms
     # against tcwgrad's 0.065 and cuDNN's 0.053-0.057, H200 2026-11-24)
+    # wgnchw: fp32 NCHW layers whose maps and channels fill 64-wide tiles, on wgmma (sm_90a;
+    # elsewhere tc3wgrad): resnet50's wgrads at B=32 (H200, 2026-11-28) in tf32 in 0.049-
+    # 0.074 ms against tc3wgrad's 0.090-0.213 and cuDNN tf32's 0.044-0.090, in fp32 math in
+    # 0.082-0.146 ms against tc3wgrad's or wtap's 0.113-0.292 and cuDNN fp32's 0.10-0.32;
+    # the 3x3 layer of 7x7 maps keeps wtap's 0.227 in fp32 against wgnchw's 0.264 once tuned
     Op.WGRAD: (
         "wgwgrad",
         "tcwgrad",
         "tcwhalo",
         "wstrip",
         "wlane",
+        "wgnchw",
         "tc3wgrad",
         "wtap",
         "wband",
@@ -364,6 +370,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
             "tcwhalo",
             "wstrip",
             "wlane",
+            "wgnchw",
             "tc3wgrad",
             "wtap",
             "wgemm",
@@ -551,9 +558,9 @@ def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, a
 def speed_class(v: Variant) -> int:
     """How fast a variant's math runs, coarsely: one tensor-core product a product
     (tf32, fp16, bf16) 2, fp32 in three tf32 products 1, CUDA cores 0.  An NCHW problem
-    whose tf32 is allowed but whose pick in place is tc3wgrad's fp32 runs tcwgrad's tf32
-    in NHWC: resnet50's wgrads at B=32 took 0.07-0.17 ms on cuDNN's tf32 against
-    tc3wgrad's 0.20-0.44 (H200, 2026-11-28)."""
+    whose tf32 is allowed but whose pick in place is tc3wgrad's fp32 (a GPU without
+    wgmma) runs tcwgrad's tf32 in NHWC: resnet50's wgrads at B=32 took 0.07-0.17 ms on
+    cuDNN's tf32 against tc3wgrad's 0.20-0.44 (H200, 2026-11-28)."""
     if not v.tensor_core:
         return 0
     return 1 if v.three_tf32 else FASTEST

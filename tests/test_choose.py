@@ -114,13 +114,19 @@ def test_wgrad_default_follows_the_weight_count():
     wide = replace(narrow, C=256, M=256)
     # NCHW fp32 3x3 windows over maps enough for m16 tiles: three tf32 products each
     assert choose(narrow, "some GPU").variant.key == "tc3wgrad"
-    assert choose(wide, "some GPU").variant.key == "tc3wgrad"
+    # maps and channels that fill wgmma's 64-wide tiles: wgnchw on sm_90a, whose copies
+    # are a pixel a lane, so any width; tc3wgrad on the GPUs without wgmma
+    assert choose(wide, "some GPU").variant.key == "wgnchw"
+    assert choose(wide, "some GPU").variant.precision is Precision.FP32
+    assert choose(replace(wide, W=30), "some GPU").variant.key == "wgnchw"
+    assert choose(wide, "some GPU", arch="sm_80").variant.key == "tc3wgrad"
     # without them (a row of pixels tc3wgrad cannot copy 16 bytes at a time): wband for
     # few weights, wtap's lanes of 4 maps x 3 rows for many
     assert choose(replace(narrow, W=30), "some GPU").variant.key == "wband"
-    assert choose(replace(wide, W=30), "some GPU").variant.key == "wtap"
-    assert choose(replace(wide, W=30), "some GPU").variant.regtile == (4, 3)
-    assert choose(replace(wide, R=5, S=5, pads=(2,) * 4), "some GPU").variant.key == "wgemm"
+    assert choose(replace(wide, W=30), "some GPU", arch="sm_80").variant.key == "wtap"
+    assert choose(replace(wide, W=30), "some GPU", arch="sm_80").variant.regtile == (4, 3)
+    five = replace(wide, R=5, S=5, pads=(2,) * 4)
+    assert choose(five, "some GPU", arch="sm_80").variant.key == "wgemm"
     # channels-last wide layers: tcwgrad's three tf32 products, wgemm past what it takes
     nhwc = replace(wide, layout=TensorLayout.NHWC)
     assert choose(nhwc, "some GPU").variant.name.startswith("tcwgrad_")
@@ -295,9 +301,14 @@ def test_the_layout_an_op_is_computed_in():
         assert computed_layout(replace(strided, dtype=DType.BF16), gpu) is nhwc
         assert computed_layout(replace(strided, layout=nhwc), gpu) is nhwc
     wgrad = replace(wide, op=Op.WGRAD)
-    assert computed_layout(wgrad, gpu) is nchw  # tc3wgrad in place
-    assert computed_layout(wgrad, gpu, allow_tf32=True) is nhwc  # tcwgrad's tf32
-    assert computed_layout(replace(wgrad, W=30), gpu) is nhwc  # tc3wgrad copies 4 pixels
+    assert computed_layout(wgrad, gpu) is nchw  # wgnchw's three tf32 products in place
+    assert computed_layout(wgrad, gpu, allow_tf32=True) is nchw  # and its tf32
+    assert computed_layout(replace(wgrad, W=30), gpu) is nchw  # a pixel a lane
+    # without wgmma: tc3wgrad in place, tcwgrad's tf32 in NHWC, NHWC where tc3wgrad's
+    # copies of 4 pixels do not fit the rows
+    assert computed_layout(wgrad, gpu, arch="sm_80") is nchw
+    assert computed_layout(wgrad, gpu, allow_tf32=True, arch="sm_80") is nhwc
+    assert computed_layout(replace(wgrad, W=30), gpu, arch="sm_80") is nhwc
     few = ConvProblem(C=3, M=64, H=64, W=64, R=7, S=7, stride=(2, 2), pads=(3,) * 4)
     first = replace(few, op=Op.WGRAD, dtype=DType.BF16, layout=nhwc, batch=32)
     assert choose(first, gpu).variant.key == "wsplit"
@@ -490,7 +501,7 @@ def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_
     moves = moves_ms(wgrad, gpu)
     assert moves == pytest.approx(2 * x_bytes / COPY_RATE * 1e3)
     here_v, there_v = planned(wgrad, True).variant, planned(there, True).variant
-    assert (here_v.key, there_v.key) == ("tc3wgrad", "tcwgrad")
+    assert (here_v.key, there_v.key) == ("wgnchw", "tcwgrad")
 
     def with_winners(folder, ms_here, ms_there, rate=None):
         monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))

@@ -896,7 +896,7 @@ def test_wide_nchw_layers_run_on_tensor_cores_through_nhwc(mode, stride):
     ):
         q = replace(p, op=op, bias=op is not Op.DGRAD)
         k = kernel(q)
-        if op is not Op.WGRAD or mode == "bf16":  # fp32 tensors' wgrad: tc3wgrad on NCHW
+        if op is not Op.WGRAD or mode == "bf16":  # fp32 tensors' wgrad: wgnchw on NCHW
             assert k.problem.layout is TensorLayout.NHWC, (op, k.conv.plan.name)
         assert k.choice.variant.tensor_core, (op, k.conv.plan.name)
         check(got, ref.detach(), mag, k.conv.plan, 3, largest, float(w.abs().max()), op.value)

@@ -68,13 +68,16 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
     assert n >= 16
 
 
-def test_the_tune_and_the_default_set_take_it_and_the_planner_does_not_yet():
-    """In the default set and tune's space of an fp32 NCHW wgrad in tf32, not in fp32
-    math or for other layouts and dtypes; not the planner's pick until measured."""
+def test_the_tune_the_default_set_and_the_planner_take_it():
+    """In the default set and tune's space of an fp32 NCHW wgrad, in tf32 and fp32 math,
+    not for other layouts and dtypes; the planner's pick for wide layers on sm_90a, in
+    the fastest math allowed, and not where wgmma is not."""
     p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
     assert [v for v in default_set(p) if v.key == "wgnchw"]
     assert Wgnchw.space(p, TF32) and Wgnchw.space(p, FP32)
-    assert planned(p, allow_tf32=True).variant.key != "wgnchw"
+    assert planned(p, allow_tf32=True).variant == Wgnchw.default(p, TF32)
+    assert planned(p, allow_tf32=False).variant == Wgnchw.default(p, FP32)
+    assert planned(p, allow_tf32=True, arch="sm_80").variant.key != "wgnchw"
     nhwc = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc,op=wgrad")
     bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,op=wgrad")
     for q in (nhwc, bf16):
