@@ -223,3 +223,25 @@ def test_the_layer_table_is_summed_by_op():
     assert lines[1] == ["fprop", "1", "1.000", "1.000", "1.00x", "0"]
     assert lines[2] == ["wgrad", "2", "2.000", "1.400", "0.70x", "1"]
     assert lines[3] == ["all", "3", "3.000", "2.400", "0.80x", "1"]
+
+
+@needs_torchvision
+def test_the_step_table_shows_a_failed_capture_and_why():
+    """A CUDA graph whose capture failed is shown as failed in its row, with the one-line
+    reason below the table, and the other rows and columns keep their figures."""
+    from specgen.torch import model as m
+
+    err = {"cuDNN": (1e-5, 2e-2), "specgen": (1.4e-5, 1.9e-2)}
+    ok = {("cuDNN", "eager"): 38.0, ("specgen", "eager"): 31.0}
+    fine = {**ok, ("cuDNN", "graph"): 36.0, ("specgen", "graph"): 27.7}
+    why = "CUDA error: operation failed due to a previous error during capture"
+    broke = {**ok, ("cuDNN", "graph"): 16.8, ("specgen", "graph"): why}
+    table = m.format_steps([(m.MODES["fp32"], err, fine), (m.MODES["tf32"], err, broke)], True)
+    rows = table.splitlines()
+    fp32 = next(r for r in rows if r.startswith("fp32"))
+    tf32 = next(r for r in rows if r.startswith("tf32"))
+    assert "1.23x" in fp32 and "1.30x" in fp32 and "failed" not in fp32
+    assert "16.800" in tf32 and "failed" in tf32 and "1.23x" in tf32
+    assert rows[-1] == f"tf32 on specgen: the CUDA graph's capture failed: {why}"
+    eager_only = m.format_steps([(m.MODES["tf32"], err, ok)], False)
+    assert "graph" not in eager_only.splitlines()[1] and "failed" not in eager_only

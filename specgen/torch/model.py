@@ -274,14 +274,61 @@ def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int
                 for _ in range(3):
                     step()
             torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(g):
-                _forward_backward(m, x, t, mode)
-                opt.step()
-            found[(who, "graph")] = median_ms(g.replay, reps=reps, warmup=3)
+            found[(who, "graph")] = _graph_ms(m, opt, x, t, mode, reps)
         del m, opt
     return found
+
+
+def format_steps(summary: list[tuple], graph: bool) -> str:
+    """The training-step table: for each (mode, errors, times) of ``run``, cuDNN's and
+    specgen's eager step and, where ``graph``, the captured one, and their errors
+    against float64; a capture that failed shows as failed, and why, below."""
+    lines = [
+        "training step (forward, loss, backward, SGD), median ms; "
+        "speedup = cuDNN / specgen; errors: relative to float64 (output, worst conv dw)"
+    ]
+    head = f"{'mode':<6} {'cuDNN':>9} {'specgen':>9} {'speedup':>8}"
+    if graph:
+        head += f" {'cuDNN graph':>12} {'specgen graph':>14} {'speedup':>8}"
+    head += f"  {'cuDNN err (y, dw)':>20}  {'specgen err (y, dw)':>20}"
+    lines.append(head)
+    failed = []  # (mode, who, why) of each capture that failed
+    for mode, err, t in summary:
+        cu, ours = t[("cuDNN", "eager")], t[("specgen", "eager")]
+        line = f"{mode.name:<6} {cu:9.3f} {ours:9.3f} {cu / ours:7.2f}x"
+        if graph:
+            gc, go = t[("cuDNN", "graph")], t[("specgen", "graph")]
+            if isinstance(gc, float) and isinstance(go, float):
+                line += f" {gc:12.3f} {go:14.3f} {gc / go:7.2f}x"
+            else:
+                shown = [f"{v:.3f}" if isinstance(v, float) else "failed" for v in (gc, go)]
+                line += f" {shown[0]:>12} {shown[1]:>14} {'-':>8}"
+                failed.extend(
+                    (mode.name, who, v)
+                    for who, v in (("cuDNN", gc), ("specgen", go))
+                    if not isinstance(v, float)
+                )
+        ce, se = err["cuDNN"], err["specgen"]
+        line += f"  {ce[0]:9.2e} {ce[1]:9.2e}   {se[0]:9.2e} {se[1]:9.2e}"
+        lines.append(line)
+    for name, who, why in failed:
+        lines.append(f"{name} on {who}: the CUDA graph's capture failed: {why}")
+    return "\n".join(lines)
+
+
+def _graph_ms(m, opt, x, t, mode: Mode, reps: int) -> float | str:
+    """The step captured as one CUDA graph and replayed: its median ms, or why the
+    capture failed (one line), which the step table shows in its place."""
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    try:
+        with torch.cuda.graph(g):
+            _forward_backward(m, x, t, mode)
+            opt.step()
+    except RuntimeError as e:  # PyTorch's CUDA errors: the capture's own, not the step's
+        torch.cuda.synchronize()
+        return str(e).splitlines()[0]
+    return median_ms(g.replay, reps=reps, warmup=3)
 
 
 def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> None:
@@ -391,24 +438,7 @@ def run(
             echo(format_rows(rows, timed=True))
             echo("\nsummed by op:")
             echo(format_op_sums(rows))
-    echo(
-        "\ntraining step (forward, loss, backward, SGD), median ms; "
-        "speedup = cuDNN / specgen; errors: relative to float64 (output, worst conv dw)"
-    )
-    head = f"{'mode':<6} {'cuDNN':>9} {'specgen':>9} {'speedup':>8}"
-    if graph:
-        head += f" {'cuDNN graph':>12} {'specgen graph':>14} {'speedup':>8}"
-    head += f"  {'cuDNN err (y, dw)':>20}  {'specgen err (y, dw)':>20}"
-    echo(head)
-    for mode, err, t in summary:
-        cu, ours = t[("cuDNN", "eager")], t[("specgen", "eager")]
-        line = f"{mode.name:<6} {cu:9.3f} {ours:9.3f} {cu / ours:7.2f}x"
-        if graph:
-            gc, go = t[("cuDNN", "graph")], t[("specgen", "graph")]
-            line += f" {gc:12.3f} {go:14.3f} {gc / go:7.2f}x"
-        ce, se = err["cuDNN"], err["specgen"]
-        line += f"  {ce[0]:9.2e} {ce[1]:9.2e}   {se[0]:9.2e} {se[1]:9.2e}"
-        echo(line)
+    echo("\n" + format_steps(summary, graph))
     if first_too:
         found = {}
         for mode in modes:
