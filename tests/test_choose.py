@@ -449,8 +449,8 @@ def test_every_shipped_layer_winner_plans_for_its_problem():
 def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():
     """resnet50's stem in fp32: the winner of its whole-model tune on the H200 (tiled with
     its weights in global memory, 0.31 ms against the planner's 0.96 in that tune's
-    finals), the planner's default elsewhere; with tf32 allowed, a wgrad whose fp32
-    winner was tuned in place moves to NHWC where its shipped tf32 winner is faster."""
+    finals), the planner's default elsewhere; with tf32 allowed, a wgrad tuned in place
+    in both maths stays there, on its shipped tf32 winner."""
     from specgen.choose import computed_layout, computed_problem
 
     stem = ConvProblem(C=3, M=64, H=224, W=224, R=7, S=7, stride=(2, 2), pads=(3,) * 4)
@@ -461,10 +461,10 @@ def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():
     wgrad = ConvProblem(C=256, M=256, H=14, W=14, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
     assert choose(wgrad, H200).source == "shipped"
     assert computed_layout(wgrad, H200) is TensorLayout.NCHW
-    assert computed_layout(wgrad, H200, allow_tf32=True) is TensorLayout.NHWC
+    assert computed_layout(wgrad, H200, allow_tf32=True) is TensorLayout.NCHW
     q = computed_problem(wgrad, H200, True)
     tf32 = tunedb.layer_winners(q.spec, H200)["tf32"]["variant"]
-    assert tf32.startswith("tcwgrad") and choose(q, H200, True).variant.name == tf32
+    assert tf32.startswith("wgnchw") and choose(q, H200, True).variant.name == tf32
 
 
 def test_a_tune_skips_fp32_math_only_for_16_bit_tensors_on_their_tensor_cores():
