@@ -141,6 +141,20 @@ def three_tf32_suits(view: ConvProblem) -> bool:
         return False
 
 
+# wgnchw's three tf32 products lose to wtap's CUDA cores on windows over maps of fewer
+# output pixels than two of its 32-pixel rows: resnet50's 3x3 layers of 7x7 outputs at
+# B=32 (H200, 2026-11-28) in 0.266 and 0.283 ms against wtap's 0.227 and 0.258; 14x14
+# outputs take wgnchw (0.147 against wtap's 0.194).  Its tf32 keeps them (0.089 and 0.102
+# against tcwgrad's 0.131 and 0.157 in NHWC).
+WGNCHW_FP32_MIN_PIXELS = 64
+
+
+def wgnchw_fp32_suits(view: ConvProblem) -> bool:
+    """Whether wgnchw's fp32 math is the untuned pick for the wgrad problem ``view``:
+    a 1x1 window, or output maps of two of its rows or more."""
+    return view.R * view.S == 1 or view.Ho * view.Wo >= WGNCHW_FP32_MIN_PIXELS
+
+
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
 # zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
 # 0.74, 1.58, 1.41 and 4.80 ms against stream's and persist's 1.37, 2.73, 2.53 and 8.90
@@ -421,6 +435,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "wtap" and not (lane_tiled(view) if wide else view.S >= WTAP_MIN_TAPS):
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
+                    continue
+                if key == "wgnchw" and math is Precision.FP32 and not wgnchw_fp32_suits(view):
                     continue
                 # tc3wgrad's tf32 (one product a product, in place in NCHW) is tune's to
                 # find: the planner keeps tcwgrad's tf32 in NHWC for an NCHW layer

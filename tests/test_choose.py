@@ -120,6 +120,12 @@ def test_wgrad_default_follows_the_weight_count():
     assert choose(wide, "some GPU").variant.precision is Precision.FP32
     assert choose(replace(wide, W=30), "some GPU").variant.key == "wgnchw"
     assert choose(wide, "some GPU", arch="sm_80").variant.key == "tc3wgrad"
+    # a window over outputs of fewer pixels than two of its rows: wtap's CUDA cores in
+    # fp32 math, wgnchw's tf32 where allowed; a 1x1 window keeps wgnchw
+    small = replace(wide, H=7, W=7, C=512, M=512)
+    assert choose(small, "some GPU").variant.key == "wtap"
+    assert choose(small, "some GPU", True).variant.key == "wgnchw"
+    assert choose(replace(small, R=1, S=1, pads=(0,) * 4), "some GPU").variant.key == "wgnchw"
     # without them (a row of pixels tc3wgrad cannot copy 16 bytes at a time): wband for
     # few weights, wtap's lanes of 4 maps x 3 rows for many
     assert choose(replace(narrow, W=30), "some GPU").variant.key == "wband"
