@@ -28,11 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Plan, Size, choices
+from ..plan.common import Plan, Size
 from ..shapes import DType, Op, TensorLayout
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
+from .wgwgrad import grid_size, ring_limits, sliced_plan, tile_limits
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
@@ -152,23 +153,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         )
     three = v.three_tf32
     bm, bn = v.blocktile
-    if bm not in MAP_TILES:
-        raise SpecError(f"wgnchw b{bm}x{bn}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
-    if bn not in CHANNEL_TILES:
-        raise SpecError(f"wgnchw b{bm}x{bn}: the channels of a tile are wgmma's N, 64, 128 or 256")
-    if p.Mg % bm:
-        fits = [d for d in MAP_TILES if p.Mg % d == 0]
-        raise SpecError(
-            f"wgnchw b{bm}x{bn}: {bm} maps must divide the {p.Mg} maps of a group; "
-            + (f"choose one of {choices(fits)} maps" if fits else "use --strategy tc3wgrad")
-        )
-    if p.Cg % bn:
-        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
-        raise SpecError(
-            f"wgnchw b{bm}x{bn}: {bn} channels must divide the {p.Cg} channels of a group "
-            "(a tile is one tap's); "
-            + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tc3wgrad")
-        )
+    tile_limits(p, v, "tc3wgrad")
     if not _sums_fit(bm, bn, three):
         most = "128 x 128 in fp32 math" if three else "128 x 256 or 256 x 128"
         raise SpecError(
@@ -176,10 +161,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
             + (", and as many of a chunk's products," if three else "")
             + f" leave no registers for the rest; at most {most}"
         )
-    if not 2 <= v.stages <= 8:
-        raise SpecError(f"wgnchw p{v.stages}: the ring holds 2 to 8 chunks")
-    if not 1 <= v.splits <= 65535:
-        raise SpecError(f"wgnchw s{v.splits}: 1 to 65535 slices (grid z)")
+    ring_limits(v)
     words = 2 if three else 1  # hi and lo tiles a stage in 3xTF32
     a_stage, b_stage = words * bm * ROW_BYTES, words * bn * ROW_BYTES
     ring = v.stages * (a_stage + b_stage)
@@ -258,26 +240,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
             f"{bm // warps + bn // warps} 4-byte cp.async per thread per chunk",
             "lane l the chunk's pixel l of a row: one 128-byte line of shared memory a copy",
         ),
-        Size(
-            "grid",
-            f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
-            f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
-            "of the batch's pixels (contiguous, chunk-aligned)",
-        ),
+        grid_size(p, v, col_tiles, map_tiles),
         scratch,
     )
-    return Plan(
-        shape=p,
-        variant=v,
-        template="backward/wgnchw.cu.j2",
-        launches=(main, reduce),
-        static_smem=0,
-        dynamic_smem=smem,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=sizes,
-        context=ctx,
-        workspace_bytes=workspace,
-        sum_depth=(P, v.splits, v.splits + CHUNK),
-        arch="sm_90a",
-    )
+    return sliced_plan(p, v, (main, reduce), smem, sizes, ctx, workspace, CHUNK)

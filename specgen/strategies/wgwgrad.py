@@ -123,6 +123,70 @@ def _tiles(p, bm: int, bn: int) -> int:
     return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
 
 
+def tile_limits(p, v, fallback: str) -> None:
+    """The block tile of a warpgroup wgrad (``v.key``'s, v.blocktile maps x channels of one
+    tap): 64, 128 or 256 of each, dividing a group's maps and channels; ``fallback``,
+    the strategy named where no tile divides them."""
+    bm, bn = v.blocktile
+    at = f"{v.key} b{bm}x{bn}"
+    if bm not in MAP_TILES:
+        raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
+    if bn not in CHANNEL_TILES:
+        raise SpecError(f"{at}: the channels of a tile are wgmma's N, 64, 128 or 256")
+    if p.Mg % bm:
+        fits = [d for d in MAP_TILES if p.Mg % d == 0]
+        raise SpecError(
+            f"{at}: {bm} maps must divide the {p.Mg} maps of a group; "
+            + (f"choose one of {choices(fits)} maps" if fits else f"use --strategy {fallback}")
+        )
+    if p.Cg % bn:
+        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
+        raise SpecError(
+            f"{at}: {bn} channels must divide the {p.Cg} channels of a group "
+            "(a tile is one tap's); "
+            + (f"choose one of {choices(fits)} channels" if fits else f"use --strategy {fallback}")
+        )
+
+
+def ring_limits(v) -> None:
+    """A warpgroup wgrad's ring of 2 to 8 chunks and its slices, one a grid z index."""
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"{v.key} p{v.stages}: the ring holds 2 to 8 chunks")
+    if not 1 <= v.splits <= 65535:
+        raise SpecError(f"{v.key} s{v.splits}: 1 to 65535 slices (grid z)")
+
+
+def grid_size(p, v, col_tiles: int, map_tiles: int) -> Size:
+    """The grid of a warpgroup wgrad: a block a tile of one tap and a slice of pixels."""
+    return Size(
+        "grid",
+        f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
+        f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
+        "of the batch's pixels (contiguous, chunk-aligned)",
+    )
+
+
+def sliced_plan(p, v, launches, smem, sizes, ctx, workspace, chunk: int) -> Plan:
+    """The plan of a warpgroup wgrad whose slices of the batch's pixels are added in order
+    by a second launch (``tcwgrad.slice_sums``): a slice's sums are at most its pixels
+    deep, and the adds ``splits`` deep."""
+    return Plan(
+        shape=p,
+        variant=v,
+        template=v.templates[0],
+        launches=launches,
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="f32",
+        sizes=sizes,
+        context=ctx,
+        workspace_bytes=workspace,
+        sum_depth=(p.Ho * p.Wo, v.splits, v.splits + chunk),
+        arch="sm_90a",
+    )
+
+
 def _math_of(p, v) -> None:
     if p.dtype is DType.FP32:
         raise SpecError(
@@ -146,35 +210,14 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         )
     _math_of(p, v)
     bm, bn = v.blocktile
-    if bm not in MAP_TILES:
-        raise SpecError(
-            f"wgwgrad b{bm}x{bn}: a warpgroup multiplies 64 maps; choose 64, 128 or 256"
-        )
-    if bn not in CHANNEL_TILES:
-        raise SpecError(f"wgwgrad b{bm}x{bn}: the channels of a tile are wgmma's N, 64, 128 or 256")
-    if p.Mg % bm:
-        fits = [d for d in MAP_TILES if p.Mg % d == 0]
-        raise SpecError(
-            f"wgwgrad b{bm}x{bn}: {bm} maps must divide the {p.Mg} maps of a group; "
-            + (f"choose one of {choices(fits)} maps" if fits else "use --strategy tcwgrad")
-        )
-    if p.Cg % bn:
-        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
-        raise SpecError(
-            f"wgwgrad b{bm}x{bn}: {bn} channels must divide the {p.Cg} channels of a group "
-            "(a tile is one tap's); "
-            + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tcwgrad")
-        )
+    tile_limits(p, v, "tcwgrad")
     if bm * bn > MOST_SUMS:
         raise SpecError(
             f"wgwgrad b{bm}x{bn}: {bm * bn // (128 * bm // BLOCK)} sums a thread leave no "
             f"registers for the rest (ptxas stops at 128 a thread of {128 * bm // BLOCK}); "
             "at most 128 x 256 or 256 x 128"
         )
-    if not 2 <= v.stages <= 8:
-        raise SpecError(f"wgwgrad p{v.stages}: the ring holds 2 to 8 chunks")
-    if not 1 <= v.splits <= 65535:
-        raise SpecError(f"wgwgrad s{v.splits}: 1 to 65535 slices (grid z)")
+    ring_limits(v)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
     ring = v.stages * (a_stage + b_stage)
     ones_at = ring
@@ -245,26 +288,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             + (f"; {ONES_BYTES} B of ones for db" if p.bias else "")
             + "; 1024 B of slack to align the ring",
         ),
-        Size(
-            "grid",
-            f"{col_tiles} x {map_tiles * p.groups} x {v.splits}",
-            f"(tap, channel tiles) x map tiles{' x groups' if p.groups > 1 else ''} x slices "
-            "of the batch's pixels (contiguous, chunk-aligned)",
-        ),
+        grid_size(p, v, col_tiles, map_tiles),
         scratch,
     )
-    return Plan(
-        shape=p,
-        variant=v,
-        template="backward/wgwgrad.cu.j2",
-        launches=(main, reduce),
-        static_smem=0,
-        dynamic_smem=smem,
-        const_bytes=0,
-        weight_format="f32",
-        sizes=sizes,
-        context=ctx,
-        workspace_bytes=workspace,
-        sum_depth=(P, v.splits, v.splits + CHUNK),
-        arch="sm_90a",
-    )
+    return sliced_plan(p, v, (main, reduce), smem, sizes, ctx, workspace, CHUNK)
