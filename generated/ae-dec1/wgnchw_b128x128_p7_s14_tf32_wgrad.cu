@@ -156,7 +156,7 @@ wgnchw_b128x128_p7_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
             cp_async4(b_dst + swizzled(warp + i * 8, lane), s + (in_x ? i * 512 : 0), in_x ? 4 : 0);
         next += 32;
     };
-    const int chunks = (end - begin + 31) / 32;
+    const int chunks = (end - begin + 32 - 1) / 32;
 
     float acc[64];
 #pragma unroll
@@ -164,7 +164,7 @@ wgnchw_b128x128_p7_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
         acc[i] = 0.0f;
     const unsigned a_wg = a_base + wg * 8192u;  // this warpgroup's 64 map rows
 
-    // The ring: chunks 0..5 in flight before the first multiply; chunk kt's stage is
+    // The ring: the first 6 chunks in flight before the first multiply; chunk kt's stage is
     // refilled with chunk kt + 7 once every warpgroup has retired it.
 #pragma unroll
     for (int s = 0; s < 6; ++s) {

@@ -169,7 +169,7 @@ wgnchw_b128x128_p3_s7_fp32_wgrad(const float* __restrict__ x, const float* __res
             cp_async4(b_dst + swizzled(warp + i * 8, lane), s + (in_x ? i * 2048 : 0), in_x ? 4 : 0);
         next += 32;
     };
-    const int chunks = (end - begin + 31) / 32;
+    const int chunks = (end - begin + 32 - 1) / 32;
 
     float acc[64];
 #pragma unroll
@@ -178,7 +178,7 @@ wgnchw_b128x128_p3_s7_fp32_wgrad(const float* __restrict__ x, const float* __res
     float part[64];  // a chunk's products, from zero
     const unsigned a_wg = a_base + wg * 8192u;  // this warpgroup's 64 map rows
 
-    // The ring: chunks 0..1 in flight before the first multiply; chunk kt's stage is
+    // The ring: the first 2 chunks in flight before the first multiply; chunk kt's stage is
     // refilled with chunk kt + 3 once every warpgroup has retired it.
 #pragma unroll
     for (int s = 0; s < 2; ++s) {

@@ -168,7 +168,7 @@ wgnchw_b128x256_p4_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
             cp_async4(b_dst + swizzled(warp + i * 8, lane), s + (in_x ? i * 2048 : 0), in_x ? 4 : 0);
         next += 32;
     };
-    const int chunks = (end - begin + 31) / 32;
+    const int chunks = (end - begin + 32 - 1) / 32;
 
     float acc[128];
 #pragma unroll
@@ -176,7 +176,7 @@ wgnchw_b128x256_p4_s14_tf32_wgrad(const float* __restrict__ x, const float* __re
         acc[i] = 0.0f;
     const unsigned a_wg = a_base + wg * 8192u;  // this warpgroup's 64 map rows
 
-    // The ring: chunks 0..2 in flight before the first multiply; chunk kt's stage is
+    // The ring: the first 3 chunks in flight before the first multiply; chunk kt's stage is
     // refilled with chunk kt + 4 once every warpgroup has retired it.
 #pragma unroll
     for (int s = 0; s < 3; ++s) {

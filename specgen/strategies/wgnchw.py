@@ -188,6 +188,9 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         BN=bn,
         BK=CHUNK,
         NACC=bn // 2,
+        a_op=bn // 2,  # wgmma_step's asm operands after the sums: A, B and whether to add
+        b_op=bn // 2 + 1,
+        add_op=bn // 2 + 2,
         stages=v.stages,
         threads=threads,
         warps=warps,
@@ -204,6 +207,17 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         c_tiles=p.Cg // bn,
         CgRS=CgRS,
         P=P,
+        # the copies' strides, in words: an image of dy and of x, a map's or a channel's
+        # plane, and the planes a warp's next row is on
+        dy_image=p.M * P,
+        x_image=p.C * p.H * p.W,
+        x_plane=p.H * p.W,
+        dy_rows=warps * P,
+        x_rows=warps * p.H * p.W,
+        ahead=v.stages - 1,  # chunks in flight before the first multiply
+        waits=v.stages - 2,  # copy groups left pending when a chunk is needed
+        fragments=bn // 8,  # m64n8 fragments of a warpgroup's row of sums
+        next_row=8 * CgRS,  # a thread's second map of a fragment, 8 rows of dw on
         sh=sh,
         sw=sw,
         pt=pt,
