@@ -297,17 +297,12 @@ def format_steps(summary: list[tuple], graph: bool) -> str:
         cu, ours = t[("cuDNN", "eager")], t[("specgen", "eager")]
         line = f"{mode.name:<6} {cu:9.3f} {ours:9.3f} {cu / ours:7.2f}x"
         if graph:
-            gc, go = t[("cuDNN", "graph")], t[("specgen", "graph")]
-            if isinstance(gc, float) and isinstance(go, float):
-                line += f" {gc:12.3f} {go:14.3f} {gc / go:7.2f}x"
-            else:
-                shown = [f"{v:.3f}" if isinstance(v, float) else "failed" for v in (gc, go)]
-                line += f" {shown[0]:>12} {shown[1]:>14} {'-':>8}"
-                failed.extend(
-                    (mode.name, who, v)
-                    for who, v in (("cuDNN", gc), ("specgen", go))
-                    if not isinstance(v, float)
-                )
+            graphs = {who: t[(who, "graph")] for who in ("cuDNN", "specgen")}
+            failed += [(mode.name, who, v) for who, v in graphs.items() if isinstance(v, str)]
+            gc, go = graphs.values()
+            cells = [f"{v:.3f}" if isinstance(v, float) else "failed" for v in (gc, go)]
+            ratio = "-" if "failed" in cells else f"{gc / go:.2f}x"
+            line += f" {cells[0]:>12} {cells[1]:>14} {ratio:>8}"
         ce, se = err["cuDNN"], err["specgen"]
         line += f"  {ce[0]:9.2e} {ce[1]:9.2e}   {se[0]:9.2e} {se[1]:9.2e}"
         lines.append(line)
