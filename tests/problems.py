@@ -33,6 +33,29 @@ def parsed_or_rejected(spec: str):
 
 
 @st.composite
+def tiled_wgrads(draw, channel_blocks: int, tail=st.just("")):
+    """wgrad problems of 64-wide tiles (the warpgroup wgrads'): maps and channels a group
+    multiples of 64 (up to 3 x 64 maps and ``channel_blocks`` x 64 channels), windows
+    up to 3x3 over maps of up to 13x13, stride, dilation, every padding, a bias (db) or
+    none; ``tail``, drawn after the sizes, adds the dtype and layout."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg, mg = 64 * draw(st.integers(1, channel_blocks)), 64 * draw(st.integers(1, 3))
+    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    H, W = draw(st.integers(R, 13)), draw(st.integers(S, 13))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups}"
+        f"{draw(tail)},op=wgrad"
+    )
+    if draw(st.booleans()):
+        spec += ",bias=1"
+    return parsed_or_rejected(spec)
+
+
+@st.composite
 def problem_specs(draw, largest: int = 24):
     """An inline spec drawn over every key: stride 1-3, dilation 1-3, groups from dense
     to depthwise, windows 1x1 to 7x7 and rectangular, every padding form, bias and

@@ -3,10 +3,10 @@ operands: what ptxas makes of it for sm_90a (CPU tier), its limits, where the tu
 the planner take it, and its numbers on drawn problems (GPU tier)."""
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from problems import default_and_drawn, verify_on_the_gpu
+from problems import GPU_DRAWS, default_and_drawn, tiled_wgrads, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -112,37 +112,14 @@ def test_limits_are_one_line_refusals(spec, name, words):
 # ---- GPU tier ----
 
 
-@st.composite
-def wgnchw_problems(draw):
-    """Problems wgnchw serves: channels and maps multiples of 64 per group, stride,
-    dilation, every padding, images whose pixels are not a multiple of a chunk's 32,
-    a bias (db)."""
-    groups = draw(st.sampled_from([1, 1, 2]))
-    cg, mg = 64 * draw(st.integers(1, 2)), 64 * draw(st.integers(1, 3))
-    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    H, W = draw(st.integers(R, 13)), draw(st.integers(S, 13))
-    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
-    spec = (
-        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
-        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},op=wgrad"
-    )
-    if draw(st.booleans()):
-        spec += ",bias=1"
-    try:
-        return parse_shape(spec)
-    except SpecError:
-        assume(False)
+def wgnchw_problems():
+    """Problems wgnchw serves (fp32 NCHW): images whose pixels are not a multiple of a
+    chunk's 32 among them."""
+    return tiled_wgrads(channel_blocks=2)
 
 
 @pytest.mark.gpu
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=12, **GPU_DRAWS)
 @given(
     p=wgnchw_problems(),
     batch=st.integers(1, 5),

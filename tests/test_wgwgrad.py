@@ -3,10 +3,10 @@ makes of it for sm_90a (CPU tier), its limits, the planner's choice, and its num
 drawn problems (GPU tier)."""
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from problems import default_and_drawn, verify_on_the_gpu
+from problems import GPU_DRAWS, default_and_drawn, tiled_wgrads, verify_on_the_gpu
 from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -120,37 +120,14 @@ def test_layers_no_tile_divides_are_refused_not_crashed():
 # ---- GPU tier ----
 
 
-@st.composite
-def wgwgrad_problems(draw):
-    """Problems wgwgrad serves: channels and maps multiples of 64 per group, stride,
-    dilation, every padding, a bias (db), both 16-bit dtypes."""
-    groups = draw(st.sampled_from([1, 1, 2]))
-    cg, mg = 64 * draw(st.integers(1, 3)), 64 * draw(st.integers(1, 3))
-    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    H, W = draw(st.integers(R, 13)), draw(st.integers(S, 13))
-    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
-    spec = (
-        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
-        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
-        f"dtype={draw(st.sampled_from(['bf16', 'fp16']))},layout=nhwc,op=wgrad"
-    )
-    if draw(st.booleans()):
-        spec += ",bias=1"
-    try:
-        return parse_shape(spec)
-    except SpecError:
-        assume(False)
+def wgwgrad_problems():
+    """Problems wgwgrad serves: both 16-bit dtypes, channels-last."""
+    dtypes = st.sampled_from(["bf16", "fp16"]).map(lambda d: f",dtype={d},layout=nhwc")
+    return tiled_wgrads(channel_blocks=3, tail=dtypes)
 
 
 @pytest.mark.gpu
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=12, **GPU_DRAWS)
 @given(p=wgwgrad_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
 def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
