@@ -33,15 +33,12 @@ from ..shapes import DType, Op, TensorLayout
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
-from .wgwgrad import grid_size, ring_limits, sliced_plan, tile_limits
+from .wgwgrad import CHANNEL_TILES, MAP_TILES, MOST_SUMS, SMS, grid_size, ring_limits
+from .wgwgrad import sliced_plan, slices_for, tile_count, tile_limits
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
-SMS = 132  # the H200's SMs: one block each (the ring takes most of an SM's memory)
 ONES_BYTES = 1024  # db's tile of ones: one 8-row group of 128 bytes
-MAP_TILES = (64, 128, 256)  # a warpgroup's 64 maps, up to four warpgroups
-CHANNEL_TILES = (64, 128, 256)  # wgmma's N
-MOST_SUMS = 128 * 256  # a block's: 128 a thread of 256, or 64 of 512
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,8 +81,8 @@ class Wgnchw(Variant):
             default=seed.blocktile[0],
         )
         stages = max(2, min(8, _most_stages(bm, bn, three)))
-        tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
+        tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
+        splits = slices_for(SMS, tiles) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -102,11 +99,11 @@ class Wgnchw(Variant):
             for bn in CHANNEL_TILES:
                 if problem.Mg % bm or problem.Cg % bn or not _sums_fit(bm, bn, three):
                     continue
-                most, tiles = _most_stages(bm, bn, three), _tiles(problem, bm, bn)
+                most, tiles = _most_stages(bm, bn, three), tile_count(problem, bm, bn)
                 for stages in sorted({4, min(8, most)}):
                     for blocks in (SMS, 2 * SMS):
                         if stages <= most:
-                            s = max(1, min(blocks // tiles, 65535))
+                            s = slices_for(blocks, tiles)
                             out.append(
                                 cls(
                                     blocktile=(bm, bn), stages=stages, splits=s, precision=precision
@@ -133,10 +130,6 @@ def _sums_fit(bm: int, bn: int, three: bool) -> bool:
     if three:
         return bn <= 128 and 2 * bm * bn <= MOST_SUMS
     return bm * bn <= MOST_SUMS
-
-
-def _tiles(p, bm: int, bn: int) -> int:
-    return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
 
 
 def plan_wgnchw(p, v: Wgnchw) -> Plan:

@@ -82,8 +82,8 @@ class Wgwgrad(Variant):
             default=seed.blocktile[0],
         )
         stages = max(2, min(6, _most_stages(bm, bn)))
-        tiles = _tiles(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = max(1, min(SMS // tiles, 65535)) if tiles else seed.splits
+        tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
+        splits = slices_for(SMS, tiles) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -97,11 +97,11 @@ class Wgwgrad(Variant):
             for bn in CHANNEL_TILES:
                 if problem.Mg % bm or problem.Cg % bn:
                     continue
-                most, tiles = _most_stages(bm, bn), _tiles(problem, bm, bn)
+                most, tiles = _most_stages(bm, bn), tile_count(problem, bm, bn)
                 for stages in sorted({3, 4, min(6, most)}):
                     for blocks in (SMS, 2 * SMS):
                         if stages <= most:
-                            s = max(1, min(blocks // tiles, 65535))
+                            s = slices_for(blocks, tiles)
                             out.append(
                                 cls(
                                     blocktile=(bm, bn), stages=stages, splits=s, precision=precision
@@ -119,8 +119,15 @@ def _most_stages(bm: int, bn: int) -> int:
     return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
 
 
-def _tiles(p, bm: int, bn: int) -> int:
+def tile_count(p, bm: int, bn: int) -> int:
+    """The blocks of one slice: a tile of bm maps x bn channels of each tap and group."""
     return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
+
+
+def slices_for(blocks: int, tiles: int) -> int:
+    """Slices of the batch's pixels that make about ``blocks`` blocks of ``tiles`` each
+    (one a grid z index, at most 65535)."""
+    return max(1, min(blocks // tiles, 65535))
 
 
 def tile_limits(p, v, fallback: str) -> None:
