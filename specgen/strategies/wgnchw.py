@@ -34,7 +34,7 @@ from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, para
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
 from .wgwgrad import CHANNEL_TILES, MAP_TILES, MOST_SUMS, SMS, grid_size, ring_limits
-from .wgwgrad import sliced_plan, slices_for, tile_count, tile_limits
+from .wgwgrad import sliced_plan, slices_for, tile_count, tile_limits, tiled_space
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
@@ -94,22 +94,14 @@ class Wgnchw(Variant):
         three = precision is Precision.FP32
         if problem.layout is not TensorLayout.NCHW:
             return []
-        out = []
-        for bm in MAP_TILES:
-            for bn in CHANNEL_TILES:
-                if problem.Mg % bm or problem.Cg % bn or not _sums_fit(bm, bn, three):
-                    continue
-                most, tiles = _most_stages(bm, bn, three), tile_count(problem, bm, bn)
-                for stages in sorted({4, min(8, most)}):
-                    for blocks in (SMS, 2 * SMS):
-                        if stages <= most:
-                            s = slices_for(blocks, tiles)
-                            out.append(
-                                cls(
-                                    blocktile=(bm, bn), stages=stages, splits=s, precision=precision
-                                )
-                            )
-        return list(dict.fromkeys(out))
+        return tiled_space(
+            cls,
+            problem,
+            precision,
+            lambda bm, bn: _most_stages(bm, bn, three),
+            lambda most: {4, min(8, most)},
+            fits=lambda bm, bn: _sums_fit(bm, bn, three),
+        )
 
 
 def _stage_bytes(bm: int, bn: int, three: bool) -> int:

@@ -92,22 +92,7 @@ class Wgwgrad(Variant):
         stages up to 6 that fit, and slices for one and two blocks an SM."""
         if precision is not MATH[problem.dtype]:
             return []
-        out = []
-        for bm in MAP_TILES:
-            for bn in CHANNEL_TILES:
-                if problem.Mg % bm or problem.Cg % bn:
-                    continue
-                most, tiles = _most_stages(bm, bn), tile_count(problem, bm, bn)
-                for stages in sorted({3, 4, min(6, most)}):
-                    for blocks in (SMS, 2 * SMS):
-                        if stages <= most:
-                            s = slices_for(blocks, tiles)
-                            out.append(
-                                cls(
-                                    blocktile=(bm, bn), stages=stages, splits=s, precision=precision
-                                )
-                            )
-        return list(dict.fromkeys(out))
+        return tiled_space(cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)})
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
@@ -117,6 +102,25 @@ def _stage_bytes(bm: int, bn: int) -> int:
 def _most_stages(bm: int, bn: int) -> int:
     """The most chunks whose ring fits beside db's ones and the alignment slack."""
     return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
+
+
+def tiled_space(cls, p, precision, most_stages, stage_choices, fits=lambda bm, bn: True):
+    """A warpgroup wgrad's tune space: each tile of MAP_TILES x CHANNEL_TILES that divides
+    the group's maps and channels and ``fits``, with each of ``stage_choices(most)`` up
+    to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM."""
+    out = []
+    for bm in MAP_TILES:
+        for bn in CHANNEL_TILES:
+            if p.Mg % bm or p.Cg % bn or not fits(bm, bn):
+                continue
+            most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
+            for stages in sorted(s for s in stage_choices(most) if s <= most):
+                for blocks in (SMS, 2 * SMS):
+                    splits = slices_for(blocks, tiles)
+                    out.append(
+                        cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
+                    )
+    return list(dict.fromkeys(out))
 
 
 def tile_count(p, bm: int, bn: int) -> int:
