@@ -38,6 +38,7 @@ from .wband import Wband
 from .wgemm import Wgemm
 from .wgmma import Wgmma
 from .wgnchw import Wgnchw
+from .wgplanar import Wgplanar
 from .wgwgrad import Wgwgrad
 from .wlane import Wlane
 from .wsplit import Wsplit
@@ -66,6 +67,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmarows,
     Tcgemm,
     Wgmma,
+    Wgplanar,
     Kn2row,
     Phased,
     Drow,

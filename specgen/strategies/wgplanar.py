@@ -1,0 +1,282 @@
+"""``wgplanar``: the forward pass of fp32 NCHW (planar) layers in tf32 on Hopper's
+warpgroup tensor cores, reading the planes where they lie.
+
+The product is ``wgmma``'s, y[p][m] = sum over k of X[p][k] * W[m][k] with k = (r, s, c)
+walked tap by tap, but with the pixels on wgmma's M side: D[p][m] = X[p][k] W[m][k].
+wgmma reads tf32 operands from shared memory K-major only, and in NCHW the pixels, not
+the channels, are the axis along which x lies; so x is the A operand, which wgmma also
+takes from registers in whatever order they were loaded.  A chunk of 32 channels of one
+tap reaches shared memory as the planes lie, a row of the tile's pixels a channel, by
+4-byte ``cp.async`` (16-byte where a 1x1 window at stride 1 maps pixels onto pixels), the
+padding and pixels past the batch zero-filled; each thread then loads its fragments
+(pixel lane / 4, channel lane % 4, and 8 pixels and 4 channels on) with plain shared
+loads, in distinct banks as the rows are 8 words longer than the tile.  The weights are
+the B operand: a map's row of 32 channels of the tap in the 128-byte swizzle, as
+``wgmma`` stores its A.  The sums leave as they sit in the registers: a warp's store
+writes 8 neighbouring pixels of 4 maps, four whole 32-byte sectors of y's planes.
+
+A warpgroup owns 64 pixels and every map of the block's tile; the ring is ``wgmma``'s
+``sy`` feed (every thread copies, one barrier a chunk).  A chunk's multiplies are waited
+for before the next chunk's fragments are loaded into the same registers.
+
+dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
+planes are x's, dx's are y's.  The tf32 words are the fp32 ones read with no cvt
+(``tf32_truncated``).  ``wgplanar`` exists on sm_90a only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import SpecError
+from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..shapes import ConvProblem, DType, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
+from .tcgemm import STAGE_LIMIT
+from .wgmma import REGISTERS, SMS
+
+CHUNK = 32  # channels a stage: a map's 128-byte row of B, four k8 steps
+ROW_BYTES = 128
+PAD = 8  # words past a channel's row of pixels: 8 rows' first words 8 banks apart
+PIXEL_TILES = (64, 128, 192, 256)  # 64 a warpgroup
+MAP_TILES = (32, 64, 128, 192, 256)  # wgmma's N
+FEW_CHANNELS = 16  # channels a group below which a chunk of 32 is mostly zero-fill
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgplanar(Variant):
+    key = "wgplanar"
+    templates = ("gemm/wgplanar.cu.j2",)
+    family = "gemm"
+    description = (
+        "forward pass of fp32 NCHW tensors in tf32 on Hopper's warpgroup tensor cores "
+        "(sm_90a): the pixels wgmma's M side, x's planes copied as they lie and loaded "
+        "into registers as the A operand, the weights K-major in a 128B-swizzled ring"
+    )
+    serves = GEOMETRY | EPILOGUE
+    precisions = (Precision.TF32,)
+    tensor_core = True
+    tf32_truncated = True  # fp32 words read as tf32 with no cvt: truncated
+
+    blocktile: tuple[int, int] = param(
+        (128, 128),
+        Pair("b"),
+        "wgplanar: the block's tile of y, output pixels x maps (64 pixels a warpgroup)",
+    )
+    stages: int = param(4, Count("p"), "wgplanar: chunks of 32 channels in the shared-memory ring")
+
+    def plan(self, problem):
+        return plan_wgplanar(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """256 maps where the group has them and 128-pixel tiles of them still fill the
+        SMs, else the group's maps rounded up to a tile (at most 128); then the widest
+        pixel tile whose grid fills the SMs' waves within 10% of the best, and the most
+        stages up to 4 that fit."""
+        p = problem
+        pixels = p.batch * p.Ho * p.Wo
+        bn = min((t for t in MAP_TILES if t >= min(p.Mg, 128)), default=128)
+        if p.Mg >= 256 and ceil_div(pixels, 128) * ceil_div(p.Mg, 256) * p.groups >= SMS:
+            bn = 256
+        tiles = ceil_div(p.Mg, bn) * p.groups
+
+        def filled(bm):
+            blocks = ceil_div(pixels, bm) * tiles
+            return blocks / (ceil_div(blocks, SMS) * SMS)
+
+        fits = []
+        for bm in (64, 128):
+            stages = min(4, _most_stages(bm, bn))
+            try:
+                plan_wgplanar(p, replace(seed, blocktile=(bm, bn), stages=stages))
+                fits.append((bm, stages))
+            except SpecError:
+                pass
+        if not fits:  # the seed's plan says why
+            return replace(seed, blocktile=(seed.blocktile[0], bn))
+        best = max(filled(bm) for bm, _ in fits)
+        bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
+        return replace(seed, blocktile=(bm, bn), stages=stages)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """Pixel tiles of one to four warpgroups by map tiles up to the group's maps
+        (one past them), with 3 and the most stages up to 6 that fit."""
+        if precision is not Precision.TF32 or problem.dtype is not DType.FP32:
+            return []
+        if problem.layout is not TensorLayout.NCHW:
+            return []
+        widest = min((t for t in MAP_TILES if t >= problem.Mg), default=MAP_TILES[-1])
+        out = []
+        for bm in PIXEL_TILES:
+            for bn in (t for t in MAP_TILES if t <= widest):
+                most = _most_stages(bm, bn)
+                for stages in sorted({3, min(6, most)}):
+                    out.append(cls(blocktile=(bm, bn), stages=stages, precision=precision))
+        return out
+
+
+def _stage_bytes(bm: int, bn: int) -> tuple[int, int]:
+    """A chunk's bytes of A (32 channel rows of the tile's pixels and the pad) and of B
+    (a 128-byte row a map)."""
+    return CHUNK * (bm + PAD) * 4, bn * ROW_BYTES
+
+
+def _most_stages(bm: int, bn: int) -> int:
+    return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn))
+
+
+def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NCHW or p.dtype is not DType.FP32:
+        raise SpecError(
+            f"wgplanar reads fp32 NCHW tensors ({p.dtype.value} {p.layout.value} given): "
+            "use --strategy wgmma"
+        )
+    if p.Cg < FEW_CHANNELS:
+        raise SpecError(
+            f"wgplanar multiplies chunks of {CHUNK} channels: the {p.Cg} channels per group "
+            "would leave most of each chunk zeros; use --strategy mmahwc or mmapersist"
+        )
+    if p.Cg % 4:
+        raise SpecError(
+            f"wgplanar copies a map's weights 4 channels at a time: the {p.Cg} channels per "
+            "group are not a multiple of 4; use --strategy mma"
+        )
+    bm, bn = v.blocktile
+    if bm not in PIXEL_TILES:
+        raise SpecError(
+            f"wgplanar b{bm}x{bn}: a warpgroup multiplies 64 pixels; choose "
+            f"{', '.join(map(str, PIXEL_TILES))} pixels"
+        )
+    if bn not in MAP_TILES:
+        raise SpecError(
+            f"wgplanar b{bm}x{bn}: the block's maps are wgmma's N, one of "
+            f"{', '.join(map(str, MAP_TILES))}"
+        )
+    warpgroups = bm // 64
+    threads = 128 * warpgroups
+    nacc = bn // 2  # fp32 sums a thread: 64 x bn over 128 threads
+    # a 1x1 window at stride 1 without padding maps 4 neighbouring pixels of an image
+    # onto 4 neighbouring input words: 16-byte copies where no 4 cross an image
+    vec = 4 if (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads) == (1, 1, (1, 1), 0, (0,) * 4) else 1
+    a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
+    b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
+    budget = min(255, REGISTERS // threads // 8 * 8)
+    # the sums, a chunk's 16 fragments, the copies' pointers and about 40 more (ptxas)
+    need = nacc + 16 + 2 * b_vecs + 40
+    if need > budget:
+        raise SpecError(
+            f"wgplanar b{bm}x{bn}: {nacc} fp32 sums a thread and its copies need about "
+            f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
+            "maps or pixels"
+        )
+    if not 2 <= v.stages <= 8:
+        raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
+    a_stage, b_stage = _stage_bytes(bm, bn)
+    smem = v.stages * (a_stage + b_stage) + 1024  # and the slack to align B to 1024 B
+    if smem > STAGE_LIMIT:
+        raise SpecError(
+            f"wgplanar's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {_most_stages(bm, bn)} "
+            "or a smaller tile"
+        )
+    per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and 2 * threads * (need + 8) <= REGISTERS else 1
+
+    # 2. work
+    chunks_per_tap = ceil_div(p.Cg, CHUNK)
+    kt = p.R * p.S * chunks_per_tap
+    map_tiles = ceil_div(p.Mg, bn)
+    (sh, sw), (dh, dw) = p.stride, p.dil
+    ctx = shape_context(p)
+    ctx.update(
+        R=p.R,
+        S=p.S,
+        dh=dh,
+        dw=dw,
+        Cg=p.Cg,
+        Mg=p.Mg,
+        BM=bm,
+        BN=bn,
+        NACC=nacc,
+        CHUNK=CHUNK,
+        VEC=vec,
+        threads=threads,
+        per_sm=per_sm,
+        stages=v.stages,
+        kt=kt,
+        map_tiles=map_tiles,
+        a_stage=a_stage,
+        b_stage=b_stage,
+        pitch=bm + PAD,
+        a_vecs=a_vecs,
+        a_rows=threads * vec // bm,  # channel rows apart of a thread's copies
+        b_vecs=b_vecs,
+        b_rows=threads // 8,
+        guard_b_rows=bn * 8 % threads != 0,
+        rsc=p.R * p.S * p.Cg,
+        x_image=p.C * p.H * p.W,
+        guard_maps=p.Mg % bn != 0,
+        guard_chans=p.Cg % CHUNK != 0,
+        precision_note=(
+            "x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), "
+            "products accumulated in fp32"
+        ),
+    )
+    sizes = (
+        Size(
+            "GEMM",
+            f"(B*{p.Ho * p.Wo}) x {p.Mg} x {p.R * p.S * p.Cg}"
+            + (f", {p.groups} groups" if p.groups > 1 else ""),
+            "output pixels x maps x (r, s, c) taps: D = X W^T, X from registers",
+        ),
+        Size(
+            "block tile",
+            f"{bm} pixels x {bn} maps",
+            f"{warpgroups} warpgroup(s) of 64 pixels x {bn} maps: wgmma m64n{bn}k8, "
+            f"{nacc} fp32 sums per thread",
+        ),
+        Size(
+            "k walk",
+            f"{kt} chunks of {CHUNK} channels",
+            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
+            + ("; the last zero-filled past them" if p.Cg % CHUNK else ""),
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"{v.stages} stages x ({bn} map rows x 128 B in the 128B swizzle + {CHUNK} "
+            f"channel rows x {bm + PAD} words); {per_sm} block(s) per SM",
+        ),
+        Size(
+            "copies",
+            f"{a_vecs} of x ({4 * vec} B) + {b_vecs} of w (16 B) per thread per chunk",
+            "cp.async, zero-filled outside the image, past the batch and past the channels; "
+            "a barrier a chunk",
+        ),
+    )
+    launch = Launch(
+        v.kernel_name(p),
+        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (threads, 1, 1),
+        (0, map_tiles * p.groups, 1),
+        0,
+        p.Ho * p.Wo,
+        bm,
+        smem,
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="gemm/wgplanar.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="mrsc.fp32",
+        sizes=sizes,
+        context=ctx,
+        arch="sm_90a",
+    )

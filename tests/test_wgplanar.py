@@ -1,0 +1,185 @@
+"""wgplanar, the tf32 forward pass (and stride-1 dgrad) of fp32 NCHW layers on Hopper's
+warpgroup tensor cores with x in registers: what ptxas makes of it for sm_90a (CPU
+tier), its limits, where tune takes it, and its numbers on drawn problems (GPU tier)."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from problems import DRAWN_COMPILES, GPU_DRAWS, assert_one_line_refusal, default_and_drawn
+from problems import verify_on_the_gpu
+from specgen.choose import computed_layout, planned
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.shapes import TensorLayout, parse_shape
+from specgen.strategies import default_set
+from specgen.strategies.wgplanar import Wgplanar
+from specgen.variants import Precision
+from test_wgmma import SERIALIZED, compiled, ptx_of
+
+TF32 = Precision.TF32
+RESNET_1X1 = "C=64,M=256,H=56,W=56,K=1,pad=0"  # resnet50's layer1 expansion, B=32
+
+
+@st.composite
+def planar_problems(draw):
+    """fp32 NCHW problems wgplanar takes: channels a group a multiple of 4 from 16 (up to
+    past a chunk of 32), maps up to past a tile, windows up to 5x5 with stride, dilation and
+    every padding, groups, bias and relu; forward, and dgrad at stride 1."""
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    cg = 4 * draw(st.integers(4, 20))
+    mg = draw(st.integers(1, 140))
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    H, W = draw(st.integers(R, 19)), draw(st.integers(S, 19))
+    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    if op == "dgrad":  # the forward view's channels are the layer's maps
+        mg = 4 * draw(st.integers(4, 35))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},op={op}"
+    )
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1"
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",act=relu"
+    try:
+        p = parse_shape(spec)
+        make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
+        return p
+    except SpecError:
+        assume(False)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [RESNET_1X1, "C=256,M=256,H=14,W=14,K=3,pad=1", "C=128,M=128,H=56,W=56,K=3,pad=1,stride=2"],
+)
+def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec):
+    """No spills, the multiplies not serialized, and in the PTX the warpgroup MMA in tf32
+    with A as four registers and B a descriptor, fed by cp.async copies (16-byte ones
+    where a 1x1 window at stride 1 maps pixels onto pixels) under the proxy fence."""
+    p = replace(parse_shape(spec), batch=32)
+    v = Wgplanar.default(p, TF32)
+    plan = make_plan(p, v)
+    assert plan.target("sm_90") == "sm_90a"
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    bm, bn = v.blocktile
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" in ptx
+    assert "}, {%r" in ptx and ", 1, 1, 1;" in ptx  # A in registers, scale-d 1, no transpose
+    assert "fence.proxy.async.shared::cta;" in ptx
+    one = p.K == 1 and p.stride == (1, 1)
+    assert ("cp.async.cg.shared.global" in ptx and ", 16, " in ptx) and (
+        ("cp.async.ca.shared.global" in ptx) != one
+    )
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k8") == 4  # a chunk's, unrolled
+    assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 pixels
+
+
+def test_the_fit_fills_the_sms_and_the_dgrad_view_takes_it():
+    """256 maps where 128-pixel tiles of them fill the SMs, else up to 128; 128 pixels
+    where the grid still fills the SMs' waves, 64 where it would not; dgrad at stride 1
+    through the forward view."""
+    v = Wgplanar.default(replace(parse_shape(RESNET_1X1), batch=32), TF32)
+    assert v.blocktile == (128, 256) and v.stages == 4
+    v = Wgplanar.default(replace(parse_shape("C=256,M=64,H=56,W=56,K=1"), batch=32), TF32)
+    assert v.blocktile == (128, 64)
+    v = Wgplanar.default(replace(parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1"), batch=32), TF32)
+    assert v.blocktile == (64, 128)  # 1568 pixels: 4 x 25 blocks of 64, 4 x 13 of 128
+    p = replace(parse_shape("C=64,M=64,H=56,W=56,K=1,pad=0,op=dgrad"), batch=32)
+    plan = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
+    assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad")
+
+
+def test_every_tune_candidate_plans_and_compiles_unserialized():
+    p = replace(parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1"), batch=32)
+    n = 0
+    for v in Wgplanar.space(p, TF32):
+        try:
+            plan = make_plan(p, v)
+        except SpecError as e:
+            assert "\n" not in str(e)
+            continue
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+        n += 1
+    assert n >= 16
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [RESNET_1X1, "C=512,M=512,H=7,W=7,K=3,pad=1", RESNET_1X1 + ",op=dgrad"],
+)
+def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
+    """The untuned pick of a wide fp32 NCHW forward pass or stride-1 dgrad where tf32 is
+    allowed, computed in place (no layout moves); not in fp32 math, and not where wgmma
+    is not (sm_80: tcgemm's tf32 in NHWC)."""
+    p = replace(parse_shape(spec), batch=32)
+    assert planned(p, allow_tf32=True).variant.key == "wgplanar"
+    assert computed_layout(p, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
+    assert planned(p, allow_tf32=False).variant.key != "wgplanar"
+    assert planned(p, allow_tf32=True, arch="sm_80").variant.key != "wgplanar"
+    strided = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
+    assert planned(strided, allow_tf32=True).variant.key != "wgplanar"
+
+
+def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
+    p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1")
+    assert [v for v in default_set(p) if v.key == "wgplanar"]
+    assert Wgplanar.space(p, TF32) and not Wgplanar.space(p, Precision.FP32)
+    nhwc = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc")
+    bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16")
+    for q in (nhwc, bf16):
+        assert not Wgplanar.space(q, TF32)
+        assert not [v for v in default_set(q) if v.key == "wgplanar"]
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        (RESNET_1X1 + ",layout=nhwc", "wgplanar_b128x128_p4_tf32", "cannot serve nhwc"),
+        (RESNET_1X1 + ",dtype=bf16", "wgplanar_b128x128_p4_tf32", "cannot serve bf16"),
+        ("C=30,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_tf32", "multiple of 4"),
+        ("C=12,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_tf32", "most of each chunk zeros"),
+        (RESNET_1X1, "wgplanar_b96x128_p4_tf32", "64 pixels"),
+        (RESNET_1X1, "wgplanar_b128x96_p4_tf32", "wgmma's N"),
+        (RESNET_1X1, "wgplanar_b256x256_p3_tf32", "registers"),
+        (RESNET_1X1, "wgplanar_b64x256_p8_tf32", "--stages"),
+        (RESNET_1X1, "wgplanar_b128x128_p9_tf32", "2 to 8"),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=planar_problems())
+def test_drawn_defaults_compile_without_spills(p):
+    binary = compiled(make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32)))
+    assert binary.spills == 0 and SERIALIZED not in binary.log, p.spec
+
+
+# ---- GPU tier ----
+
+
+@pytest.mark.gpu
+@settings(max_examples=16, **GPU_DRAWS)
+@given(p=planar_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default variant and one drawn from tune's space against the float64 reference:
+    pixels past the batch and tiles across images, maps past the tile, channels past the
+    chunk, the taps' zero-fill, groups, bias and relu, the dgrad view."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgplanar, TF32, pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [RESNET_1X1, "C=512,M=512,H=7,W=7,K=3,pad=1"])
+def test_resnet50_layers_on_the_gpu(spec):
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, [Wgplanar.default(p, TF32)], 3)
