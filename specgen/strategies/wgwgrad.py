@@ -128,10 +128,23 @@ def tile_count(p, bm: int, bn: int) -> int:
     return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
 
 
+MOST_SLICES = 16  # slices tried for a fuller last wave: each adds a row of the sums' pass
+
+
 def slices_for(blocks: int, tiles: int) -> int:
-    """Slices of the batch's pixels that make about ``blocks`` blocks of ``tiles`` each
-    (one a grid z index, at most 65535)."""
-    return max(1, min(blocks // tiles, 65535))
+    """Slices of the batch's pixels (one a grid z index) for ``blocks`` blocks at once of
+    ``tiles`` each: from ``blocks // tiles`` up, the fewest whose grid fills the last
+    wave of blocks to 90% (up to ``MOST_SLICES``), else the one that fills it best.
+    One slice of 144 tiles ran vgg11's widest fp32 wgrad (C=M=512, 28x28, B=32) in 3.66
+    ms against cuDNN's 0.83: its second wave of blocks held 12 (H200, 2026-11-28)."""
+
+    def filled(s: int) -> float:
+        n = tiles * s
+        return n / (-(-n // blocks) * blocks)
+
+    first = max(1, min(blocks // tiles, 65535))
+    options = range(first, max(first, MOST_SLICES) + 1)
+    return next((s for s in options if filled(s) >= 0.9), None) or max(options, key=filled)
 
 
 def tile_limits(p, v, fallback: str) -> None:
