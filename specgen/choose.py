@@ -61,7 +61,7 @@ FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
 # tcgemm's and tcwgrad's fp32 math (three tf32 products a product) is tried only where a
 # group's channels and maps are both at least this many: each loaded word then feeds
 # enough products to pay for its split.
-GEMM_FP32 = {"tcgemm", "tcwgrad"}
+GEMM_FP32 = {"tcgemm", "tcwgrad", "wgplanar"}
 GEMM_FP32_MIN = 32
 # Tried only for 32 channels or more: flane gives each lane of a warp a channel, and
 # its sums then cross all 32.  On the autoencoder's 256 -> 3 layer in NHWC it ran the

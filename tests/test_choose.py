@@ -295,15 +295,19 @@ def test_the_layout_an_op_is_computed_in():
     """computed_layout: an NCHW op whose pick there runs slower math than its NHWC
     twin's goes to NHWC (CUDA cores below three tf32 products, those below one where
     tf32 is allowed); a channels-last wgrad that only wsplit takes goes to NCHW; the
-    rest stays where its tensors are."""
+    rest stays where its tensors are: a wide forward pass and stride-1 dgrad on wgmma
+    (wgplanar), in NHWC where wgmma is not."""
     from specgen.choose import computed_layout
 
     wide = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32)
     gpu, nchw, nhwc = "some GPU", TensorLayout.NCHW, TensorLayout.NHWC
     for op in (Op.FPROP, Op.DGRAD):
-        assert computed_layout(replace(wide, op=op), gpu) is nhwc
+        for tf32 in (False, True):
+            assert computed_layout(replace(wide, op=op), gpu, tf32) is nchw
+            assert computed_layout(replace(wide, op=op), gpu, tf32, arch="sm_80") is nhwc
         strided = replace(wide, op=op, stride=(2, 2))
-        assert computed_layout(strided, gpu) is nhwc
+        # wgplanar takes a strided forward pass; a strided dgrad is a GEMM a phase in NHWC
+        assert computed_layout(strided, gpu) is (nchw if op is Op.FPROP else nhwc)
         assert computed_layout(replace(strided, dtype=DType.BF16), gpu) is nhwc
         assert computed_layout(replace(strided, layout=nhwc), gpu) is nhwc
     wgrad = replace(wide, op=Op.WGRAD)
@@ -353,14 +357,15 @@ def test_a_few_channel_wgrad_is_computed_over_padded_channels_on_the_tensor_core
 def test_a_measured_winner_keeps_the_tensors_layout():
     """The presets' shipped winners were measured on their tensors' layout: the
     operator computes them there, whatever the other layout's planner default (the
-    autoencoder's wide NCHW layers would otherwise move to tcgemm in NHWC)."""
+    autoencoder's wide NCHW layers would otherwise move to tcgemm in NHWC where wgmma
+    is not)."""
     from specgen.choose import computed_layout
 
     for name in ("ae-enc2", "ae-dec2", "ae-dec1"):
         p = PRESETS[name]
         assert choose(p, "NVIDIA H200").source == "shipped", name
         assert computed_layout(p, "NVIDIA H200") is TensorLayout.NCHW, name
-        assert computed_layout(p, "another GPU") is TensorLayout.NHWC, name  # planned
+        assert computed_layout(p, "another GPU", arch="sm_80") is TensorLayout.NHWC, name
 
 
 def test_winners_in_both_layouts_the_faster_one_decides():

@@ -278,17 +278,19 @@ def test_no_variant_option_is_the_operators_pick(tmp_path):
 
 def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
     """A problem the operator computes elsewhere (a first layer's wgrad over channels
-    padded to 8, a wide NCHW layer in NHWC): the pick's line names the problem it
-    computes and that problem's kernel, so the kernel the operator runs can be emitted."""
+    padded to 8, a wide NCHW layer's strided dgrad in NHWC): the pick's line names the
+    problem it computes and that problem's kernel, so the kernel the operator runs can
+    be emitted."""
     stem = "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"
     r = run("emit", "--shape", stem, "--op", "wgrad", "--batch", "32", "--out", str(tmp_path))
     assert r.exit_code == 0, r.output
     (f,) = tmp_path.glob("*/*.cu")
     text = f.read_text()
     assert "the PyTorch operator computes it as C=8,M=64" in text and "with tcwgrad_" in text
-    r = run("verify", "--shape", "C=64,M=128,H=28,W=28,K=3,pad=1", "--jobs", "1")
+    wide = "C=64,M=128,H=28,W=28,K=3,pad=1,stride=2"
+    r = run("verify", "--shape", wide, "--op", "dgrad", "--jobs", "1")
     assert r.exit_code == 0, r.output
-    assert "computes it as C=64,M=128,H=28,W=28,K=3,pad=1,layout=nhwc instead" in r.output
+    assert f"computes it as {wide},layout=nhwc,op=dgrad instead" in r.output
 
 
 def test_a_many_problem_tunes_setup_is_said_step_by_step(monkeypatch):

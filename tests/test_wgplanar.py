@@ -1,4 +1,4 @@
-"""wgplanar, the tf32 forward pass (and stride-1 dgrad) of fp32 NCHW layers on Hopper's
+"""wgplanar, the forward pass (and stride-1 dgrad) of fp32 NCHW layers in tf32 and 3xTF32 on Hopper's
 warpgroup tensor cores with x in registers: what ptxas makes of it for sm_90a (CPU
 tier), its limits, where tune takes it, and its numbers on drawn problems (GPU tier)."""
 
@@ -19,7 +19,7 @@ from specgen.strategies.wgplanar import Wgplanar
 from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
-TF32 = Precision.TF32
+TF32, FP32 = Precision.TF32, Precision.FP32
 RESNET_1X1 = "C=64,M=256,H=56,W=56,K=1,pad=0"  # resnet50's layer1 expansion, B=32
 
 
@@ -55,16 +55,18 @@ def planar_problems(draw):
         assume(False)
 
 
+@pytest.mark.parametrize("precision", [TF32, FP32])
 @pytest.mark.parametrize(
     "spec",
     [RESNET_1X1, "C=256,M=256,H=14,W=14,K=3,pad=1", "C=128,M=128,H=56,W=56,K=3,pad=1,stride=2"],
 )
-def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec):
+def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec, precision):
     """No spills, the multiplies not serialized, and in the PTX the warpgroup MMA in tf32
     with A as four registers and B a descriptor, fed by cp.async copies (16-byte ones
-    where a 1x1 window at stride 1 maps pixels onto pixels) under the proxy fence."""
+    where a 1x1 window at stride 1 maps pixels onto pixels) under the proxy fence; in
+    fp32 math three products a step."""
     p = replace(parse_shape(spec), batch=32)
-    v = Wgplanar.default(p, TF32)
+    v = Wgplanar.default(p, precision)
     plan = make_plan(p, v)
     assert plan.target("sm_90") == "sm_90a"
     binary = compiled(plan)
@@ -72,13 +74,16 @@ def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec):
     ptx = ptx_of(plan)
     bm, bn = v.blocktile
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" in ptx
-    assert "}, {%r" in ptx and ", 1, 1, 1;" in ptx  # A in registers, scale-d 1, no transpose
+    assert "}, {%r" in ptx  # A in registers
+    # scale-d 1, or in fp32 math p (a chunk's products from zero); tf32 has no transpose
+    assert (", p, 1, 1;" if precision is FP32 else ", 1, 1, 1;") in ptx
     assert "fence.proxy.async.shared::cta;" in ptx
     one = p.K == 1 and p.stride == (1, 1)
     assert ("cp.async.cg.shared.global" in ptx and ", 16, " in ptx) and (
         ("cp.async.ca.shared.global" in ptx) != one
     )
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k8") == 4  # a chunk's, unrolled
+    products = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k8")
+    assert products == (12 if precision is FP32 else 4)  # a chunk's, unrolled
     assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 pixels
 
 
@@ -100,7 +105,7 @@ def test_the_fit_fills_the_sms_and_the_dgrad_view_takes_it():
 def test_every_tune_candidate_plans_and_compiles_unserialized():
     p = replace(parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1"), batch=32)
     n = 0
-    for v in Wgplanar.space(p, TF32):
+    for v in Wgplanar.space(p, TF32) + Wgplanar.space(p, FP32):
         try:
             plan = make_plan(p, v)
         except SpecError as e:
@@ -109,7 +114,7 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
         binary = compiled(plan)
         assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
         n += 1
-    assert n >= 16
+    assert n >= 30
 
 
 @pytest.mark.parametrize(
@@ -117,14 +122,17 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
     [RESNET_1X1, "C=512,M=512,H=7,W=7,K=3,pad=1", RESNET_1X1 + ",op=dgrad"],
 )
 def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
-    """The untuned pick of a wide fp32 NCHW forward pass or stride-1 dgrad where tf32 is
-    allowed, computed in place (no layout moves); not in fp32 math, and not where wgmma
-    is not (sm_80: tcgemm's tf32 in NHWC)."""
+    """The untuned pick of a wide fp32 NCHW forward pass or stride-1 dgrad, in tf32 where
+    it is allowed and else in 3xTF32, computed in place (no layout moves); not where
+    wgmma is not (sm_80: tcgemm in NHWC), nor in fp32 math for fewer than 32 channels."""
     p = replace(parse_shape(spec), batch=32)
-    assert planned(p, allow_tf32=True).variant.key == "wgplanar"
-    assert computed_layout(p, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
-    assert planned(p, allow_tf32=False).variant.key != "wgplanar"
+    assert planned(p, allow_tf32=True).variant == Wgplanar.default(Wgplanar.problem_for(p), TF32)
+    assert planned(p, allow_tf32=False).variant == Wgplanar.default(Wgplanar.problem_for(p), FP32)
+    for tf32 in (True, False):
+        assert computed_layout(p, "NVIDIA H200", allow_tf32=tf32) is TensorLayout.NCHW
     assert planned(p, allow_tf32=True, arch="sm_80").variant.key != "wgplanar"
+    few = replace(parse_shape("C=16,M=64,H=56,W=56,K=3,pad=1"), batch=32)
+    assert planned(few, allow_tf32=False).variant.key != "wgplanar"
     strided = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
     assert planned(strided, allow_tf32=True).variant.key != "wgplanar"
 
@@ -132,7 +140,7 @@ def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
 def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
     p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1")
     assert [v for v in default_set(p) if v.key == "wgplanar"]
-    assert Wgplanar.space(p, TF32) and not Wgplanar.space(p, Precision.FP32)
+    assert Wgplanar.space(p, TF32) and Wgplanar.space(p, FP32)
     nhwc = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,layout=nhwc")
     bf16 = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16")
     for q in (nhwc, bf16):
@@ -152,6 +160,7 @@ def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
         (RESNET_1X1, "wgplanar_b256x256_p3_tf32", "registers"),
         (RESNET_1X1, "wgplanar_b64x256_p8_tf32", "--stages"),
         (RESNET_1X1, "wgplanar_b128x128_p9_tf32", "2 to 8"),
+        (RESNET_1X1, "wgplanar_b128x256_p3_fp32", "at most 128 maps"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -161,8 +170,9 @@ def test_limits_are_one_line_refusals(spec, name, words):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=planar_problems())
 def test_drawn_defaults_compile_without_spills(p):
-    binary = compiled(make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32)))
-    assert binary.spills == 0 and SERIALIZED not in binary.log, p.spec
+    for precision in (TF32, FP32):
+        binary = compiled(make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), precision)))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (p.spec, precision)
 
 
 # ---- GPU tier ----
@@ -170,16 +180,23 @@ def test_drawn_defaults_compile_without_spills(p):
 
 @pytest.mark.gpu
 @settings(max_examples=16, **GPU_DRAWS)
-@given(p=planar_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
-    """The default variant and one drawn from tune's space against the float64 reference:
-    pixels past the batch and tiles across images, maps past the tile, channels past the
-    chunk, the taps' zero-fill, groups, bias and relu, the dgrad view."""
-    verify_on_the_gpu(p, default_and_drawn(p, Wgplanar, TF32, pick), batch)
+@given(
+    p=planar_problems(),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+    precision=st.sampled_from([TF32, FP32]),
+)
+def test_drawn_problems_on_the_gpu(p, batch, pick, precision):
+    """The default variant and one drawn from tune's space, in tf32 and in 3xTF32 (whose
+    bound is fp32's), against the float64 reference: pixels past the batch and tiles
+    across images, maps past the tile, channels past the chunk, the taps' zero-fill,
+    groups, bias and relu, the dgrad view."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgplanar, precision, pick), batch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", [TF32, FP32])
 @pytest.mark.parametrize("spec", [RESNET_1X1, "C=512,M=512,H=7,W=7,K=3,pad=1"])
-def test_resnet50_layers_on_the_gpu(spec):
+def test_resnet50_layers_on_the_gpu(spec, precision):
     p = parse_shape(spec)
-    verify_on_the_gpu(p, [Wgplanar.default(p, TF32)], 3)
+    verify_on_the_gpu(p, [Wgplanar.default(p, precision)], 3)

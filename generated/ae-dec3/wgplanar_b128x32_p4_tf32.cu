@@ -4,7 +4,7 @@
 // Shape    ae-dec3: C=256 M=3 H=32 W=32 K=3 pad=1
 //          x[B][256][32][32] * w[3][256][3][3] -> y[B][3][32][32], stride 1, B at launch
 // Variant  wgplanar_b128x32_p4_tf32
-//          forward pass of fp32 NCHW tensors in tf32 on Hopper's warpgroup tensor cores (sm_90a): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
+//          forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
 //          precision tf32: x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -177,10 +177,11 @@ wgplanar_b128x32_p4_tf32(const float* __restrict__ x, const float* __restrict__ 
         // Chunk kt has landed (this thread's copies), is visible to the tensor cores'
         // reads, and everyone's is; every warpgroup has retired chunk kt - 1.
         cp_async_wait<2>();
+        const int stage = kt % 4;
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        const int stage = kt % 4;
         const float* at = a_tiles + stage * 4352 + frag;
+        const unsigned b_at = b_base + stage * 4096u;
         unsigned a[16];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {  // channels 8kk.. of the chunk
@@ -189,7 +190,6 @@ wgplanar_b128x32_p4_tf32(const float* __restrict__ x, const float* __restrict__ 
             a[4 * kk + 2] = __float_as_uint(at[(8 * kk + 4) * 136]);
             a[4 * kk + 3] = __float_as_uint(at[(8 * kk + 4) * 136 + 8]);
         }
-        const unsigned b_at = b_base + stage * 4096u;
         pin<16>(acc);
         wgmma_fence();
 #pragma unroll

@@ -4,7 +4,7 @@
 // Shape    mx-layer2: C=12 M=24 H=33 W=33 K=7 pad=0 op=dgrad
 //          fp32 dy[B][24][27][27] * w[24][12][7][7] -> dx[B][12][33][33], the forward problem's adjoint (nchw), fp32 sums, B at launch
 // Variant  wgplanar_b128x32_p4_tf32_dgrad
-//          forward pass of fp32 NCHW tensors in tf32 on Hopper's warpgroup tensor cores (sm_90a): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
+//          forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
 //          precision tf32: x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -179,10 +179,11 @@ wgplanar_b128x32_p4_tf32_dgrad(const float* __restrict__ x, const float* __restr
         // Chunk kt has landed (this thread's copies), is visible to the tensor cores'
         // reads, and everyone's is; every warpgroup has retired chunk kt - 1.
         cp_async_wait<2>();
+        const int stage = kt % 4;
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
-        const int stage = kt % 4;
         const float* at = a_tiles + stage * 4352 + frag;
+        const unsigned b_at = b_base + stage * 4096u;
         unsigned a[16];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {  // channels 8kk.. of the chunk
@@ -191,7 +192,6 @@ wgplanar_b128x32_p4_tf32_dgrad(const float* __restrict__ x, const float* __restr
             a[4 * kk + 2] = __float_as_uint(at[(8 * kk + 4) * 136]);
             a[4 * kk + 3] = __float_as_uint(at[(8 * kk + 4) * 136 + 8]);
         }
-        const unsigned b_at = b_base + stage * 4096u;
         pin<16>(acc);
         wgmma_fence();
 #pragma unroll

@@ -1,5 +1,6 @@
-"""``wgplanar``: the forward pass of fp32 NCHW (planar) layers in tf32 on Hopper's
-warpgroup tensor cores, reading the planes where they lie.
+"""``wgplanar``: the forward pass of fp32 NCHW (planar) layers on Hopper's warpgroup
+tensor cores, in tf32 or at fp32 accuracy in three tf32 products, reading the planes
+where they lie.
 
 The product is ``wgmma``'s, y[p][m] = sum over k of X[p][k] * W[m][k] with k = (r, s, c)
 walked tap by tap, but with the pixels on wgmma's M side: D[p][m] = X[p][k] W[m][k].
@@ -19,9 +20,17 @@ A warpgroup owns 64 pixels and every map of the block's tile; the ring is ``wgmm
 ``sy`` feed (every thread copies, one barrier a chunk).  A chunk's multiplies are waited
 for before the next chunk's fragments are loaded into the same registers.
 
+In tf32 math the words are the fp32 ones read with no cvt (``tf32_truncated``).  In
+fp32 math (3xTF32, as ``tcgemm``'s) each thread splits x's fragments in its registers
+into hi (rounded to tf32) and lo = v - hi, and the weights' words it copied, once they
+have landed, into hi in place and lo in a second tile of the stage; a chunk's products
+lo x hi, hi x lo and hi x hi start from zero on the tensor cores and are added to the
+thread's sums in fp32.  wgmma's own sums truncate: chained over the whole reduction, as
+at first, they drifted to 1.2e-4 of vgg11's output against cuDNN fp32's 1.1e-6 (H200,
+2026-11-28).
+
 dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
-planes are x's, dx's are y's.  The tf32 words are the fp32 ones read with no cvt
-(``tf32_truncated``).  ``wgplanar`` exists on sm_90a only.
+planes are x's, dx's are y's.  ``wgplanar`` exists on sm_90a only.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ ROW_BYTES = 128
 PAD = 8  # words past a channel's row of pixels: 8 rows' first words 8 banks apart
 PIXEL_TILES = (64, 128, 192, 256)  # 64 a warpgroup
 MAP_TILES = (32, 64, 128, 192, 256)  # wgmma's N
+THREE_MOST_MAPS = 128  # fp32 math: a chunk's sums and x's lo words beside the sums
 FEW_CHANNELS = 16  # channels a group below which a chunk of 32 is mostly zero-fill
 
 
@@ -50,14 +60,15 @@ class Wgplanar(Variant):
     templates = ("gemm/wgplanar.cu.j2",)
     family = "gemm"
     description = (
-        "forward pass of fp32 NCHW tensors in tf32 on Hopper's warpgroup tensor cores "
-        "(sm_90a): the pixels wgmma's M side, x's planes copied as they lie and loaded "
-        "into registers as the A operand, the weights K-major in a 128B-swizzled ring"
+        "forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), "
+        "in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes "
+        "copied as they lie and loaded into registers as the A operand, the weights "
+        "K-major in a 128B-swizzled ring"
     )
     serves = GEOMETRY | EPILOGUE
-    precisions = (Precision.TF32,)
+    precisions = (Precision.TF32, Precision.FP32)
     tensor_core = True
-    tf32_truncated = True  # fp32 words read as tf32 with no cvt: truncated
+    tf32_truncated = True  # in tf32 math, fp32 words read as tf32 with no cvt: truncated
 
     blocktile: tuple[int, int] = param(
         (128, 128),
@@ -72,13 +83,15 @@ class Wgplanar(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """256 maps where the group has them and 128-pixel tiles of them still fill the
-        SMs, else the group's maps rounded up to a tile (at most 128); then the widest
+        SMs (in tf32), else the group's maps rounded up to a tile (at most 128); then the widest
         pixel tile whose grid fills the SMs' waves within 10% of the best, and the most
         stages up to 4 that fit."""
         p = problem
+        three = seed.precision is Precision.FP32
         pixels = p.batch * p.Ho * p.Wo
         bn = min((t for t in MAP_TILES if t >= min(p.Mg, 128)), default=128)
-        if p.Mg >= 256 and ceil_div(pixels, 128) * ceil_div(p.Mg, 256) * p.groups >= SMS:
+        wide = ceil_div(pixels, 128) * ceil_div(p.Mg, 256) * p.groups >= SMS
+        if p.Mg >= 256 and wide and not three:
             bn = 256
         tiles = ceil_div(p.Mg, bn) * p.groups
 
@@ -88,7 +101,7 @@ class Wgplanar(Variant):
 
         fits = []
         for bm in (64, 128):
-            stages = min(4, _most_stages(bm, bn))
+            stages = min(4, _most_stages(bm, bn, three))
             try:
                 plan_wgplanar(p, replace(seed, blocktile=(bm, bn), stages=stages))
                 fits.append((bm, stages))
@@ -103,29 +116,32 @@ class Wgplanar(Variant):
     @classmethod
     def space(cls, problem, precision):
         """Pixel tiles of one to four warpgroups by map tiles up to the group's maps
-        (one past them), with 3 and the most stages up to 6 that fit."""
-        if precision is not Precision.TF32 or problem.dtype is not DType.FP32:
+        (one past them; at most 128 in fp32 math), with 3 and the most stages up to 6
+        that fit."""
+        if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
         if problem.layout is not TensorLayout.NCHW:
             return []
-        widest = min((t for t in MAP_TILES if t >= problem.Mg), default=MAP_TILES[-1])
+        three = precision is Precision.FP32
+        most_maps = THREE_MOST_MAPS if three else MAP_TILES[-1]
+        widest = min((t for t in MAP_TILES if t >= min(problem.Mg, most_maps)), default=most_maps)
         out = []
         for bm in PIXEL_TILES:
             for bn in (t for t in MAP_TILES if t <= widest):
-                most = _most_stages(bm, bn)
+                most = _most_stages(bm, bn, three)
                 for stages in sorted({3, min(6, most)}):
                     out.append(cls(blocktile=(bm, bn), stages=stages, precision=precision))
         return out
 
 
-def _stage_bytes(bm: int, bn: int) -> tuple[int, int]:
+def _stage_bytes(bm: int, bn: int, three: bool) -> tuple[int, int]:
     """A chunk's bytes of A (32 channel rows of the tile's pixels and the pad) and of B
-    (a 128-byte row a map)."""
-    return CHUNK * (bm + PAD) * 4, bn * ROW_BYTES
+    (a 128-byte row a map; in 3xTF32 as many again for the lo words)."""
+    return CHUNK * (bm + PAD) * 4, bn * ROW_BYTES * (2 if three else 1)
 
 
-def _most_stages(bm: int, bn: int) -> int:
-    return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn))
+def _most_stages(bm: int, bn: int, three: bool) -> int:
+    return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn, three))
 
 
 def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
@@ -145,6 +161,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             f"wgplanar copies a map's weights 4 channels at a time: the {p.Cg} channels per "
             "group are not a multiple of 4; use --strategy mma"
         )
+    three = v.precision is Precision.FP32
     bm, bn = v.blocktile
     if bm not in PIXEL_TILES:
         raise SpecError(
@@ -156,6 +173,11 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             f"wgplanar b{bm}x{bn}: the block's maps are wgmma's N, one of "
             f"{', '.join(map(str, MAP_TILES))}"
         )
+    if three and bn > THREE_MOST_MAPS:
+        raise SpecError(
+            f"wgplanar b{bm}x{bn}: fp32 math keeps a chunk's sums and x's lo words beside "
+            f"the sums, at most {THREE_MOST_MAPS} maps a block; choose fewer maps"
+        )
     warpgroups = bm // 64
     threads = 128 * warpgroups
     nacc = bn // 2  # fp32 sums a thread: 64 x bn over 128 threads
@@ -165,8 +187,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
-    # the sums, a chunk's 16 fragments, the copies' pointers and about 40 more (ptxas)
-    need = nacc + 16 + 2 * b_vecs + 40
+    # the sums (and a chunk's apart in fp32 math), a chunk's 16 fragments (and their lo
+    # words), the copies' pointers and about 40 more (ptxas)
+    need = nacc * (2 if three else 1) + (32 if three else 16) + 2 * b_vecs + 40
     if need > budget:
         raise SpecError(
             f"wgplanar b{bm}x{bn}: {nacc} fp32 sums a thread and its copies need about "
@@ -175,12 +198,12 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
-    a_stage, b_stage = _stage_bytes(bm, bn)
+    a_stage, b_stage = _stage_bytes(bm, bn, three)
     smem = v.stages * (a_stage + b_stage) + 1024  # and the slack to align B to 1024 B
     if smem > STAGE_LIMIT:
         raise SpecError(
             f"wgplanar's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
-            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {_most_stages(bm, bn)} "
+            f"{STAGE_LIMIT} B a block may opt in to; choose --stages {_most_stages(bm, bn, three)} "
             "or a smaller tile"
         )
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and 2 * threads * (need + 8) <= REGISTERS else 1
@@ -210,6 +233,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         map_tiles=map_tiles,
         a_stage=a_stage,
         b_stage=b_stage,
+        b_half=bn * ROW_BYTES,  # the lo words' tile of a stage, in 3xTF32
+        three=three,
         pitch=bm + PAD,
         a_vecs=a_vecs,
         a_rows=threads * vec // bm,  # channel rows apart of a thread's copies
@@ -221,7 +246,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         guard_maps=p.Mg % bn != 0,
         guard_chans=p.Cg % CHUNK != 0,
         precision_note=(
-            "x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), "
+            "fp32 products as three tf32 ones (lo x hi + hi x lo + hi x hi), fp32 sums"
+            if three
+            else "x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), "
             "products accumulated in fp32"
         ),
     )
@@ -235,8 +262,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         Size(
             "block tile",
             f"{bm} pixels x {bn} maps",
-            f"{warpgroups} warpgroup(s) of 64 pixels x {bn} maps: wgmma m64n{bn}k8, "
-            f"{nacc} fp32 sums per thread",
+            f"{warpgroups} warpgroup(s) of 64 pixels x {bn} maps: wgmma m64n{bn}k8"
+            + (" three times a step" if three else "")
+            + f", {nacc} fp32 sums per thread",
         ),
         Size(
             "k walk",
@@ -247,7 +275,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
-            f"{v.stages} stages x ({bn} map rows x 128 B in the 128B swizzle + {CHUNK} "
+            f"{v.stages} stages x ({bn} map rows x 128 B in the 128B swizzle"
+            + (", hi and lo" if three else "")
+            + f" + {CHUNK} "
             f"channel rows x {bm + PAD} words); {per_sm} block(s) per SM",
         ),
         Size(
@@ -278,5 +308,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         weight_format="mrsc.fp32",
         sizes=sizes,
         context=ctx,
+        # 3xTF32: a chunk's three products a channel summed apart by the tensor cores,
+        # which truncate (twice fp32's rounding: counted twice), then the chunks' sums
+        sum_depth=(0, 1, 2 * 3 * CHUNK + kt + (1 if p.bias else 0)) if three else None,
         arch="sm_90a",
     )
