@@ -151,10 +151,11 @@ class Plan:
 
 
 def shape_context(shape: ConvProblem) -> dict:
-    """The shape's numbers every template uses, as literals: sizes, derived sizes,
-    strides of x (NCHW) and y."""
+    """The shape's numbers every template uses, as literals: sizes (a group's channels
+    and maps among them), the window, stride and dilation, derived sizes, strides of x
+    (NCHW) and y."""
     H, W, K = shape.H, shape.W, shape.K
-    (pt, _, pl, _), (sh, sw) = shape.pads, shape.stride
+    (pt, _, pl, _), (sh, sw), (dh, dw) = shape.pads, shape.stride, shape.dil
     nhwc = shape.layout is TensorLayout.NHWC
     return dict(
         C=shape.C,
@@ -162,7 +163,13 @@ def shape_context(shape: ConvProblem) -> dict:
         H=H,
         W=W,
         K=K,
+        R=shape.R,
+        S=shape.S,
         KK=shape.R * shape.S,
+        Cg=shape.Cg,
+        Mg=shape.Mg,
+        dh=dh,
+        dw=dw,
         pad=shape.pad,
         pt=pt,
         pl=pl,

@@ -362,14 +362,10 @@ def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
         io="float" if tf32 else "unsigned short",
         vec=vec,
         ksteps=per_row // 2,  # an mma k step reads two 16-byte units of a row
-        R=p.R,
-        S=p.S,
-        sh=sh,
+        sh=sh,  # the problem's own, where p is a stride phase's
         sw=sw,
         dh=dh,
         dw=dw,
-        Cg=p.Cg,
-        Mg=p.Mg,
         BM=bm,
         BN=bn,
         BK=v.chunk,

@@ -354,21 +354,12 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     kt = p.R * p.S * chunks_per_tap
     map_tiles = ceil_div(p.Mg, bm)
     ctx = shape_context(p)
-    (sh, sw), (dh, dw) = p.stride, p.dil
     ctx.update(
         elem={DType.FP16: "f16", DType.BF16: "bf16", DType.FP32: "tf32"}[p.dtype],
         etype="float" if tf32 else "unsigned short",
         kstep=8 if tf32 else 16,
         VEC=vec,
         CHUNK=chunk,
-        R=p.R,
-        S=p.S,
-        sh=sh,
-        sw=sw,
-        dh=dh,
-        dw=dw,
-        Cg=p.Cg,
-        Mg=p.Mg,
         BM=bm,
         BN=bn,
         NACC=nacc,

@@ -212,15 +212,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, CHUNK)
     kt = p.R * p.S * chunks_per_tap
     map_tiles = ceil_div(p.Mg, bn)
-    (sh, sw), (dh, dw) = p.stride, p.dil
     ctx = shape_context(p)
     ctx.update(
-        R=p.R,
-        S=p.S,
-        dh=dh,
-        dw=dw,
-        Cg=p.Cg,
-        Mg=p.Mg,
         BM=bm,
         BN=bn,
         NACC=nacc,
