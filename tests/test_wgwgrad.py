@@ -13,7 +13,7 @@ from specgen.plan import make_plan
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwgrad
+from specgen.strategies.wgwgrad import Wgwgrad, slices_for
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
 AE_DEC2_BF16 = "C=128,M=256,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
@@ -115,6 +115,24 @@ def test_layers_no_tile_divides_are_refused_not_crashed():
     with pytest.raises(SpecError) as e:
         make_plan(p, Wgwgrad.default(p, MATH[p.dtype]))
     assert "tcwgrad" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "tiles,blocks,slices",
+    [
+        (144, 132, 5),  # one slice: a second wave of 12 blocks; five: 720 of 792 slots
+        (72, 132, 5),  # resnet50's 7x7 tf32 wgrad: 72 of 132 SMs with one slice
+        (9, 132, 14),  # from blocks // tiles up: 126 of 132 is full enough
+        (132, 132, 1),
+        (18, 264, 14),
+    ],
+)
+def test_slices_fill_the_last_wave_of_blocks(tiles, blocks, slices):
+    """The fewest slices from ``blocks // tiles`` up whose grid fills its last wave of
+    blocks to 90%."""
+    assert slices_for(blocks, tiles) == slices
+    n = tiles * slices
+    assert n / (-(-n // blocks) * blocks) >= 0.9
 
 
 # ---- GPU tier ----
