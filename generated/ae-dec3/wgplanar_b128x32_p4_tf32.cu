@@ -182,14 +182,14 @@ wgplanar_b128x32_p4_tf32(const float* __restrict__ x, const float* __restrict__ 
         __syncthreads();
         const float* at = a_tiles + stage * 4352 + frag;
         const unsigned b_at = b_base + stage * 4096u;
-        unsigned a[16];
+        unsigned a[16];  // x's words
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {  // channels 8kk.. of the chunk
-            a[4 * kk + 0] = __float_as_uint(at[(8 * kk) * 136]);
-            a[4 * kk + 1] = __float_as_uint(at[(8 * kk) * 136 + 8]);
-            a[4 * kk + 2] = __float_as_uint(at[(8 * kk + 4) * 136]);
-            a[4 * kk + 3] = __float_as_uint(at[(8 * kk + 4) * 136 + 8]);
-        }
+        for (int kk = 0; kk < 4; ++kk)  // channels 8kk.. of the chunk
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {  // pixel + 8 (f % 2), channel + 4 (f / 2)
+                const float v = at[(8 * kk + f / 2 * 4) * 136 + f % 2 * 8];
+                a[4 * kk + f] = __float_as_uint(v);
+            }
         pin<16>(acc);
         wgmma_fence();
 #pragma unroll

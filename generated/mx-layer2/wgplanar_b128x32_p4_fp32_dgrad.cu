@@ -231,12 +231,12 @@ wgplanar_b128x32_p4_fp32_dgrad(const float* __restrict__ x, const float* __restr
         const unsigned b_at = b_base + stage * 8192u;
         unsigned a[16], a_lo[16];  // x's words as hi and lo
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {  // channels 8kk.. of the chunk
-            split_tf32(at[(8 * kk) * 136], a[4 * kk + 0], a_lo[4 * kk + 0]);
-            split_tf32(at[(8 * kk) * 136 + 8], a[4 * kk + 1], a_lo[4 * kk + 1]);
-            split_tf32(at[(8 * kk + 4) * 136], a[4 * kk + 2], a_lo[4 * kk + 2]);
-            split_tf32(at[(8 * kk + 4) * 136 + 8], a[4 * kk + 3], a_lo[4 * kk + 3]);
-        }
+        for (int kk = 0; kk < 4; ++kk)  // channels 8kk.. of the chunk
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {  // pixel + 8 (f % 2), channel + 4 (f / 2)
+                const float v = at[(8 * kk + f / 2 * 4) * 136 + f % 2 * 8];
+                split_tf32(v, a[4 * kk + f], a_lo[4 * kk + f]);
+            }
         // The chunk's products from zero, lo x hi, hi x lo and hi x hi a step (the tensor
         // cores' own sums truncate: chained over the whole reduction they drift), then
         // added to the thread's sums in fp32.

@@ -213,6 +213,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, CHUNK)
     kt = p.R * p.S * chunks_per_tap
     map_tiles = ceil_div(p.Mg, bn)
+    a_rows = threads * vec // bm
     ctx = shape_context(p)
     ctx.update(
         BM=bm,
@@ -230,8 +231,21 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         b_half=bn * ROW_BYTES,  # the lo words' tile of a stage, in 3xTF32
         three=three,
         pitch=bm + PAD,
+        a_stage_words=a_stage // 4,
+        b_ring=v.stages * b_stage,  # the weights' stages, then x's
+        ahead=v.stages - 1,  # chunks in flight before the first multiply
+        warpgroups=warpgroups,
+        fragments=bn // 8,  # n8 columns of a warpgroup's sums
+        copy_lanes=bm // vec,  # threads that copy one channel row of x
         a_vecs=a_vecs,
-        a_rows=threads * vec // bm,  # channel rows apart of a thread's copies
+        a_rows=a_rows,  # channel rows apart of a thread's copies of x
+        a_step_bytes=a_rows * (bm + PAD) * 4,
+        a_step_words=a_rows * p.H * p.W,
+        # wgmma_step's operands after the sums: A's four registers, B's descriptor, the
+        # scale-d flag
+        a_ops=", ".join(f"%{nacc + i}" for i in range(4)),
+        b_op=nacc + 4,
+        add_op=nacc + 5,
         b_vecs=b_vecs,
         b_rows=threads // 8,
         guard_b_rows=bn * 8 % threads != 0,
