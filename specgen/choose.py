@@ -58,9 +58,9 @@ def few_channels(view: ConvProblem, math: Precision) -> bool:
 # last layer (256 -> 3 channels, NHWC, B=128) at 0.31-0.44 ms (H200), where stream's
 # fp32 takes 0.20.  wgmma shares that walk (and its 64-map warpgroups would idle).
 FEW_MAPS_TF32 = {"tcgemm", "wgmma"}
-# tcgemm's and tcwgrad's fp32 math (three tf32 products a product) is tried only where a
-# group's channels and maps are both at least this many: each loaded word then feeds
-# enough products to pay for its split.
+# tcgemm's, tcwgrad's and wgplanar's fp32 math (three tf32 products a product) is tried
+# only where a group's channels and maps are both at least this many: each loaded word
+# then feeds enough products to pay for its split.
 GEMM_FP32 = {"tcgemm", "tcwgrad", "wgplanar"}
 GEMM_FP32_MIN = 32
 # Tried only for 32 channels or more: flane gives each lane of a warp a channel, and
@@ -188,10 +188,11 @@ KN2ROW_MAX_MAPS = 8
 ROWS_MIN_TAPS = 5
 
 # The forward strategies, in the order tried; dgrad tries them on its forward view.
-# wgplanar: fp32 NCHW layers in tf32 on wgmma, in place, after the kernels of few
-# channels or taps: resnet50's 1x1 forward passes at B=32 (H200, 2026-11-28, tuned) in
-# 0.017-0.053 ms where tcgemm's and wgmma's tf32 in NHWC took 0.060-0.149 with the
-# layout moves, against cuDNN tf32's 0.021-0.053.
+# wgplanar: fp32 NCHW layers on wgmma, in place, after the kernels of few channels or
+# taps: resnet50's 1x1 forward passes at B=32 (H200, 2026-11-28, tuned) in tf32 in
+# 0.017-0.053 ms where tcgemm's and wgmma's in NHWC took 0.060-0.149 with the layout
+# moves, against cuDNN tf32's 0.021-0.053; vgg11's at B=32 in 3xTF32, forward passes and
+# stride-1 dgrads in sum 7.7 and 7.6 ms where tcgemm's in NHWC took 8.1 and 8.0.
 FORWARD = (
     # depthwise layers in channels-last (no other strategy reads them a word at a time)
     "dwlane",

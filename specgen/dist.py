@@ -95,8 +95,8 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
     left out: it is slower, and never picked (depthwise layers aside).  An fp32 wgrad is
     searched in both layouts, as both have tensor-core kernels (``wgnchw`` and
-    ``tc3wgrad`` in NCHW, ``tcwgrad`` in NHWC): the operator then computes it where its winner with the
-    tensors moved there is faster (``choose.computed_layout``)."""
+    ``tc3wgrad`` in NCHW, ``tcwgrad`` in NHWC): the operator then computes it where its
+    winner with the tensors moved there is faster (``choose.computed_layout``)."""
     from .choose import computed_problem, maths
 
     out = []
