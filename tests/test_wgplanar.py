@@ -97,6 +97,9 @@ def test_the_fit_fills_the_sms_and_the_dgrad_view_takes_it():
     assert v.blocktile == (128, 64)
     v = Wgplanar.default(replace(parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1"), batch=32), TF32)
     assert v.blocktile == (64, 128)  # 1568 pixels: 4 x 25 blocks of 64, 4 x 13 of 128
+    # 100 blocks where the SMs hold 264 at once: the 144 chunks in 5 slices, 500 blocks
+    assert v.splits == 5
+    assert Wgplanar.default(replace(parse_shape(RESNET_1X1), batch=32), TF32).splits == 1
     p = replace(parse_shape("C=64,M=64,H=56,W=56,K=1,pad=0,op=dgrad"), batch=32)
     plan = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
     assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad")
@@ -151,20 +154,36 @@ def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
 @pytest.mark.parametrize(
     "spec,name,words",
     [
-        (RESNET_1X1 + ",layout=nhwc", "wgplanar_b128x128_p4_tf32", "cannot serve nhwc"),
-        (RESNET_1X1 + ",dtype=bf16", "wgplanar_b128x128_p4_tf32", "cannot serve bf16"),
-        ("C=30,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_tf32", "multiple of 4"),
-        ("C=12,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_tf32", "most of each chunk zeros"),
-        (RESNET_1X1, "wgplanar_b96x128_p4_tf32", "64 pixels"),
-        (RESNET_1X1, "wgplanar_b128x96_p4_tf32", "wgmma's N"),
-        (RESNET_1X1, "wgplanar_b256x256_p3_tf32", "registers"),
-        (RESNET_1X1, "wgplanar_b64x256_p8_tf32", "--stages"),
-        (RESNET_1X1, "wgplanar_b128x128_p9_tf32", "2 to 8"),
-        (RESNET_1X1, "wgplanar_b128x256_p3_fp32", "at most 128 maps"),
+        (RESNET_1X1 + ",layout=nhwc", "wgplanar_b128x128_p4_s1_tf32", "cannot serve nhwc"),
+        (RESNET_1X1 + ",dtype=bf16", "wgplanar_b128x128_p4_s1_tf32", "cannot serve bf16"),
+        ("C=30,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_s1_tf32", "multiple of 4"),
+        ("C=12,M=64,H=8,W=8,K=3,pad=1", "wgplanar_b128x64_p4_s1_tf32", "most of each chunk zeros"),
+        (RESNET_1X1, "wgplanar_b96x128_p4_s1_tf32", "64 pixels"),
+        (RESNET_1X1, "wgplanar_b128x96_p4_s1_tf32", "wgmma's N"),
+        (RESNET_1X1, "wgplanar_b256x256_p3_s1_tf32", "registers"),
+        (RESNET_1X1, "wgplanar_b64x256_p8_s1_tf32", "--stages"),
+        (RESNET_1X1, "wgplanar_b128x128_p9_s1_tf32", "2 to 8"),
+        (RESNET_1X1, "wgplanar_b128x256_p3_s1_fp32", "at most 128 maps"),
+        (RESNET_1X1, "wgplanar_b128x128_p4_s3_tf32", "2 chunks are cut into 1 to 2 slices"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
     assert_one_line_refusal(spec, name, words)
+
+
+@pytest.mark.parametrize("precision", [TF32, FP32])
+def test_sliced_reductions_compile_with_their_second_kernel(precision):
+    """resnet50's 3x3 layer over 7x7 maps in slices (its default at B=32), with a bias
+    and relu: two kernels, the first writing the slices' sums to the workspace, the
+    second adding them in order and applying the epilogue; no spills, not serialized."""
+    p = replace(parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1,bias=1,act=relu"), batch=32)
+    v = Wgplanar.default(p, precision)
+    plan = make_plan(p, v)
+    assert v.splits > 1 and [l.kernel for l in plan.launches] == [plan.name, plan.name + "_sum"]
+    assert plan.launches[0].grid[2] == v.splits
+    assert plan.workspace_per_image == 4 * v.splits * 512 * 49
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
 
 
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -192,6 +211,23 @@ def test_drawn_problems_on_the_gpu(p, batch, pick, precision):
     across images, maps past the tile, channels past the chunk, the taps' zero-fill,
     groups, bias and relu, the dgrad view."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgplanar, precision, pick), batch)
+
+
+@pytest.mark.gpu
+@settings(max_examples=8, **GPU_DRAWS)
+@given(
+    p=planar_problems(),
+    batch=st.integers(1, 5),
+    splits=st.integers(2, 6),
+    precision=st.sampled_from([TF32, FP32]),
+)
+def test_slices_of_the_reduction_on_the_gpu(p, batch, splits, precision):
+    """The reduction cut into slices, a block plane each, added in order with the bias
+    and activation by the second kernel: against the float64 reference."""
+    v = Wgplanar.default(Wgplanar.problem_for(p), precision)
+    kt = p.R * p.S * -(-(Wgplanar.problem_for(p).Cg) // 32)
+    assume(kt >= 2)
+    verify_on_the_gpu(p, [replace(v, splits=min(splits, kt))], batch)
 
 
 @pytest.mark.gpu

@@ -45,6 +45,7 @@ from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .wgmma import REGISTERS, SMS
+from .wgwgrad import slices_for
 
 CHUNK = 32  # channels a stage: a map's 128-byte row of B, four k8 steps
 ROW_BYTES = 128
@@ -53,6 +54,8 @@ PIXEL_TILES = (64, 128, 192, 256)  # 64 a warpgroup
 MAP_TILES = (32, 64, 128, 192, 256)  # wgmma's N
 THREE_MOST_MAPS = 128  # fp32 math: a chunk's sums and x's lo words beside the sums
 FEW_CHANNELS = 16  # channels a group below which a chunk of 32 is mostly zero-fill
+MIN_SLICE_CHUNKS = 8  # chunks a slice of the reduction walks at the least
+SUM_BLOCK = 256  # threads of the kernel that adds the slices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +80,12 @@ class Wgplanar(Variant):
         "wgplanar: the block's tile of y, output pixels x maps (64 pixels a warpgroup)",
     )
     stages: int = param(4, Count("p"), "wgplanar: chunks of 32 channels in the shared-memory ring")
+    splits: int = param(
+        1,
+        Count("s"),
+        "wgplanar: slices of the reduction, one block plane each, added in order by a "
+        "second kernel",
+    )
 
     def plan(self, problem):
         return plan_wgplanar(problem, self)
@@ -85,8 +94,9 @@ class Wgplanar(Variant):
     def fit(cls, problem, seed):
         """In tf32, 256 maps where the group has them and 128-pixel tiles of them still
         fill the SMs; else the group's maps rounded up to a tile (at most 128).  Then the
-        widest pixel tile whose grid fills the SMs' waves within 10% of the best, and the
-        most stages up to 4 that fit."""
+        widest pixel tile whose grid fills the SMs' waves within 10% of the best, the
+        most stages up to 4 that fit, and slices of the reduction where they fill the
+        last wave of blocks (``_splits_for``)."""
         p = problem
         three = seed.precision is Precision.FP32
         pixels = p.batch * p.Ho * p.Wo
@@ -112,13 +122,15 @@ class Wgplanar(Variant):
             return replace(seed, blocktile=(seed.blocktile[0], bn))
         best = max(filled(bm) for bm, _ in fits)
         bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
-        return replace(seed, blocktile=(bm, bn), stages=stages)
+        fitted = replace(seed, blocktile=(bm, bn), stages=stages)
+        return replace(fitted, splits=_splits_for(p, fitted))
 
     @classmethod
     def space(cls, problem, precision):
         """Pixel tiles of one to four warpgroups by map tiles up to the group's maps
         (one past them; at most 128 in fp32 math), with 3 and the most stages up to 6
-        that fit."""
+        that fit; each with the reduction in one piece, and in ``_splits_for``'s slices
+        where it gives more than one."""
         if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
         if problem.layout is not TensorLayout.NCHW:
@@ -131,7 +143,11 @@ class Wgplanar(Variant):
             for bn in (t for t in MAP_TILES if t <= widest):
                 most = _most_stages(bm, bn, three)
                 for stages in sorted({3, min(6, most)}):
-                    out.append(cls(blocktile=(bm, bn), stages=stages, precision=precision))
+                    v = cls(blocktile=(bm, bn), stages=stages, precision=precision)
+                    out.append(v)
+                    splits = _splits_for(problem, v)
+                    if splits > 1:
+                        out.append(replace(v, splits=splits))
         return out
 
 
@@ -143,6 +159,24 @@ def _stage_bytes(bm: int, bn: int, three: bool) -> tuple[int, int]:
 
 def _most_stages(bm: int, bn: int, three: bool) -> int:
     return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn, three))
+
+
+def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
+    """Slices of the reduction whose grid fills the last wave of blocks the SMs hold at
+    once (two an SM where two fit) to 90% (``wgwgrad.slices_for``: one where the grid
+    does already), no more than leave ``MIN_SLICE_CHUNKS`` chunks a slice.  resnet50's
+    3x3 layer over 7x7 maps at B=32 ran 100 blocks of 144 chunks each at 0.73x cuDNN's
+    tf32, vgg11's over 14x14 maps 392 blocks in 1.5 waves at 0.52x (H200, 2026-11-28)."""
+    bm, bn = v.blocktile
+    blocks = ceil_div(p.batch * p.Ho * p.Wo, bm) * ceil_div(p.Mg, bn) * p.groups
+    kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
+    if kt < 2 * MIN_SLICE_CHUNKS:
+        return 1
+    try:
+        at_once = SMS * plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
+    except SpecError:
+        return 1
+    return max(1, min(slices_for(at_once, blocks), kt // MIN_SLICE_CHUNKS))
 
 
 def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
@@ -199,6 +233,12 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
+    chunks_per_tap = ceil_div(p.Cg, CHUNK)
+    kt = p.R * p.S * chunks_per_tap
+    if not 1 <= v.splits <= kt:
+        raise SpecError(
+            f"wgplanar s{v.splits}: the reduction's {kt} chunks are cut into 1 to {kt} slices"
+        )
     a_stage, b_stage = _stage_bytes(bm, bn, three)
     smem = v.stages * (a_stage + b_stage) + 1024  # and the slack to align B to 1024 B
     if smem > STAGE_LIMIT:
@@ -210,8 +250,6 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and 2 * threads * (need + 8) <= REGISTERS else 1
 
     # 2. work
-    chunks_per_tap = ceil_div(p.Cg, CHUNK)
-    kt = p.R * p.S * chunks_per_tap
     map_tiles = ceil_div(p.Mg, bn)
     a_rows = threads * vec // bm
     ctx = shape_context(p)
@@ -225,6 +263,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         per_sm=per_sm,
         stages=v.stages,
         kt=kt,
+        chunks_per_tap=chunks_per_tap,
+        splits=v.splits,
+        sum_block=SUM_BLOCK,
         map_tiles=map_tiles,
         a_stage=a_stage,
         b_stage=b_stage,
@@ -295,29 +336,56 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             "a barrier a chunk",
         ),
     )
-    launch = Launch(
-        v.kernel_name(p),
-        (Role.X, Role.W, *y_args(p), Role.BATCH),
-        (threads, 1, 1),
-        (0, map_tiles * p.groups, 1),
-        0,
-        p.Ho * p.Wo,
-        bm,
-        smem,
+    name = v.kernel_name(p)
+    sliced = v.splits > 1
+    launches = (
+        Launch(
+            name,
+            (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)), Role.BATCH),
+            (threads, 1, 1),
+            (0, map_tiles * p.groups, v.splits),
+            0,
+            p.Ho * p.Wo,
+            bm,
+            smem,
+        ),
     )
+    if sliced:
+        launches += (
+            Launch(
+                name + "_sum",
+                (Role.WORKSPACE, *y_args(p), Role.BATCH),
+                (SUM_BLOCK, 1, 1),
+                (0, 1, 1),
+                0,
+                p.M * p.Ho * p.Wo,
+                SUM_BLOCK,
+            ),
+        )
+        sizes += (
+            Size(
+                "slices",
+                f"{v.splits} x about {kt // v.splits} chunks",
+                f"grid z: the reduction cut in {v.splits}, each slice's sums to its plane of "
+                f"the workspace ({v.splits} x B x {p.M * p.Ho * p.Wo} fp32); a second kernel "
+                "adds them in order, then the bias and activation",
+            ),
+        )
     return Plan(
         shape=p,
         variant=v,
         template="gemm/wgplanar.cu.j2",
-        launches=(launch,),
+        launches=launches,
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
         weight_format="mrsc.fp32",
         sizes=sizes,
         context=ctx,
+        workspace_per_image=4 * v.splits * p.M * p.Ho * p.Wo if sliced else 0,
         # 3xTF32: a chunk's three products a channel summed apart by the tensor cores,
         # which truncate (twice fp32's rounding: counted twice), then the chunks' sums
-        sum_depth=(0, 1, 2 * 3 * CHUNK + kt + (1 if p.bias else 0)) if three else None,
+        # (and the slices')
+        sum_depth=((0, 1, 2 * 3 * CHUNK + kt + v.splits + (1 if p.bias else 0)) if three else None),
         arch="sm_90a",
     )
