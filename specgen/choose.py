@@ -18,7 +18,7 @@ from math import prod
 from . import measured, tunedb
 from .errors import SpecError
 from .plan import make_plan
-from .plan.common import ceil_div
+from .plan.common import COPY_RATE, ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
 from .strategies.wtap import lane_tiled
@@ -517,10 +517,6 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     return other if there.key != LAST_RESORT else problem.layout
 
 
-# Bytes a second that the operator's layout moves read and write together, where this
-# machine has not measured the GPU's copy rate (``bench.ceilings``: 4.23e12 on an H200,
-# 2026-11-21); below it, as a transpose's scattered writes are.
-COPY_RATE = 3.0e12
 # What the operator moves between layouts for an op computed in the other one: its
 # inputs there, and its output back.  A wgrad's dw is the weights' shape in either, and
 # its dy is the dgrad's: an NCHW layer's dgrad runs in NHWC (no tensor-core dgrad reads

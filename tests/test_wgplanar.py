@@ -97,12 +97,32 @@ def test_the_fit_fills_the_sms_and_the_dgrad_view_takes_it():
     assert v.blocktile == (128, 64)
     v = Wgplanar.default(replace(parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1"), batch=32), TF32)
     assert v.blocktile == (64, 128)  # 1568 pixels: 4 x 25 blocks of 64, 4 x 13 of 128
-    # 100 blocks where the SMs hold 264 at once: the 144 chunks in 5 slices, 500 blocks
-    assert v.splits == 5
-    assert Wgplanar.default(replace(parse_shape(RESNET_1X1), batch=32), TF32).splits == 1
     p = replace(parse_shape("C=64,M=64,H=56,W=56,K=1,pad=0,op=dgrad"), batch=32)
     plan = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
     assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad")
+
+
+@pytest.mark.parametrize(
+    "spec, tf32, fp32",
+    [
+        # 100 blocks where the SMs hold 264 at once, 144 chunks: five slices, 500 blocks
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", 5, 5),
+        # 392 blocks in 1.5 waves of 264: two slices; in 3xTF32 (one block an SM) 2.97
+        # waves of 132 already
+        ("C=512,M=512,H=14,W=14,K=3,pad=1", 2, 1),
+        # 98 blocks of 128x128 on 132 SMs: in tf32 the workspace's bytes cost what the
+        # idle SMs would win, in 3xTF32 (three times the work) they pay
+        ("C=256,M=256,H=14,W=14,K=3,pad=1", 1, 4),
+        # 16 chunks: whole
+        ("C=512,M=128,H=28,W=28,K=1", 1, 1),
+    ],
+)
+def test_the_fit_slices_the_reduction_where_its_price_is_lower(spec, tf32, fp32):
+    """The fit's slices of the reduction (``_splits_for``'s price) at B=32, as the
+    bench measured them fastest on an H200 (wgplanar-splits-bench-2026-11-28)."""
+    p = replace(parse_shape(spec), batch=32)
+    assert Wgplanar.default(p, TF32).splits == tf32
+    assert Wgplanar.default(p, FP32).splits == fp32
 
 
 def test_every_tune_candidate_plans_and_compiles_unserialized():

@@ -44,6 +44,10 @@ GRID_LIMITS = (2**31 - 1, 65535, 65535)
 MAX_REGISTERS = 255
 REGISTER_FILE = 65536  # 32-bit registers of an sm_90 SM
 SMS = 132  # the H100's and H200's SMs
+# Bytes a second a kernel's scattered or once-over traffic moves, read and write
+# together, where the GPU's copy rate is not measured (``bench.ceilings``: 4.23e12 on
+# an H200, 2026-11-21): the operator's layout moves (``choose``), wgplanar's sliced sums
+COPY_RATE = 3.0e12
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..plan.common import (
+    COPY_RATE,
+    SM_SHARED,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    shape_context,
+    y_args,
+)
 from ..shapes import ConvProblem, DType, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .wgmma import REGISTERS, SMS
-from .wgwgrad import slices_for
 
 CHUNK = 32  # channels a stage: a map's 128-byte row of B, four k8 steps
 ROW_BYTES = 128
@@ -55,6 +63,8 @@ MAP_TILES = (32, 64, 128, 192, 256)  # wgmma's N
 THREE_MOST_MAPS = 128  # fp32 math: a chunk's sums and x's lo words beside the sums
 FEW_CHANNELS = 16  # channels a group below which a chunk of 32 is mostly zero-fill
 MIN_SLICE_CHUNKS = 8  # chunks a slice of the reduction walks at the least
+SM_RATE = 1.8e12  # tf32 flops a second an SM's blocks reach together (H200, fitted)
+SUM_LAUNCH = 3e-6  # seconds the kernel that adds the slices costs past its bytes
 SUM_BLOCK = 256  # threads of the kernel that adds the slices
 
 
@@ -95,8 +105,8 @@ class Wgplanar(Variant):
         """In tf32, 256 maps where the group has them and 128-pixel tiles of them still
         fill the SMs; else the group's maps rounded up to a tile (at most 128).  Then the
         widest pixel tile whose grid fills the SMs' waves within 10% of the best, the
-        most stages up to 4 that fit, and slices of the reduction where they fill the
-        last wave of blocks (``_splits_for``)."""
+        most stages up to 4 that fit, and the slices of the reduction that
+        ``_splits_for`` prices cheapest."""
         p = problem
         three = seed.precision is Precision.FP32
         pixels = p.batch * p.Ho * p.Wo
@@ -130,7 +140,7 @@ class Wgplanar(Variant):
         """Pixel tiles of one to four warpgroups by map tiles up to the group's maps
         (one past them; at most 128 in fp32 math), with 3 and the most stages up to 6
         that fit; each with the reduction in one piece, and in ``_splits_for``'s slices
-        where it gives more than one."""
+        where it prices more than one cheaper."""
         if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
         if problem.layout is not TensorLayout.NCHW:
@@ -162,21 +172,41 @@ def _most_stages(bm: int, bn: int, three: bool) -> int:
 
 
 def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
-    """Slices of the reduction whose grid fills the last wave of blocks the SMs hold at
-    once (two an SM where two fit) to 90% (``wgwgrad.slices_for``: one where the grid
-    does already), no more than leave ``MIN_SLICE_CHUNKS`` chunks a slice.  resnet50's
-    3x3 layer over 7x7 maps at B=32 ran 100 blocks of 144 chunks each at 0.73x cuDNN's
-    tf32, vgg11's over 14x14 maps 392 blocks in 1.5 waves at 0.52x (H200, 2026-11-28)."""
-    bm, bn = v.blocktile
-    blocks = ceil_div(p.batch * p.Ho * p.Wo, bm) * ceil_div(p.Mg, bn) * p.groups
+    """The slices of the reduction that ``_sliced_seconds`` prices cheapest, one where
+    the reduction has fewer than two slices' ``MIN_SLICE_CHUNKS``.  Slices pay where
+    the whole grid leaves SMs idle and the sums' trip through the workspace is small
+    beside the work: resnet50's 3x3 layers over 7x7 maps (100 blocks of 144 chunks,
+    0.084 ms in one piece, 0.065 in five slices at B=32, tf32), not its 1x1 layers
+    of 16 to 32 chunks (0.027 ms in one piece, 0.044 in two; H200, 2026-11-28)."""
     kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
     if kt < 2 * MIN_SLICE_CHUNKS:
         return 1
     try:
-        at_once = SMS * plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
+        per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
     except SpecError:
         return 1
-    return max(1, min(slices_for(at_once, blocks), kt // MIN_SLICE_CHUNKS))
+    counts = range(1, kt // MIN_SLICE_CHUNKS + 1)
+    return min(counts, key=lambda s: (_sliced_seconds(p, v, per_sm, kt, s), s))
+
+
+def _sliced_seconds(p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: int) -> float:
+    """A price of the grid in ``splits`` slices: its waves of ``per_sm`` blocks an SM,
+    each as long as a block's slice of chunks at ``SM_RATE`` shared by the blocks an SM
+    holds, and past one slice the workspace's bytes (each slice's sums written and
+    read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to
+    the timings of 60 sliced and whole grids (``docs/measurements/
+    wgplanar-splits-*-2026-11-28-h200-*.log``): it picks the fastest of them but in one
+    (a 1x1 layer in 3xTF32, 13% off)."""
+    bm, bn = v.blocktile
+    blocks = ceil_div(p.batch * p.Ho * p.Wo, bm) * ceil_div(p.Mg, bn) * p.groups
+    products = 3 if v.precision is Precision.FP32 else 1
+    chunk_flops = 2 * bm * bn * CHUNK * products
+    waves = ceil_div(blocks * splits, SMS * per_sm)
+    seconds = waves * per_sm * ceil_div(kt, splits) * chunk_flops / SM_RATE
+    if splits > 1:
+        sums = p.batch * p.M * p.Ho * p.Wo * 4
+        seconds += 2 * splits * sums / COPY_RATE + SUM_LAUNCH
+    return seconds
 
 
 def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
