@@ -193,10 +193,12 @@ def _sliced_seconds(p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: i
     """A price of the grid in ``splits`` slices: its waves of ``per_sm`` blocks an SM,
     each as long as a block's slice of chunks at ``SM_RATE`` shared by the blocks an SM
     holds, and past one slice the workspace's bytes (each slice's sums written and
-    read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to
-    the timings of 60 sliced and whole grids (``docs/measurements/
-    wgplanar-splits-*-2026-11-28-h200-*.log``): it picks the fastest of them but in one
-    (a 1x1 layer in 3xTF32, 13% off)."""
+    read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to 31
+    problems timed whole and in slices on an H200 (``docs/measurements/
+    wgplanar-splits-bench-2026-11-28-h200-d897791.log`` and resnet50's layers in
+    ``model-resnet50-fp32-tf32-2026-11-28-h200x4-d897791.log``): its count is the
+    fastest timed, within 3%, in 28; a 1x1 layer in 3xTF32 is 13% off, and two it
+    slices in two were not timed so."""
     bm, bn = v.blocktile
     blocks = ceil_div(p.batch * p.Ho * p.Wo, bm) * ceil_div(p.Mg, bn) * p.groups
     products = 3 if v.precision is Precision.FP32 else 1
