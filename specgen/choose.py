@@ -519,9 +519,9 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
 
 # What the operator moves between layouts for an op computed in the other one: its
 # inputs there, and its output back.  A wgrad's dw is the weights' shape in either, and
-# its dy is the dgrad's: an NCHW layer's dgrad runs in NHWC (no tensor-core dgrad reads
-# NCHW), and the backward moves dy once for both where wgrad runs there too
-# (``_engine.shared_dy``), so x alone is wgrad's to move.
+# its dy is the dgrad's: where an NCHW layer's dgrad runs in NHWC (no tensor-core dgrad
+# reads NCHW but wgplanar, on sm_90a), the backward moves dy once for both where wgrad
+# runs there too (``_engine.shared_dy``), so x alone is wgrad's to move.
 MOVED = {
     Op.FPROP: (Role.X, Role.Y),
     Op.DGRAD: (Role.DY, Role.DX),

@@ -295,8 +295,8 @@ def test_the_layout_an_op_is_computed_in():
     """computed_layout: an NCHW op whose pick there runs slower math than its NHWC
     twin's goes to NHWC (CUDA cores below three tf32 products, those below one where
     tf32 is allowed); a channels-last wgrad that only wsplit takes goes to NCHW; the
-    rest stays where its tensors are: a wide forward pass and stride-1 dgrad on wgmma
-    (wgplanar), in NHWC where wgmma is not."""
+    rest stays where its tensors are: a wide forward pass and dgrad on wgmma
+    (wgplanar, a strided dgrad a GEMM a stride phase), in NHWC where wgmma is not."""
     from specgen.choose import computed_layout
 
     wide = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32)
@@ -306,8 +306,9 @@ def test_the_layout_an_op_is_computed_in():
             assert computed_layout(replace(wide, op=op), gpu, tf32) is nchw
             assert computed_layout(replace(wide, op=op), gpu, tf32, arch="sm_80") is nhwc
         strided = replace(wide, op=op, stride=(2, 2))
-        # wgplanar takes a strided forward pass; a strided dgrad is a GEMM a phase in NHWC
-        assert computed_layout(strided, gpu) is (nchw if op is Op.FPROP else nhwc)
+        # wgplanar takes a strided forward pass, and a strided dgrad a GEMM a phase
+        assert computed_layout(strided, gpu) is nchw
+        assert computed_layout(strided, gpu, arch="sm_80") is nhwc
         assert computed_layout(replace(strided, dtype=DType.BF16), gpu) is nhwc
         assert computed_layout(replace(strided, layout=nhwc), gpu) is nhwc
     wgrad = replace(wide, op=Op.WGRAD)

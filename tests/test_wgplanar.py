@@ -1,5 +1,5 @@
-"""wgplanar, the forward pass (and stride-1 dgrad) of fp32 NCHW layers in tf32 and 3xTF32 on Hopper's
-warpgroup tensor cores with x in registers: what ptxas makes of it for sm_90a (CPU
+"""wgplanar, the forward pass and dgrad (strided: a GEMM per stride phase) of fp32 NCHW
+layers in tf32 and 3xTF32 on Hopper's warpgroup tensor cores with x in registers: what ptxas makes of it for sm_90a (CPU
 tier), its limits, where tune takes it, and its numbers on drawn problems (GPU tier)."""
 
 from dataclasses import replace
@@ -13,9 +13,10 @@ from problems import verify_on_the_gpu
 from specgen.choose import computed_layout, planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.shapes import TensorLayout, parse_shape
+from specgen.shapes import Op, TensorLayout, parse_shape
 from specgen.strategies import default_set
 from specgen.strategies.wgplanar import Wgplanar
+from specgen.tensors import Role
 from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
@@ -27,14 +28,15 @@ RESNET_1X1 = "C=64,M=256,H=56,W=56,K=1,pad=0"  # resnet50's layer1 expansion, B=
 def planar_problems(draw):
     """fp32 NCHW problems wgplanar takes: channels a group a multiple of 4 from 16 (up to
     past a chunk of 32), maps up to past a tile, windows up to 5x5 with stride, dilation and
-    every padding, groups, bias and relu; forward, and dgrad at stride 1."""
+    every padding, groups, bias and relu; forward, and dgrad (a GEMM per stride phase
+    where strided)."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     cg = 4 * draw(st.integers(4, 20))
     mg = draw(st.integers(1, 140))
     op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
     R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     H, W = draw(st.integers(R, 19)), draw(st.integers(S, 19))
-    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
     if op == "dgrad":  # the forward view's channels are the layer's maps
@@ -142,10 +144,16 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
 
 @pytest.mark.parametrize(
     "spec",
-    [RESNET_1X1, "C=512,M=512,H=7,W=7,K=3,pad=1", RESNET_1X1 + ",op=dgrad"],
+    [
+        RESNET_1X1,
+        "C=512,M=512,H=7,W=7,K=3,pad=1",
+        RESNET_1X1 + ",op=dgrad",
+        "C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad",
+        "C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad",
+    ],
 )
 def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
-    """The untuned pick of a wide fp32 NCHW forward pass or stride-1 dgrad, in tf32 where
+    """The untuned pick of a wide fp32 NCHW forward pass or dgrad, in tf32 where
     it is allowed and else in 3xTF32, computed in place (no layout moves); not where
     wgmma is not (sm_80: tcgemm in NHWC), nor in fp32 math for fewer than 32 channels."""
     p = replace(parse_shape(spec), batch=32)
@@ -156,8 +164,33 @@ def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
     assert planned(p, allow_tf32=True, arch="sm_80").variant.key != "wgplanar"
     few = replace(parse_shape("C=16,M=64,H=56,W=56,K=3,pad=1"), batch=32)
     assert planned(few, allow_tf32=False).variant.key != "wgplanar"
-    strided = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
-    assert planned(strided, allow_tf32=True).variant.key != "wgplanar"
+
+
+@pytest.mark.parametrize("precision", [TF32, FP32])
+def test_a_strided_dgrad_is_a_gemm_per_stride_phase(precision):
+    """resnet50's 3x3 stride-2 dgrad: dy into dx in four phases of dx's pixels (blockIdx.z)
+    over the 1, 2, 2 and 4 taps that reach them, the weights flipped and transposed; its
+    reduction whole; no spills, not serialized.  A 1x1 stride-2 dgrad's three phases
+    that no tap reaches are grid planes too: they write dx's zeros."""
+    p = replace(parse_shape("C=256,M=256,H=28,W=28,K=3,pad=1,stride=2,op=dgrad"), batch=32)
+    v = Wgplanar.default(Wgplanar.problem_for(p), precision)
+    plan = make_plan(p, v)
+    assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad")
+    [launch] = plan.launches
+    assert launch.args[:3] == (Role.DY, Role.W, Role.DX) and launch.grid[2] == 4
+    assert [(ph["HW"], ph["RT"] * ph["ST"]) for ph in plan.context["phases"]] == [
+        (196, 1),
+        (196, 2),
+        (196, 2),
+        (196, 4),
+    ]
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    with pytest.raises(SpecError, match="whole"):
+        make_plan(p, replace(v, splits=2))
+    one = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
+    taps = [ph["RT"] * ph["ST"] for ph in make_plan(one, v).context["phases"]]
+    assert taps == [1, 0, 0, 0]
 
 
 def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
@@ -244,6 +277,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick, precision):
 def test_slices_of_the_reduction_on_the_gpu(p, batch, splits, precision):
     """The reduction cut into slices, a block plane each, added in order with the bias
     and activation by the second kernel: against the float64 reference."""
+    assume(Wgplanar.problem_for(p).op is Op.FPROP)  # a strided dgrad's phases take it whole
     v = Wgplanar.default(Wgplanar.problem_for(p), precision)
     kt = p.R * p.S * -(-(Wgplanar.problem_for(p).Cg) // 32)
     assume(kt >= 2)

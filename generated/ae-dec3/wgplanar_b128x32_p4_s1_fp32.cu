@@ -4,7 +4,7 @@
 // Shape    ae-dec3: C=256 M=3 H=32 W=32 K=3 pad=1
 //          x[B][256][32][32] * w[3][256][3][3] -> y[B][3][32][32], stride 1, B at launch
 // Variant  wgplanar_b128x32_p4_s1_fp32
-//          forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
+//          forward pass and dgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring; a strided dgrad a GEMM per stride phase
 //          precision fp32: fp32 products as three tf32 ones (lo x hi + hi x lo + hi x hi), fp32 sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -4,7 +4,7 @@
 // Shape    layer2: C=4 M=16 H=40 W=40 K=7 pad=0 op=dgrad
 //          fp32 dy[B][16][34][34] * w[16][4][7][7] -> dx[B][4][40][40], the forward problem's adjoint (nchw), fp32 sums, B at launch
 // Variant  wgplanar_b128x32_p4_s1_tf32_dgrad
-//          forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
+//          forward pass and dgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring; a strided dgrad a GEMM per stride phase
 //          precision tf32: x and w read as tf32 by the tensor cores (no cvt: the low 13 bits dropped), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

@@ -4,7 +4,7 @@
 // Shape    mx-layer2: C=12 M=24 H=33 W=33 K=7 pad=0 op=dgrad
 //          fp32 dy[B][24][27][27] * w[24][12][7][7] -> dx[B][12][33][33], the forward problem's adjoint (nchw), fp32 sums, B at launch
 // Variant  wgplanar_b128x32_p4_s1_fp32_dgrad
-//          forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring
+//          forward pass and dgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes copied as they lie and loaded into registers as the A operand, the weights K-major in a 128B-swizzled ring; a strided dgrad a GEMM per stride phase
 //          precision fp32: fp32 products as three tf32 ones (lo x hi + hi x lo + hi x hi), fp32 sums
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

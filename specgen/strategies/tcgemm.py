@@ -255,6 +255,20 @@ def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
                     ST=ST,
                     kt=RT * ST * chunks_per_tap,
                     out=f"(n * {p.H} + {affine(a, oh=sh)}) * {p.W} + {affine(b, ow=sw)}",
+                    # the same walk in numbers, for kernels that take the phase at run
+                    # time (wgplanar): dx's first row and column, dy's offsets of the
+                    # first tap and their steps, the first flipped tap and its steps
+                    a=a,
+                    b=b,
+                    Hq=Hq,
+                    Wq=Wq,
+                    oy0=oy0,
+                    doy=doy,
+                    ox0=ox0,
+                    dox=dox,
+                    tap0=r0 * p.S + s0,
+                    dtr=dr * p.S,
+                    dts=ds,
                 )
             )
     return out

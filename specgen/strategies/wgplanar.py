@@ -49,10 +49,10 @@ from ..plan.common import (
     shape_context,
     y_args,
 )
-from ..shapes import ConvProblem, DType, TensorLayout
+from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
-from .tcgemm import STAGE_LIMIT
+from .tcgemm import STAGE_LIMIT, gemm_view, phases_of
 from .wgmma import REGISTERS, SMS
 
 CHUNK = 32  # channels a stage: a map's 128-byte row of B, four k8 steps
@@ -74,10 +74,10 @@ class Wgplanar(Variant):
     templates = ("gemm/wgplanar.cu.j2",)
     family = "gemm"
     description = (
-        "forward pass of fp32 NCHW tensors on Hopper's warpgroup tensor cores (sm_90a), "
-        "in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's planes "
-        "copied as they lie and loaded into registers as the A operand, the weights "
-        "K-major in a 128B-swizzled ring"
+        "forward pass and dgrad of fp32 NCHW tensors on Hopper's warpgroup tensor cores "
+        "(sm_90a), in tf32 or in 3xTF32 (fp32 accuracy): the pixels wgmma's M side, x's "
+        "planes copied as they lie and loaded into registers as the A operand, the "
+        "weights K-major in a 128B-swizzled ring; a strided dgrad a GEMM per stride phase"
     )
     serves = GEOMETRY | EPILOGUE
     precisions = (Precision.TF32, Precision.FP32)
@@ -97,6 +97,19 @@ class Wgplanar(Variant):
         "second kernel",
     )
 
+    ops = frozenset({Op.FPROP, Op.DGRAD})
+
+    @classmethod
+    def problem_for(cls, problem):
+        """dgrad through its forward view where it has one (stride 1), else the dgrad
+        problem itself, a stride phase of dx a GEMM (``tcgemm.phases_of``)."""
+        if problem.op is Op.DGRAD:
+            try:
+                return problem.dgrad_view()
+            except SpecError:
+                return problem
+        return super().problem_for(problem)
+
     def plan(self, problem):
         return plan_wgplanar(problem, self)
 
@@ -107,14 +120,14 @@ class Wgplanar(Variant):
         widest pixel tile whose grid fills the SMs' waves within 10% of the best, the
         most stages up to 4 that fit, and the slices of the reduction that
         ``_splits_for`` prices cheapest."""
-        p = problem
+        p, g = problem, gemm_view(problem)
         three = seed.precision is Precision.FP32
-        pixels = p.batch * p.Ho * p.Wo
-        bn = min((t for t in MAP_TILES if t >= min(p.Mg, 128)), default=128)
-        wide = ceil_div(pixels, 128) * ceil_div(p.Mg, 256) * p.groups >= SMS
-        if p.Mg >= 256 and wide and not three:
+        pixels = p.batch * _pixels(p) * _phases(p)
+        bn = min((t for t in MAP_TILES if t >= min(g.Mg, 128)), default=128)
+        wide = ceil_div(pixels, 128) * ceil_div(g.Mg, 256) * g.groups >= SMS
+        if g.Mg >= 256 and wide and not three:
             bn = 256
-        tiles = ceil_div(p.Mg, bn) * p.groups
+        tiles = ceil_div(g.Mg, bn) * g.groups
 
         def filled(bm):
             blocks = ceil_div(pixels, bm) * tiles
@@ -147,7 +160,8 @@ class Wgplanar(Variant):
             return []
         three = precision is Precision.FP32
         most_maps = THREE_MOST_MAPS if three else MAP_TILES[-1]
-        widest = min((t for t in MAP_TILES if t >= min(problem.Mg, most_maps)), default=most_maps)
+        maps = gemm_view(problem).Mg
+        widest = min((t for t in MAP_TILES if t >= min(maps, most_maps)), default=most_maps)
         out = []
         for bm in PIXEL_TILES:
             for bn in (t for t in MAP_TILES if t <= widest):
@@ -171,6 +185,18 @@ def _most_stages(bm: int, bn: int, three: bool) -> int:
     return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn, three))
 
 
+def _phases(p: ConvProblem) -> int:
+    """The GEMMs of the grid: a strided dgrad's stride phases of dx, else one."""
+    return len(phases_of(p, 1)) if p.op is Op.DGRAD else 1
+
+
+def _pixels(p: ConvProblem) -> int:
+    """Output pixels of an image in the GEMM: a phase's most, else the image's."""
+    if p.op is Op.DGRAD:
+        return max(ph["HW"] for ph in phases_of(p, 1))
+    return p.Ho * p.Wo
+
+
 def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
     """The slices of the reduction that ``_sliced_seconds`` prices cheapest, one where
     the reduction has fewer than two slices' ``MIN_SLICE_CHUNKS``.  Slices pay where
@@ -179,7 +205,7 @@ def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
     0.084 ms in one piece, 0.065 in five slices at B=32, tf32), not its 1x1 layers
     of 16 to 32 chunks (0.027 ms in one piece, 0.044 in two; H200, 2026-11-28)."""
     kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
-    if kt < 2 * MIN_SLICE_CHUNKS:
+    if kt < 2 * MIN_SLICE_CHUNKS or p.op is Op.DGRAD:  # (phases: whole)
         return 1
     try:
         per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
@@ -218,14 +244,18 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             f"wgplanar reads fp32 NCHW tensors ({p.dtype.value} {p.layout.value} given): "
             "use --strategy wgmma"
         )
-    if p.Cg < FEW_CHANNELS:
+    # a strided dgrad: the GEMM of dy (channels M) into dx's C maps, a stride phase of
+    # dx's pixels a GEMM over the taps that reach it (blockIdx.z); else the forward pass
+    phased = p.op is Op.DGRAD
+    g = gemm_view(p)
+    if g.Cg < FEW_CHANNELS:
         raise SpecError(
-            f"wgplanar multiplies chunks of {CHUNK} channels: the {p.Cg} channels per group "
+            f"wgplanar multiplies chunks of {CHUNK} channels: the {g.Cg} channels per group "
             "would leave most of each chunk zeros; use --strategy mmahwc or mmapersist"
         )
-    if p.Cg % 4:
+    if g.Cg % 4:
         raise SpecError(
-            f"wgplanar copies a map's weights 4 channels at a time: the {p.Cg} channels per "
+            f"wgplanar copies a map's weights 4 channels at a time: the {g.Cg} channels per "
             "group are not a multiple of 4; use --strategy mma"
         )
     three = v.precision is Precision.FP32
@@ -250,7 +280,12 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     nacc = bn // 2  # fp32 sums a thread: 64 x bn over 128 threads
     # a 1x1 window at stride 1 without padding maps 4 neighbouring pixels of an image
     # onto 4 neighbouring input words: 16-byte copies where no 4 cross an image
-    vec = 4 if (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads) == (1, 1, (1, 1), 0, (0,) * 4) else 1
+    vec = (
+        4
+        if (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads, phased)
+        == (1, 1, (1, 1), 0, (0,) * 4, False)
+        else 1
+    )
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
@@ -265,8 +300,11 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
-    chunks_per_tap = ceil_div(p.Cg, CHUNK)
-    kt = p.R * p.S * chunks_per_tap
+    chunks_per_tap = ceil_div(g.Cg, CHUNK)
+    phases = phases_of(p, chunks_per_tap) if phased else None
+    kt = max(ph["kt"] for ph in phases) if phased else p.R * p.S * chunks_per_tap
+    if phased and v.splits != 1:
+        raise SpecError(f"wgplanar s{v.splits}: a strided dgrad's phases take the reduction whole")
     if not 1 <= v.splits <= kt:
         raise SpecError(
             f"wgplanar s{v.splits}: the reduction's {kt} chunks are cut into 1 to {kt} slices"
@@ -282,10 +320,20 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and 2 * threads * (need + 8) <= REGISTERS else 1
 
     # 2. work
-    map_tiles = ceil_div(p.Mg, bn)
+    map_tiles = ceil_div(g.Mg, bn)
     a_rows = threads * vec // bm
-    ctx = shape_context(p)
+    ctx = shape_context(g)
+    if phased:  # dx's own sizes and stride, where the GEMM's sums go
+        ctx.update(
+            out_image=p.C * p.H * p.W,
+            out_plane=p.H * p.W,
+            out_W=p.W,
+            sh=p.stride[0],
+            sw=p.stride[1],
+        )
     ctx.update(
+        phased=phased,
+        phases=phases,
         BM=bm,
         BN=bn,
         NACC=nacc,
@@ -313,7 +361,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         a_vecs=a_vecs,
         a_rows=a_rows,  # channel rows apart of a thread's copies of x
         a_step_bytes=a_rows * (bm + PAD) * 4,
-        a_step_words=a_rows * p.H * p.W,
+        a_step_words=a_rows * g.H * g.W,
         # wgmma_step's operands after the sums: A's four registers, B's descriptor, the
         # scale-d flag
         a_ops=", ".join(f"%{nacc + i}" for i in range(4)),
@@ -322,10 +370,10 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         b_vecs=b_vecs,
         b_rows=threads // 8,
         guard_b_rows=bn * 8 % threads != 0,
-        rsc=p.R * p.S * p.Cg,
-        x_image=p.C * p.H * p.W,
-        guard_maps=p.Mg % bn != 0,
-        guard_chans=p.Cg % CHUNK != 0,
+        rsc=p.R * p.S * g.Cg,
+        x_image=g.C * g.H * g.W,
+        guard_maps=g.Mg % bn != 0,
+        guard_chans=g.Cg % CHUNK != 0,
         precision_note=(
             "fp32 products as three tf32 ones (lo x hi + hi x lo + hi x hi), fp32 sums"
             if three
@@ -333,13 +381,33 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             "products accumulated in fp32"
         ),
     )
+    if phased:
+        gemm = (
+            Size(
+                "GEMM",
+                f"{len(phases)} phases of (B*phase pixels) x {g.Mg} x (phase taps*{g.Cg})"
+                + (f", {p.groups} groups" if p.groups > 1 else ""),
+                "dx pixels of a stride phase x dx channels x (its taps, dy maps): D = dY W^T "
+                "with w flipped and transposed, blockIdx.z the phase",
+            ),
+            Size(
+                "phases",
+                f"{len(phases)} of {p.stride[0]} x {p.stride[1]}, blockIdx.z",
+                "pixels x taps: "
+                + ", ".join(f"{ph['HW']} x {ph['RT'] * ph['ST']}" for ph in phases),
+            ),
+        )
+    else:
+        gemm = (
+            Size(
+                "GEMM",
+                f"(B*{p.Ho * p.Wo}) x {p.Mg} x {p.R * p.S * p.Cg}"
+                + (f", {p.groups} groups" if p.groups > 1 else ""),
+                "output pixels x maps x (r, s, c) taps: D = X W^T, X from registers",
+            ),
+        )
     sizes = (
-        Size(
-            "GEMM",
-            f"(B*{p.Ho * p.Wo}) x {p.Mg} x {p.R * p.S * p.Cg}"
-            + (f", {p.groups} groups" if p.groups > 1 else ""),
-            "output pixels x maps x (r, s, c) taps: D = X W^T, X from registers",
-        ),
+        *gemm,
         Size(
             "block tile",
             f"{bm} pixels x {bn} maps",
@@ -349,9 +417,14 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         ),
         Size(
             "k walk",
-            f"{kt} chunks of {CHUNK} channels",
-            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
-            + ("; the last zero-filled past them" if p.Cg % CHUNK else ""),
+            f"{kt} chunks of {CHUNK} channels" + (" at most" if phased else ""),
+            (
+                f"a phase's taps x {chunks_per_tap}"
+                if phased
+                else f"{p.R}x{p.S} taps x {chunks_per_tap}"
+            )
+            + f" chunk(s) of the group's {g.Cg} channels"
+            + ("; the last zero-filled past them" if g.Cg % CHUNK else ""),
         ),
         Size(
             "__shared__",
@@ -370,14 +443,18 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     )
     name = v.kernel_name(p)
     sliced = v.splits > 1
+    if phased:
+        args = (Role.DY, Role.W, Role.DX)
+    else:
+        args = (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)))
     launches = (
         Launch(
             name,
-            (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)), Role.BATCH),
+            (*args, Role.BATCH),
             (threads, 1, 1),
-            (0, map_tiles * p.groups, v.splits),
+            (0, map_tiles * p.groups, len(phases) if phased else v.splits),
             0,
-            p.Ho * p.Wo,
+            _pixels(p),
             bm,
             smem,
         ),
@@ -412,6 +489,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         dynamic_smem=smem,
         const_bytes=0,
         weight_format="mrsc.fp32",
+        weight_transform="dgrad" if phased else "",
         sizes=sizes,
         context=ctx,
         workspace_per_image=4 * v.splits * p.M * p.Ho * p.Wo if sliced else 0,
