@@ -148,12 +148,10 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
         RESNET_1X1,
         "C=512,M=512,H=7,W=7,K=3,pad=1",
         RESNET_1X1 + ",op=dgrad",
-        "C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad",
-        "C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad",
     ],
 )
 def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
-    """The untuned pick of a wide fp32 NCHW forward pass or dgrad, in tf32 where
+    """The untuned pick of a wide fp32 NCHW forward pass or stride-1 dgrad, in tf32 where
     it is allowed and else in 3xTF32, computed in place (no layout moves); not where
     wgmma is not (sm_80: tcgemm in NHWC), nor in fp32 math for fewer than 32 channels."""
     p = replace(parse_shape(spec), batch=32)
@@ -164,6 +162,18 @@ def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
     assert planned(p, allow_tf32=True, arch="sm_80").variant.key != "wgplanar"
     few = replace(parse_shape("C=16,M=64,H=56,W=56,K=3,pad=1"), batch=32)
     assert planned(few, allow_tf32=False).variant.key != "wgplanar"
+
+
+def test_the_planner_takes_it_for_strided_dgrads_in_tf32_whose_phases_all_have_taps():
+    """A 3x3 stride-2 dgrad in tf32 in place; in 3xTF32, and a 1x1 stride-2 one whose
+    phases but one only write zeros, tcgemm in NHWC (``choose.phases_suit``)."""
+    three = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
+    assert planned(three, allow_tf32=True).variant == Wgplanar.default(three, TF32)
+    assert computed_layout(three, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
+    one = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
+    for p, tf32 in ((three, False), (one, True), (one, False)):
+        assert planned(p, allow_tf32=tf32).variant.key != "wgplanar"
+        assert computed_layout(p, "NVIDIA H200", allow_tf32=tf32) is TensorLayout.NHWC
 
 
 @pytest.mark.parametrize("precision", [TF32, FP32])
