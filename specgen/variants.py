@@ -221,6 +221,9 @@ class Variant:
     # The ops it computes; one that computes fprop serves dgrad at stride 1 too, as the
     # forward convolution of ``ConvProblem.dgrad_view``.
     ops: ClassVar[frozenset] = frozenset({Op.FPROP})
+    # A strided dgrad computed itself, a GEMM per stride phase of dx; at stride 1 still
+    # through the forward view (tcgemm, wgplanar).
+    phased_dgrad: ClassVar[bool] = False
 
     precision: Precision = Precision.FP32
 
@@ -279,7 +282,13 @@ class Variant:
     def problem_for(cls, problem: ConvProblem) -> ConvProblem:
         """The problem this strategy's planner, defaults and space work on: the problem
         itself, or for dgrad through a forward strategy its forward view; SpecError
-        when the strategy does not compute the op."""
+        when the strategy does not compute the op.  A ``phased_dgrad`` strategy takes
+        dgrad's forward view where it has one (stride 1), else the dgrad itself."""
+        if problem.op is Op.DGRAD and cls.phased_dgrad:
+            try:
+                return problem.dgrad_view()
+            except SpecError:
+                return problem
         if problem.op in cls.ops:
             return problem
         if problem.op is Op.DGRAD and Op.FPROP in cls.ops:

@@ -67,17 +67,7 @@ class Tcgemm(Variant):
     stages: int = param(4, Count("p"), "tcgemm: chunks in the shared-memory ring")
 
     ops = frozenset({Op.FPROP, Op.DGRAD})
-
-    @classmethod
-    def problem_for(cls, problem):
-        """dgrad through its forward view where it has one (stride 1), else the dgrad
-        problem itself, computed a stride phase a GEMM (``phases_of``)."""
-        if problem.op is Op.DGRAD:
-            try:
-                return problem.dgrad_view()
-            except SpecError:
-                return problem
-        return super().problem_for(problem)
+    phased_dgrad = True  # a strided dgrad a GEMM per stride phase (``phases_of``)
 
     def plan(self, problem):
         return plan_tcgemm(problem, self)
