@@ -30,8 +30,16 @@ thread's sums in fp32.  wgmma's own sums truncate: chained over the whole reduct
 at first, they drifted to 1.2e-4 of vgg11's output against cuDNN fp32's 1.1e-6 (H200,
 2026-11-28).
 
+Where the grid leaves SMs idle, ``--splits`` cuts the reduction into slices over grid
+z, each slice's sums to its plane of a workspace, added in order by a second kernel with
+the bias and activation; the fit prices the count (``_splits_for``).
+
 dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
-planes are x's, dx's are y's.  ``wgplanar`` exists on sm_90a only.
+planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
+(``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
+the kernel sets at run time), over the taps that reach the phase, its sums stored to
+the phase's pixels of dx's planes; its reduction stays whole.  ``wgplanar`` exists on
+sm_90a only.
 """
 
 from __future__ import annotations
