@@ -220,9 +220,10 @@ def _sliced_seconds(p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: i
     read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to 31
     problems timed whole and in slices on an H200 (``docs/measurements/
     wgplanar-splits-bench-2026-11-28-h200-d897791.log`` and resnet50's layers in
-    ``model-resnet50-fp32-tf32-2026-11-28-h200x4-d897791.log``): its count is the
-    fastest timed, within 3%, in 28; a 1x1 layer in 3xTF32 is 13% off, and two it
-    slices in two were not timed so."""
+    ``model-resnet50-fp32-tf32-2026-11-28-h200x4-d897791.log``, whose whole grids are
+    82464ef's on another H200 host: cuDNN's times in the two runs a median 1.01x apart):
+    its count is the fastest timed, within 3%, in 28; a 1x1 layer in 3xTF32 is 13% off,
+    and two it slices in two were not timed so."""
     bm, bn = v.blocktile
     blocks = ceil_div(p.batch * p.Ho * p.Wo, bm) * ceil_div(p.Mg, bn) * p.groups
     products = 3 if v.precision is Precision.FP32 else 1
