@@ -38,8 +38,9 @@ dgrad at stride 1 comes through the forward view, as for every forward strategy:
 planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
-the phase's pixels of dx's planes; its reduction stays whole.  ``wgplanar`` exists on
-sm_90a only.
+the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
+reaches (a 1x1 window's but one) are cleared by a first kernel over all of dx instead.
+``wgplanar`` exists on sm_90a only.
 """
 
 from __future__ import annotations
