@@ -198,9 +198,26 @@ def test_a_strided_dgrad_is_a_gemm_per_stride_phase(precision):
     assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
     with pytest.raises(SpecError, match="whole"):
         make_plan(p, replace(v, splits=2))
-    one = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
-    taps = [ph["RT"] * ph["ST"] for ph in make_plan(one, v).context["phases"]]
-    assert taps == [1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("precision", [TF32, FP32])
+def test_a_1x1_strided_dgrad_clears_dx_and_multiplies_its_one_phase(precision):
+    """resnet50's 1x1 stride-2 dgrad: three of its four phases have no tap, so a first
+    kernel clears dx (16-byte stores) and the grid takes the one phase left, which
+    reads dy's pixels one to one in 16-byte copies; no spills, not serialized."""
+    p = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
+    plan = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), precision))
+    zero, main = plan.launches
+    assert zero.kernel == plan.name + "_zero" and zero.args == (Role.DX, Role.BATCH)
+    assert main.grid[2] == 1 and [ph["what"][:20] for ph in plan.context["phases"]] == [
+        "dx rows h = 0 (mod 2"
+    ]
+    assert plan.context["VEC"] == 4 and plan.context["zero_vec"] == 4
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    # a padded one reads dy at an offset: 4-byte copies
+    padded = replace(parse_shape("C=64,M=128,H=28,W=28,K=1,pad=1,stride=2,op=dgrad"), batch=2)
+    assert make_plan(padded, Wgplanar.default(padded, precision)).context["VEC"] == 1
 
 
 def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():

@@ -38,8 +38,9 @@ dgrad at stride 1 comes through the forward view, as for every forward strategy:
 planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
-the phase's pixels of dx's planes; its reduction stays whole.  ``wgplanar`` exists on
-sm_90a only.
+the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
+reaches (a 1x1 window's but one) are cleared by a first kernel over all of dx instead.
+``wgplanar`` exists on sm_90a only.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Wgplanar(Variant):
         ``_splits_for`` prices cheapest."""
         p, g = problem, gemm_view(problem)
         three = seed.precision is Precision.FP32
-        pixels = p.batch * _pixels(p) * _phases(p)
+        pixels = p.batch * _pixels(p)
         bn = min((t for t in MAP_TILES if t >= min(g.Mg, 128)), default=128)
         wide = ceil_div(pixels, 128) * ceil_div(g.Mg, 256) * g.groups >= SMS
         if g.Mg >= 256 and wide and not three:
@@ -183,16 +184,37 @@ def _most_stages(bm: int, bn: int, three: bool) -> int:
     return (STAGE_LIMIT - 1024) // sum(_stage_bytes(bm, bn, three))
 
 
-def _phases(p: ConvProblem) -> int:
-    """The GEMMs of the grid: a strided dgrad's stride phases of dx, else one."""
-    return len(phases_of(p, 1)) if p.op is Op.DGRAD else 1
+def _grid_phases(p: ConvProblem, chunks_per_tap: int = 1) -> tuple[list[dict], bool]:
+    """A strided dgrad's stride phases that the grid takes (blockIdx.z), and whether dx
+    is cleared first: where some phase has taps and some has none (a 1x1 window's but
+    one), the ones with taps; else all."""
+    every = phases_of(p, chunks_per_tap)
+    taps = [ph for ph in every if ph["RT"] * ph["ST"]]
+    if 0 < len(taps) < len(every):
+        return taps, True
+    return every, False
 
 
 def _pixels(p: ConvProblem) -> int:
-    """Output pixels of an image in the GEMM: a phase's most, else the image's."""
+    """Output pixels of the grid: of a phase's most times the phases, else the image's,
+    an image."""
     if p.op is Op.DGRAD:
-        return max(ph["HW"] for ph in phases_of(p, 1))
+        phases, _ = _grid_phases(p)
+        return max(ph["HW"] for ph in phases) * len(phases)
     return p.Ho * p.Wo
+
+
+def _one_to_one(ph: dict, g: ConvProblem) -> bool:
+    """Whether a stride phase reads dy's pixels one to one: one tap, no offset, dy's
+    own sizes (a 1x1 window's phase at a stride, unpadded)."""
+    return (ph["RT"], ph["ST"], ph["oy0"], ph["ox0"], ph["HW"], ph["Wq"]) == (
+        1,
+        1,
+        0,
+        0,
+        g.H * g.W,
+        g.W,
+    )
 
 
 def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
@@ -277,14 +299,18 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     warpgroups = bm // 64
     threads = 128 * warpgroups
     nacc = bn // 2  # fp32 sums a thread: 64 x bn over 128 threads
+    chunks_per_tap = ceil_div(g.Cg, CHUNK)
+    # a strided dgrad's phases (``_grid_phases``): those no tap reaches cleared by a
+    # first kernel over all of dx, the grid the rest
+    phases, zero_first = _grid_phases(p, chunks_per_tap) if phased else (None, False)
     # a 1x1 window at stride 1 without padding maps 4 neighbouring pixels of an image
-    # onto 4 neighbouring input words: 16-byte copies where no 4 cross an image
-    vec = (
-        4
-        if (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads, phased)
-        == (1, 1, (1, 1), 0, (0,) * 4, False)
-        else 1
-    )
+    # onto 4 neighbouring input words: 16-byte copies where no 4 cross an image; so does
+    # a phase that reads dy's pixels one to one (a 1x1 window's at stride 2, unpadded)
+    if phased:
+        whole = all(_one_to_one(ph, g) for ph in phases) and g.H * g.W % 4 == 0
+    else:
+        whole = (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads) == (1, 1, (1, 1), 0, (0,) * 4)
+    vec = 4 if whole else 1
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
@@ -299,8 +325,6 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         )
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
-    chunks_per_tap = ceil_div(g.Cg, CHUNK)
-    phases = phases_of(p, chunks_per_tap) if phased else None
     kt = max(ph["kt"] for ph in phases) if phased else p.R * p.S * chunks_per_tap
     if phased and v.splits != 1:
         raise SpecError(f"wgplanar s{v.splits}: a strided dgrad's phases take the reduction whole")
@@ -333,6 +357,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     ctx.update(
         phased=phased,
         phases=phases,
+        zero_first=zero_first,
+        zero_vec=4 if p.C * p.H * p.W % 4 == 0 else 1,
         BM=bm,
         BN=bn,
         NACC=nacc,
@@ -446,14 +472,36 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         args = (Role.DY, Role.W, Role.DX)
     else:
         args = (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)))
-    launches = (
+    launches = ()
+    if zero_first:
+        zero_vec = ctx["zero_vec"]
+        launches += (
+            Launch(
+                name + "_zero",
+                (Role.DX, Role.BATCH),
+                (SUM_BLOCK, 1, 1),
+                (0, 1, 1),
+                0,
+                p.C * p.H * p.W // zero_vec,
+                SUM_BLOCK,
+            ),
+        )
+        sizes += (
+            Size(
+                "zeros",
+                f"{len(phases_of(p, 1)) - len(phases)} of {len(phases_of(p, 1))} phases",
+                f"dx cleared first ({zero_vec * 4}-byte stores), the pixels no tap reaches "
+                "left so; the grid takes the phases with taps",
+            ),
+        )
+    launches += (
         Launch(
             name,
             (*args, Role.BATCH),
             (threads, 1, 1),
             (0, map_tiles * p.groups, len(phases) if phased else v.splits),
             0,
-            _pixels(p),
+            max(ph["HW"] for ph in phases) if phased else p.Ho * p.Wo,
             bm,
             smem,
         ),
