@@ -48,8 +48,8 @@ def test_resnet18_layers_as_one_forward_pass_meets_them():
 @needs_torchvision
 def test_plan_lists_a_pick_for_every_problem_and_op():
     """--plan: one row per distinct problem and op, each with a kernel; the wide NCHW
-    layers computed in NHWC on the tensor cores, the stem's wgrad in place in fp32 and
-    over channels padded to 8 in bf16."""
+    layers' forward passes in place on the tensor cores (wgplanar's three tf32 products),
+    the stem's wgrad in place in fp32 and over channels padded to 8 in bf16."""
     import torch
 
     from specgen.torch._trace import conv_layers, plan_rows
@@ -64,7 +64,9 @@ def test_plan_lists_a_pick_for_every_problem_and_op():
     shipped = [r for r in wide if r.source == "shipped"]  # an autoencoder preset's geometry
     assert len(shipped) == 1 and shipped[0].computed == "nchw"
     planned = [r for r in wide if r.source == "planned"]
-    assert planned and all(r.computed == "nhwc" and r.kernel.startswith("tcgemm_") for r in planned)
+    assert planned and all(
+        r.computed == "nchw" and r.kernel.startswith("wgplanar_") for r in planned
+    )
     r = run("model", "resnet18", "--plan", "--batch", "8", "--image", "64", "--modes", "bf16")
     assert r.exit_code == 0, r.output
     assert "wgmma_" in r.output and "bf16 (bf16, nhwc)" in r.output
