@@ -21,7 +21,6 @@ from .plan import make_plan
 from .plan.common import COPY_RATE, ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
-from .strategies.tcgemm import phases_of
 from .strategies.wtap import lane_tiled
 from .tensors import Role, role_shape
 from .variants import Precision, Variant, split_problem_tags
@@ -445,7 +444,12 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "wgnchw" and math is Precision.FP32 and not wgnchw_fp32_suits(view):
                     continue
-                if key == "wgplanar" and view.op is Op.DGRAD and not phases_suit(view, math):
+                # wgplanar's strided dgrad (a GEMM a stride phase) in tf32 only; resnet50's
+                # at B=32 (H200, 2026-11-28, kernels alone): 3x3 in 0.063-0.114 ms, 1x1
+                # (phases but one cleared by a zero kernel) in 0.063-0.118, against tcgemm's
+                # 0.120-0.183 in NHWC with the transposes; in 3xTF32 the 3x3 one over 7x7 dy
+                # maps in 0.310 against tcgemm's 0.187 in NHWC.
+                if key == "wgplanar" and view.op is Op.DGRAD and math is not Precision.TF32:
                     continue
                 # tc3wgrad's tf32 (one product a product, in place in NCHW) is tune's to
                 # find: the planner keeps tcwgrad's tf32 in NHWC for an NCHW layer
@@ -475,17 +479,6 @@ def gemm_fp32_suits(view: ConvProblem) -> bool:
     """Whether tcgemm's or tcwgrad's fp32 math (three tf32 products) is tried for the
     problem ``view``: channels and maps a group enough to pay for the splits."""
     return min(view.Cg, view.Mg) >= GEMM_FP32_MIN
-
-
-def phases_suit(dgrad: ConvProblem, math: Precision) -> bool:
-    """Whether wgplanar's GEMM a stride phase leads a strided NCHW dgrad's untuned
-    picks: in tf32, where every phase has taps.  resnet50's at B=32 (H200, 2026-11-28;
-    its layer tables at 1bf6149, tcgemm in NHWC with the transposes, and at 3ae2ff3,
-    wgplanar): the 3x3 ones in tf32 in 0.070-0.116 ms against 0.109-0.126; the 1x1 ones,
-    whose phases but one write zeros, in 0.146-0.240 against 0.120-0.183 over 28x28 and
-    56x56 maps (0.084 against 0.112 over 14x14); in 3xTF32 the 3x3 one over 7x7 dy maps
-    in 0.310 against 0.187."""
-    return math is Precision.TF32 and all(ph["RT"] * ph["ST"] for ph in phases_of(dgrad, 1))
 
 
 # The wgrad strategy that serves what no other does; its channels-last reads of a few

@@ -164,16 +164,16 @@ def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
     assert planned(few, allow_tf32=False).variant.key != "wgplanar"
 
 
-def test_the_planner_takes_it_for_strided_dgrads_in_tf32_whose_phases_all_have_taps():
-    """A 3x3 stride-2 dgrad in tf32 in place; in 3xTF32, and a 1x1 stride-2 one whose
-    phases but one only write zeros, tcgemm in NHWC (``choose.phases_suit``)."""
+def test_the_planner_takes_it_for_strided_dgrads_in_tf32():
+    """A 3x3 stride-2 dgrad, and a 1x1 one whose phases but one only write zeros, in tf32
+    in place; in 3xTF32, tcgemm in NHWC."""
     three = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
-    assert planned(three, allow_tf32=True).variant == Wgplanar.default(three, TF32)
-    assert computed_layout(three, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
     one = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
-    for p, tf32 in ((three, False), (one, True), (one, False)):
-        assert planned(p, allow_tf32=tf32).variant.key != "wgplanar"
-        assert computed_layout(p, "NVIDIA H200", allow_tf32=tf32) is TensorLayout.NHWC
+    for p in (three, one):
+        assert planned(p, allow_tf32=True).variant == Wgplanar.default(p, TF32)
+        assert computed_layout(p, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
+        assert planned(p, allow_tf32=False).variant.key != "wgplanar"
+        assert computed_layout(p, "NVIDIA H200", allow_tf32=False) is TensorLayout.NHWC
 
 
 @pytest.mark.parametrize("precision", [TF32, FP32])
