@@ -190,6 +190,11 @@ def _given(opts: dict) -> list[str]:
     return [k for k, v in opts.items() if v is not None]
 
 
+def _asks_the_pick(opts: dict) -> bool:
+    """No variant option but perhaps --precision: the pick, in that math."""
+    return _given(opts) in ([], ["precision"])
+
+
 def build_variant(shape, **opts) -> Variant:
     """One variant from the variant options: what is given, the strategy's defaults
     for the rest.  An option the strategy does not read is an error."""
@@ -268,21 +273,30 @@ def pick_gpu(gpu: str | None) -> str:
     return device_name()
 
 
-def the_pick(shape, gpu: str) -> tuple[Variant, str]:
+def the_pick(shape, gpu: str, precision: Precision | None = None) -> tuple[Variant, str]:
     """The kernel the PyTorch operator runs for ``shape`` on ``gpu`` (``choose``: the
     tuned winner, else the shipped one, else the planner's default; fp32 tensors in fp32
-    math) and one line saying which and why."""
+    math, or with tf32 allowed where ``precision`` is tf32) and one line saying which
+    and why."""
     from .choose import choose, computed_problem
 
-    c = choose(shape, gpu, allow_tf32=False)
+    if precision is not None and precision.value != shape.dtype.value:
+        if not (precision is Precision.TF32 and shape.dtype.value == "fp32"):
+            raise SpecError(
+                f"the pick of {shape.dtype.value} tensors computes in {shape.dtype.value}"
+                + (" or tf32" if shape.dtype.value == "fp32" else "")
+                + f", not {precision.value}; name a --strategy for other math"
+            )
+    tf32 = precision is Precision.TF32
+    c = choose(shape, gpu, allow_tf32=tf32)
     whose = f"on {gpu}" if gpu else "with no GPU present or named (--gpu NAME)"
-    line = f"the pick {whose}: {c.why}"
+    line = f"the pick {whose}{', tf32 allowed' if tf32 else ''}: {c.why}"
     try:
-        there = computed_problem(shape, gpu)
+        there = computed_problem(shape, gpu, allow_tf32=tf32)
     except SpecError:
         there = shape
     if there != shape:  # the operator copies the tensors to another layout or channels
-        k = choose(there, gpu, allow_tf32=False).variant.kernel_name(there)
+        k = choose(there, gpu, allow_tf32=tf32).variant.kernel_name(there)
         line += (
             f"; the PyTorch operator computes it as {there.spec} instead, its tensors "
             f"copied there, with {k}"
@@ -293,7 +307,8 @@ def the_pick(shape, gpu: str) -> tuple[Variant, str]:
 def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=None):
     """(shape, variant) pairs.  The default set when ``--all`` is given (or when only
     ``--strategy`` is and ``default_is_set``), the one variant the options build where
-    they are given, else the pick (``the_pick`` on ``gpu``; its line appended to
+    they are given, else the pick (``the_pick`` on ``gpu``, in ``--precision``'s math
+    where only that is given; its line appended to
     ``notes`` where given).  With several shapes, a shape that the asked strategy cannot
     serve is skipped with a note; with one, that is an error."""
     from .plan import make_plan
@@ -311,8 +326,9 @@ def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=Non
         try:
             if use_set:
                 variants = _default_set(shape, opts.get("strategy"))
-            elif not given:
-                v, note = the_pick(shape, gpu)
+            elif _asks_the_pick(opts):
+                math = parse_precision(opts["precision"]) if given else None
+                v, note = the_pick(shape, gpu, math)
                 variants = [v]
                 if notes is not None:
                     notes.append(note)
@@ -366,9 +382,10 @@ def emit(shape_text, all_shapes, op_text, all_, best, gpu, batch, out, **opts):
     shapes = _shapes(shape_text, all_shapes, op_text)
     if batch is not None:
         shapes = [replace(s, batch=batch) for s in shapes]
-    if gpu is not None and not best and (_given(opts) or all_):
+    if gpu is not None and not best and (not _asks_the_pick(opts) or all_):
         raise SpecError(
-            "--gpu names whose pick (no variant options) or winners (--best) to emit; "
+            "--gpu names whose pick (no variant options but --precision) or winners "
+            "(--best) to emit; "
             "drop it or the variant options"
         )
     if best:

@@ -293,6 +293,40 @@ def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
     assert f"computes it as {wide},layout=nhwc,op=dgrad instead" in r.output
 
 
+def test_precision_alone_asks_for_the_pick_in_that_math(tmp_path):
+    """--precision without other variant options: the operator's pick with tf32 allowed
+    (a strided fp32 dgrad's wgplanar phases in tf32, not the planner's first strategy);
+    math the tensors cannot take is one line and status 2."""
+    from dataclasses import replace
+
+    from specgen.choose import choose
+    from specgen.shapes import parse_shape
+
+    spec = "C=256,M=512,H=56,W=56,K=1,stride=2"
+    gpu = ("--gpu", "NVIDIA H200")
+    r = run(
+        "emit",
+        "--shape",
+        spec,
+        "--op",
+        "dgrad",
+        "--precision",
+        "tf32",
+        *gpu,
+        "--out",
+        str(tmp_path),
+    )
+    assert r.exit_code == 0, r.output
+    (f,) = tmp_path.glob("*/*.cu")
+    p = parse_shape(spec + ",op=dgrad")
+    assert f.name == choose(p, "NVIDIA H200", allow_tf32=True).variant.kernel_name(p) + ".cu"
+    assert (
+        f.name.startswith("wgplanar_") and "the pick on NVIDIA H200, tf32 allowed" in f.read_text()
+    )
+    r = run("emit", "--shape", spec, "--op", "dgrad", "--precision", "bf16", "--out", str(tmp_path))
+    assert r.exit_code == 2 and "not bf16" in r.output and "Traceback" not in r.output
+
+
 def test_a_many_problem_tunes_setup_is_said_step_by_step(monkeypatch):
     """The line a timed tune prints before its first item: the setup's seconds in all,
     then each step's, in order, summing to the whole."""
