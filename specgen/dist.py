@@ -29,6 +29,7 @@ import datetime
 import faulthandler
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
@@ -253,8 +254,9 @@ def connect(scheduler: str | None, workers: int, gpus: list[str] = ()):
     # Compile processes see no GPU where GPU workers have them: a card is its worker's.
     cpu_env = {"CUDA_VISIBLE_DEVICES": ""} if gpus else {}
     spec = {f"cpu-{i}": worker(cpu_env) for i in range(workers)}
-    for g in gpus:
-        spec[f"gpu-{g}"] = worker({"CUDA_VISIBLE_DEVICES": g}, resources={"GPU": 1})
+    for g in gpus:  # each begins ``prepare`` as it starts (``gpu_worker``)
+        env = {"CUDA_VISIBLE_DEVICES": g}
+        spec[f"gpu-{g}"] = worker(env, resources={"GPU": 1}, preload=["specgen.gpu_worker"])
     scheduler_spec = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
     cluster = SpecCluster(workers=spec, scheduler=scheduler_spec, silence_logs=logging.WARNING)
     client = Client(cluster)
@@ -352,30 +354,40 @@ def _met(shape: ConvProblem, precision: str) -> dict:
     return met
 
 
+_PREPARING = threading.Lock()
+_PREPARED: list[float] = []  # prepare's seconds, once it has run in this process
+
+
 def prepare() -> float:
     """A GPU worker's one-time costs that no problem decides: CuPy's and PyTorch's CUDA
     contexts made (PyTorch imported, where it is installed) and the card's ceilings read
-    (``bench.ceilings``, measured on the card's first tune).  ``prepare_gpus`` runs it
-    while the client still traces the model.  Returns its seconds."""
-    import cupy
+    (``bench.ceilings``, measured on the card's first tune).  Once a process: the GPU
+    workers begin it as they start (``gpu_worker``, Dask's preload), beside the rest of
+    the cluster's start, and ``prepare_gpus``'s task waits for that.  Returns its
+    seconds."""
+    with _PREPARING:
+        if not _PREPARED:
+            import cupy
 
-    from .bench import ceilings
+            from .bench import ceilings
 
-    start = time.perf_counter()
-    cupy.zeros(1, dtype=cupy.float32).sum()
-    try:
-        import torch
-    except ImportError:  # cuDNN is then not timed: the items say so
-        pass
-    else:
-        torch.zeros(1, device="cuda").sum()
-    ceilings()
-    return _since(start)
+            start = time.perf_counter()
+            cupy.zeros(1, dtype=cupy.float32).sum()
+            try:
+                import torch
+            except ImportError:  # cuDNN is then not timed: the items say so
+                pass
+            else:
+                torch.zeros(1, device="cuda").sum()
+            ceilings()
+            _PREPARED.append(_since(start))
+    return _PREPARED[0]
 
 
 def prepare_gpus(client) -> list:
     """``prepare`` on each GPU worker of the cluster, as a task holding its GPU: futures
-    that nobody needs to wait for (the worker's next task queues behind it)."""
+    that nobody needs to wait for (the worker's next task queues behind it).  Where the
+    worker began it at its start, the task waits for that."""
     return [
         client.submit(prepare, workers=[a], resources={"GPU": 1}, pure=False)
         for a in gpu_workers(client)

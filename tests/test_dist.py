@@ -329,6 +329,9 @@ def test_the_pipeline_times_each_item_once_and_picks_a_winner_per_problem(
         assert len(gpus) == 2
         pinned = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"], workers=gpus)
         assert sorted(pinned.values()) == ["0", "1"]
+        # the GPU workers, and they alone, began ``prepare`` as they started
+        preloaded = client.run(lambda: "specgen.gpu_worker" in sys.modules)
+        assert preloaded == {a: a in gpus for a in preloaded}
         searches = dist.searched([parse_shape(s) for s in SPECS], "")
         assert dist.work_items(searches, 3, client) == work  # listed on the CPU worker
         victim = client.run(os.getpid, workers=[gpus[0]])[gpus[0]]
@@ -500,6 +503,35 @@ def test_each_gpu_worker_warms_up_on_the_smallest_problem_of_each_kind():
         (large, "tf32"),
         (wgrad, "fp32"),
     ]
+
+
+def test_a_gpu_workers_preparation_runs_once_however_often_it_is_asked(monkeypatch):
+    """``prepare``, begun by the preload's thread and asked for again by the client's
+    task at once, does its work once; both get its seconds."""
+    import threading
+    import types
+
+    from specgen import bench, gpu_worker
+
+    calls = []
+    fake = types.SimpleNamespace(float32="float32")
+    fake.zeros = lambda n, dtype: (
+        calls.append(n),
+        time.sleep(0.2),
+        types.SimpleNamespace(sum=int),
+    )[2]
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "torch", None)  # not installed: cuDNN is not timed
+    monkeypatch.setattr(bench, "ceilings", dict)
+    monkeypatch.setattr(dist, "_PREPARED", [])
+    gpu_worker.dask_setup(worker=None)
+    time.sleep(0.05)  # the preload's thread holds the work
+    got = []
+    asker = threading.Thread(target=lambda: got.append(dist.prepare()))
+    asker.start()
+    got.append(dist.prepare())
+    asker.join()
+    assert calls == [1] and len(got) == 2 and got[0] == got[1] >= 0.2
 
 
 def test_the_longest_groups_go_first():
