@@ -7,13 +7,15 @@ the same run*, with the log's date, GPU and commit.  BENCHMARKS.md's first table
 A log counts when its name holds the date (YYYY-MM-DD) and the GPU (h200, h100); the
 commit is the hex word after the GPU where the name has one.  A figure is taken from the
 newest log that has a verified row of that preset, op and precision; among that log's
-rows of the precision, the fastest.
+rows of the precision, the fastest.  Logs of one date are ordered by their commits'
+place in this repository's history (a log without a known commit comes first).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,8 +54,25 @@ def read_log(path: Path):
         yield block
 
 
-def newest(paths, gpu: str) -> dict:
-    """(slug, op, prec) -> the figure of the newest log that has it."""
+def commit_order(root: Path) -> dict[str, int]:
+    """Each commit's 7-hex prefix -> its place in the history, oldest first (empty
+    outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "log", "--format=%H"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {h[:7]: i for i, h in enumerate(reversed(out))}
+
+
+def newest(paths, gpu: str, order: dict[str, int] | None = None) -> dict:
+    """(slug, op, prec) -> the figure of the newest log that has it: by date, then by
+    commit (``order``)."""
+    order = order or {}
     best: dict = {}
     for path in paths:
         name = NAME.search(path.name)
@@ -74,9 +93,10 @@ def newest(paths, gpu: str) -> dict:
                     date=name["date"],
                     commit=name["commit"] or "-",
                     log=path.name,
+                    age=(name["date"], order.get(name["commit"] or "", -1)),
                 )
                 old = best.get(key)
-                if old is None or (name["date"], -ms) > (old["date"], -old["ms"]):
+                if old is None or (figure["age"], -ms) > (old["age"], -old["ms"]):
                     best[key] = figure
     return best
 
@@ -107,7 +127,7 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(__file__).resolve().parent.parent / "docs" / "measurements"
     paths = args.logs or sorted(root.glob("*.log"))
-    print(table(newest(paths, args.gpu)))
+    print(table(newest(paths, args.gpu, commit_order(root))))
     return 0
 
 
