@@ -180,8 +180,7 @@ def test_the_planner_takes_it_for_strided_dgrads_in_tf32():
 def test_a_strided_dgrad_is_a_gemm_per_stride_phase(precision):
     """resnet50's 3x3 stride-2 dgrad: dy into dx in four phases of dx's pixels (blockIdx.z)
     over the 1, 2, 2 and 4 taps that reach them, the weights flipped and transposed; its
-    reduction whole; no spills, not serialized.  A 1x1 stride-2 dgrad's three phases
-    that no tap reaches are grid planes too: they write dx's zeros."""
+    reduction whole; no spills, not serialized."""
     p = replace(parse_shape("C=256,M=256,H=28,W=28,K=3,pad=1,stride=2,op=dgrad"), batch=32)
     v = Wgplanar.default(Wgplanar.problem_for(p), precision)
     plan = make_plan(p, v)
