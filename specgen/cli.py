@@ -797,8 +797,7 @@ def _model_problems(name: str, batch: int | None) -> list:
             "--model needs PyTorch and torchvision: pip install 'specgen[model]'"
         ) from None
     default_batch, image = m.MODELS.get(name, (32, 224))
-    with torch.device("meta"):  # sizes alone: no weights initialised (2 s for resnet50)
-        net = m.build(name)
+    net = m.build_sizes(name)
     layers = conv_layers(net, torch.empty(batch or default_batch, 3, image, image))
     out = []
     for mode in (m.MODES["fp32"], m.MODES["bf16"]):

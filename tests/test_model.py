@@ -247,3 +247,24 @@ def test_the_step_table_shows_a_failed_capture_and_why():
     assert rows[-1] == f"tf32 on specgen: the CUDA graph's capture failed: {why}"
     eager_only = m.format_steps([(m.MODES["tf32"], err, ok)], False)
     assert "graph" not in eager_only.splitlines()[1] and "failed" not in eager_only
+
+
+@needs_torchvision
+def test_a_model_whose_constructor_reads_tensor_values_is_sized_on_the_cpu(monkeypatch):
+    """``build_sizes`` (what ``specgen tune --model`` traces): the meta device, else the
+    CPU where the constructor reads a tensor's value (regnet's widths, computed with
+    torch.round(...).tolist(), have none on the meta device)."""
+    import torch
+
+    from specgen.torch import model as m
+
+    met = []
+
+    def build(name):
+        width = torch.tensor([8.0]) * 2
+        met.append(width.device.type)
+        return torch.nn.Conv2d(3, int(width.item()), 3)
+
+    monkeypatch.setattr(m, "build", build)
+    net = m.build_sizes("some model")
+    assert met == ["meta", "cpu"] and net.out_channels == 16

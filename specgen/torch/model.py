@@ -99,6 +99,19 @@ def build(name: str):
         raise SpecError(f"torchvision has no model '{name}' (some that do: {some})") from None
 
 
+def build_sizes(name: str):
+    """``build(name)`` for its layers' sizes alone: on the meta device, no weights
+    initialised (2 s saved for resnet50), or on the CPU where the constructor computes
+    from tensors' values (regnet's widths)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build(name)
+    except (NotImplementedError, RuntimeError):
+        return build(name)
+
+
 def format_rows(rows: list[Row], timed: bool) -> str:
     head = ["layer", "problem", "op", "in", "kernel", "source"]
     if timed:
