@@ -788,17 +788,13 @@ def _model_problems(name: str, batch: int | None) -> list:
     """Every conv problem and op of the torchvision model ``name``, in fp32 NCHW and in
     bf16 channels_last, as ``specgen model NAME --plan`` lists them."""
     try:
-        import torch
-
         from .torch import model as m
-        from .torch._trace import conv_layers
     except ImportError:
         raise SpecError(
             "--model needs PyTorch and torchvision: pip install 'specgen[model]'"
         ) from None
     default_batch, image = m.MODELS.get(name, (32, 224))
-    net = m.build_sizes(name)
-    layers = conv_layers(net, torch.empty(batch or default_batch, 3, image, image))
+    layers = m.layers_of(m.build_sizes(name), name, batch or default_batch, image)
     out = []
     for mode in (m.MODES["fp32"], m.MODES["bf16"]):
         out += [layer.problem(op, mode) for layer in layers for op in layer.ops()]
@@ -1092,10 +1088,7 @@ def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, 
     batch, image = batch or default_batch, image or default_image
     try:
         _check_arch(arch)
-        base = m.build(name)
-        import torch
-
-        found = m.conv_layers(base, torch.empty(batch, 3, image, image))
+        found = m.layers_of(m.build(name), name, batch, image)
         if plan_only:
             gpu = gpu or "NVIDIA H200"
             click.echo(

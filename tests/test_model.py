@@ -268,3 +268,16 @@ def test_a_model_whose_constructor_reads_tensor_values_is_sized_on_the_cpu(monke
     monkeypatch.setattr(m, "build", build)
     net = m.build_sizes("some model")
     assert met == ["meta", "cpu"] and net.out_channels == 16
+
+
+@needs_torchvision
+def test_a_model_that_refuses_the_image_size_is_one_line_and_status_2():
+    """inception_v3's auxiliary head needs 299-pixel images: at 224 the model's own
+    forward pass refuses, said in one line; its default size is 299."""
+    r = run("model", "inception_v3", "--plan", "--image", "224", "--modes", "bf16")
+    assert r.exit_code == 2, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert line.startswith("error: inception_v3 does not run on 224x224 images: ")
+    assert "Traceback" not in r.output
+    r = run("model", "inception_v3", "--plan", "--modes", "bf16")
+    assert r.exit_code == 0 and "299x299" in r.output

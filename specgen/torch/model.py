@@ -44,6 +44,7 @@ MODELS = {
     "efficientnet_b0": (64, 224),
     "densenet121": (32, 224),
     "regnet_y_400mf": (64, 224),
+    "inception_v3": (32, 299),  # its auxiliary head needs 299-pixel images
     "unet": (32, 128),
 }
 
@@ -110,6 +111,17 @@ def build_sizes(name: str):
             return build(name)
     except (NotImplementedError, RuntimeError):
         return build(name)
+
+
+def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
+    """``conv_layers`` of ``net`` on ``batch`` images of ``image`` pixels a side, or a
+    SpecError where the model's own forward pass refuses that size (inception_v3's
+    auxiliary head below 299 pixels, say)."""
+    try:
+        return conv_layers(net, torch.empty(batch, 3, image, image))
+    except (RuntimeError, ValueError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecError(f"{name} does not run on {image}x{image} images: {why}") from None
 
 
 def format_rows(rows: list[Row], timed: bool) -> str:
@@ -419,7 +431,7 @@ def run(
 
     torch.backends.cudnn.benchmark = True
     base = build(name)
-    layers = conv_layers(base, torch.empty(batch, 3, image, image))
+    layers = layers_of(base, name, batch, image)
     gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
     echo(f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}")
     summary = []
