@@ -281,3 +281,12 @@ def test_a_model_that_refuses_the_image_size_is_one_line_and_status_2():
     assert "Traceback" not in r.output
     r = run("model", "inception_v3", "--plan", "--modes", "bf16")
     assert r.exit_code == 0 and "299x299" in r.output
+
+
+@needs_torchvision
+def test_a_segmentation_model_builds_without_a_pretrained_backbone():
+    """torchvision's segmentation models load an ImageNet backbone by default (a
+    download); specgen's random-weight models ask for none, so --plan runs offline."""
+    r = run("model", "fcn_resnet50", "--plan", "--batch", "2", "--modes", "bf16")
+    assert r.exit_code == 0, r.output
+    assert "fcn_resnet50, batch 2, 224x224" in r.output and "Downloading" not in r.output

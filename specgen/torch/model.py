@@ -94,7 +94,10 @@ def build(name: str):
     except ImportError:
         raise SpecError("specgen model needs torchvision: pip install 'specgen[model]'") from None
     try:
-        return torchvision.models.get_model(name, weights=None)
+        try:  # no pretrained backbone either (segmentation and detection models)
+            return torchvision.models.get_model(name, weights=None, weights_backbone=None)
+        except TypeError:  # a model without a backbone option
+            return torchvision.models.get_model(name, weights=None)
     except (ValueError, KeyError):
         some = ", ".join(MODELS)
         raise SpecError(f"torchvision has no model '{name}' (some that do: {some})") from None
