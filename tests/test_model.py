@@ -281,6 +281,10 @@ def test_a_model_that_refuses_the_image_size_is_one_line_and_status_2():
     assert "Traceback" not in r.output
     r = run("model", "inception_v3", "--plan", "--modes", "bf16")
     assert r.exit_code == 0 and "299x299" in r.output
+    # a model whose forward pass takes no batch of images (a video model's 5-D clips)
+    r = run("model", "r3d_18", "--plan", "--batch", "2", "--modes", "bf16")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.output.strip().splitlines()[-1].startswith("error: r3d_18 does not run on 224x224")
 
 
 @needs_torchvision

@@ -118,12 +118,19 @@ def build_sizes(name: str):
 
 def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
     """``conv_layers`` of ``net`` on ``batch`` images of ``image`` pixels a side, or a
-    SpecError where the model's own forward pass refuses that size (inception_v3's
-    auxiliary head below 299 pixels, say)."""
+    SpecError where the model's own forward pass refuses them: inception_v3's auxiliary
+    head below 299 pixels, a video model's 5-D input, a detection model's targets."""
     try:
         return conv_layers(net, torch.empty(batch, 3, image, image))
-    except (RuntimeError, ValueError) as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except SpecError:
+        raise
+    except Exception as e:  # the model's own code: any of its errors
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        why = (
+            text
+            if isinstance(e, (RuntimeError, ValueError)) and text
+            else f"{type(e).__name__}: {text}"
+        )
         raise SpecError(f"{name} does not run on {image}x{image} images: {why}") from None
 
 
