@@ -121,7 +121,7 @@ def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
     SpecError where the model's own forward pass refuses them: inception_v3's auxiliary
     head below 299 pixels, a video model's 5-D input, a detection model's targets."""
     try:
-        return conv_layers(net, torch.empty(batch, 3, image, image))
+        return conv_layers(net, torch.empty(batch, 3, image, image, device="meta"))
     except SpecError:
         raise
     except Exception as e:  # the model's own code: any of its errors
