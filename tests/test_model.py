@@ -294,3 +294,22 @@ def test_a_segmentation_model_builds_without_a_pretrained_backbone():
     r = run("model", "fcn_resnet50", "--plan", "--batch", "2", "--modes", "bf16")
     assert r.exit_code == 0, r.output
     assert "fcn_resnet50, batch 2, 224x224" in r.output and "Downloading" not in r.output
+
+
+@needs_torchvision
+def test_the_loss_takes_a_classifiers_a_segmenters_and_an_image_models_output():
+    """What the training step's loss compares: a classifier's classes, a segmentation
+    model's class a pixel (its ``out`` entry), inception_v3's logits without the
+    auxiliary head training adds; the built-in U-Net's image (mean squared error)."""
+    import torch
+
+    from specgen.torch import model as m
+
+    assert m._target(m.build("resnet18"), 2, 64) == (1000,)
+    assert m._target(m.build("fcn_resnet50"), 2, 64) == (21, 64, 64)
+    inception = m.build("inception_v3")
+    assert inception.training and m._target(inception, 2, 299) == (1000,)
+    assert m._target(m.build("unet"), 2, 64) is None
+    logits, aux = torch.zeros(2, 5), torch.ones(2, 5)
+    assert m._main_output({"out": logits, "aux": aux}) is logits
+    assert m._main_output((logits, aux)) is logits and m._main_output(logits) is logits

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     net = m._prepare(base, mode)
     if engine == "specgen":
         net = sg.convert(net)
-    x, t = m._inputs(int(batch), int(image), mode, m._classes(base))
+    x, t = m._inputs(int(batch), int(image), mode, m._target(base, int(batch), int(image)))
     step = m.training_step(net, torch.optim.SGD(net.parameters(), lr=1e-3), x, t, mode)
     step()
     torch.cuda.synchronize()

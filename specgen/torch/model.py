@@ -197,26 +197,41 @@ def _prepare(model, mode: Mode):
     return model.cuda().to(memory_format=fmt)
 
 
-def _inputs(batch: int, image: int, mode: Mode, classes: int | None, seed: int = 0):
-    """A batch and its targets: classes, or (``classes`` None) images to match."""
+def _inputs(batch: int, image: int, mode: Mode, target: tuple | None, seed: int = 0):
+    """A batch and its targets (``_target``): class indices of the output's shape
+    without its class axis, or (``target`` None) images to match."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(batch, 3, image, image, device="cuda", generator=g)
     if mode.layout is TensorLayout.NHWC:
         x = x.contiguous(memory_format=torch.channels_last)
-    if classes is None:
+    if target is None:
         return x, torch.randn(batch, 3, image, image, device="cuda", generator=g)
-    return x, torch.randint(0, classes, (batch,), device="cuda", generator=g)
+    classes, *pixels = target
+    return x, torch.randint(0, classes, (batch, *pixels), device="cuda", generator=g)
+
+
+def _main_output(out):
+    """The output a loss is taken of: a segmentation model's ``out`` entry, a model's
+    first output where training adds auxiliary ones (inception_v3, googlenet)."""
+    if isinstance(out, dict):
+        return out["out"]
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
 
 
 def _forward_backward(model, x, t, mode: Mode, seed: int | None = None):
-    """Forward, loss (cross-entropy on classes, mean squared error on images; in fp32,
-    or float64 for the float64 reference) and backward."""
+    """Forward, loss (cross-entropy on classes, a pixel's or the image's; mean squared
+    error on images; in fp32, or float64 for the float64 reference) and backward."""
     if seed is not None:  # the same dropout masks in every run that compares
         torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=mode.autocast, enabled=mode.autocast is not None):
-        out = model(x)
+        out = _main_output(model(x))
         wide = out if out.dtype is torch.float64 else out.float()
-        loss = F.mse_loss(wide, t.to(wide.dtype)) if t.dim() == 4 else F.cross_entropy(wide, t)
+        if t.is_floating_point():
+            loss = F.mse_loss(wide, t.to(wide.dtype))
+        else:
+            loss = F.cross_entropy(wide, t)
     loss.backward()
     return out.detach().double()
 
@@ -264,7 +279,7 @@ def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
     cuDNN's and specgen's run of ``base`` in ``mode``, both against float64 on cuDNN
     (train mode: batch norm on the batch's statistics, the same for all three; dropout
     off, ``_no_dropout``)."""
-    x, t = _inputs(batch, image, mode, _classes(base))
+    x, t = _inputs(batch, image, mode, _target(base, batch, image))
     ref = _no_dropout(copy.deepcopy(base).cuda().double())
     out64 = _forward_backward(ref, x.double(), t, MODES["fp32"], seed=0)
     g64 = _conv_grads(ref)
@@ -282,18 +297,28 @@ def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
     return found
 
 
-def _classes(model) -> int | None:
-    """A classifier's classes; None for an image-to-image model (the built-in ones)."""
+def _target(model, batch: int, image: int) -> tuple | None:
+    """What the loss compares the main output with (``_main_output``, its size from a
+    forward pass on the meta device): (classes,) for a classifier, (classes, H, W) for
+    a model that classifies each pixel (segmentation), None for an image-to-image model
+    (the built-in ones)."""
     if type(model) in BUILT_IN.values():
         return None
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return last[-1].out_features if last else 1000
+
+    def meta(t):
+        return torch.empty_like(t, device="meta")
+
+    params = {n: meta(p) for n, p in model.named_parameters()}
+    buffers = {n: meta(b) for n, b in model.named_buffers()}
+    x = torch.empty(batch, 3, image, image, device="meta")
+    out = _main_output(torch.func.functional_call(model, (params, buffers), (x,)))
+    return (out.shape[1], *out.shape[2:])
 
 
 def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int) -> dict:
     """The training step's median ms on cuDNN (``cudnn.benchmark`` on) and on specgen,
     eager and, where ``graph``, captured as one CUDA graph and replayed."""
-    x, t = _inputs(batch, image, mode, _classes(base), seed=1)
+    x, t = _inputs(batch, image, mode, _target(base, batch, image), seed=1)
     found = {}
     for who in ("cuDNN", "specgen"):
         m = _prepare(copy.deepcopy(base), mode)
