@@ -57,6 +57,11 @@ from .persist import (
 # ms with 8 channels unrolled and 0.255 with 4.
 UNROLL_FMAS = 2048
 UNROLL_LOADS = 480
+# ... and at most this many channels: 1x1 layers' short bodies let 24 and 32 channels
+# through both limits, and every such default of C=24-32 channels into 24-512 maps
+# over 7x7 to 56x56 spilled 696-1944 bytes at 255 registers (NVRTC, sm_90a), where 12
+# and 16 took 128 without a spill (googlenet's and mnasnet's fp32 dgrads, 2026-11-28).
+UNROLL_CHANNELS = 16
 # A thread keeps the addresses of its band pixels in registers (two per pixel) up to
 # this many pixels; past it (small blocks over wide bands: layer1's 250 threads over
 # 31 x 82 pixels spilled) it recomputes them for every chunk.
@@ -150,7 +155,8 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     unroll = max(
         d
         for d in divisors(cb)
-        if d == 1 or (d * per_channel <= UNROLL_FMAS and d * loads <= UNROLL_LOADS)
+        if d == 1
+        or (d * per_channel <= UNROLL_FMAS and d * loads <= UNROLL_LOADS and d <= UNROLL_CHANNELS)
     )
     if threads < 32:
         unroll = 1
