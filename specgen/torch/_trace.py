@@ -77,14 +77,10 @@ class ConvLayer:
         ]
 
 
-def conv_layers(model, *example) -> list[ConvLayer]:
-    """Every ``nn.Conv2d`` and ``nn.ConvTranspose2d`` call (specgen's too) of one
-    forward pass of ``model`` on ``example``, in order (a layer called twice is listed
-    twice; a transposed one as its adjoint convolution), traced on
-    the meta device: meta tensors of the same sizes, dtypes and memory formats stand in
-    for the parameters, the buffers and the example (``torch.func.functional_call``),
-    so nothing is copied or computed."""
-    from ._engine import DTYPES, layout_of
+def on_meta(model, *example):
+    """``model``'s output on ``example`` computed on the meta device: meta tensors of the
+    same sizes, dtypes and memory formats stand in for the parameters, the buffers and
+    the example (``torch.func.functional_call``), so nothing is copied or computed."""
 
     def meta(t):
         if not torch.is_tensor(t):
@@ -93,6 +89,16 @@ def conv_layers(model, *example) -> list[ConvLayer]:
 
     params = {n: meta(p) for n, p in model.named_parameters()}
     buffers = {n: meta(b) for n, b in model.named_buffers()}
+    return torch.func.functional_call(model, (params, buffers), tuple(meta(e) for e in example))
+
+
+def conv_layers(model, *example) -> list[ConvLayer]:
+    """Every ``nn.Conv2d`` and ``nn.ConvTranspose2d`` call (specgen's too) of one
+    forward pass of ``model`` on ``example``, in order (a layer called twice is listed
+    twice; a transposed one as its adjoint convolution), traced on the meta device
+    (``on_meta``)."""
+    from ._engine import DTYPES, layout_of
+
     found: list[ConvLayer] = []
     names = {m: n for n, m in model.named_modules()}
 
@@ -126,7 +132,7 @@ def conv_layers(model, *example) -> list[ConvLayer]:
     kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, kinds)]
     try:
-        torch.func.functional_call(model, (params, buffers), tuple(meta(e) for e in example))
+        on_meta(model, *example)
     finally:
         for h in handles:
             h.remove()

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from ..parallel import precompile
 from ..shapes import DType, TensorLayout
-from ._trace import ConvLayer, Mode, Row, conv_layers, plan_rows
+from ._trace import ConvLayer, Mode, Row, conv_layers, on_meta, plan_rows
 
 # name -> (batch, image side) of the issue's table; any torchvision classifier works.
 MODELS = {
@@ -107,8 +107,6 @@ def build_sizes(name: str):
     """``build(name)`` for its layers' sizes alone: on the meta device, no weights
     initialised (2 s saved for resnet50), or on the CPU where the constructor computes
     from tensors' values (regnet's widths)."""
-    import torch
-
     try:
         with torch.device("meta"):
             return build(name)
@@ -304,14 +302,7 @@ def _target(model, batch: int, image: int) -> tuple | None:
     (the built-in ones)."""
     if type(model) in BUILT_IN.values():
         return None
-
-    def meta(t):
-        return torch.empty_like(t, device="meta")
-
-    params = {n: meta(p) for n, p in model.named_parameters()}
-    buffers = {n: meta(b) for n, b in model.named_buffers()}
-    x = torch.empty(batch, 3, image, image, device="meta")
-    out = _main_output(torch.func.functional_call(model, (params, buffers), (x,)))
+    out = _main_output(on_meta(model, torch.empty(batch, 3, image, image, device="meta")))
     return (out.shape[1], *out.shape[2:])
 
 
