@@ -354,11 +354,13 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             sh=p.stride[0],
             sw=p.stride[1],
         )
+    zero_vec = 4 if p.C * p.H * p.W % 4 == 0 else 1  # dx cleared 16 bytes a store
     ctx.update(
         phased=phased,
         phases=phases,
         zero_first=zero_first,
-        zero_vec=4 if p.C * p.H * p.W % 4 == 0 else 1,
+        zero_vec=zero_vec,
+        zero_units=p.C * p.H * p.W // zero_vec,  # dx's words an image, zero_vec a unit
         BM=bm,
         BN=bn,
         NACC=nacc,
@@ -474,7 +476,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         args = (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)))
     launches = ()
     if zero_first:
-        zero_vec = ctx["zero_vec"]
+        every = len(phases_of(p, 1))
         launches += (
             Launch(
                 name + "_zero",
@@ -482,14 +484,14 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
                 (SUM_BLOCK, 1, 1),
                 (0, 1, 1),
                 0,
-                p.C * p.H * p.W // zero_vec,
+                ctx["zero_units"],
                 SUM_BLOCK,
             ),
         )
         sizes += (
             Size(
                 "zeros",
-                f"{len(phases_of(p, 1)) - len(phases)} of {len(phases_of(p, 1))} phases",
+                f"{every - len(phases)} of {every} phases",
                 f"dx cleared first ({zero_vec * 4}-byte stores), the pixels no tap reaches "
                 "left so; the grid takes the phases with taps",
             ),
