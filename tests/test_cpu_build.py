@@ -289,6 +289,16 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
             "layout=nhwc",
             "default direct",
         ),
+        # stream's 1x1 layers of 24 and 32 channels unrolled whole: 696 and 1944 bytes
+        # at 255 registers (googlenet's and mnasnet's fp32 dgrads, 2026-11-28)
+        ("C=512,M=24,H=14,W=14,K=1,op=dgrad", "stream_t8_m128_c24_r8x7_fp32_dgrad"),
+        ("C=32,M=128,H=14,W=14,K=1", "stream_t8_m128_c32_r8x7_fp32"),
+        # wgmma's widest pixel tile for 8 pixels (regnet's squeeze layers at B=8), in
+        # tf32: 16 bytes (2026-11-28); the fit now takes the narrowest that holds them
+        ("C=12,M=104,H=1,W=1,K=1,bias=1,layout=nhwc", "default wgmma"),
+        # stream's chunk of 336 channels for a block of 4 threads (efficientnet_b0's
+        # squeeze layers): 588 weight copies a thread, 3896 bytes (2026-11-28)
+        ("C=672,M=28,H=1,W=1,K=1,bias=1", "default stream"),
     ],
 )
 def test_variants_that_once_spilled_do_not(spec, name):

@@ -18,7 +18,7 @@ The accumulators stay in registers for the whole reduction and are stored once.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
@@ -57,11 +57,20 @@ from .persist import (
 # ms with 8 channels unrolled and 0.255 with 4.
 UNROLL_FMAS = 2048
 UNROLL_LOADS = 480
+# ... and at most this many channels: 1x1 layers' short bodies let 24 and 32 channels
+# through both limits, and every such default of C=24-32 channels into 24-512 maps
+# over 7x7 to 56x56 spilled 696-1944 bytes at 255 registers (NVRTC, sm_90a), where 12
+# and 16 took 128 without a spill (googlenet's and mnasnet's fp32 dgrads, 2026-11-28).
+UNROLL_CHANNELS = 16
 # A thread keeps the addresses of its band pixels in registers (two per pixel) up to
 # this many pixels; past it (small blocks over wide bands: layer1's 250 threads over
 # 31 x 82 pixels spilled) it recomputes them for every chunk.
 FIXED_SLOTS = 4
 UNROLLED_COPIES = 16  # weight copies per thread and chunk emitted as straight-line code
+# The fit's chunk: at most this many weight copies per thread.  A block of 4 threads
+# (28 maps of 1x1 pixels: efficientnet_b0's squeeze layers) over 336 channels made 588
+# and spilled 3896 bytes at 255 registers; 84 (48 channels) took 168 without a spill.
+COPY_SLOTS = 96
 # The default chunk: the most channels whose FMAs per thread stay within this
 # (ae-enc2 8x8: 0.426 / 0.415 / 0.407 / 0.417 ms with 2 / 4 / 8 / 16 channels of 576
 # FMAs; ae-dec1 and ae-dec2 alike, H200, 2026-11-21).
@@ -150,7 +159,8 @@ def plan_stream(shape: ConvProblem, v: Variant) -> Plan:
     unroll = max(
         d
         for d in divisors(cb)
-        if d == 1 or (d * per_channel <= UNROLL_FMAS and d * loads <= UNROLL_LOADS)
+        if d == 1
+        or (d * per_channel <= UNROLL_FMAS and d * loads <= UNROLL_LOADS and d <= UNROLL_CHANNELS)
     )
     if threads < 32:
         unroll = 1
@@ -304,8 +314,16 @@ class Stream(Variant):
             if d == 1 or (d * per_channel <= CHUNK_FMAS and (tm > 1 or M <= 8))
         )
         most = max(1, 256 // (bm // tm * segs))
-        v = cls(maps=bm, chunk=cb, regtile=(tm, tx), precision=seed.precision)
-        return tallest_band(problem, v, most)
+        v = tallest_band(
+            problem, cls(maps=bm, chunk=cb, regtile=(tm, tx), precision=seed.precision), most
+        )
+        for d in sorted(divisors(cb), reverse=True):  # the widest chunk within COPY_SLOTS
+            try:
+                if plan_stream(problem, replace(v, chunk=d)).context["w_slots"] <= COPY_SLOTS:
+                    return replace(v, chunk=d)
+            except SpecError:
+                continue
+        return v
 
     @classmethod
     def space(cls, problem, precision):

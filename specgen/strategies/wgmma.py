@@ -160,6 +160,9 @@ class Wgmma(Variant):
                 break
         if not fits:  # every tile is refused: let the seed's plan say why
             return replace(seed, blocktile=(seed.blocktile[0], maps))
+        # no wider than the narrowest tile that holds every pixel: a squeeze layer's 8
+        # pixels (1x1 maps, B=8) took 256-pixel tiles, and in tf32 16 bytes spilled
+        fits = [bn for bn in fits if bn <= min((t for t in fits if t >= pixels), default=bn)]
         best = max(filled(bn) for bn in fits)
         bn = max(bn for bn in fits if filled(bn) >= 0.9 * best)
         return replace(seed, blocktile=(bn, maps))
