@@ -187,9 +187,8 @@ def _most_stages(bm: int, bn: int, three: bool) -> int:
 def _grid_phases(p: ConvProblem, chunks_per_tap: int = 1) -> tuple[list[dict], bool]:
     """A strided dgrad's stride phases that the grid takes (blockIdx.z), and whether dx
     is cleared first: where some phase has taps and some has none (a 1x1 window's but
-    one), the ones with taps; else all.  The most taps first: blocks start in blockIdx
-    order, z last, so the longest blocks start first and the short ones fill the tail."""
-    every = sorted(phases_of(p, chunks_per_tap), key=lambda ph: -ph["RT"] * ph["ST"])
+    one), the ones with taps; else all (``phases_of``'s order: the most taps first)."""
+    every = phases_of(p, chunks_per_tap)
     taps = [ph for ph in every if ph["RT"] * ph["ST"]]
     if 0 < len(taps) < len(every):
         return taps, True
