@@ -198,7 +198,9 @@ def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
     """The GEMMs of the kernel, each a dict of the C expressions and sizes its tile
     takes: the forward convolution as one; a strided dgrad as one per stride phase of
     dx (rows h = a mod sh, columns w = b mod sw, as ``phased``), each over the taps that
-    reach it, in the flipped window of the dgrad weights."""
+    reach it, in the flipped window of the dgrad weights, the most taps first: blocks
+    start in blockIdx order with z (the phase) last, so the longest blocks start first
+    and the short ones fill the tail."""
     (sh, sw), (dh, dw) = p.stride, p.dil
     pt, _, pl, _ = p.pads
     if p.op is not Op.DGRAD:
@@ -261,7 +263,7 @@ def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
                     dts=ds,
                 )
             )
-    return out
+    return sorted(out, key=lambda ph: -ph["RT"] * ph["ST"])  # (stable: a, then b)
 
 
 def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
