@@ -2,6 +2,8 @@
 operands: what ptxas makes of it for sm_90a (CPU tier), its limits, where the tune and
 the planner take it, and its numbers on drawn problems (GPU tier)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -50,8 +52,8 @@ def test_the_fit_tiles_the_widest_and_fills_the_sms():
     """128 maps x 256 channels where both divide, the most stages that fit (up to 8), and
     the fewest slices from one block an SM up whose last wave of blocks is 90% full:
     resnet50's 7x7 layer has 9 x 2 x 4 tiles, which one slice spreads over 72 of the
-    132 SMs, five over 360 of 396 block slots."""
-    v = Wgnchw.default(parse_shape(RESNET_7X7), TF32)
+    132 SMs, five over 360 of 396 block slots (at B=32: 49 chunks of pixels to cut)."""
+    v = Wgnchw.default(replace(parse_shape(RESNET_7X7), batch=32), TF32)
     assert v.blocktile == (128, 256) and v.splits == 5 and v.stages == 4
     v = Wgnchw.default(parse_shape("C=64,M=64,H=56,W=56,K=3,pad=1,op=wgrad"), TF32)
     assert v.blocktile == (64, 64) and v.stages == 8 and 9 * v.splits <= 132 < 9 * (v.splits + 1)

@@ -2,6 +2,8 @@
 makes of it for sm_90a (CPU tier), its limits, the planner's choice, and its numbers on
 drawn problems (GPU tier)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
 from specgen.strategies.wgwgrad import Wgwgrad, slices_for
+from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
 AE_DEC2_BF16 = "C=128,M=256,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
@@ -133,6 +136,17 @@ def test_slices_fill_the_last_wave_of_blocks(tiles, blocks, slices):
     assert slices_for(blocks, tiles) == slices
     n = tiles * slices
     assert n / (-(-n // blocks) * blocks) >= 0.9
+
+
+def test_no_slice_walks_fewer_than_two_chunks_of_the_reduction():
+    """resnet18's widest bf16 wgrads at 32x32 images (B=128): over 1x1 dy maps two chunks
+    of pixels, one slice; over 2x2 maps eight chunks, at most four slices (7 and 14
+    before, where one slice spread 36 tiles over 132 SMs)."""
+    assert slices_for(132, 36, chunks=2) == 1
+    assert slices_for(132, 36, chunks=8) == 3  # of 3 and 4, the fuller last wave
+    assert slices_for(132, 36) == 7
+    wide = "C=256,M=512,H=2,W=2,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad"
+    assert Wgwgrad.default(replace(parse_shape(wide), batch=128), Precision.BF16).splits == 1
 
 
 # ---- GPU tier ----

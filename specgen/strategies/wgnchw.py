@@ -34,7 +34,14 @@ from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, para
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
 from .wgwgrad import CHANNEL_TILES, MAP_TILES, MOST_SUMS, SMS, grid_size, ring_limits
-from .wgwgrad import sliced_plan, slices_for, tile_count, tile_limits, tiled_space
+from .wgwgrad import (
+    reduction_chunks,
+    sliced_plan,
+    slices_for,
+    tile_count,
+    tile_limits,
+    tiled_space,
+)
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
@@ -82,7 +89,7 @@ class Wgnchw(Variant):
         )
         stages = max(2, min(8, _most_stages(bm, bn, three)))
         tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = slices_for(SMS, tiles) if tiles else seed.splits
+        splits = slices_for(SMS, tiles, reduction_chunks(p, CHUNK)) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -100,6 +107,7 @@ class Wgnchw(Variant):
             precision,
             lambda bm, bn: _most_stages(bm, bn, three),
             lambda most: {4, min(8, most)},
+            CHUNK,
             fits=lambda bm, bn: _sums_fit(bm, bn, three),
         )
 

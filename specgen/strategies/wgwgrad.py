@@ -83,7 +83,8 @@ class Wgwgrad(Variant):
         )
         stages = max(2, min(6, _most_stages(bm, bn)))
         tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = slices_for(SMS, tiles) if tiles else seed.splits
+        chunks = reduction_chunks(p, CHUNK)
+        splits = slices_for(SMS, tiles, chunks) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -92,7 +93,9 @@ class Wgwgrad(Variant):
         stages up to 6 that fit, and slices for one and two blocks an SM."""
         if precision is not MATH[problem.dtype]:
             return []
-        return tiled_space(cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)})
+        return tiled_space(
+            cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)}, CHUNK
+        )
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
@@ -104,10 +107,13 @@ def _most_stages(bm: int, bn: int) -> int:
     return (STAGE_LIMIT - 1024 - ONES_BYTES) // _stage_bytes(bm, bn)
 
 
-def tiled_space(cls, p, precision, most_stages, stage_choices, fits=lambda bm, bn: True):
+def tiled_space(
+    cls, p, precision, most_stages, stage_choices, chunk: int, fits=lambda bm, bn: True
+):
     """A warpgroup wgrad's tune space: each tile of MAP_TILES x CHANNEL_TILES that divides
     the group's maps and channels and ``fits``, with each of ``stage_choices(most)`` up
-    to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM."""
+    to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM
+    (``slices_for`` over the reduction's chunks of ``chunk`` pixels)."""
     out = []
     for bm in MAP_TILES:
         for bn in CHANNEL_TILES:
@@ -116,7 +122,7 @@ def tiled_space(cls, p, precision, most_stages, stage_choices, fits=lambda bm, b
             most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
             for stages in sorted(s for s in stage_choices(most) if s <= most):
                 for blocks in (SMS, 2 * SMS):
-                    splits = slices_for(blocks, tiles)
+                    splits = slices_for(blocks, tiles, reduction_chunks(p, chunk))
                     out.append(
                         cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
                     )
@@ -129,21 +135,33 @@ def tile_count(p, bm: int, bn: int) -> int:
 
 
 MOST_SLICES = 16  # slices tried for a fuller last wave: each adds a row of the sums' pass
+SLICE_CHUNKS = 2  # chunks of the reduction a slice walks at the least
 
 
-def slices_for(blocks: int, tiles: int) -> int:
+def reduction_chunks(p, chunk: int) -> int:
+    """The chunks of ``chunk`` pixels that the batch's output pixels make: the
+    reduction's length, which slices cut."""
+    return -(-p.batch * p.Ho * p.Wo // chunk)
+
+
+def slices_for(blocks: int, tiles: int, chunks: int | None = None) -> int:
     """Slices of the batch's pixels (one a grid z index) for ``blocks`` blocks at once of
     ``tiles`` each: from ``blocks // tiles`` up, the fewest whose grid fills the last
-    wave of blocks to 90% (up to ``MOST_SLICES``), else the one that fills it best.
-    One slice of 144 tiles ran vgg11's widest fp32 wgrad (C=M=512, 28x28, B=32) in 3.66
-    ms against cuDNN's 0.83: its second wave of blocks held 12 (H200, 2026-11-28)."""
+    wave of blocks to 90% (up to ``MOST_SLICES``), else the one that fills it best;
+    never so many that a slice walks fewer than ``SLICE_CHUNKS`` of the reduction's
+    ``chunks``, since a slice's sums cost a trip through the workspace whatever its
+    length.  One slice of 144 tiles ran vgg11's widest fp32 wgrad (C=M=512, 28x28,
+    B=32) in 3.66 ms against cuDNN's 0.83: its second wave of blocks held 12 (H200,
+    2026-11-28); resnet18's bf16 wgrad of 256 channels into 512 maps over 1x1 dy maps
+    at B=128, two chunks of pixels, ran in 7 slices in 0.027 ms against cuDNN's 0.009."""
 
     def filled(s: int) -> float:
         n = tiles * s
         return n / (-(-n // blocks) * blocks)
 
-    first = max(1, min(blocks // tiles, 65535))
-    options = range(first, max(first, MOST_SLICES) + 1)
+    most = MOST_SLICES if chunks is None else max(1, min(MOST_SLICES, chunks // SLICE_CHUNKS))
+    first = max(1, min(blocks // tiles, 65535, most))
+    options = range(first, max(first, most) + 1)
     return next((s for s in options if filled(s) >= 0.9), None) or max(options, key=filled)
 
 
