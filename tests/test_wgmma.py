@@ -3,6 +3,7 @@ for sm_90a (CPU tier), its limits and architecture, the planner's choice, and it
 numbers on drawn problems (GPU tier)."""
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
@@ -223,19 +224,19 @@ def test_the_plan_names_its_architecture():
 
 
 @st.composite
-def wgmma_problems(draw):
+def wgmma_problems(draw, ops=("fprop", "fprop", "dgrad"), least_stride=1):
     """Problems wgmma serves: channels and maps multiples of 8 per group (4 in fp32,
     multiplied as tf32), stride, dilation, every padding, bias and relu, the three
-    dtypes; forward and dgrad."""
+    dtypes; forward and dgrad (strided: a GEMM a stride phase)."""
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
     vec = 4 if dtype == "fp32" else 8
     cg = vec * draw(st.integers(1, 160 // vec))
     mg = vec * draw(st.integers(1, 192 // vec))
-    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    op = draw(st.sampled_from(ops))
     R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
-    stride = (1, 1) if op == "dgrad" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stride = (draw(st.integers(least_stride, 3)), draw(st.integers(1, 3)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
     spec = (
@@ -269,6 +270,40 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     the window's zero-fill, and the staged epilogue's bias and relu."""
     precision = MATH[p.dtype]
     verify_on_the_gpu(p, default_and_drawn(p, Wgmma, precision, pick), batch)
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(
+    p=wgmma_problems(ops=("dgrad",), least_stride=2),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+)
+def test_drawn_strided_dgrads_on_the_gpu(p, batch, pick):
+    """A strided dgrad's phases (blockIdx.z) cover dx once: phases of different pixel
+    counts and taps, phases that no tap reaches (their dx written as zeros), images
+    smaller than the stride in one axis."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgmma, MATH[p.dtype], pick), batch)
+
+
+def test_a_strided_dgrad_is_a_gemm_a_phase_on_every_warps_copies():
+    """Strided bf16 dgrads take wgmma in phases (the planner's pick, before tcgemm), with
+    the cp.async feed: a phase's pixels are not whole rows of a TMA box."""
+    p = parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=dgrad")
+    v = planned(p, False).variant
+    assert v.key == "wgmma" and v.feed.value == "sy" and not v.persistent, v.name
+    plan = make_plan(p, v)
+    assert plan.launches[0].grid[2] == 4 and plan.weight_transform == "dgrad"
+    text = render(plan)
+    assert "switch (blockIdx.z)" in text and "taps r [0, 2] x s [0, 2]" in text
+    with pytest.raises(SpecError, match="every warp"):
+        make_plan(p, replace(v, feed=Feed.TMA))
+    assert all(c.feed.value == "sy" and not c.persistent for c in Wgmma.space(p, v.precision))
 
 
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -44,7 +44,11 @@ words as tf32 with no cvt on the way, so the error bound takes them truncated
 (``tf32_truncated``).
 
 ``wgmma`` exists on sm_90a only: the plan says so and the compile step targets it.
-dgrad at stride 1 comes through the forward view, as for every forward strategy.
+dgrad at stride 1 comes through the forward view, as for every forward strategy.  A
+strided dgrad is a GEMM per stride phase of dx (``tcgemm.phases_of``: rows h = a mod sh,
+columns w = b mod sw, each over the taps that reach it), blockIdx.z the phase, so no
+multiply meets a zero the stride would insert; its chunks come through ``sy`` (every
+warp copies: a phase's pixels are not whole rows of a TMA box), a tile a block.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
-from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..tma import TensorMap
 from ..variants import (
@@ -69,7 +73,7 @@ from ..variants import (
     param,
 )
 from .mma import ROUNDING
-from .tcgemm import MATH, STAGE_LIMIT, VECTOR
+from .tcgemm import MATH, STAGE_LIMIT, VECTOR, gemm_view, phases_of
 
 CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
 SMS = 132  # the H200's SMs, for sizing the grid
@@ -98,6 +102,8 @@ class Wgmma(Variant):
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
     precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
     tensor_core = True
+    ops = frozenset({Op.FPROP, Op.DGRAD})
+    phased_dgrad = True  # a strided dgrad a GEMM per stride phase (``phases_of``)
     # tf32 operands are fp32 words read by the tensor cores from shared memory, with no
     # cvt.rna on the way: the error bound takes them truncated (2^-10 relative).
     tf32_truncated = True
@@ -135,9 +141,11 @@ class Wgmma(Variant):
         maps fill (up to two), and the widest pixel tile that fits the registers and
         whose grid fills the SMs' waves within 10% of the best."""
         _math_of(problem, seed)
-        maps = min(seed.blocktile[1], 64 * ceil_div(problem.Mg, 64))
-        pixels = problem.batch * problem.Ho * problem.Wo
-        tiles = ceil_div(problem.Mg, maps) * problem.groups
+        g = gemm_view(problem)  # a strided dgrad's GEMM: dy's channels into dx's maps
+        phases = phases_of(problem, 1)
+        maps = min(seed.blocktile[1], 64 * ceil_div(g.Mg, 64))
+        pixels = problem.batch * max(ph["HW"] for ph in phases)
+        tiles = ceil_div(g.Mg, maps) * g.groups * len(phases)
 
         def filled(bn):
             blocks = ceil_div(pixels, bn) * tiles
@@ -169,6 +177,9 @@ class Wgmma(Variant):
 
     @classmethod
     def space(cls, problem, precision):
+        """The tiles and stages below with each feed, persistent or not; a strided
+        dgrad's with ``sy`` one tile a block only."""
+        phased = problem.op is Op.DGRAD
         out = []
         for bn, bm, stages in (
             (256, 128, 3),
@@ -192,6 +203,8 @@ class Wgmma(Variant):
                 (1, False, Feed.TMA),
                 (2, False, Feed.TMA),
             ):
+                if phased and (persistent or feed is not Feed.SY):
+                    continue
                 out.append(
                     cls(
                         blocktile=(bn, bm),
@@ -257,7 +270,9 @@ def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, Ten
     return x, w
 
 
-def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
+def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
+    p = gemm_view(problem)  # the GEMM's sizes; ``problem`` keeps the op and geometry
+    phased = problem.op is Op.DGRAD
     # 1. limits
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
@@ -294,6 +309,11 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         raise SpecError(
             f"wgmma pe_{v.feed.value}: the persistent form copies with every warp; choose sy "
             f"with pe, or gr with {v.feed.value}"
+        )
+    if phased and (producer or v.persistent):
+        raise SpecError(
+            f"wgmma's strided dgrad (a GEMM a stride phase) is copied by every warp, a tile "
+            f"a block: choose --feed sy{'' if not v.persistent else ' without pe'}"
         )
     boxes = _boxes(p, bn, bm, chunk) if tma else None
     warpgroups = bm // 64
@@ -354,7 +374,8 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
 
     # 2. work
     chunks_per_tap = ceil_div(p.Cg, chunk)
-    kt = p.R * p.S * chunks_per_tap
+    phases = phases_of(problem, chunks_per_tap)
+    kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
     map_tiles = ceil_div(p.Mg, bm)
     ctx = shape_context(p)
     ctx.update(
@@ -387,6 +408,8 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         pitch=pitch,
         out_vecs=bn * bm // vec // consumers,
         kt=kt,
+        phases=phases,
+        phased=phased,
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bm != 0,
@@ -399,13 +422,23 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
             else ROUNDING[v.precision]
         ),
     )
+    gemm = Size(
+        "GEMM",
+        f"{p.Mg} x (B*{p.Ho * p.Wo}) x {p.R * p.S * p.Cg}"
+        + (f", {p.groups} groups" if p.groups > 1 else ""),
+        "maps x output pixels x (r, s, c) taps: y transposed, D = W X^T",
+    )
+    if phased:
+        sh, sw = problem.stride
+        gemm = Size(
+            "phases",
+            f"{len(phases)} of {sh} x {sw}, blockIdx.z",
+            "dx rows h = a (mod sh) x columns w = b (mod sw), each a GEMM of C/groups x "
+            "(B*its pixels) x (its taps x M/groups) over dy: "
+            + ", ".join(f"{ph['HW']} x {ph['RT'] * ph['ST']}" for ph in phases),
+        )
     sizes = (
-        Size(
-            "GEMM",
-            f"{p.Mg} x (B*{p.Ho * p.Wo}) x {p.R * p.S * p.Cg}"
-            + (f", {p.groups} groups" if p.groups > 1 else ""),
-            "maps x output pixels x (r, s, c) taps: y transposed, D = W X^T",
-        ),
+        gemm,
         Size(
             "block tile",
             f"{bm} maps x {bn} pixels",
@@ -419,8 +452,9 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         ),
         Size(
             "k walk",
-            f"{kt} chunks of {chunk} channels",
-            f"{p.R}x{p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
+            f"{kt} chunks of {chunk} channels" + (" at most" if phased else ""),
+            f"{'a phase' if phased else p.R}x{'s' if phased else p.S} taps x "
+            f"{chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
             + ("; the last zero-filled past them" if p.Cg % chunk else ""),
         ),
         Size(
@@ -449,11 +483,13 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
     )
     if v.persistent:  # tiles numbered along one axis, the grid capped at the SMs' blocks
         grid, per_image = (0, 1, 1), p.Ho * p.Wo * map_tiles * p.groups
-    else:
-        grid, per_image = (0, map_tiles * p.groups, 1), p.Ho * p.Wo
+    else:  # a strided dgrad's phases along z, the grid's x for the largest
+        most = max(ph["HW"] for ph in phases)
+        grid, per_image = (0, map_tiles * p.groups, len(phases)), most
+    args = (Role.DY, Role.W, Role.DX) if phased else (Role.X, Role.W, *y_args(p))
     launch = Launch(
-        v.kernel_name(p),
-        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        v.kernel_name(problem),
+        (*args, Role.BATCH),
         (threads, 1, 1),
         grid,
         0,
@@ -464,7 +500,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         maps=boxes or (),
     )
     return Plan(
-        shape=p,
+        shape=problem,
         variant=v,
         template="gemm/wgmma.cu.j2",
         launches=(launch,),
@@ -472,6 +508,7 @@ def plan_wgmma(p: ConvProblem, v: Wgmma) -> Plan:
         dynamic_smem=smem,
         const_bytes=0,
         weight_format="mrsc." + p.dtype.value,  # mrsc.fp32 for tf32
+        weight_transform="dgrad" if phased else "",
         sizes=sizes,
         context=ctx,
         arch="sm_90a",
