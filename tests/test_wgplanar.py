@@ -179,8 +179,9 @@ def test_the_planner_takes_it_for_strided_dgrads_in_tf32():
 @pytest.mark.parametrize("precision", [TF32, FP32])
 def test_a_strided_dgrad_is_a_gemm_per_stride_phase(precision):
     """resnet50's 3x3 stride-2 dgrad: dy into dx in four phases of dx's pixels (blockIdx.z)
-    over the 4, 2, 2 and 1 taps that reach them (the most first), the weights flipped
-    and transposed; its reduction whole; no spills, not serialized."""
+    over the 4, 2, 2 and 1 taps that reach them (the most rows of taps first, a row's
+    two phases side by side), the weights flipped and transposed; its reduction whole;
+    no spills, not serialized."""
     p = replace(parse_shape("C=256,M=256,H=28,W=28,K=3,pad=1,stride=2,op=dgrad"), batch=32)
     v = Wgplanar.default(Wgplanar.problem_for(p), precision)
     plan = make_plan(p, v)
@@ -193,6 +194,7 @@ def test_a_strided_dgrad_is_a_gemm_per_stride_phase(precision):
         (196, 2),
         (196, 1),
     ]
+    assert [(ph["a"], ph["b"]) for ph in plan.context["phases"]] == [(1, 1), (1, 0), (0, 1), (0, 0)]
     binary = compiled(plan)
     assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
     with pytest.raises(SpecError, match="whole"):
