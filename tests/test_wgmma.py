@@ -9,7 +9,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from problems import DRAWN_COMPILES, assert_one_line_refusal, default_and_drawn, verify_on_the_gpu
+from problems import (
+    DRAWN_COMPILES,
+    GPU_DRAWS,
+    assert_one_line_refusal,
+    default_and_drawn,
+    verify_on_the_gpu,
+)
 from specgen.choose import planned
 from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
@@ -273,12 +279,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
 
 
 @pytest.mark.gpu
-@settings(
-    max_examples=20,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@settings(max_examples=20, **GPU_DRAWS)
 @given(
     p=wgmma_problems(ops=("dgrad",), least_stride=2),
     batch=st.integers(1, 5),
