@@ -410,6 +410,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         kt=kt,
         phases=phases,
         phased=phased,
+        problem_sh=problem.stride[0],  # the dgrad's own stride (the view's is 1)
+        problem_sw=problem.stride[1],
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bm != 0,
