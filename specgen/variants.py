@@ -222,7 +222,7 @@ class Variant:
     # forward convolution of ``ConvProblem.dgrad_view``.
     ops: ClassVar[frozenset] = frozenset({Op.FPROP})
     # A strided dgrad computed itself, a GEMM per stride phase of dx; at stride 1 still
-    # through the forward view (tcgemm, wgplanar).
+    # through the forward view (tcgemm, wgmma, wgplanar).
     phased_dgrad: ClassVar[bool] = False
 
     precision: Precision = Precision.FP32
