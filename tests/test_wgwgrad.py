@@ -165,3 +165,20 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: slices past the batch's pixels, the taps' zero-fill, groups, db."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgwgrad, MATH[p.dtype], pick), batch)
+
+
+@pytest.mark.parametrize(
+    "spec, batch, tile",
+    [
+        # resnet18's at 32x32 images: two chunks of pixels, 36 blocks of the widest tile
+        ("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2", 128, (128, 128)),
+        ("C=128,M=256,H=4,W=4,K=3,pad=1,stride=2", 128, (128, 128)),
+        # grids of half a wave or more keep the widest tile
+        ("C=256,M=256,H=2,W=2,K=3,pad=1", 128, (128, 256)),
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", 32, (128, 256)),
+    ],
+)
+def test_a_grid_under_half_a_wave_takes_a_narrower_tile(spec, batch, tile):
+    p = replace(parse_shape(f"{spec},dtype=bf16,layout=nhwc,op=wgrad"), batch=batch)
+    v = Wgwgrad.default(p, Precision.BF16)
+    assert v.blocktile == tile, v.name
