@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..errors import SpecError
 from ..parallel import precompile
-from ..shapes import DType, TensorLayout
+from ..shapes import DType, Op, TensorLayout
 from ._trace import ConvLayer, Mode, Row, conv_layers, on_meta, plan_rows
 
 # name -> (batch, image side) of the table; any torchvision classifier works.
@@ -418,9 +418,15 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> Non
                 [False, True, b is not None],
             ),
         }
+        # Under autocast the step packs dgrad's weights with the forward pass's cast
+        # (``_engine.Cast``), once a step: the table times dgrad on weights packed so.
+        wd = w
+        if r.op == "dgrad" and mode.autocast is not None:
+            packed = _engine.pack_weights(lay.kernel(Op.DGRAD, False, x.shape[0]), w)
+            wd = (packed.data_ptr(), packed.numel() * packed.element_size())
         ours = {
             "fprop": lambda: _engine.forward(lay, xs, w, b),
-            "dgrad": lambda: _engine.input_grad(lay, dys, w),
+            "dgrad": lambda: _engine.input_grad(lay, dys, wd),
             "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None),
         }
         r.cudnn_ms = held_ms(cu[r.op])
