@@ -636,6 +636,94 @@ def test_conv_transpose2d_module_convert_and_output_size():
     assert rel_l2(got, want.double()) <= summed_bound(2 * 25 * 6 * 9, 2.0**-24)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_transpose2d_double_backward_matches_pytorch_in_float64(channels_last):
+    """A gradient penalty through ``conv_transpose2d`` (the norm of dL/dx, differentiated
+    again in x and w): the eager path's backward hands a graph-building backward to the
+    registered ops, whose derivatives are specgen's kernels, against PyTorch in float64."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 6, 5, 5, device="cuda").contiguous(memory_format=fmt)
+    w = torch.randn(6, 4, 4, 4, device="cuda") / 12
+    b = torch.randn(4, device="cuda")
+
+    def penalty(conv, x, w, b):
+        y = conv(x, w, b, 2, 1)
+        (gx,) = torch.autograd.grad(y.square().sum(), [x], create_graph=True)
+        return gx.square().sum()
+
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    got = torch.autograd.grad(penalty(sg.conv_transpose2d, *leaves), leaves[:2])
+    doubles = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    want = torch.autograd.grad(penalty(F.conv_transpose2d, *doubles), doubles[:2])
+    bound = summed_bound(2 * 100 * 6 * 16, 2.0**-24)
+    for name, g, r in zip(("x", "w"), got, want):
+        assert g.shape == r.shape and g.dtype == torch.float32
+        assert rel_l2(g, r) <= bound, f"d penalty / d{name}: {rel_l2(g, r):.2e} > {bound:.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_transpose2d_under_autocast_casts_fp32_weights_to_the_bits_of_casting_first(
+    dtype, channels_last
+):
+    """Under autocast the eager transposed convolution casts the model's fp32 weights in
+    the launch that packs them for its dgrad kernel and, where dx is wanted, its fprop
+    (``E.Cast``): y and dx the bits of the same call on weights PyTorch cast first, dw
+    in fp32, within one 16-bit rounding of that call's."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(4, 16, 8, 8, device="cuda").to(DT[dtype]).contiguous(memory_format=fmt)
+    w32 = (torch.randn(16, 8, 4, 4, device="cuda") / 8).requires_grad_()
+    x.requires_grad_()
+    with torch.autocast("cuda", dtype=DT[dtype]):
+        y = sg.conv_transpose2d(x, w32, None, 2, 1)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, w32], dy)
+    w16 = w32.detach().to(DT[dtype]).requires_grad_()
+    ref_y = sg.conv_transpose2d(x, w16, None, 2, 1)
+    ref = torch.autograd.grad(ref_y, [x, w16], dy)
+    assert y.dtype == DT[dtype] and torch.equal(y, ref_y)
+    assert torch.equal(got[0], ref[0]), "dx"
+    assert got[1].dtype == torch.float32
+    assert rel_l2(got[1].to(DT[dtype]), ref[1].double()) <= 2.0**-7, "dw"
+    casts = [c for lay in E._layers.values() for c in lay.casts.values() if c is not None]
+    assert any(c.cast and len(c.sizes) == 2 for c in casts)
+
+
+@pytest.mark.parametrize(
+    "dtype,C,M,H,stride",
+    [
+        ("fp32", 64, 64, 16, 1),
+        ("fp32", 32, 64, 16, 2),
+        ("fp32", 16, 32, 12, 1),
+        ("bf16", 64, 64, 16, 1),
+        ("bf16", 32, 64, 16, 2),
+    ],
+)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_one_gather_packs_the_weights_for_fprop_and_dgrad(dtype, C, M, H, stride, channels_last):
+    """Outside autocast, where the forward kernel and dgrad's both pack the weights, the
+    forward packs them for both in one gather (``Layer.packing``) and the backward's
+    dgrad reads its share: y and dx the bits of each kernel packing its own
+    (``_engine.forward`` and ``input_grad`` on the weights), dw that of wgrad alone."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(4, C, H, H, device="cuda").to(DT[dtype]).contiguous(memory_format=fmt)
+    w = (torch.randn(M, C, 3, 3, device="cuda") / (3 * C**0.5)).to(DT[dtype])
+    x.requires_grad_(), w.requires_grad_()
+    y = sg.conv2d(x, w, None, stride, 1)
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad(y, [x, w], dy)
+    lay, xd = E.layer(x.detach(), w.detach(), None, (stride,) * 2, (1,) * 4, (1, 1), 1)
+    assert torch.equal(y, E.forward(lay, xd, w.detach(), None))
+    dyd = E.dense(dy, lay.layout)
+    assert torch.equal(dx, E.input_grad(lay, dyd, w.detach()))
+    assert torch.equal(dw, E.weight_grads(lay, xd, dyd, False, lay.fp32_dw))
+    ops = ((Op.FPROP, False), (Op.DGRAD, False))
+    both = [lay.kernel(op, False, 4) for op, _ in ops]
+    assert E.Cast.packs(both, w.dtype, lay.w_format), "these layers' two kernels pack"
+    packing = lay.casts.get((ops, w.dtype))
+    assert packing is not None and not packing.cast and len(packing.sizes) == 2
+
+
 @pytest.mark.parametrize("C,M", [(16, 32), (3, 16), (16, 3)])
 @pytest.mark.parametrize(
     "dtype,tf32",
@@ -721,8 +809,8 @@ def test_autocast_casts_fp32_weights_in_one_launch_to_the_bits_of_casting_first(
         assert torch.equal(got[1], ref[1].float()) and torch.equal(got[2], ref[2].float())
     if layout == "nhwc" and min(C, M) >= 8:
         assert wide, "the tensor-core wgrad wrote dw and db in fp32"
-    casts = [c for lay in E._layers.values() for c in lay.casts.values()]
-    assert any(len(c.sizes) == 2 for c in casts), "dgrad's packing came with the cast"
+    casts = [c for lay in E._layers.values() for c in lay.casts.values() if c is not None]
+    assert any(c.cast and len(c.sizes) == 2 for c in casts), "dgrad's packing came with the cast"
 
 
 def test_tf32_wgrad_of_channels_last_fp32_on_tensor_cores_within_its_bound():

@@ -196,13 +196,28 @@ def conv_transpose2d(
             raise SpecError(f"bias of shape {tuple(bias.shape)}, expected ({y_size[1]},)")
     except SpecError as e:
         return _pytorch(e, F.conv_transpose2d, input, weight, *given)
+    compiling = torch.compiler.is_compiling()
+    cast = False
     if torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
-        x, weight = x.to(dt), weight.to(dt)
-    nhwc = _engine.layout_of(x) is _engine.TensorLayout.NHWC
-    x = x.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
-    args = (list(stride), list(pads), list(dilation), groups)
-    y = torch.ops.specgen.conv2d_input(x, weight, y_size, *args, nhwc)
+        x = x.to(dt)
+        # fp32 weights on the eager path are cast by the operator, in the launch that
+        # packs them (_engine.Cast), as conv2d's are
+        cast = weight.dtype is torch.float32 and dt is not torch.float32 and not compiling
+        if not cast:
+            weight = weight.to(dt)
+    if compiling:
+        nhwc = _engine.layout_of(x) is _engine.TensorLayout.NHWC
+        x = x.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+        args = (list(stride), list(pads), list(dilation), groups)
+        y = torch.ops.specgen.conv2d_input(x, weight, y_size, *args, nhwc)
+    else:
+        try:
+            args = (tuple(stride), tuple(pads), tuple(dilation), groups)
+            lay, x = _engine.transposed_layer(x, weight, tuple(y_size), *args, cast)
+        except SpecError as e:
+            return _pytorch(e, F.conv_transpose2d, input, weight, *given)
+        y = _ops.conv_transpose2d_eager(x, weight, lay)
     if bias is not None:
         y = y + bias.to(y.dtype).view(1, -1, 1, 1)
     return y.squeeze(0) if unbatched else y

@@ -294,7 +294,7 @@ class Layer:
             nchw = problem(Op.WGRAD, (1, *x_rest), w_size, False, *args, dtype, TensorLayout.NCHW)
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32, nchw)
         self.kernels: dict = {}
-        self.casts: dict = {}  # (bias, dgrad too) -> Cast
+        self.casts: dict = {}  # (ops, the weights' dtype) -> Cast, or None
         # the weights' memory format, which their gradient goes back in: dw in fp32 from
         # wgrad in that order ("mrsc" or "mcrs", ``weight_grads``) under autocast's cast,
         # and for fp32 channels_last weights, which autograd would otherwise copy dw into
@@ -333,12 +333,24 @@ class Layer:
     def cast(self, bias: bool, batch: int, dgrad: bool) -> "Cast":
         """The autocast cast of the layer's fp32 weights (of its ``w_stride``) for the
         forward kernel (with a bias or not) and, where ``dgrad``, for dgrad's."""
-        key = (bias, dgrad)
-        c = self.casts.get(key)
-        if c is None:
-            forward = self.kernel(Op.FPROP, bias, batch)
-            back = self.kernel(Op.DGRAD, False, batch) if dgrad else None
-            c = self.casts[key] = Cast(forward, back, self.w_stride, self.index)
+        ops = ((Op.FPROP, bias), (Op.DGRAD, False)) if dgrad else ((Op.FPROP, bias),)
+        return self.packing(ops, batch, torch.float32)
+
+    def packing(self, ops: tuple, batch: int, source: torch.dtype) -> "Cast | None":
+        """The layer's weights (of dtype ``source`` and its ``w_stride``) packed for the
+        kernels of ``ops`` (one or two (op, bias) pairs) in one launch (``Cast``):
+        rounded too where ``source`` is fp32 and the layer's dtype 16-bit (autocast's
+        cast).  None where one launch of the same dtype serves them no better than
+        ``pack_weights`` (``Cast.packs``).  Built once per ops and dtype."""
+        key = (ops, source)
+        c = self.casts.get(key, False)
+        if c is False:
+            kernels = [self.kernel(op, bias, batch) for op, bias in ops]
+            rounds = source is torch.float32 and self.dtype is not DType.FP32
+            serves = rounds or Cast.packs(kernels, source, self.w_format)
+            c = self.casts[key] = (
+                Cast(kernels, self.w_stride, self.index, source) if serves else None
+            )
         return c
 
 
@@ -413,6 +425,42 @@ def layer(x, weight, bias, stride, pads, dilation, groups, check=None, cast=Fals
             groups,
         )
         if len(_eager) >= LAYERS_KEPT:  # a stream of new shapes: start over
+            _eager.clear()
+        found = _eager[key] = (found, x.is_contiguous(memory_format=FORMATS[lay]))
+    lay, is_dense = found
+    return lay, (x if is_dense else x.contiguous(memory_format=lay.fmt))
+
+
+def transposed_layer(x, weight, y_size, stride, pads, dilation, groups, cast=False):
+    """The layer a transposed convolution of x runs as the dgrad of (its input x in
+    the place of dy, ``y_size`` that of the layer's input), and x made dense in its
+    layout: found, checked and kept as ``layer`` finds a convolution's."""
+    key = (
+        "transposed",
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        weight.shape,
+        weight.stride(),
+        weight.dtype,
+        weight.get_device(),
+        y_size,
+        stride,
+        pads,
+        dilation,
+        groups,
+        torch.backends.cudnn.allow_tf32,
+        cast,
+    )
+    found = _eager.get(key)
+    if found is None:
+        check_tensors(x, weight, None, cast)
+        lay = layout_of(x)
+        dtype, index = DTYPES[x.dtype], x.get_device()
+        args = (stride, pads, dilation, groups)
+        found = layer_of(y_size, lay, dtype, index, weight.shape, weight.stride(), *args)
+        if len(_eager) >= LAYERS_KEPT:
             _eager.clear()
         found = _eager[key] = (found, x.is_contiguous(memory_format=FORMATS[lay]))
     lay, is_dense = found
@@ -771,64 +819,84 @@ def storage_offsets(k: Kernel, w_stride):
 
 
 class Cast:
-    """Under autocast, the model's fp32 weights rounded to the layer's 16-bit dtype and
-    packed for its forward kernel and, where dx is wanted, its dgrad kernel, by one
-    launch of the operator's cast (``templates/torch/cast.cu.j2``) on the current
-    stream: the work of autocast's cast, a re-layout for the kernels that read fp32
-    weights, and dgrad's gather in the backward, which took one to three launches.
-    Built once per layer, weights' strides and whether dgrad's packing comes too."""
+    """The weights packed for one or two kernels of a layer (the forward kernel and
+    dgrad's, in either order) by one launch on the current stream, where they took one a
+    kernel: under autocast, the model's fp32 weights rounded to the layer's 16-bit dtype
+    by the operator's cast (``templates/torch/cast.cu.j2``), which does the work of
+    autocast's cast, a re-layout for the kernels that read fp32 weights and dgrad's
+    gather in the backward; else weights of the layer's dtype by the gather
+    (``templates/torch/gather.cu.j2``) over both packings at once.  Built once per
+    layer, ops and weights' dtype; ``Layer.packing`` finds it."""
 
-    def __init__(self, forward: Kernel, dgrad: Kernel | None, w_stride, index: int):
+    def __init__(self, kernels: list, w_stride, index: int, source: torch.dtype = torch.float32):
         import numpy as np
-
-        from ..runtime import cast_source
 
         if torch.cuda.is_current_stream_capturing():
             raise SpecError(
-                "specgen cannot set up its autocast weight cast while a CUDA graph is being "
+                "specgen cannot set up its weight packing while a CUDA graph is being "
                 "captured: run the model once before capturing (or call specgen.torch.warmup)"
             )
-        parts = [forward] if dgrad is None else [forward, dgrad]
-        at = [storage_offsets(k, w_stride) for k in parts]
-        stored = [weight_dtype(k.conv.plan.weight_format) for k in parts]
-        dtype = forward.problem.dtype.value
-        for k, kind in zip(parts, stored):
+        at = [storage_offsets(k, w_stride) for k in kernels]
+        stored = [weight_dtype(k.conv.plan.weight_format) for k in kernels]
+        dtype = kernels[0].problem.dtype.value
+        self.cast = source is torch.float32 and dtype != "fp32"
+        for k, kind in zip(kernels, stored):
             if kind not in ("fp32", dtype):
                 raise SpecError(f"{k.conv.plan.name} reads {kind} weights from {dtype} tensors")
-        offsets = np.concatenate(at)
-        if offsets.max(initial=0) >= 2**31:
-            raise SpecError("weights past 2**31 elements are more than the operator's cast indexes")
-        self.at = torch.as_tensor(offsets.astype(np.int32), device=f"cuda:{index}")
         self.sizes = [len(a) for a in at]
         self.dtypes = [STORED[kind] for kind in stored]
-        # both packings in one allocation, dgrad's from the first 16-byte boundary past
-        # the forward kernel's
+        # both packings in one allocation, the second from the first 16-byte boundary
+        # past the first's; each packing's bytes (a __constant__ upload's count)
         nbytes = [n * d.itemsize for n, d in zip(self.sizes, self.dtypes)]
-        # each packing's bytes (a __constant__ upload's count)
         self.w_bytes, self.dgrad_bytes = nbytes[0], nbytes[-1]
-        self.second = -(-nbytes[0] // ALIGNED) * ALIGNED if dgrad is not None else 0
-        self.nbytes = self.second + nbytes[-1] if dgrad is not None else nbytes[0]
-        name, text = cast_source(dtype, stored[0], stored[-1])
-        func = _load(index, name, text)
+        self.second = -(-nbytes[0] // ALIGNED) * ALIGNED if len(at) == 2 else 0
+        self.nbytes = self.second + nbytes[-1]
+        if not self.cast:  # one gather: the gap between the packings reads weight 0
+            gap = self.second // self.dtypes[0].itemsize - self.sizes[0] if len(at) == 2 else 0
+            at = [at[0], np.zeros(gap, dtype=np.int64), *at[1:]]
+        offsets = np.concatenate(at)
+        if offsets.max(initial=0) >= 2**31:
+            raise SpecError(
+                "weights past 2**31 elements are more than the operator's packing indexes"
+            )
+        self.at = torch.as_tensor(offsets.astype(np.int32), device=f"cuda:{index}")
         n = len(offsets)
-        binding = [
-            (Role.W, 0),
-            (None, self.at.data_ptr()),
-            (Role.Y, 0),
-            (Role.DX, 0),
-            (None, self.sizes[0]),
-            (None, n),
-        ]
+        if self.cast:
+            from ..runtime import cast_source
+
+            func = _load(index, *cast_source(dtype, stored[0], stored[-1]))
+            binding = [(Role.W, 0), (None, self.at.data_ptr()), (Role.Y, 0), (Role.DX, 0)]
+            binding += [(None, self.sizes[0]), (None, n)]
+        else:
+            func = gather_kernel(index, DTYPES[source].value, stored[0])
+            binding = [(Role.W, 0), (None, self.at.data_ptr()), (Role.Y, 0), (None, n)]
         self.launch = Direct(func, n, binding, index)
         self.device = self.at.device
 
+    @staticmethod
+    def packs(kernels: list, source: torch.dtype, w_format) -> bool:
+        """Whether one gather of weights of dtype ``source`` (in memory format
+        ``w_format``) serves these two kernels better than a launch each: both pack
+        them (neither reads them as they lie), into one stored dtype the gather writes
+        from ``source`` (the same, or fp32)."""
+        if len(kernels) != 2:
+            return False
+        stored = {weight_dtype(k.conv.plan.weight_format) for k in kernels}
+        if len(stored) != 1 or stored.pop() not in (DTYPES[source].value, "fp32"):
+            return False
+        cl = w_format is torch.channels_last
+        return all(k.gather is not None and not (cl and k.storage_order) for k in kernels)
+
     def __call__(self, w: torch.Tensor) -> tuple[torch.Tensor, tuple, tuple]:
         """The packed weights in one new allocation (held for as long as a kernel is to
-        read them), and the forward kernel's packing and dgrad's as (address, bytes)
-        for ``launch`` (dgrad's the forward's where it did not come too)."""
+        read them), and the first kernel's packing and the second's as (address, bytes)
+        for ``launch`` (the second the first's where there is one kernel)."""
         packed = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         a = packed.data_ptr()
-        self.launch(w.data_ptr(), a, a + self.second)
+        if self.cast:
+            self.launch(w.data_ptr(), a, a + self.second)
+        else:
+            self.launch(w.data_ptr(), a)
         return packed, (a, self.w_bytes), (a + self.second, self.dgrad_bytes)
 
 

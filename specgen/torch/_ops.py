@@ -14,7 +14,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..shapes import TensorLayout
+from ..shapes import Op, TensorLayout
 from . import _engine as E
 
 # The ops are defined on a Library and their Python kernels registered for the CUDA
@@ -311,19 +311,26 @@ class Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lay):
         ctx.lay, ctx.has_bias = lay, bias is not None
-        if weight.dtype is not x.dtype:
+        ctx.cast = weight.dtype is not x.dtype
+        ctx.save_for_backward(x, weight)
+        dgrad = ctx.needs_input_grad[0]
+        if ctx.cast:
             # autocast, and the model's fp32 weights: cast and packed for the forward
             # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
             # the backward hands dw and db back in fp32, dw in the weights' memory format
-            dgrad = ctx.needs_input_grad[0]
-            packed, w, ctx.dgrad_w = lay.cast(ctx.has_bias, x.shape[0], dgrad)(weight)
-            ctx.packed = packed if dgrad else None  # dgrad's packing, kept for it
-            ctx.cast = True
-            ctx.save_for_backward(x, weight)
-            return E.forward(lay, x, w, bias)
-        ctx.cast = False
-        ctx.save_for_backward(x, weight)
-        return E.forward(lay, x, weight, bias)
+            packing = lay.cast(ctx.has_bias, x.shape[0], dgrad)
+        elif dgrad:  # packed for both kernels in one gather, where both pack them
+            ops = ((Op.FPROP, ctx.has_bias), (Op.DGRAD, False))
+            packing = lay.packing(ops, x.shape[0], weight.dtype)
+        else:
+            packing = None
+        ctx.dgrad_w = None  # dgrad packs the saved weights itself
+        if packing is None:
+            return E.forward(lay, x, weight, bias)
+        packed, w, dgrad_w = packing(weight)
+        if dgrad:  # dgrad's packing, kept for it
+            ctx.packed, ctx.dgrad_w = packed, dgrad_w
+        return E.forward(lay, x, w, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -337,17 +344,18 @@ class Conv2dFunction(torch.autograd.Function):
             dy = E.shared_dy(lay, dy, need_b, lay.dw_order if ctx.cast else lay.fp32_dw)
         else:
             dy = E.dense(dy, lay.layout)
+        w = saved[1] if ctx.dgrad_w is None else ctx.dgrad_w
         if not ctx.cast:
             dx, dw, db = _gradients(
                 ctx,
-                lambda: E.input_grad(lay, dy, saved[1]),
+                lambda: E.input_grad(lay, dy, w),
                 lambda bias: E.weight_grads(lay, x, dy, bias, lay.fp32_dw),
                 lambda: E.bias_grad(lay, dy),
             )
             return dx, dw, db, None
         dx, dw, db = _gradients(
             ctx,
-            lambda: E.input_grad(lay, dy, ctx.dgrad_w),
+            lambda: E.input_grad(lay, dy, w),
             lambda bias: E.weight_grads(lay, x, dy, bias, lay.dw_order),
             lambda: E.bias_grad(lay, dy),
         )
@@ -384,11 +392,61 @@ def _differentiable(ctx, lay, x, weight, dy):
     )
 
 
+class ConvTranspose2dFunction(torch.autograd.Function):
+    """The eager path of ``conv_transpose2d``: the adjoint of the convolution of layer
+    ``lay`` applied to x (its dgrad kernel, x in the place of dy), x's gradient that
+    convolution's fprop of y's and the weights' its wgrad (y's gradient in the place of
+    x, x in dy's); the same kernels and gradients as the registered ``conv2d_input``
+    and its derivatives, without the dispatcher's trip for each op.  Under autocast
+    the fp32 weights are cast and packed for dgrad and, where dx is wanted, fprop in
+    one launch, as ``Conv2dFunction`` does for its two."""
+
+    @staticmethod
+    def forward(ctx, x, weight, lay):
+        ctx.lay = lay
+        ctx.cast = weight.dtype is not x.dtype
+        ctx.save_for_backward(x, weight)
+        need_dx = ctx.needs_input_grad[0]
+        ops = ((Op.DGRAD, False), (Op.FPROP, False)) if need_dx else ((Op.DGRAD, False),)
+        packing = lay.packing(ops, x.shape[0], weight.dtype) if ctx.cast or need_dx else None
+        ctx.fprop_w = None  # fprop packs the saved weights itself
+        if packing is None:
+            return E.input_grad(lay, x, weight)
+        packed, w, fprop_w = packing(weight)
+        if need_dx:  # fprop's packing, kept for it
+            ctx.packed, ctx.fprop_w = packed, fprop_w
+        return E.input_grad(lay, x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        lay = ctx.lay
+        need_x, need_w = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():  # create_graph: the registered, differentiable ops
+            args = (list(lay.stride), list(lay.pads), list(lay.dilation), lay.groups)
+            g = g.contiguous(memory_format=lay.fmt)
+            w = weight.to(x.dtype) if ctx.cast else weight
+            ops = torch.ops.specgen
+            dx = ops.conv2d(g, w, None, *args) if need_x else None
+            dw = ops.conv2d_weight(g, x, list(w.shape), *args) if need_w else None
+            return dx, dw.float() if ctx.cast and need_w else dw, None
+        g = E.dense(g, lay.layout)
+        dx = dw = None
+        if need_x:
+            dx = E.forward(lay, g, weight if ctx.fprop_w is None else ctx.fprop_w, None)
+        if need_w:
+            dw = E.weight_grads(lay, g, x, False, lay.dw_order if ctx.cast else lay.fp32_dw)
+            if ctx.cast and dw.dtype is not torch.float32:
+                dw = dw.to(torch.float32, memory_format=lay.w_format)
+        return dx, dw, None
+
+
 def _apply_of(function):
     """``function.apply`` without its Python layer where functorch's transforms are off
     (as they are but under vmap or grad): that layer then only unwraps dead functorch
     wrappers before the C entry beneath it, and costs the host 6 of a bare apply's
     21 us (H200, ``docs/measurements/host-pieces-2026-11-27-h200-before.log``); this does the same unwrapping
+    (of the tensors before the last argument, the layer)
     and enters directly.  ``function.apply`` itself where PyTorch lacks either hook."""
     functorch = getattr(torch._C, "_functorch", None)
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
@@ -398,12 +456,13 @@ def _apply_of(function):
     enter = super(torch.autograd.Function, function).apply
     slow = function.apply
 
-    def apply(x, weight, bias, lay):
+    def apply(*args):
         if active():
-            return slow(x, weight, bias, lay)
-        return enter(unwrap(x), unwrap(weight), None if bias is None else unwrap(bias), lay)
+            return slow(*args)
+        return enter(*(None if t is None else unwrap(t) for t in args[:-1]), args[-1])
 
     return apply
 
 
 conv2d_eager = _apply_of(Conv2dFunction)
+conv_transpose2d_eager = _apply_of(ConvTranspose2dFunction)
