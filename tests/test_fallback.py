@@ -367,3 +367,63 @@ def test_torch_compile_takes_a_converted_model_off_the_gpu():
     )
     torch.testing.assert_close(y, ref)
     torch.testing.assert_close(dx, torch.autograd.grad(ref.sum(), x)[0])
+
+
+class _OnCuda:
+    """A stand-in for a CUDA tensor where only what the eager path's lookup reads off a
+    tensor is asked (sizes, strides, dtype, device, memory format): a CPU tensor's."""
+
+    is_cuda = True
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t):
+        self.t, self.shape, self.dtype = t, t.shape, t.dtype
+
+    def stride(self):
+        return self.t.stride()
+
+    def get_device(self):
+        return 0
+
+    def dim(self):
+        return self.t.dim()
+
+    def is_contiguous(self, memory_format=torch.contiguous_format):
+        return self.t.is_contiguous(memory_format=memory_format)
+
+    def contiguous(self, memory_format=torch.contiguous_format):
+        return _OnCuda(self.t.contiguous(memory_format=memory_format))
+
+
+def test_the_eager_lookup_keeps_a_layer_a_call_and_tells_transposed_calls_apart():
+    """``_engine.layer`` and ``transposed_layer`` find one layer for repeated calls of
+    the same tensors and arguments (a hit checks nothing and returns x as it is, or
+    dense), another for another output size of a transposed convolution, and never mix
+    a convolution's entry with a transposed one's; a bad dtype is one SpecError."""
+    from specgen.shapes import DType, TensorLayout
+    from specgen.torch import _engine as E
+
+    E._eager.clear()
+    x = _OnCuda(torch.empty(2, 8, 9, 9))
+    w = _OnCuda(torch.empty(16, 8, 3, 3))
+    args = ((2, 2), (1, 1, 1, 1), (1, 1), 1)
+    lay, xd = E.layer(x, w, None, *args)
+    assert xd is x and lay.layout is TensorLayout.NCHW and lay.dtype is DType.FP32
+    assert lay.x_rest == (8, 9, 9) and lay.y_rest == (16, 5, 5)
+    assert E.layer(x, w, None, *args)[0] is lay and len(E._eager) == 1
+    # the transposed convolution of a [2, 16, 5, 5] input with these weights: this
+    # layer's dgrad, for two output sizes (output padding 0 and 1)
+    dy = _OnCuda(torch.empty(2, 16, 5, 5))
+    t9, _ = E.transposed_layer(dy, w, (2, 8, 9, 9), *args)
+    t10, _ = E.transposed_layer(dy, w, (2, 8, 10, 10), *args[:1], (1, 2, 1, 2), *args[2:])
+    assert t9 is lay and t10 is not lay and t10.x_rest == (8, 10, 10)
+    assert len(E._eager) == 3
+    cl = _OnCuda(torch.empty(2, 8, 9, 9).contiguous(memory_format=torch.channels_last))
+    lay_cl, xd = E.layer(cl, w, None, *args)
+    assert lay_cl.layout is TensorLayout.NHWC and xd is cl
+    strided = _OnCuda(torch.empty(2, 9, 9, 8).permute(0, 3, 2, 1))
+    _, xd = E.layer(strided, w, None, *args)
+    assert xd is not strided and xd.is_contiguous()
+    with pytest.raises(SpecError, match="float64"):
+        E.layer(_OnCuda(torch.empty(2, 8, 9, 9, dtype=torch.float64)), w, None, *args)
+    E._eager.clear()

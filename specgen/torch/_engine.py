@@ -389,54 +389,25 @@ def layer(x, weight, bias, stride, pads, dilation, groups, check=None, cast=Fals
     weight, bias, groups)`` first where given, then ``check_tensors``: one clear
     SpecError for what no kernel serves) and finds the layer; a hit checks nothing.
     ``cast``: autocast is on and fp32 weights are the layer's to cast (``Cast``)."""
-    key = (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        x.get_device(),
-        weight.shape,
-        weight.stride(),
-        weight.dtype,
-        weight.get_device(),
-        None if bias is None else (bias.shape, bias.dtype, bias.get_device()),
-        stride,
-        pads,
-        dilation,
-        groups,
-        torch.backends.cudnn.allow_tf32,
-        cast,
-    )
-    found = _eager.get(key)
-    if found is None:
-        if check is not None:
-            check(x, weight, bias, groups)
-        check_tensors(x, weight, bias, cast)
-        lay = layout_of(x)
-        found = layer_of(
-            x.shape,
-            lay,
-            DTYPES[x.dtype],
-            x.get_device(),
-            weight.shape,
-            weight.stride(),
-            stride,
-            pads,
-            dilation,
-            groups,
-        )
-        if len(_eager) >= LAYERS_KEPT:  # a stream of new shapes: start over
-            _eager.clear()
-        found = _eager[key] = (found, x.is_contiguous(memory_format=FORMATS[lay]))
-    lay, is_dense = found
-    return lay, (x if is_dense else x.contiguous(memory_format=lay.fmt))
+    biased = None if bias is None else (bias.shape, bias.dtype, bias.get_device())
+    args = (stride, pads, dilation, groups)
+    return _eager_layer(biased, x, weight, bias, x.shape, args, check, cast)
 
 
 def transposed_layer(x, weight, y_size, stride, pads, dilation, groups, cast=False):
     """The layer a transposed convolution of x runs as the dgrad of (its input x in
     the place of dy, ``y_size`` that of the layer's input), and x made dense in its
     layout: found, checked and kept as ``layer`` finds a convolution's."""
+    args = (stride, pads, dilation, groups)
+    return _eager_layer(("transposed", y_size), x, weight, None, y_size, args, None, cast)
+
+
+def _eager_layer(extra, x, weight, bias, x_size, args, check, cast):
+    """``layer``'s lookup, and ``transposed_layer``'s: keyed by the tensors' sizes,
+    strides, dtypes and devices, ``extra`` (what else tells two calls apart: the bias,
+    a transposed convolution's output size), the arguments, the math allowed and
+    ``cast``; ``x_size`` the layer's input size."""
     key = (
-        "transposed",
         x.shape,
         x.stride(),
         x.dtype,
@@ -445,22 +416,20 @@ def transposed_layer(x, weight, y_size, stride, pads, dilation, groups, cast=Fal
         weight.stride(),
         weight.dtype,
         weight.get_device(),
-        y_size,
-        stride,
-        pads,
-        dilation,
-        groups,
+        extra,
+        args,
         torch.backends.cudnn.allow_tf32,
         cast,
     )
     found = _eager.get(key)
     if found is None:
-        check_tensors(x, weight, None, cast)
+        if check is not None:
+            check(x, weight, bias, args[3])
+        check_tensors(x, weight, bias, cast)
         lay = layout_of(x)
         dtype, index = DTYPES[x.dtype], x.get_device()
-        args = (stride, pads, dilation, groups)
-        found = layer_of(y_size, lay, dtype, index, weight.shape, weight.stride(), *args)
-        if len(_eager) >= LAYERS_KEPT:
+        found = layer_of(x_size, lay, dtype, index, weight.shape, weight.stride(), *args)
+        if len(_eager) >= LAYERS_KEPT:  # a stream of new shapes: start over
             _eager.clear()
         found = _eager[key] = (found, x.is_contiguous(memory_format=FORMATS[lay]))
     lay, is_dense = found
