@@ -817,7 +817,7 @@ class Cast:
         # both packings in one allocation, the second from the first 16-byte boundary
         # past the first's; each packing's bytes (a __constant__ upload's count)
         nbytes = [n * d.itemsize for n, d in zip(self.sizes, self.dtypes)]
-        self.w_bytes, self.dgrad_bytes = nbytes[0], nbytes[-1]
+        self.first_bytes, self.second_bytes = nbytes[0], nbytes[-1]
         self.second = -(-nbytes[0] // ALIGNED) * ALIGNED if len(at) == 2 else 0
         self.nbytes = self.second + nbytes[-1]
         if not self.cast:  # one gather: the gap between the packings reads weight 0
@@ -866,7 +866,7 @@ class Cast:
             self.launch(w.data_ptr(), a, a + self.second)
         else:
             self.launch(w.data_ptr(), a)
-        return packed, (a, self.w_bytes), (a + self.second, self.dgrad_bytes)
+        return packed, (a, self.first_bytes), (a + self.second, self.second_bytes)
 
 
 # Bytes: the widest access a kernel makes (16-byte cp.async copies, uint4 stores).
