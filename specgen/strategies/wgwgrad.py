@@ -116,18 +116,26 @@ def tiled_space(
     to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM
     (``slices_for`` over the reduction's chunks of ``chunk`` pixels)."""
     out = []
-    for bm in MAP_TILES:
-        for bn in CHANNEL_TILES:
-            if p.Mg % bm or p.Cg % bn or not fits(bm, bn):
-                continue
-            most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
-            for stages in sorted(s for s in stage_choices(most) if s <= most):
-                for blocks in (SMS, 2 * SMS):
-                    splits = slices_for(blocks, tiles, reduction_chunks(p, chunk))
-                    out.append(
-                        cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
-                    )
+    for bm, bn in dividing_tiles(p, fits):
+        most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
+        for stages in sorted(s for s in stage_choices(most) if s <= most):
+            for blocks in (SMS, 2 * SMS):
+                splits = slices_for(blocks, tiles, reduction_chunks(p, chunk))
+                out.append(
+                    cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
+                )
     return list(dict.fromkeys(out))
+
+
+def dividing_tiles(p, fits=lambda bm, bn: True) -> list[tuple[int, int]]:
+    """The tiles of MAP_TILES x CHANNEL_TILES (maps x channels) that divide the group's
+    maps and channels and ``fits``."""
+    return [
+        (bm, bn)
+        for bm in MAP_TILES
+        for bn in CHANNEL_TILES
+        if p.Mg % bm == 0 and p.Cg % bn == 0 and fits(bm, bn)
+    ]
 
 
 def fuller_tile(p, widest: tuple[int, int], chunks: int) -> tuple[int, int]:
@@ -137,19 +145,14 @@ def fuller_tile(p, widest: tuple[int, int], chunks: int) -> tuple[int, int]:
     (H200, 2026-11-28): 256 into 512 maps over 1x1 dy maps, two chunks of pixels, in 36
     blocks of 128 x 256 took 0.018 ms, in 72 of 128 x 128 0.015; 128 into 256 maps in
     36 blocks of 256 x 128 0.014, in 72 of 128 x 128 0.012 (cuDNN 0.008-0.009)."""
-    most = max(1, min(MOST_SLICES, chunks // SLICE_CHUNKS))
+    most = most_slices(chunks)
 
     def blocks(t):
         return tile_count(p, *t) * most
 
     if p.Mg % widest[0] or p.Cg % widest[1] or blocks(widest) >= SMS // 2:
         return widest
-    fits = [
-        (bm, bn)
-        for bm in MAP_TILES
-        for bn in CHANNEL_TILES
-        if p.Mg % bm == 0 and p.Cg % bn == 0 and bm * bn <= MOST_SUMS
-    ]
+    fits = dividing_tiles(p, lambda bm, bn: bm * bn <= MOST_SUMS)
     half = [t for t in fits if blocks(t) >= SMS // 2]
     if half:  # the widest of them, the squarest of equal ones (each reads fewer rows)
         return max(half, key=lambda t: (t[0] * t[1], -abs(t[0] - t[1])))
@@ -171,6 +174,12 @@ def reduction_chunks(p, chunk: int) -> int:
     return -(-p.batch * p.Ho * p.Wo // chunk)
 
 
+def most_slices(chunks: int) -> int:
+    """The most slices a reduction of ``chunks`` chunks is cut into: up to
+    ``MOST_SLICES``, none walking fewer than ``SLICE_CHUNKS``."""
+    return max(1, min(MOST_SLICES, chunks // SLICE_CHUNKS))
+
+
 def slices_for(blocks: int, tiles: int, chunks: int | None = None) -> int:
     """Slices of the batch's pixels (one a grid z index) for ``blocks`` blocks at once of
     ``tiles`` each: from ``blocks // tiles`` up, the fewest whose grid fills the last
@@ -186,7 +195,7 @@ def slices_for(blocks: int, tiles: int, chunks: int | None = None) -> int:
         n = tiles * s
         return n / (-(-n // blocks) * blocks)
 
-    most = MOST_SLICES if chunks is None else max(1, min(MOST_SLICES, chunks // SLICE_CHUNKS))
+    most = MOST_SLICES if chunks is None else most_slices(chunks)
     first = max(1, min(blocks // tiles, 65535, most))
     options = range(first, max(first, most) + 1)
     return next((s for s in options if filled(s) >= 0.9), None) or max(options, key=filled)
