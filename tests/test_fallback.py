@@ -427,3 +427,36 @@ def test_the_eager_lookup_keeps_a_layer_a_call_and_tells_transposed_calls_apart(
     with pytest.raises(SpecError, match="float64"):
         E.layer(_OnCuda(torch.empty(2, 8, 9, 9, dtype=torch.float64)), w, None, *args)
     E._eager.clear()
+
+
+def test_one_launch_packs_two_kernels_weights_where_both_pack_them_or_it_rounds():
+    """``Cast.serves``, read off stand-in kernels: autocast's rounding cast always
+    serves; outside it one gather serves two kernels that both pack the weights into one
+    stored dtype it writes (the weights' own or fp32), not a kernel that reads them as
+    they lie, nor two stored dtypes, nor one kernel."""
+    from types import SimpleNamespace as NS
+
+    from specgen.shapes import DType
+    from specgen.torch import _engine as E
+
+    def kernel(dtype, fmt, gather=True, storage_order=False):
+        return NS(
+            problem=NS(dtype=dtype),
+            conv=NS(plan=NS(weight_format=fmt)),
+            gather=object() if gather else None,
+            storage_order=storage_order,
+        )
+
+    f32, b16 = kernel(DType.FP32, "mrsc.fp32"), kernel(DType.BF16, "mrsc.bf16")
+    cl, plain = torch.channels_last, torch.contiguous_format
+    assert E.Cast.serves([b16], torch.float32, plain)  # autocast: rounds, one kernel too
+    assert E.Cast.serves([f32, f32], torch.float32, plain)
+    assert E.Cast.serves([b16, b16], torch.bfloat16, cl)
+    wide = [kernel(DType.BF16, "f32"), kernel(DType.BF16, "mrsc.fp32")]
+    assert E.Cast.serves(wide, torch.bfloat16, plain)  # both stored fp32
+    assert not E.Cast.serves([f32], torch.float32, plain)
+    assert not E.Cast.serves([f32, kernel(DType.FP32, "f32", gather=False)], torch.float32, plain)
+    assert not E.Cast.serves([b16, kernel(DType.BF16, "mrsc.fp32")], torch.bfloat16, plain)
+    in_place = kernel(DType.BF16, "mrsc.bf16", storage_order=True)
+    assert not E.Cast.serves([b16, in_place], torch.bfloat16, cl)
+    assert E.Cast.serves([b16, in_place], torch.bfloat16, plain)

@@ -719,7 +719,7 @@ def test_one_gather_packs_the_weights_for_fprop_and_dgrad(dtype, C, M, H, stride
     assert torch.equal(dw, E.weight_grads(lay, xd, dyd, False, lay.fp32_dw))
     ops = ((Op.FPROP, False), (Op.DGRAD, False))
     both = [lay.kernel(op, False, 4) for op, _ in ops]
-    assert E.Cast.packs(both, w.dtype, lay.w_format), "these layers' two kernels pack"
+    assert E.Cast.serves(both, w.dtype, lay.w_format), "these layers' two kernels pack"
     packing = lay.casts.get((ops, w.dtype))
     assert packing is not None and not packing.cast and len(packing.sizes) == 2
 

@@ -341,13 +341,12 @@ class Layer:
         kernels of ``ops`` (one or two (op, bias) pairs) in one launch (``Cast``):
         rounded too where ``source`` is fp32 and the layer's dtype 16-bit (autocast's
         cast).  None where one launch of the same dtype serves them no better than
-        ``pack_weights`` (``Cast.packs``).  Built once per ops and dtype."""
+        ``pack_weights`` (``Cast.serves``).  Built once per ops and dtype."""
         key = (ops, source)
         c = self.casts.get(key, False)
         if c is False:
             kernels = [self.kernel(op, bias, batch) for op, bias in ops]
-            rounds = source is torch.float32 and self.dtype is not DType.FP32
-            serves = rounds or Cast.packs(kernels, source, self.w_format)
+            serves = Cast.serves(kernels, source, self.w_format)
             c = self.casts[key] = (
                 Cast(kernels, self.w_stride, self.index, source) if serves else None
             )
@@ -787,6 +786,12 @@ def storage_offsets(k: Kernel, w_stride):
     return sum(i * np.int64(stride) for i, stride in zip(where, w_stride))
 
 
+def _rounds(source: torch.dtype, k: Kernel) -> bool:
+    """Whether weights of dtype ``source`` are rounded for kernel ``k``: fp32 weights of
+    a 16-bit layer, autocast's."""
+    return source is torch.float32 and k.problem.dtype is not DType.FP32
+
+
 class Cast:
     """The weights packed for one or two kernels of a layer (the forward kernel and
     dgrad's, in either order) by one launch on the current stream, where they took one a
@@ -808,7 +813,7 @@ class Cast:
         at = [storage_offsets(k, w_stride) for k in kernels]
         stored = [weight_dtype(k.conv.plan.weight_format) for k in kernels]
         dtype = kernels[0].problem.dtype.value
-        self.cast = source is torch.float32 and dtype != "fp32"
+        self.cast = _rounds(source, kernels[0])
         for k, kind in zip(kernels, stored):
             if kind not in ("fp32", dtype):
                 raise SpecError(f"{k.conv.plan.name} reads {kind} weights from {dtype} tensors")
@@ -843,11 +848,14 @@ class Cast:
         self.device = self.at.device
 
     @staticmethod
-    def packs(kernels: list, source: torch.dtype, w_format) -> bool:
-        """Whether one gather of weights of dtype ``source`` (in memory format
-        ``w_format``) serves these two kernels better than a launch each: both pack
-        them (neither reads them as they lie), into one stored dtype the gather writes
-        from ``source`` (the same, or fp32)."""
+    def serves(kernels: list, source: torch.dtype, w_format) -> bool:
+        """Whether one launch serves these kernels better than ``pack_weights`` for each:
+        always where it rounds fp32 weights to the layer's 16-bit dtype (autocast's
+        cast); else, for weights of dtype ``source`` (in memory format ``w_format``), where
+        both of two kernels pack them (neither reads them as they lie) into one stored
+        dtype the gather writes from ``source`` (the same, or fp32)."""
+        if _rounds(source, kernels[0]):
+            return True
         if len(kernels) != 2:
             return False
         stored = {weight_dtype(k.conv.plan.weight_format) for k in kernels}
