@@ -92,6 +92,39 @@ def test_tune_space_plans_or_refuses_in_one_line():
     assert Tc3wgrad.space(p, Precision.BF16) == []
 
 
+# MobileNetV2's and EfficientNet's 24-channel layers: 3 warps of 8 channels divide no
+# tile; and 3x3 windows at 56 x 56 where a one-row chunk of 32-map warps spills.
+NARROW = [
+    "C=24,M=144,H=56,W=56,K=1,op=wgrad",
+    "C=144,M=24,H=56,W=56,K=1,op=wgrad",
+    "C=24,M=16,H=56,W=56,K=3,pad=1,op=wgrad",
+    "C=20,M=64,H=16,W=16,K=3,pad=1,op=wgrad",
+    "C=3,M=32,H=56,W=56,K=3,pad=1,op=wgrad",
+    "C=48,M=48,H=56,W=56,K=3,pad=1,groups=2,op=wgrad",
+]
+
+
+@pytest.mark.parametrize("spec", NARROW)
+def test_the_default_plans_for_every_group_width(spec):
+    """The fit never hands the planner a tile it refuses, and what it hands compiles
+    without spills: 17 to 24 channels take a 32-channel tile over warps of 16 (or 4 of
+    8), never 3."""
+    p = parse_shape(spec)
+    v = Tc3wgrad.default(p, Precision.FP32)
+    assert v.warpgrid[1] != 3
+    assert_compiles_without_spills(p, lambda: v)
+
+
+def test_every_group_width_up_to_80_plans():
+    """Over the channels and maps a group may have, 1x1 and 3x3, narrow and wide
+    images: the default plans (the resource report is the test above's)."""
+    for cg in range(1, 81):
+        for mg in (1, 16, 24, 32, 144):
+            for k, hw in ((1, 56), (3, 56), (3, 8)):
+                p = parse_shape(f"C={cg},M={mg},H={hw},W={hw},K={k},pad={k // 2},op=wgrad")
+                make_plan(p, Tc3wgrad.default(p, Precision.FP32))
+
+
 @pytest.mark.parametrize("spec", [ENC2, DEC2])
 def test_in_tf32_one_product_a_product(spec):
     """tf32 math: each word rounded to tf32 once (two integer operations, no split), one
@@ -140,7 +173,7 @@ def nchw_problems(draw):
     """fp32 NCHW wgrad with rows of 4k pixels: stride, dilation, every padding, groups,
     maps and channels past the tiles, db."""
     groups = draw(st.sampled_from([1, 1, 2]))
-    cg = draw(st.sampled_from([1, 3, 8, 12, 16, 40]))
+    cg = draw(st.sampled_from([1, 3, 8, 12, 16, 24, 40]))
     mg = draw(st.sampled_from([1, 5, 16, 24, 40]))
     R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
@@ -200,3 +233,14 @@ def test_wide_layers_at_the_models_batch(spec, math):
     v = Tc3wgrad.default(p, math)
     row = verify_variant(p, v, arch=device_arch(), batch=128, numbers=True)
     assert row.status == "PASS", (v.name, row.problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", NARROW[:3])
+def test_the_narrow_layers_on_the_gpu(spec):
+    """The 24-channel tiles and the 16-map warps against the float64 reference, in fp32
+    and tf32 math."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(
+        p, [Tc3wgrad.default(p, Precision.FP32), Tc3wgrad.default(p, Precision.TF32)], 3
+    )

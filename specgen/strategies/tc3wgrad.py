@@ -93,30 +93,37 @@ class Tc3wgrad(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """Warps of 32 maps x 8 channels (72 sums on a 3x3 window: the most products per
-        shared load that the registers hold), 16 maps where the window is larger or the
-        group's maps are 16 or fewer; blocks of up to 2 x 4 such warps, no larger than a
-        group's maps and channels; rows for at most 64 pixels a chunk (ae-enc2 at B=128,
-        H200: 4 rows 0.292 ms, 2 rows 0.305, 1 row 0.316); slices for two blocks an SM
-        where they fit, else one."""
+        shared load that the registers hold), 16 maps where the window is larger, the
+        group's maps are 16 or fewer, or a chunk of one row would still spill; blocks of
+        up to 2 x 4 such warps, no larger than a group's maps and channels (17 to 24
+        channels: a 32-channel tile over 2 warps of 16, or 4 of 8 where those spill, not
+        3 warps that no tile divides); rows for at most 64 pixels a chunk (ae-enc2 at B=128, H200: 4 rows
+        0.292 ms, 2 rows 0.305, 1 row 0.316); slices for two blocks an SM where they
+        fit, else one."""
         p = problem
         taps = p.R * p.S
-        wmaps = 32 if 2 * taps * 4 <= MAX_SUMS and p.Mg > 16 else 16
-        if wmaps // 16 * taps * 4 > MAX_SUMS:
+        wc = max(1, min(4, ceil_div(p.Cg, 8)))
+        bc = next(t for t in CHANNEL_TILES if t >= min(wc * 8, 64))
+        # 3 warps along the channels: 2 of 16 channels, else 4 of 8
+        channel_warps = [wc] if bc % (8 * wc) == 0 else [bc // 16, bc // 8]
+        shapes = []  # (warps along the channels, maps a warp), the first that fits
+        for wc in channel_warps:
+            fc = bc // wc // 8
+            if 2 * fc * taps * 4 <= MAX_SUMS and p.Mg > 16:
+                shapes.append((wc, 32))
+            if fc * taps * 4 <= MAX_SUMS:
+                shapes.append((wc, 16))
+        if not shapes:
             raise SpecError(
                 f"tc3wgrad keeps {taps * 4} sums a thread for each 16 maps x 8 channels of a "
                 f"{p.R}x{p.S} window, over {MAX_SUMS}; use --strategy wtap"
             )
-        wm = max(1, min(2, ceil_div(p.Mg, wmaps)))
-        wc = max(1, min(4, ceil_div(p.Cg, 8)))
-        bm = next(t for t in MAPS_TILES if t >= min(wm * wmaps, 128))
-        bm = max(bm, 16 * wm)
-        bc = next(t for t in CHANNEL_TILES if t >= min(wc * 8, 64))
-        rows = max(1, min(p.Ho, CHUNK_PIXELS // _padded_width(p)))
-        v = replace(seed, blocktile=(bm, bc), warpgrid=(wm, wc), rows=rows, stages=seed.stages)
-        while v.rows > 1 and (_registers(p, v) > FIT_REGISTERS or _copies(p, v) > COPIES):
-            v = replace(v, rows=v.rows - 1)
-        while v.stages > 2 and v.stages * _stage_bytes(p, v) > STAGE_LIMIT:
-            v = replace(v, stages=v.stages - 1)
+        for wc, wmaps in shapes:
+            v = _rows_and_stages(p, seed, wmaps, bc, wc)
+            if _registers(p, v) <= REGISTERS and _copies(p, v) <= COPIES:
+                break
+        bm, _ = v.blocktile
+        wm, _ = v.warpgrid
         threads = 32 * wm * wc
         two = (
             2 * threads * _registers(p, v) <= 65536
@@ -160,6 +167,22 @@ class Tc3wgrad(Variant):
                             )
                         )
         return list(dict.fromkeys(out))
+
+
+def _rows_and_stages(p, seed, wmaps: int, bc: int, wc: int):
+    """Up to 2 warps of ``wmaps`` maps along the maps beside ``wc`` along ``bc``
+    channels; as many rows as fit the chunk's pixels, the registers and the copies; as
+    many stages as fit the shared memory."""
+    wm = max(1, min(2, ceil_div(p.Mg, wmaps)))
+    bm = next(t for t in MAPS_TILES if t >= min(wm * wmaps, 128))
+    bm = max(bm, 16 * wm)
+    rows = max(1, min(p.Ho, CHUNK_PIXELS // _padded_width(p)))
+    v = replace(seed, blocktile=(bm, bc), warpgrid=(wm, wc), rows=rows, stages=seed.stages)
+    while v.rows > 1 and (_registers(p, v) > FIT_REGISTERS or _copies(p, v) > COPIES):
+        v = replace(v, rows=v.rows - 1)
+    while v.stages > 2 and v.stages * _stage_bytes(p, v) > STAGE_LIMIT:
+        v = replace(v, stages=v.stages - 1)
+    return v
 
 
 def _tiles(p, bm: int, bc: int) -> int:
