@@ -393,6 +393,7 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> Non
         kind = dict(device="cuda", dtype=dt[mode.dtype])
         x = torch.randn(layer.x_size, **kind).contiguous(memory_format=fmt)
         w = torch.randn(layer.w_size, **kind) / (layer.w_size[1] * layer.w_size[2]) ** 0.5
+        w = w.contiguous(memory_format=fmt)  # as the model's weights are
         b = torch.randn(layer.w_size[0], **kind) if layer.bias else None
         pads = (layer.pads[0], layer.pads[2])
         args = (layer.stride, pads, layer.dilation, layer.groups)
@@ -418,16 +419,20 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> Non
                 [False, True, b is not None],
             ),
         }
-        # Under autocast the step packs dgrad's weights with the forward pass's cast
-        # (``_engine.Cast``), once a step: the table times dgrad on weights packed so.
+        # The table times each op as the step runs it.  Under autocast the step packs
+        # dgrad's weights with the forward pass's cast (``_engine.Cast``), once a step:
+        # dgrad runs on weights packed so;
         wd = w
         if r.op == "dgrad" and mode.autocast is not None:
             packed = _engine.pack_weights(lay.kernel(Op.DGRAD, False, x.shape[0]), w)
             wd = (packed.data_ptr(), packed.numel() * packed.element_size())
+        # and takes dw (db) in fp32 in the weights' memory format where the fp32
+        # parameters want them so: under autocast's cast, or fp32 channels_last weights
+        grads32 = lay.dw_order if mode.autocast is not None else lay.fp32_dw
         ours = {
             "fprop": lambda: _engine.forward(lay, xs, w, b),
             "dgrad": lambda: _engine.input_grad(lay, dys, wd),
-            "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None),
+            "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None, grads32),
         }
         r.cudnn_ms = held_ms(cu[r.op])
         r.specgen_ms = held_ms(ours[r.op])
