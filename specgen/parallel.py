@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+from collections import Counter
 import sys
 import threading
 from contextlib import contextmanager
@@ -160,3 +161,62 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
         pool.join()
         raise
     return results
+
+
+def _compile_numbered(numbered):
+    i, item = numbered
+    try:
+        return i, _compile_item(item)
+    except SpecError as e:  # a plan refused: that item's error, not the rest's
+        return i, (item[1].name, str(e))
+
+
+class Compiling:
+    """``precompile``'s work in the background: the items go to a pool of ``jobs``
+    processes in the order given, and the caller goes on, waiting only for the items of
+    one key (``wait``) where it needs them.  A model's autotuning tunes the problems it
+    meets first while the candidates of the ones it meets later still compile.  ``key``
+    groups the items (default: their problem's spec); ``results`` maps each finished
+    kernel's name to its error or None, as ``precompile`` returns them."""
+
+    def __init__(self, items, arch: str, jobs: int, key=lambda item: item[0].spec):
+        items = list(items)
+        self.results: dict[str, str | None] = {}
+        self._keys = [key(it) for it in items]
+        self._left = Counter(self._keys)
+        self._changed = threading.Condition()
+        self.over = not items or not cache_writable(arch)
+        if self.over:
+            return
+        ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
+        with _main_left_alone(), _started_ignoring_interrupts():
+            self._pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
+        numbered = list(enumerate((s, v, arch, *g) for s, v, *g in items))
+        work = self._pool.imap_unordered(_compile_numbered, numbered)
+        threading.Thread(target=self._collect, args=(work,), daemon=True).start()
+
+    def _collect(self, work) -> None:
+        try:
+            for i, (name, err) in work:
+                with self._changed:
+                    self.results[name] = err
+                    self._left[self._keys[i]] -= 1
+                    self._changed.notify_all()
+            self._pool.close()
+        except BaseException:  # the workers gone (the process ending): nothing to save
+            self._pool.terminate()
+        finally:
+            with self._changed:
+                self.over = True
+                self._changed.notify_all()
+
+    def wait(self, key) -> None:
+        """Until every item of ``key`` is compiled (at once where it has none)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.over or self._left[key] <= 0)
+
+    def join(self) -> dict[str, str | None]:
+        """Until every item is compiled; returns ``results``."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.over)
+        return self.results

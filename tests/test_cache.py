@@ -113,6 +113,36 @@ def test_two_verify_runs_share_one_empty_cache(tmp_path):
         assert comp._load_cached(e, key, e.parent.name) is not None
 
 
+def test_a_background_compile_lets_its_caller_wait_for_one_problem(tmp_path, monkeypatch):
+    """parallel.Compiling: the caller goes on while the items compile, ``wait`` returns
+    once the items of one problem are in the disk cache (the others may still be
+    compiling), a plan that refuses is that item's error and not the rest's, and ``join``
+    gives every result as ``precompile`` would."""
+    from dataclasses import replace
+
+    from specgen import parallel
+    from specgen.compile import cached
+    from specgen.render import render
+    from specgen.shapes import parse_shape
+    from specgen.strategies import default_set
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    small = parse_shape("C=2,M=4,H=9,W=9,K=3")
+    other = parse_shape("C=3,M=5,H=10,W=10,K=3")
+    refused = replace(default_set(small)[0], tile=7)  # no tile of 7 plans
+    items = [(small, v) for v in default_set(small)[:2]] + [(other, refused)]
+    items += [(other, v) for v in default_set(other)[:2]]
+    behind = parallel.Compiling(items, "sm_90", jobs=2)
+    behind.wait(small.spec)
+    for p, v in items[:2]:
+        plan = parallel._plan(p, v)
+        assert cached(render(plan), plan.target("sm_90")), plan.name
+    found = behind.join()
+    assert behind.over and len(found) == 5, found
+    assert found.pop(refused.name) and not any(found.values()), found
+    behind.wait(other.spec)  # over: returns at once
+
+
 def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
     """precompile finds what the disk cache holds before it starts a pool: with every
     kernel there it starts none (a converted model's first call in a new process pays

@@ -4,6 +4,8 @@ GPU (``--plan``), and its refusals.  The tracing tests need PyTorch and torchvis
 
 import importlib.util
 
+import itertools
+
 import pytest
 from click.testing import CliRunner
 
@@ -134,11 +136,22 @@ def test_a_converted_model_traces_as_called_and_warmup_compiles_its_picks(monkey
     assert all(it[1].tensor_core for it in compiled if it[0].op is not Op.FPROP or it[0].C == 32)
     # the wgrad as the operator runs it: bf16 weights, so dw in bf16, not fp32 (dw_orders)
     assert [it[2:] for it in compiled if it[0].op is Op.WGRAD] == [("",)]
-    # under autotuning: every candidate of each problem's tune too, the picks among them
+    # under autotuning: every candidate of each problem's tune too, the picks among them,
+    # in the background, in the order the run meets the problems: the forward pass's,
+    # then the backward's from the last layer
     picks = list(compiled)
     compiled.clear()
+    monkeypatch.setattr(E, "compile_behind", lambda items, arch: compiled.extend(items))
     n = M.precompile_model(net, (x,), index=0, autotune=True)
     assert n == len(compiled) > len(picks) and set(picks) <= set(compiled)
+    order = list(dict.fromkeys(p for p, *_ in compiled))  # problems, as first handed
+    assert [(p.op, p.C) for p in order] == [
+        (Op.FPROP, 16),
+        (Op.FPROP, 32),
+        (Op.DGRAD, 32),
+        (Op.WGRAD, 32),
+    ], order
+    assert [p for p, _ in itertools.groupby(p for p, *_ in compiled)] == order  # together
     # each problem's candidates as its tune lists them (run_tune's tune_space, per math)
     for p, v, *_ in picks:
         pick = E.choose(p, "NVIDIA H200", False, "sm_90")

@@ -46,6 +46,28 @@ def autotuning() -> bool:
     return _state["autotune"]
 
 
+# Kernels compiling in the background (``parallel.Compiling``, keyed by problem spec):
+# under autotuning a model's candidates, which its problems' tunes wait for one problem
+# at a time (``compiled_behind``) while the rest still compile.
+_behind: list = []
+
+
+def compile_behind(items: list, arch: str) -> None:
+    """Compile ``items`` ((problem, variant[, grads32]) in the order the run will meet
+    their problems) in the background, a process a core but the one this process
+    keeps for its own work (the tunes' launches)."""
+    from ..parallel import Compiling
+
+    _behind.append(Compiling(items, arch, max(1, (os.cpu_count() or 1) - 1)))
+
+
+def compiled_behind(p: ConvProblem) -> None:
+    """Until the background compiles hold no kernel of ``p`` still compiling."""
+    for c in list(_behind):
+        c.wait(p.spec)
+    _behind[:] = [c for c in _behind if not c.over]
+
+
 @dataclass
 class Kernel:
     """One problem's compiled kernel on one device."""
@@ -501,6 +523,7 @@ def _build(p: ConvProblem, index: int, tf32: bool, grads32: str = "") -> Kernel:
             "(or call specgen.torch.warmup)"
         )
     gpu = gpu_name(index)
+    compiled_behind(p)  # its candidates, or its pick, where they compile in the background
     with cupy.cuda.Device(index):
         arch = device_arch()
         if autotuning() and choose(p, gpu, tf32, arch).source != "tuned":

@@ -242,9 +242,12 @@ def precompile_model(
     many were compiled; 0 where the example is not on a CUDA device or the model cannot
     be traced on the meta device (its kernels then compile as the run meets them).
     ``autotune``: every candidate autotuning will verify and time for each problem
-    (``_engine.autotune_items``), all compiled at once rather than a problem's at a
-    time as each is met, each such compile starting its own pool of processes."""
-    from ._engine import DTYPES, allow_tf32, arch_of, autotune_items, gpu_name
+    (``_engine.autotune_items``) too, in the background (``_engine.compile_behind``),
+    the problems in the order the run meets them (the forward pass's, then the
+    backward's, last layer first): the run goes on at once, and each problem's tune
+    waits for its own candidates only, rather than every tune for every compile or each
+    tune compiling its own with a pool of its own.  Returns how many were handed to it."""
+    from ._engine import DTYPES, allow_tf32, arch_of, autotune_items, compile_behind, gpu_name
 
     if index is None:  # the example's device
         x = next((e for e in example if torch.is_tensor(e) and e.is_cuda), None)
@@ -261,15 +264,25 @@ def precompile_model(
     gpu, arch = gpu_name(index), arch_of(index)
     rows = plan_rows(layers, mode, gpu, arch, backward)
     orders = dw_orders(model, autocast=cast is not None)
-    picks = [
-        (*r.pick, orders.get(r.layer, "")) if r.op == Op.WGRAD.value else r.pick
-        for r in rows
-        if r.pick
-    ]
-    if autotune:
-        for r in rows:
-            if r.pick:
-                picks += autotune_items(r.pick[0], gpu, mode.tf32, arch)
-        picks = list(dict.fromkeys(picks))
-    precompile(picks, arch, os.cpu_count() or 1, f"compiling {len(picks)} kernels")
-    return len(picks)
+    if autotune:  # in the order met: the forward pass, then each layer's gradients, last first
+        layers = list(dict.fromkeys(r.layer for r in rows))[::-1]
+        back = sorted(
+            (r for r in rows if r.op != Op.FPROP.value), key=lambda r: layers.index(r.layer)
+        )
+        rows = [r for r in rows if r.op == Op.FPROP.value] + back
+
+    def pick_of(r):
+        return (*r.pick, orders.get(r.layer, "")) if r.op == Op.WGRAD.value else r.pick
+
+    if not autotune:
+        picks = [pick_of(r) for r in rows if r.pick]
+        precompile(picks, arch, os.cpu_count() or 1, f"compiling {len(picks)} kernels")
+        return len(picks)
+    items = []
+    for r in rows:
+        if r.pick:
+            items += [pick_of(r), *autotune_items(r.pick[0], gpu, mode.tf32, arch)]
+    items = list(dict.fromkeys(items))
+    log.info("specgen: compiling %d kernels in the background, each tune waiting", len(items))
+    compile_behind(items, arch)
+    return len(items)
