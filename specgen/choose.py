@@ -249,7 +249,13 @@ def wide_wgrad(problem: ConvProblem) -> bool:
     """Whether wgemm's register-tiled GEMM leads the wgrad strategies: for many weights,
     and for channels-last layers with maps enough to fill its tiles, where wband's
     per-pixel reads of a channels-last x fall apart (the 3-channel autoencoder layer's
-    wgrad: 1.0-1.2 ms in NHWC wband against 0.2 in NCHW, H200)."""
+    wgrad: 1.0-1.2 ms in NHWC wband against 0.2 in NCHW, H200).  Never for depthwise
+    layers, however many their weights: a group's one map leaves wgemm's tiles empty
+    but a row (efficientnet_b0's 5x5 layer of 672 channels over 14x14 maps at B=64,
+    fp32 NCHW, H200, 2026-11-29: wgemm 2.73 ms against cuDNN's 0.40, where wtap takes
+    its 480-channel sibling in 0.071 against 0.288)."""
+    if depthwise(problem):
+        return False
     if problem.weight_count > SMALL_WEIGHTS:
         return True
     return problem.layout is TensorLayout.NHWC and problem.Mg >= WGEMM_MIN_MAPS
