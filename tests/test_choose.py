@@ -441,6 +441,28 @@ def test_a_depthwise_wgrad_is_not_tiled_over_its_groups_maps_on_the_tensor_cores
     assert choose(grouped, "some GPU").variant.key in GROUP_TILED_WGRAD
 
 
+def test_a_depthwise_wgrad_of_many_weights_is_not_a_gemm():
+    """efficientnet_b0's and convnext's NCHW depthwise layers of more than SMALL_WEIGHTS
+    weights (5x5 over 672 and 1152 channels, 7x7 over 768) go where their narrower
+    siblings go, wtap, not to wgemm's tiles, which a group's one map leaves empty but a
+    row; a dense layer of as many weights still counts as wide."""
+    from specgen.choose import SMALL_WEIGHTS, wide_wgrad
+    from specgen.shapes import parse_shape
+
+    for spec in (
+        "C=672,M=672,H=14,W=14,K=5,pad=2,groups=672,op=wgrad",
+        "C=672,M=672,H=14,W=14,K=5,pad=2,stride=2,groups=672,op=wgrad",
+        "C=1152,M=1152,H=7,W=7,K=5,pad=2,groups=1152,op=wgrad",
+        "C=768,M=768,H=7,W=7,K=7,pad=3,groups=768,bias=1,op=wgrad",
+    ):
+        p = parse_shape(spec)
+        assert p.weight_count > SMALL_WEIGHTS and not wide_wgrad(p)
+        for tf32 in (False, True):
+            assert choose(p, "some GPU", tf32).variant.key == "wtap", (spec, tf32)
+    dense = parse_shape("C=64,M=64,H=14,W=14,K=5,pad=2,op=wgrad")
+    assert dense.weight_count > SMALL_WEIGHTS and wide_wgrad(dense)
+
+
 def test_every_shipped_layer_winner_plans_for_its_problem():
     """layer_winners.json stays in step with the planner: each winner a whole-model tune
     shipped is a variant that plans for the problem it was tuned on (as generated/ is
