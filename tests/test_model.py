@@ -326,3 +326,27 @@ def test_the_loss_takes_a_classifiers_a_segmenters_and_an_image_models_output():
     logits, aux = torch.zeros(2, 5), torch.ones(2, 5)
     assert m._main_output({"out": logits, "aux": aux}) is logits
     assert m._main_output((logits, aux)) is logits and m._main_output(logits) is logits
+
+
+@needs_torchvision
+def test_the_accuracy_check_turns_off_every_random_layer_but_keeps_batch_norm_training():
+    """efficientnet_b0's stochastic depth draws its masks per dtype as dropout does: the
+    float64 reference and the fp32 runs would drop different residual branches (both
+    runs' outputs 0.9 from float64 where they were on). Batch norm keeps the batch's
+    statistics."""
+    import torch
+    import torchvision
+    from torchvision.ops import StochasticDepth
+
+    from specgen.torch.model import _no_dropout
+
+    net = _no_dropout(torchvision.models.efficientnet_b0().train())
+    kinds = {type(m) for m in net.modules()}
+    assert StochasticDepth in kinds and torch.nn.Dropout in kinds
+    for m in net.modules():
+        if isinstance(m, (StochasticDepth, torch.nn.Dropout)):
+            assert not m.training
+        if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.training
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(net(x), net(x))  # no mask drawn (batch norm in train mode: same batch)

@@ -262,13 +262,23 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _no_dropout(model):
-    """``model`` with its dropout layers in eval mode: their masks are drawn per dtype
-    (fp32 and float64 runs draw different ones from one seed), and a different mask
-    is no error of the convolutions.  Batch norm keeps training mode."""
+    """``model`` with its dropout layers in eval mode, torchvision's stochastic depth
+    (efficientnet's, convnext's dropped residual branches) among them: their masks are
+    drawn per dtype (fp32 and float64 runs draw different ones from one seed), and a
+    different mask is no error of the convolutions.  Batch norm keeps training mode."""
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(m, _random_layers()):
             m.eval()
     return model
+
+
+def _random_layers() -> tuple[type, ...]:
+    """The module types whose training-mode output is random."""
+    try:
+        from torchvision.ops import StochasticDepth
+    except ImportError:
+        return (torch.nn.modules.dropout._DropoutNd,)
+    return (torch.nn.modules.dropout._DropoutNd, StochasticDepth)
 
 
 def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
