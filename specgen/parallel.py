@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from collections import Counter
 import sys
 import threading
+from collections import Counter
 from contextlib import contextmanager
 
 import click
@@ -203,6 +203,7 @@ class Compiling:
                     self._left[self._keys[i]] -= 1
                     self._changed.notify_all()
             self._pool.close()
+            self._pool.join()
         except BaseException:  # the workers gone (the process ending): nothing to save
             self._pool.terminate()
         finally:

@@ -97,9 +97,9 @@ class Tc3wgrad(Variant):
         group's maps are 16 or fewer, or a chunk of one row would still spill; blocks of
         up to 2 x 4 such warps, no larger than a group's maps and channels (17 to 24
         channels: a 32-channel tile over 2 warps of 16, or 4 of 8 where those spill, not
-        3 warps that no tile divides); rows for at most 64 pixels a chunk (ae-enc2 at B=128, H200: 4 rows
-        0.292 ms, 2 rows 0.305, 1 row 0.316); slices for two blocks an SM where they
-        fit, else one."""
+        3 warps that no tile divides); rows for at most 64 pixels a chunk (ae-enc2 at
+        B=128, H200: 4 rows 0.292 ms, 2 rows 0.305, 1 row 0.316); slices for two blocks
+        an SM where they fit, else one."""
         p = problem
         taps = p.R * p.S
         wc = max(1, min(4, ceil_div(p.Cg, 8)))
