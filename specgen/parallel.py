@@ -211,10 +211,11 @@ class Compiling:
                 self.over = True
                 self._changed.notify_all()
 
-    def wait(self, key) -> None:
-        """Until every item of ``key`` is compiled (at once where it has none)."""
+    def wait(self, key, timeout: float | None = None) -> bool:
+        """Until every item of ``key`` is compiled (at once where it has none), or
+        ``timeout`` seconds have passed; returns whether they are."""
         with self._changed:
-            self._changed.wait_for(lambda: self.over or self._left[key] <= 0)
+            return self._changed.wait_for(lambda: self.over or self._left[key] <= 0, timeout)
 
     def join(self) -> dict[str, str | None]:
         """Until every item is compiled; returns ``results``."""

@@ -140,7 +140,11 @@ def test_a_background_compile_lets_its_caller_wait_for_one_problem(tmp_path, mon
     found = behind.join()
     assert behind.over and len(found) == 5, found
     assert found.pop(refused.name) and not any(found.values()), found
-    behind.wait(other.spec)  # over: returns at once
+    assert behind.wait(other.spec)  # over: returns at once
+    # a pool that never finishes an item (a worker killed mid-task): the wait ends
+    stuck = parallel.Compiling([], "sm_90", jobs=1)
+    stuck.over, stuck._left[small.spec] = False, 1
+    assert stuck.wait(small.spec, timeout=0.05) is False
 
 
 def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):

@@ -61,10 +61,19 @@ def compile_behind(items: list, arch: str) -> None:
     _behind.append(Compiling(items, arch, max(1, (os.cpu_count() or 1) - 1)))
 
 
+# The longest a problem waits for its kernels in the background (a pool whose worker
+# died never finishes its task); past it, what is missing compiles where it is needed.
+BEHIND_WAIT_S = 600
+
+
 def compiled_behind(p: ConvProblem) -> None:
-    """Until the background compiles hold no kernel of ``p`` still compiling."""
+    """Until the background compiles hold no kernel of ``p`` still compiling (at most
+    BEHIND_WAIT_S)."""
     for c in list(_behind):
-        c.wait(p.spec)
+        if not c.wait(p.spec, BEHIND_WAIT_S):
+            log.info(
+                "specgen: %s's kernels still compiling after %d s; going on", p.spec, BEHIND_WAIT_S
+            )
     _behind[:] = [c for c in _behind if not c.over]
 
 
