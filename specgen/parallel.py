@@ -122,6 +122,14 @@ def apart(fn, *args):
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _pool(processes: int):
+    """A pool of compile workers: spawned (a CUDA context must not be forked), with
+    ``__main__`` left alone and Ctrl-C left to this process."""
+    ctx = multiprocessing.get_context("spawn")
+    with _main_left_alone(), _started_ignoring_interrupts():
+        return ctx.Pool(processes, initializer=_ignore_interrupts)
+
+
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant) or (shape, variant, grads32) (the
     wgrad the operator runs for fp32 weights, ``_plan``); returns name -> error or None.
@@ -139,9 +147,7 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
             name, err = _compile_one(shape, v, arch, *grads32)
             results[name] = err
         return results
-    ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
-    with _main_left_alone(), _started_ignoring_interrupts():
-        pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
+    pool = _pool(min(jobs, len(items)))
     try:
         work = pool.imap_unordered(_compile_item, [(s, v, arch, *g) for s, v, *g in items])
         with click.progressbar(length=len(items), label=label, file=sys.stderr) as bar:
@@ -188,9 +194,7 @@ class Compiling:
         self.over = not items or not cache_writable(arch)
         if self.over:
             return
-        ctx = multiprocessing.get_context("spawn")  # a CUDA context must not be forked
-        with _main_left_alone(), _started_ignoring_interrupts():
-            self._pool = ctx.Pool(min(jobs, len(items)), initializer=_ignore_interrupts)
+        self._pool = _pool(min(jobs, len(items)))
         numbered = list(enumerate((s, v, arch, *g) for s, v, *g in items))
         work = self._pool.imap_unordered(_compile_numbered, numbered)
         threading.Thread(target=self._collect, args=(work,), daemon=True).start()
