@@ -272,6 +272,18 @@ def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
     return sorted(out, key=lambda ph: (-ph["RT"], ph["a"], -ph["ST"]))
 
 
+def k_walk(p: ConvProblem, kt: int, chunk: int, phased: bool) -> Size:
+    """The plan's line for the k walk of a GEMM over (r, s, c) in chunks of ``chunk``
+    channels of one tap (``kt`` of them, the longest phase's where ``phased``)."""
+    taps = "a phase's taps" if phased else f"{p.R}x{p.S} taps"
+    return Size(
+        "k walk",
+        f"{kt} chunks of {chunk} channels" + (" at most" if phased else ""),
+        f"{taps} x {ceil_div(p.Cg, chunk)} chunk(s) of the group's {p.Cg} channels"
+        + ("; the last zero-filled past them" if p.Cg % chunk else ""),
+    )
+
+
 def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
     p = gemm_view(problem)  # the GEMM's sizes; ``problem`` keeps the op and geometry
     # 1. limits
@@ -442,12 +454,7 @@ def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
             f"{warps} warps as {wm_count}x{wn_count}, each {warp_m}x{warp_n}: "
             f"{fm} m16 x {fn} n8 fragments, {fm * fn * 4} fp32 sums per thread",
         ),
-        Size(
-            "k walk",
-            f"{kt} chunks of {v.chunk} channels" + (" at most" if phased else ""),
-            f"{'a phase' if phased else p.R}x{'s' if phased else p.S} taps x {chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
-            + ("; the last zero-filled past them" if p.Cg % v.chunk else ""),
-        ),
+        k_walk(p, kt, v.chunk, phased),
         Size(
             "__shared__",
             f"{smem} B (dynamic)",

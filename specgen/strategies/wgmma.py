@@ -73,7 +73,7 @@ from ..variants import (
     param,
 )
 from .mma import ROUNDING
-from .tcgemm import MATH, STAGE_LIMIT, VECTOR, gemm_view, phases_of
+from .tcgemm import MATH, STAGE_LIMIT, VECTOR, gemm_view, k_walk, phases_of
 
 CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
 SMS = 132  # the H200's SMs, for sizing the grid
@@ -452,13 +452,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
                 Feed.TMA: "; a producer thread issues TMA copies",
             }[v.feed],
         ),
-        Size(
-            "k walk",
-            f"{kt} chunks of {chunk} channels" + (" at most" if phased else ""),
-            f"{'a phase' if phased else p.R}x{'s' if phased else p.S} taps x "
-            f"{chunks_per_tap} chunk(s) of the group's {p.Cg} channels"
-            + ("; the last zero-filled past them" if p.Cg % chunk else ""),
-        ),
+        k_walk(p, kt, chunk, phased),
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
