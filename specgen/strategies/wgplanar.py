@@ -187,7 +187,8 @@ def _most_stages(bm: int, bn: int, three: bool) -> int:
 def _grid_phases(p: ConvProblem, chunks_per_tap: int = 1) -> tuple[list[dict], bool]:
     """A strided dgrad's stride phases that the grid takes (blockIdx.z), and whether dx
     is cleared first: where some phase has taps and some has none (a 1x1 window's but
-    one), the ones with taps; else all (``phases_of``'s order: the most rows of taps first)."""
+    one), the ones with taps; else all (``phases_of``'s order: the most rows of taps
+    first)."""
     every = phases_of(p, chunks_per_tap)
     taps = [ph for ph in every if ph["RT"] * ph["ST"]]
     if 0 < len(taps) < len(every):

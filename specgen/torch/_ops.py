@@ -445,9 +445,9 @@ def _apply_of(function):
     """``function.apply`` without its Python layer where functorch's transforms are off
     (as they are but under vmap or grad): that layer then only unwraps dead functorch
     wrappers before the C entry beneath it, and costs the host 6 of a bare apply's
-    21 us (H200, ``docs/measurements/host-pieces-2026-11-27-h200-before.log``); this does the same unwrapping
-    (of the tensors before the last argument, the layer)
-    and enters directly.  ``function.apply`` itself where PyTorch lacks either hook."""
+    21 us (H200, ``docs/measurements/host-pieces-2026-11-27-h200-before.log``); this
+    does the same unwrapping (of the tensors before the last argument, the layer) and
+    enters directly.  ``function.apply`` itself where PyTorch lacks either hook."""
     functorch = getattr(torch._C, "_functorch", None)
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     unwrap = getattr(functorch, "unwrap_if_dead", None)
