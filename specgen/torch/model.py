@@ -266,8 +266,9 @@ def _no_dropout(model):
     (efficientnet's, convnext's dropped residual branches) among them: their masks are
     drawn per dtype (fp32 and float64 runs draw different ones from one seed), and a
     different mask is no error of the convolutions.  Batch norm keeps training mode."""
+    random = _random_layers()
     for m in model.modules():
-        if isinstance(m, _random_layers()):
+        if isinstance(m, random):
             m.eval()
     return model
 
