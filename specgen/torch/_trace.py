@@ -265,10 +265,8 @@ def precompile_model(
     rows = plan_rows(layers, mode, gpu, arch, backward)
     orders = dw_orders(model, autocast=cast is not None)
     if autotune:  # in the order met: the forward pass, then each layer's gradients, last first
-        layers = list(dict.fromkeys(r.layer for r in rows))[::-1]
-        back = sorted(
-            (r for r in rows if r.op != Op.FPROP.value), key=lambda r: layers.index(r.layer)
-        )
+        first = {name: i for i, name in enumerate(dict.fromkeys(r.layer for r in rows))}
+        back = sorted((r for r in rows if r.op != Op.FPROP.value), key=lambda r: -first[r.layer])
         rows = [r for r in rows if r.op == Op.FPROP.value] + back
 
     def pick_of(r):
