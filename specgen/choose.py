@@ -373,7 +373,8 @@ def shipped_layer(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -
     the problem, or for the problem without its epilogue; each was as fast as the
     planner's default or faster there, which was among its candidates."""
     for spec in dict.fromkeys([problem.spec, _bare(problem).spec]):
-        best = _fastest(tunedb.layer_winners(spec, gpu).values(), problem, allow_tf32, arch)
+        winners = tunedb.layer_winners(spec, gpu, problem.batch).values()
+        best = _fastest(winners, problem, allow_tf32, arch)
         if best:
             r, v = best
             what = "" if spec == problem.spec else " of the layer without its epilogue"

@@ -237,30 +237,47 @@ def _layer_winners() -> dict:
     return json.loads(LAYER_WINNERS.read_text())["winners"]
 
 
-def layer_winners(spec: str, gpu: str) -> dict[str, dict]:
+def layer_winners(spec: str, gpu: str, batch: int | None = None) -> dict[str, dict]:
     """Precision -> the winner a whole-model tune on ``gpu`` found for the layer problem
-    ``spec`` and specgen ships (its variant, ms and cuDNN's ms at its batch)."""
-    return _layer_winners().get(gpu, {}).get(spec, {})
+    ``spec`` and specgen ships (its variant, ms and cuDNN's ms at its batch).  A math
+    tuned at several batches keeps a winner for each (the slices of a wgrad, the tile of
+    a small map, follow the batch): the one at the batch nearest ``batch`` (by ratio; a
+    tie to the larger), or at the largest where no batch is given."""
+    return {
+        math: min(rs, key=lambda r: _batch_distance(r["batch"], batch))
+        for math, rs in _layer_winners().get(gpu, {}).get(spec, {}).items()
+    }
+
+
+def _batch_distance(tuned: int, batch: int | None) -> tuple[float, int]:
+    ratio = 1.0 if batch is None else max(tuned, batch) / min(tuned, batch)
+    return (0.0 if batch is None else ratio, -tuned)
 
 
 def ship_layer_winners(db: Path, gpu: str, tune: dict, path: Path = LAYER_WINNERS) -> int:
     """Every winner the results database at ``db`` holds for ``gpu`` put into the shipped
-    layer winners at ``path`` (``layer_winners.json``), each math of a problem replacing
-    the one shipped before; ``tune`` (what was tuned, the command, its log and tree) is
-    added to its list of tunes.  The file is written whole; returns the winners shipped."""
+    layer winners at ``path`` (``layer_winners.json``): each replaces the one shipped
+    before for its problem, math and batch, and stands beside those of other batches;
+    ``tune`` (what was tuned, the command, its log and tree) is added to its list of
+    tunes.  The file is written whole; returns the winners shipped."""
     found = [r for r in records(db) if r["kind"] == "winner" and r["gpu"] == gpu]
     if not found:
         raise SpecError(f"{db} holds no winner measured on {gpu}")
     shipped = json.loads(path.read_text())
     table = shipped["winners"].setdefault(gpu, {})
-    for r in found:  # in the database's order: a later winner of the same math replaces
-        table.setdefault(r["shape"], {})[r["precision"]] = {
-            "variant": r["variant"],
-            "ms": round(r["ms"], 4),
-            "cudnn_ms": round(r["cudnn_ms"], 4) if r.get("cudnn_ms") else None,
-            "batch": r["batch"],
-            "date": r["date"],
-        }
+    for r in found:  # in the database's order: a later winner of the same batch replaces
+        at = table.setdefault(r["shape"], {}).setdefault(r["precision"], [])
+        at[:] = [old for old in at if old["batch"] != r["batch"]]
+        at.append(
+            {
+                "variant": r["variant"],
+                "ms": round(r["ms"], 4),
+                "cudnn_ms": round(r["cudnn_ms"], 4) if r.get("cudnn_ms") else None,
+                "batch": r["batch"],
+                "date": r["date"],
+            }
+        )
+        at.sort(key=lambda w: w["batch"])
     shipped["winners"][gpu] = dict(sorted(table.items()))
     shipped["tunes"].append(dict(tune, gpu=gpu, winners=len(found)))
     atomic_write(path, (json.dumps(shipped, indent=1) + "\n").encode())

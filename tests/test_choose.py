@@ -476,10 +476,13 @@ def test_every_shipped_layer_winner_plans_for_its_problem():
     for gpu, table in shipped["winners"].items():
         for spec, by_math in table.items():
             p = parse_shape(spec)
-            for math, r in by_math.items():
-                v = parse_variant_name(r["variant"])
-                assert v.precision.value == math, (spec, r["variant"])
-                make_plan(replace(p, batch=r["batch"]), v)
+            for math, at_batches in by_math.items():
+                batches = [r["batch"] for r in at_batches]
+                assert batches == sorted(set(batches)), (spec, math, batches)
+                for r in at_batches:
+                    v = parse_variant_name(r["variant"])
+                    assert v.precision.value == math, (spec, r["variant"])
+                    make_plan(replace(p, batch=r["batch"]), v)
 
 
 def test_a_models_layer_takes_the_winner_its_tune_shipped_for_that_gpu():

@@ -80,22 +80,23 @@ def test_autotune_prunes_to_the_picks_math_and_keeps_the_pick():
     assert sorted(map(str, prune(space, 0))) == sorted(map(str, space))
 
 
-def test_a_tunes_winners_are_shipped_per_gpu_and_math(tmp_path):
+def test_a_tunes_winners_are_shipped_per_gpu_math_and_batch(tmp_path, monkeypatch):
     """ship_layer_winners takes a database's winners of one GPU into the shipped table:
-    a math already there is replaced, the others kept, the tune noted; a database
-    without winners of that GPU is refused and the file left as it was."""
+    a math already there at the same batch is replaced, the other maths and batches
+    kept, the tune noted; the operator reads the winner at the batch nearest its own; a
+    database without winners of that GPU is refused and the file left as it was."""
     import pytest
 
     from specgen.errors import SpecError
 
     spec = "C=64,M=64,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc"
 
-    def winner(gpu, precision, variant, ms):
+    def winner(gpu, precision, variant, ms, batch=32):
         return dict(
             kind="winner",
             gpu=gpu,
             shape=spec,
-            batch=32,
+            batch=batch,
             precision=precision,
             variant=variant,
             ms=ms,
@@ -109,22 +110,45 @@ def test_a_tunes_winners_are_shipped_per_gpu_and_math(tmp_path):
             json.dumps(r) + "\n"
             for r in (
                 winner("GPU A", "bf16", "wgmma_b192x64_p3_q1_gr_sy_bf16", 0.025),
+                winner("GPU A", "bf16", "wgmma_b128x64_p3_q1_gr_sy_bf16", 0.04, batch=64),
                 winner("GPU B", "bf16", "tcgemm_b128x64_w2x2_k32_p4_bf16", 0.03),
             )
         )
     )
     path = tmp_path / "layer_winners.json"
-    old = {"variant": "old", "ms": 1.0, "batch": 8}
+    old = {"variant": "old", "ms": 1.0, "batch": 32}
+    small = {"variant": "small", "ms": 0.3, "batch": 8}
     keep = {"variant": "mma_t64_fp32", "ms": 0.5, "batch": 8}
     path.write_text(
-        json.dumps(dict(about="", tunes=[], winners={"GPU A": {spec: {"bf16": old, "fp32": keep}}}))
+        json.dumps(
+            dict(
+                about="",
+                tunes=[],
+                winners={"GPU A": {spec: {"bf16": [small, old], "fp32": [keep]}}},
+            )
+        )
     )
-    assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 1
+    assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 2
     shipped = json.loads(path.read_text())
     table = shipped["winners"]["GPU A"][spec]
-    assert table["fp32"] == keep and table["bf16"]["variant"].startswith("wgmma")
-    assert table["bf16"]["ms"] == 0.025 and "GPU B" not in shipped["winners"]
-    assert shipped["tunes"] == [dict(model="m", gpu="GPU A", winners=1)]
+    assert table["fp32"] == [keep]
+    assert [(r["variant"], r["batch"]) for r in table["bf16"]] == [
+        ("small", 8),
+        ("wgmma_b192x64_p3_q1_gr_sy_bf16", 32),
+        ("wgmma_b128x64_p3_q1_gr_sy_bf16", 64),
+    ]
+    assert table["bf16"][1]["ms"] == 0.025 and "GPU B" not in shipped["winners"]
+    assert shipped["tunes"] == [dict(model="m", gpu="GPU A", winners=2)]
+    monkeypatch.setattr(tunedb, "LAYER_WINNERS", path)
+    tunedb._layer_winners.cache_clear()
+    try:
+        nearest = {
+            b: tunedb.layer_winners(spec, "GPU A", b)["bf16"]["batch"] for b in (1, 16, 40, 48, 500)
+        }
+        assert nearest == {1: 8, 16: 32, 40: 32, 48: 64, 500: 64}  # 16: a tie, to the larger
+        assert tunedb.layer_winners(spec, "GPU A")["bf16"]["batch"] == 64
+    finally:
+        tunedb._layer_winners.cache_clear()
     before = path.read_text()
     with pytest.raises(SpecError, match="no winner measured on GPU C"):
         tunedb.ship_layer_winners(db, "GPU C", dict(model="m"), path)
