@@ -502,7 +502,8 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
     or shipped winner (the presets', measured there), the problem's own, unless both
     layouts hold measured winners (tuned, or shipped from a whole-model tune) and the
-    other's is faster with its tensors moved there and back (``moves_ms``)."""
+    other's is faster with its tensors moved there and back (``moves_ms``), an image of
+    the batch each was timed at."""
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
@@ -515,8 +516,11 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
         theirs = tuned(there, gpu, allow_tf32, arch) or shipped_layer(there, gpu, allow_tf32, arch)
         if found.ms is None or theirs is None:
             return problem.layout
-        at = replace(problem, batch=theirs.batch or problem.batch)  # where both were timed
-        return other if theirs.ms + moves_ms(at, gpu) < found.ms else problem.layout
+        # each per image of the batch it was timed at (whole-model tunes of two models
+        # may have timed the two layouts at two batches)
+        at = replace(problem, batch=theirs.batch or problem.batch)
+        moved = (theirs.ms + moves_ms(at, gpu)) / at.batch
+        return other if moved < found.ms / (found.batch or problem.batch) else problem.layout
     here = found.variant
     if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout
