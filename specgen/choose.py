@@ -328,7 +328,7 @@ def _fastest(records, problem, allow_tf32, arch=None) -> tuple[dict, Variant] | 
 
 
 def _tuned(problem, spec, gpu, allow_tf32, arch=None) -> Choice | None:
-    best = _fastest(tunedb.winners(spec, gpu).values(), problem, allow_tf32, arch)
+    best = _fastest(tunedb.winners(spec, gpu, problem.batch).values(), problem, allow_tf32, arch)
     if best is None:
         return None
     r, v = best
@@ -638,7 +638,7 @@ def best_picks(shape: ConvProblem, gpu: str) -> list[tuple[Variant, str | None]]
     database first, else the winners shipped for that GPU, else nothing.  All or
     nothing: a recorded winner that the planner now refuses is an error that names its
     database line."""
-    found = tunedb.winners(shape.spec, gpu)
+    found = tunedb.winners(shape.spec, gpu, shape.batch)
     if not found:
         shipped = tunedb.shipped_names(shape.slug, gpu) if shape.name else []
         ours = [split_problem_tags(n) for n in shipped]  # winners are per op

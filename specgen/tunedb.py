@@ -208,12 +208,21 @@ def timings(env: dict, shape_spec: str, batch: int) -> dict[tuple[str, str], dic
     }
 
 
-def winners(shape_spec: str, gpu: str) -> dict[str, dict]:
-    """The latest winner per precision for the shape, measured on ``gpu``."""
-    out = {}
+def winners(shape_spec: str, gpu: str, batch: int | None = None) -> dict[str, dict]:
+    """The latest winner per precision for the shape, measured on ``gpu``; where a
+    precision was tuned at several batches, the latest at the batch nearest ``batch``
+    (as ``layer_winners`` takes them; no batch: the latest of all)."""
+    latest = {}
     for r in records():
         if r["kind"] == "winner" and r["shape"] == shape_spec and r["gpu"] == gpu:
-            out[r["precision"]] = r
+            latest[(r["precision"], r["batch"] if batch else None)] = r
+    out = {}
+    for (precision, _), r in latest.items():
+        kept = out.get(precision)
+        if kept is None or _batch_distance(r["batch"], batch) < _batch_distance(
+            kept["batch"], batch
+        ):
+            out[precision] = r
     return out
 
 

@@ -44,6 +44,32 @@ def test_winners_from_another_gpu_are_not_used(tmp_path, monkeypatch):
     assert tunedb.winners(shape.spec, "B") == {}
 
 
+def test_a_shape_tuned_at_several_batches_gives_the_winner_nearest_the_call(tmp_path, monkeypatch):
+    """This machine's database keeps a winner a batch: a call takes the latest at the
+    batch nearest its own (a tie to the larger), and with no batch the latest of all."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    spec = PRESETS["layer2"].spec
+
+    def rec(batch, variant):
+        return dict(
+            kind="winner",
+            shape=spec,
+            batch=batch,
+            precision="fp32",
+            variant=variant,
+            ms=1.0,
+            gpu="A",
+            date="2026-11-29",
+        )
+
+    rows = [rec(128, "old128"), rec(8, "at8"), rec(128, "at128"), rec(32, "at32")]
+    tunedb.db_path().parent.mkdir(parents=True, exist_ok=True)
+    tunedb.db_path().write_text("".join(json.dumps(r) + "\n" for r in rows))
+    picked = {b: tunedb.winners(spec, "A", b)["fp32"]["variant"] for b in (1, 16, 40, 64, 1000)}
+    assert picked == {1: "at8", 16: "at32", 40: "at32", 64: "at128", 1000: "at128"}
+    assert tunedb.winners(spec, "A")["fp32"]["variant"] == "at32"
+
+
 def test_the_default_leads_the_candidates_even_where_the_space_lacks_it():
     """tcgemm's tf32 space has no 128x128 tile of 2x2 warps, its default at B=128: tune
     must time it anyway, or a sampled winner slower than the default would be stored
