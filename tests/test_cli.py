@@ -297,8 +297,6 @@ def test_precision_alone_asks_for_the_pick_in_that_math(tmp_path):
     """--precision without other variant options: the operator's pick with tf32 allowed
     (a strided fp32 dgrad's wgplanar phases in tf32, not the planner's first strategy);
     math the tensors cannot take is one line and status 2."""
-    from dataclasses import replace
-
     from specgen.choose import choose
     from specgen.shapes import parse_shape
 

@@ -22,7 +22,7 @@ from specgen.plan import make_plan
 from specgen.reference import conv2d
 from specgen.render import render
 from specgen.shapes import parse_shape
-from specgen.strategies import Kn2row, default_set, parse_variant_name
+from specgen.strategies import Kn2row, default_set
 from specgen.strategies.kn2row import z_stride
 from specgen.variants import Precision
 from test_tcgemm import ptx_of

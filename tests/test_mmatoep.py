@@ -29,7 +29,7 @@ def _realign(shape, ctx, x, item):
     column lpad, copied 8 elements (a 16-byte chunk) at a time from the raw band, an odd
     start taking each word's high half and the next one's low half, the last chunk's
     columns past W zero, rows outside the image zero, and zero around."""
-    C, H, W = shape.C, shape.H, shape.W
+    C, H = shape.C, shape.H
     rows, ih, bpi = ctx["rows"], ctx["ih"], ctx["bands_per_image"]
     plane, stride, lpad, rc = ctx["plane"], ctx["stride"], ctx["lpad"], ctx["row_chunks"]
     chunk = 2 * ctx["chunk_words"]
@@ -60,7 +60,7 @@ def _table(w, mb, ctx, shape):
     """The block's tap tables as the kernel builds them, flat: word e is entry e // (K + 1)
     = (c, ky, block map), word q = e % (K + 1) holding taps q - 1 and q (zero outside the
     window and past M)."""
-    C, M, K, bm = shape.C, shape.M, shape.K, ctx["bm"]
+    M, K, bm = shape.M, shape.K, ctx["bm"]
     out = np.zeros((ctx["table_words"], 2))
     for e in range(ctx["table_words"]):
         s, tab = e % ctx["table_row"] - 1, e // ctx["table_row"]

@@ -405,7 +405,7 @@ def test_tma_boxes_hold_the_tiles_operands(p, images, pick):
     p0 = bn * rng.integers(0, -(-pixels // bn))
     n0 = bm * rng.integers(0, -(-p.Mg // bm))
     grp = int(rng.integers(0, p.groups))
-    (sh, sw), (dh, dw), (pt, _, pl, _) = p.stride, p.dil, p.pads
+    (dh, dw), (pt, _, pl, _) = p.dil, p.pads
     for lr in range(p.R):
         for ls in range(p.S):
             for lc in range(0, p.Cg, chunk):
