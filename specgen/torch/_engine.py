@@ -361,12 +361,6 @@ class Layer:
             k = self.kernels[(op, bias, grads32)] = kernel_for(p, self.device, self.tf32, grads32)
         return k
 
-    def cast(self, bias: bool, batch: int, dgrad: bool) -> "Cast":
-        """The autocast cast of the layer's fp32 weights (of its ``w_stride``) for the
-        forward kernel (with a bias or not) and, where ``dgrad``, for dgrad's."""
-        ops = ((Op.FPROP, bias), (Op.DGRAD, False)) if dgrad else ((Op.FPROP, bias),)
-        return self.packing(ops, batch, torch.float32)
-
     def packing(self, ops: tuple, batch: int, source: torch.dtype) -> "Cast | None":
         """The layer's weights (of dtype ``source`` and its ``w_stride``) packed for the
         kernels of ``ops`` (one or two (op, bias) pairs) in one launch (``Cast``):

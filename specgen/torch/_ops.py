@@ -314,16 +314,13 @@ class Conv2dFunction(torch.autograd.Function):
         ctx.cast = weight.dtype is not x.dtype
         ctx.save_for_backward(x, weight)
         dgrad = ctx.needs_input_grad[0]
-        if ctx.cast:
-            # autocast, and the model's fp32 weights: cast and packed for the forward
-            # kernel, and for dgrad's where dx is wanted, in one launch (``E.Cast``);
-            # the backward hands dw and db back in fp32, dw in the weights' memory format
-            packing = lay.cast(ctx.has_bias, x.shape[0], dgrad)
-        elif dgrad:  # packed for both kernels in one gather, where both pack them
-            ops = ((Op.FPROP, ctx.has_bias), (Op.DGRAD, False))
-            packing = lay.packing(ops, x.shape[0], weight.dtype)
-        else:
-            packing = None
+        # autocast, and the model's fp32 weights: cast and packed for the forward kernel,
+        # and for dgrad's where dx is wanted, in one launch (``E.Cast``; the backward
+        # hands dw and db back in fp32, dw in the weights' memory format); else, where dx
+        # is wanted, packed for both kernels in one gather where both pack them
+        fprop = (Op.FPROP, ctx.has_bias)
+        ops = (fprop, (Op.DGRAD, False)) if dgrad else (fprop,)
+        packing = lay.packing(ops, x.shape[0], weight.dtype) if ctx.cast or dgrad else None
         ctx.dgrad_w = None  # dgrad packs the saved weights itself
         if packing is None:
             return E.forward(lay, x, weight, bias)
