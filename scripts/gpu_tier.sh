@@ -9,7 +9,7 @@
 #   PART=4  test_gpu.py: the long reductions and streamed batches
 #   PART=op the PyTorch operator's tests (tests/test_torch.py)
 #   PART=verify  specgen verify --all-shapes --op all --all (every preset's default sets)
-#   PART="1 2 3 4"  several parts at once on the one GPU, WORKERS split among them
+#   PART="1 2 3 4"  several parts at once on the one GPU, WORKERS (default 16) split among them
 #   (none)  all of the above but verify in one run
 #
 # Each part fits one 10-minute device call; LIMIT (seconds, default 560) bounds it.
