@@ -15,7 +15,7 @@ from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.shapes import Op, TensorLayout, parse_shape
 from specgen.strategies import default_set
-from specgen.strategies.wgplanar import Wgplanar
+from specgen.strategies.wgplanar import TILE_RATES, Wgplanar, _filled_fit, _splits_for
 from specgen.tensors import Role
 from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
@@ -89,42 +89,84 @@ def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec, precision)
     assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 pixels
 
 
-def test_the_fit_fills_the_sms_and_the_dgrad_view_takes_it():
-    """256 maps where 128-pixel tiles of them fill the SMs, else up to 128; 128 pixels
-    where the grid still fills the SMs' waves, 64 where it would not; dgrad at stride 1
-    through the forward view."""
-    v = Wgplanar.default(replace(parse_shape(RESNET_1X1), batch=32), TF32)
-    assert v.blocktile == (128, 256) and v.stages == 4
-    v = Wgplanar.default(replace(parse_shape("C=256,M=64,H=56,W=56,K=1"), batch=32), TF32)
-    assert v.blocktile == (128, 64)
-    v = Wgplanar.default(replace(parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1"), batch=32), TF32)
-    assert v.blocktile == (64, 128)  # 1568 pixels: 4 x 25 blocks of 64, 4 x 13 of 128
-    p = replace(parse_shape("C=64,M=64,H=56,W=56,K=1,pad=0,op=dgrad"), batch=32)
-    plan = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
+@pytest.mark.parametrize(
+    "spec, batch, precision, tile, splits",
+    [
+        # the fit's picks against the wave-filling rule's on an H200 (2026-11-29,
+        # wgplanar-fit-against-old): 0.0507 ms against b64x128_s5's 0.0649
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", 32, TF32, (128, 256), 5),
+        # 0.2495 against b64x128's 0.4222: in 3xTF32 64 pixels a block is the slowest
+        ("C=256,M=256,H=14,W=14,K=3,pad=1", 64, FP32, (192, 64), 1),
+        ("C=512,M=128,H=28,W=28,K=1", 32, FP32, (192, 64), 1),  # 0.0580 against 0.1004
+        ("C=256,M=256,H=14,W=14,K=3,pad=1", 64, TF32, (128, 256), 1),  # 0.0791, 0.1089
+    ],
+)
+def test_the_fit_takes_the_tile_its_rates_price_cheapest(spec, batch, precision, tile, splits):
+    p = replace(parse_shape(spec), batch=batch)
+    v = Wgplanar.default(p, precision)
+    assert (v.blocktile, v.stages, v.splits) == (tile, 4, splits)
+    three = precision is FP32
+    assert (*tile, three) in TILE_RATES
+    if p.C != p.M:
+        return
+    # a dgrad at stride 1 through its forward view (here the same sizes) takes the same tile
+    d = replace(parse_shape(spec + ",op=dgrad"), batch=batch)
+    view = Wgplanar.problem_for(d)
+    assert Wgplanar.default(view, precision).blocktile == tile
+    plan = make_plan(d, Wgplanar.default(view, precision))
     assert plan.weight_transform == "dgrad" and plan.name.endswith("_dgrad")
 
 
+def test_a_strided_dgrad_keeps_the_wave_filling_fit():
+    """A strided dgrad's phases have unequal taps, which the rates do not price: its tile
+    is the one that fills the SMs' waves, 128 pixels where that grid still fills them."""
+    p = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
+    assert Wgplanar.problem_for(p).op is Op.DGRAD
+    for precision in (TF32, FP32):
+        v = Wgplanar.default(p, precision)
+        assert v == _filled_fit(p, Wgplanar(precision=precision))
+        assert v.blocktile == (128, 128) and v.splits == 1
+
+
+def test_every_fitted_tile_is_priced_and_in_the_tune_space():
+    """On drawn layer sizes the fit's tile is one ``TILE_RATES`` prices, and the tune's
+    space holds its tile (so a tune times tiles like it beside it)."""
+    for C, M, HW, K, batch in [
+        (64, 64, 56, 3, 32),
+        (96, 200, 28, 1, 16),
+        (512, 2048, 7, 1, 64),
+        (40, 24, 112, 3, 8),
+        (1024, 256, 14, 1, 128),
+    ]:
+        p = replace(parse_shape(f"C={C},M={M},H={HW},W={HW},K={K},pad={K // 2}"), batch=batch)
+        for precision in (TF32, FP32):
+            v = Wgplanar.default(p, precision)
+            assert (*v.blocktile, precision is FP32) in TILE_RATES
+            tiles = {w.blocktile for w in Wgplanar.space(p, precision)}
+            assert v.blocktile in tiles, (C, M, HW, K, batch, precision, v)
+
+
 @pytest.mark.parametrize(
-    "spec, tf32, fp32",
+    "spec, tile, tf32, fp32",
     [
         # 100 blocks where the SMs hold 264 at once, 144 chunks: five slices, 500 blocks
-        ("C=512,M=512,H=7,W=7,K=3,pad=1", 5, 5),
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", (64, 128), 5, 5),
         # 392 blocks in 1.5 waves of 264: two slices; in 3xTF32 (one block an SM) 2.97
         # waves of 132 already
-        ("C=512,M=512,H=14,W=14,K=3,pad=1", 2, 1),
+        ("C=512,M=512,H=14,W=14,K=3,pad=1", (64, 128), 2, 1),
         # 98 blocks of 128x128 on 132 SMs: in tf32 the workspace's bytes cost what the
         # idle SMs would win, in 3xTF32 (three times the work) they pay
-        ("C=256,M=256,H=14,W=14,K=3,pad=1", 1, 4),
+        ("C=256,M=256,H=14,W=14,K=3,pad=1", (128, 128), 1, 4),
         # 16 chunks: whole
-        ("C=512,M=128,H=28,W=28,K=1", 1, 1),
+        ("C=512,M=128,H=28,W=28,K=1", (64, 128), 1, 1),
     ],
 )
-def test_the_fit_slices_the_reduction_where_its_price_is_lower(spec, tf32, fp32):
-    """The fit's slices of the reduction (``_splits_for``'s price) at B=32, as the
-    bench measured them fastest on an H200 (wgplanar-splits-bench-2026-11-28)."""
+def test_the_reduction_is_sliced_where_its_price_is_lower(spec, tile, tf32, fp32):
+    """``_splits_for``'s slices of the reduction at B=32 for the tiles the bench timed,
+    as it measured them fastest on an H200 (wgplanar-splits-bench-2026-11-28)."""
     p = replace(parse_shape(spec), batch=32)
-    assert Wgplanar.default(p, TF32).splits == tf32
-    assert Wgplanar.default(p, FP32).splits == fp32
+    for precision, splits in ((TF32, tf32), (FP32, fp32)):
+        assert _splits_for(p, Wgplanar(blocktile=tile, stages=4, precision=precision)) == splits
 
 
 def test_every_tune_candidate_plans_and_compiles_unserialized():

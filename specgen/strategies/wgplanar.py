@@ -73,6 +73,41 @@ THREE_MOST_MAPS = 128  # fp32 math: a chunk's sums and x's lo words beside the s
 FEW_CHANNELS = 16  # channels a group below which a chunk of 32 is mostly zero-fill
 MIN_SLICE_CHUNKS = 8  # chunks a slice of the reduction walks at the least
 SM_RATE = 1.8e12  # tf32 flops a second an SM's blocks reach together (H200, fitted)
+# What an SM's blocks of one tile reach together, in tf32 flops a second (3xTF32 counts
+# its three products), by (pixels, maps, fp32 math): the median over the tunes of vgg11
+# (B=32) and resnet18 at 224 (B=64), forward passes and stride-1 dgrads in one slice (553
+# timings; nvidia-h200, 2026-11-29, tree e9723ae; ``docs/measurements/
+# wgplanar-tile-rates-2026-11-29-from-tunes.log``).  A chunk of x is copied and loaded
+# once for all of the block's maps, so the rate grows with the maps; in 3xTF32 the three
+# products a chunk amortize it, and a warpgroup alone (64 pixels) has no partner to
+# overlap with.  Tiles the tunes timed fewer than 5 times are left out, and so are the
+# 256-pixel ones: 3-14% slower than the 128-pixel tile of as many maps on 12 layers of
+# resnet34, resnet50, wide_resnet50_2, vgg16 and resnet18 at B=128 (``docs/measurements/
+# wgplanar-fit-against-old-2026-11-29-h200.log``).
+TILE_RATES = {
+    (64, 32, False): 0.51e12,
+    (64, 64, False): 0.83e12,
+    (64, 128, False): 1.01e12,
+    (64, 192, False): 1.21e12,
+    (64, 256, False): 1.63e12,
+    (128, 32, False): 0.52e12,
+    (128, 64, False): 0.80e12,
+    (128, 128, False): 1.21e12,
+    (128, 192, False): 1.68e12,
+    (128, 256, False): 2.04e12,
+    (192, 32, False): 0.53e12,
+    (192, 64, False): 0.78e12,
+    (192, 128, False): 1.25e12,
+    (192, 192, False): 1.99e12,
+    (64, 32, True): 0.66e12,
+    (64, 64, True): 0.68e12,
+    (64, 128, True): 0.80e12,
+    (128, 32, True): 0.80e12,
+    (128, 64, True): 1.12e12,
+    (128, 128, True): 1.39e12,
+    (192, 32, True): 0.87e12,
+    (192, 64, True): 1.34e12,
+}
 SUM_LAUNCH = 3e-6  # seconds the kernel that adds the slices costs past its bytes
 SUM_BLOCK = 256  # threads of the kernel that adds the slices
 
@@ -114,38 +149,30 @@ class Wgplanar(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """In tf32, 256 maps where the group has them and 128-pixel tiles of them still
-        fill the SMs; else the group's maps rounded up to a tile (at most 128).  Then the
-        widest pixel tile whose grid fills the SMs' waves within 10% of the best, the
-        most stages up to 4 that fit, and the slices of the reduction that
-        ``_splits_for`` prices cheapest."""
-        p, g = problem, gemm_view(problem)
+        """The block tile and slices of the reduction that ``_sliced_seconds`` prices
+        cheapest at each tile's ``TILE_RATES``, with the most stages up to 4 that fit; a
+        strided dgrad's phases by ``_filled_fit``."""
+        p = problem
+        if p.op is Op.DGRAD:
+            return _filled_fit(p, seed)
         three = seed.precision is Precision.FP32
-        pixels = p.batch * _pixels(p)
-        bn = min((t for t in MAP_TILES if t >= min(g.Mg, 128)), default=128)
-        wide = ceil_div(pixels, 128) * ceil_div(g.Mg, 256) * g.groups >= SMS
-        if g.Mg >= 256 and wide and not three:
-            bn = 256
-        tiles = ceil_div(g.Mg, bn) * g.groups
-
-        def filled(bm):
-            blocks = ceil_div(pixels, bm) * tiles
-            return blocks / (ceil_div(blocks, SMS) * SMS)
-
-        fits = []
-        for bm in (64, 128):
-            stages = min(4, _most_stages(bm, bn, three))
+        kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
+        widest = _widest_maps(p, three)
+        priced = []
+        for (bm, bn, tile_three), rate in TILE_RATES.items():
+            if tile_three != three or bn > widest:
+                continue
+            v = replace(seed, blocktile=(bm, bn), stages=min(4, _most_stages(bm, bn, three)))
             try:
-                plan_wgplanar(p, replace(seed, blocktile=(bm, bn), stages=stages))
-                fits.append((bm, stages))
+                per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
             except SpecError:
-                pass
-        if not fits:  # the seed's plan says why
-            return replace(seed, blocktile=(seed.blocktile[0], bn))
-        best = max(filled(bm) for bm, _ in fits)
-        bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
-        fitted = replace(seed, blocktile=(bm, bn), stages=stages)
-        return replace(fitted, splits=_splits_for(p, fitted))
+                continue
+            for splits in {1, _splits_for(p, v)}:
+                seconds = _sliced_seconds(p, v, per_sm, kt, splits, rate)
+                priced.append((seconds, bm, bn, replace(v, splits=splits)))
+        if not priced:  # the seed's plan says why
+            return _filled_fit(p, seed)
+        return min(priced, key=lambda t: t[:3])[3]
 
     @classmethod
     def space(cls, problem, precision):
@@ -158,9 +185,7 @@ class Wgplanar(Variant):
         if problem.layout is not TensorLayout.NCHW:
             return []
         three = precision is Precision.FP32
-        most_maps = THREE_MOST_MAPS if three else MAP_TILES[-1]
-        maps = gemm_view(problem).Mg
-        widest = min((t for t in MAP_TILES if t >= min(maps, most_maps)), default=most_maps)
+        widest = _widest_maps(problem, three)
         out = []
         for bm in PIXEL_TILES:
             for bn in (t for t in MAP_TILES if t <= widest):
@@ -172,6 +197,49 @@ class Wgplanar(Variant):
                     if splits > 1:
                         out.append(replace(v, splits=splits))
         return out
+
+
+def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
+    """A strided dgrad's tile, whose phases' unequal taps ``TILE_RATES`` does not price:
+    in tf32 256 maps where the group has them and 128-pixel tiles of them still fill the
+    SMs, else the group's maps rounded up to a tile (at most 128); then the widest pixel
+    tile whose grid fills the SMs' waves within 10% of the best, and the most stages up to
+    4 that fit (the fastest timed within 8% for resnet18's six strided dgrads at B=64 in
+    tf32 all within 10%: ``tune-resnet18-224-budget12-db-2026-11-29-h200-e9723ae.jsonl.gz``)."""
+    g = gemm_view(p)
+    three = seed.precision is Precision.FP32
+    pixels = p.batch * _pixels(p)
+    bn = min((t for t in MAP_TILES if t >= min(g.Mg, 128)), default=128)
+    wide = ceil_div(pixels, 128) * ceil_div(g.Mg, 256) * g.groups >= SMS
+    if g.Mg >= 256 and wide and not three:
+        bn = 256
+    tiles = ceil_div(g.Mg, bn) * g.groups
+
+    def filled(bm):
+        blocks = ceil_div(pixels, bm) * tiles
+        return blocks / (ceil_div(blocks, SMS) * SMS)
+
+    fits = []
+    for bm in (64, 128):
+        stages = min(4, _most_stages(bm, bn, three))
+        try:
+            plan_wgplanar(p, replace(seed, blocktile=(bm, bn), stages=stages))
+            fits.append((bm, stages))
+        except SpecError:
+            pass
+    if not fits:  # the seed's plan says why
+        return replace(seed, blocktile=(seed.blocktile[0], bn))
+    best = max(filled(bm) for bm, _ in fits)
+    bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
+    fitted = replace(seed, blocktile=(bm, bn), stages=stages)
+    return replace(fitted, splits=_splits_for(p, fitted))
+
+
+def _widest_maps(p: ConvProblem, three: bool) -> int:
+    """The widest map tile worth a block: the group's maps rounded up to a tile, at most
+    ``THREE_MOST_MAPS`` in fp32 math."""
+    most = THREE_MOST_MAPS if three else MAP_TILES[-1]
+    return min((t for t in MAP_TILES if t >= min(gemm_view(p).Mg, most)), default=most)
 
 
 def _stage_bytes(bm: int, bn: int, three: bool) -> tuple[int, int]:
@@ -236,10 +304,12 @@ def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
     return min(counts, key=lambda s: (_sliced_seconds(p, v, per_sm, kt, s), s))
 
 
-def _sliced_seconds(p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: int) -> float:
+def _sliced_seconds(
+    p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: int, rate: float = SM_RATE
+) -> float:
     """A price of the grid in ``splits`` slices: its waves of ``per_sm`` blocks an SM,
-    each as long as a block's slice of chunks at ``SM_RATE`` shared by the blocks an SM
-    holds, and past one slice the workspace's bytes (each slice's sums written and
+    each as long as a block's slice of chunks at ``rate`` (``SM_RATE`` unless the
+    tile's is given) shared by the blocks an SM holds, and past one slice the workspace's bytes (each slice's sums written and
     read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to 31
     problems timed whole and in slices on an H200 (``docs/measurements/
     wgplanar-splits-bench-2026-11-28-h200-d897791.log`` and resnet50's layers in
@@ -252,7 +322,7 @@ def _sliced_seconds(p: ConvProblem, v: Wgplanar, per_sm: int, kt: int, splits: i
     products = 3 if v.precision is Precision.FP32 else 1
     chunk_flops = 2 * bm * bn * CHUNK * products
     waves = ceil_div(blocks * splits, SMS * per_sm)
-    seconds = waves * per_sm * ceil_div(kt, splits) * chunk_flops / SM_RATE
+    seconds = waves * per_sm * ceil_div(kt, splits) * chunk_flops / rate
     if splits > 1:
         sums = p.batch * p.M * p.Ho * p.Wo * 4
         seconds += 2 * splits * sums / COPY_RATE + SUM_LAUNCH
