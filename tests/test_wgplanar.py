@@ -1,6 +1,7 @@
 """wgplanar, the forward pass and dgrad (strided: a GEMM per stride phase) of fp32 NCHW
-layers in tf32 and 3xTF32 on Hopper's warpgroup tensor cores with x in registers: what ptxas makes of it for sm_90a (CPU
-tier), its limits, where tune takes it, and its numbers on drawn problems (GPU tier)."""
+layers in tf32 and 3xTF32 on Hopper's warpgroup tensor cores with x in registers: what
+ptxas makes of it for sm_90a (CPU tier), its limits, its fit, where tune takes it, and
+its numbers on drawn problems (GPU tier)."""
 
 from dataclasses import replace
 
@@ -140,8 +141,9 @@ def test_a_strided_dgrad_keeps_the_wave_filling_fit():
 
 
 def test_every_fitted_tile_is_priced_and_in_the_tune_space():
-    """On drawn layer sizes the fit's tile is one ``TILE_RATES`` prices, and the tune's
-    space holds its tile (so a tune times tiles like it beside it)."""
+    """On layers of several widths, windows and batches the fit's tile is one
+    ``TILE_RATES`` prices, and the tune's space holds it (so a tune times its tile with
+    other stages and slices beside it)."""
     for C, M, HW, K, batch in [
         (64, 64, 56, 3, 32),
         (96, 200, 28, 1, 16),

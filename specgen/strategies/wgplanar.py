@@ -75,7 +75,7 @@ MIN_SLICE_CHUNKS = 8  # chunks a slice of the reduction walks at the least
 SM_RATE = 1.8e12  # tf32 flops a second an SM's blocks reach together (H200, fitted)
 # What an SM's blocks of one tile reach together, in tf32 flops a second (3xTF32 counts
 # its three products), by (pixels, maps, fp32 math): the median over the tunes of vgg11
-# (B=32) and resnet18 at 224 (B=64), forward passes and stride-1 dgrads in one slice (553
+# (B=32) and resnet18 at 224 (B=64), forward passes and stride-1 dgrads in one slice (521
 # timings; nvidia-h200, 2026-11-29, tree e9723ae; ``docs/measurements/
 # wgplanar-tile-rates-2026-11-29-from-tunes.log``).  A chunk of x is copied and loaded
 # once for all of the block's maps, so the rate grows with the maps; in 3xTF32 the three
@@ -218,12 +218,14 @@ class Wgplanar(Variant):
 
 
 def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
-    """A strided dgrad's tile, whose phases' unequal taps ``TILE_RATES`` does not price:
-    in tf32 256 maps where the group has them and 128-pixel tiles of them still fill the
-    SMs, else the group's maps rounded up to a tile (at most 128); then the widest pixel
-    tile whose grid fills the SMs' waves within 10% of the best, and the most stages up to
-    4 that fit (the fastest timed within 8% for resnet18's six strided dgrads at B=64 in
-    tf32 all within 10%: ``tune-resnet18-224-budget12-db-2026-11-29-h200-e9723ae.jsonl.gz``)."""
+    """The wave-filling tile: in tf32 256 maps where the group has them and 128-pixel
+    tiles of them still fill the SMs, else the group's maps rounded up to a tile (at most
+    128); then the widest pixel tile whose grid fills the SMs' waves within 10% of the
+    best, and the most stages up to 4 that fit.  A strided dgrad takes it, its phases'
+    unequal taps being what ``TILE_RATES`` does not price (resnet18's six at B=64 in tf32
+    within 10% of the fastest the tune timed,
+    ``tune-resnet18-224-budget12-db-2026-11-29-h200-e9723ae.jsonl.gz``), and the rated
+    pick must price clearly below it (``RATED_MARGIN``)."""
     g = gemm_view(p)
     three = seed.precision is Precision.FP32
     pixels = p.batch * _pixels(p)
@@ -327,8 +329,9 @@ def _sliced_seconds(
 ) -> float:
     """A price of the grid in ``splits`` slices: its waves of ``per_sm`` blocks an SM,
     each as long as a block's slice of chunks at ``rate`` (``SM_RATE`` unless the
-    tile's is given) shared by the blocks an SM holds, and past one slice the workspace's bytes (each slice's sums written and
-    read back) at ``COPY_RATE`` and the second kernel's launch.  Fitted to 31
+    tile's is given) shared by the blocks an SM holds, and past one slice the
+    workspace's bytes (each slice's sums written and read back) at ``COPY_RATE`` and
+    the second kernel's launch.  Fitted to 31
     problems timed whole and in slices on an H200 (``docs/measurements/
     wgplanar-splits-bench-2026-11-28-h200-d897791.log`` and resnet50's layers in
     ``model-resnet50-fp32-tf32-2026-11-28-h200x4-d897791.log``, whose whole grids are
