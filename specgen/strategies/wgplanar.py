@@ -34,6 +34,12 @@ Where the grid leaves SMs idle, ``--splits`` cuts the reduction into slices over
 z, each slice's sums to its plane of a workspace, added in order by a second kernel with
 the bias and activation; the fit prices the count (``_splits_for``).
 
+The fit prices every tile it may take at that tile's own rate, measured on the tunes of
+vgg11 and resnet18 (``TILE_RATES``: a chunk of x copied and loaded once serves all of the
+block's maps, so wide map tiles run faster, and in 3xTF32 64-pixel tiles are the
+slowest), and takes the cheapest where it prices clearly below the tile that best fills
+the SMs' waves; a strided dgrad, whose phases' taps are unequal, takes the latter.
+
 dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
 planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
