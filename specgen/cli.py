@@ -714,6 +714,15 @@ def _tune_math(shape, strat) -> str:
     help="most candidates to time (sampled evenly)",
 )
 @click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
+@click.option(
+    "--timings-from",
+    "timings_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="with --problems or --model: an earlier tune's database (.jsonl or .jsonl.gz) "
+    "whose timings this one takes, timing only what they lack and each problem's "
+    "finalists again",
+)
 @click.option("--strategy", default=None, help="search only this strategy's variants")
 @click.option(
     "--op",
@@ -734,6 +743,7 @@ def tune(
     precision,
     budget,
     batch,
+    timings_path,
     strategy,
     op_text,
 ):
@@ -744,8 +754,12 @@ def tune(
         raise SpecError("give one of --shape, --problems and --model")
     if shape_text is None:
         cluster = dict(workers=workers, gpus=gpus, scheduler=scheduler, item_limit=item_limit)
-        _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **cluster)
+        _tune_many(
+            problems_path, model_name, batch, budget, compile_only, arch, timings_path, **cluster
+        )
         return
+    if timings_path is not None:
+        raise SpecError("--timings-from resumes a many-problem tune: give --problems or --model")
     if compile_only or scheduler or gpus is not None:
         raise SpecError(
             "--compile-only, --gpus and --scheduler tune many problems: give --problems or --model"
@@ -801,9 +815,12 @@ def _model_problems(name: str, batch: int | None) -> list:
     return list(dict.fromkeys(out))
 
 
-def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **cluster):
+def _tune_many(
+    problems_path, model_name, batch, budget, compile_only, arch, timings_path=None, **cluster
+):
     """A many-problem tune: the compile phase alone (``compile_only``, for ``arch``) or
-    the timed one; ``cluster``: workers, gpus, scheduler and item_limit as given."""
+    the timed one, after taking ``timings_path``'s timings where given; ``cluster``:
+    workers, gpus, scheduler and item_limit as given."""
     workers, gpus, scheduler = cluster["workers"], cluster["gpus"], cluster["scheduler"]
     from . import dist
     from .compile import DEFAULT_ARCH
@@ -815,6 +832,7 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
             raise SpecError("--gpus times on GPU workers; --compile-only runs none")
         _check_arch(arch)
         arch = arch or DEFAULT_ARCH
+        _take_timings(timings_path)
         _compile_many(problems, arch, scheduler, workers, budget)
         return
     if arch is not None:
@@ -828,6 +846,7 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
         raise SpecError(
             "a timed tune needs a CUDA GPU and none is visible; --compile-only needs none"
         )
+    _take_timings(timings_path)
 
     # The problems listed (a model traced: PyTorch imported, 3-5 s) while the cluster
     # starts, in a process of their own: in a thread of this one, the import and Dask's
@@ -861,6 +880,19 @@ def _tune_many(problems_path, model_name, batch, budget, compile_only, arch, **c
         del preparing  # done long before: the GPU workers ran it first
     finally:
         dist.disconnect(client)
+
+
+def _take_timings(path) -> None:
+    """``--timings-from``: the earlier tune's timings into this machine's database."""
+    if path is None:
+        return
+    from . import tunedb
+
+    added, held = tunedb.import_timings(path)
+    click.echo(
+        f"took {added} timings from {path} ({held} here already): their candidates are "
+        "not timed again, each problem's finalists are"
+    )
 
 
 def _compile_many(problems, arch, scheduler, workers, budget):

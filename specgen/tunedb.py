@@ -172,6 +172,43 @@ def append(record: dict) -> None:
         )
 
 
+def import_timings(path: Path) -> tuple[int, int]:
+    """Another results database's timings (``path``, gzipped where it ends in .gz) added
+    to this machine's, those it holds already left out: a many-problem tune then times
+    only what they lack (a candidate new to the sample, a source changed since) and each
+    problem's finalists again.  Its compile and winner records stay behind, so that the
+    tune compiles every candidate here and picks each winner anew.  Returns (added, held
+    already); SpecError where the file cannot be read or holds no timing."""
+    import gzip
+    import zlib
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    found, bad = [], []
+    try:
+        with opener(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                _parse(raw, number, found, bad)
+    except (OSError, EOFError, zlib.error) as e:  # a bad gzip header is an OSError
+        raise SpecError(f"cannot read timings from {path}: {getattr(e, 'strerror', None) or e}")
+    timings = [r for r in found if r["kind"] == "timing" and r.get("status", "ok") == "ok"]
+    if not timings:
+        raise SpecError(f"{path} holds no timing records to take")
+
+    def key(r):
+        return tuple(
+            r.get(k) for k in ("gpu", "driver", "nvrtc", "shape", "batch", "variant", "source")
+        )
+
+    held = {key(r) for r in records() if r["kind"] == "timing"}
+    added = 0
+    for r in timings:
+        if key(r) not in held:
+            held.add(key(r))
+            append({k: v for k, v in r.items() if k != "line"})
+            added += 1
+    return added, len(timings) - added
+
+
 @contextlib.contextmanager
 def locked(key: str):
     """Hold an exclusive lock named by ``key`` (a problem's spec) across processes, so

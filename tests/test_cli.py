@@ -336,3 +336,16 @@ def test_a_many_problem_tunes_setup_is_said_step_by_step(monkeypatch):
     for step in ("problems", "cluster up", "items listed"):
         setup.mark(step)
     assert setup.line() == "setup 6.2 s: problems 2.5 s, cluster up 3.5 s, items listed 0.2 s"
+
+
+def test_timings_from_resumes_many_problem_tunes_only(tmp_path):
+    """``--timings-from`` with one problem, or a file that is not there: one line and
+    exit status 2."""
+    r = run("tune", "--shape", "layer2", "--timings-from", str(tmp_path / "t.jsonl"))
+    assert r.exit_code == 2 and "--problems or --model" in r.output
+    problems = tmp_path / "p.txt"
+    problems.write_text("layer2\n")
+    missing = tmp_path / "missing.jsonl.gz"
+    r = run("tune", "--problems", str(problems), "--compile-only", "--timings-from", str(missing))
+    assert r.exit_code == 2 and "cannot read timings from" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1

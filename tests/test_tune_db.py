@@ -226,3 +226,53 @@ def test_records_read_again_see_what_was_appended_or_rewritten(tmp_path, monkeyp
     again = tunedb.records()
     assert [r["gpu"] for r in again][:5] == ["B"] * 5
     assert again == fresh()
+
+
+def test_an_earlier_tunes_timings_are_taken_once_without_its_compiles_and_winners(
+    tmp_path, monkeypatch
+):
+    """``--timings-from``: the timings of another database (gzipped or not) join this
+    machine's, each once; its compile, dropped and winner records and unreadable lines
+    stay behind, so that a tune resumed from them compiles here, times what they lack,
+    and picks each winner anew."""
+    import gzip
+
+    import pytest
+
+    from specgen.errors import SpecError
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    key = dict(nvrtc="13.0", shape="C=8,M=8,H=6,W=6,K=3", batch=4, variant="v", source="a1")
+    gpu = dict(gpu="NVIDIA H200", driver=13000)
+    rows = [
+        dict(key, kind="compiled", arch="sm_90", status="ok"),
+        dict(key, **gpu, kind="timing", status="ok", ms=0.5),
+        dict(key, **gpu, variant="w", kind="timing", status="ok", ms=0.7),
+        dict(key, gpu="NVIDIA H200", variant="x", kind="dropped", status="wrong"),
+        dict(kind="winner", gpu="NVIDIA H200", shape=key["shape"], batch=4, precision="fp32")
+        | dict(variant="v", ms=0.5, date="2026-11-29"),
+    ]
+    old = tmp_path / "old.jsonl.gz"
+    with gzip.open(old, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    assert tunedb.import_timings(old) == (2, 0)
+    assert sorted((r["kind"], r["variant"], r["ms"]) for r in tunedb.records()) == [
+        ("timing", "v", 0.5),
+        ("timing", "w", 0.7),
+    ]
+    assert tunedb.import_timings(old) == (0, 2)  # a second take adds nothing
+    plain = tmp_path / "old.jsonl"
+    plain.write_text(json.dumps(dict(rows[1], source="b2")) + "\n")
+    assert tunedb.import_timings(plain) == (1, 0)  # another source: another candidate
+    assert len(tunedb.records()) == 3
+    plain.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(SpecError, match="no timing records") as e:
+        tunedb.import_timings(plain)
+    with pytest.raises(SpecError, match="cannot read timings") as e:
+        tunedb.import_timings(tmp_path / "missing.jsonl.gz")
+    assert "\n" not in str(e.value)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(b'{"kind": "timing"}\n' * 50)[:40] + b"\x00" * 40)
+    with pytest.raises(SpecError, match="cannot read timings") as e:
+        tunedb.import_timings(broken)
+    assert "\n" not in str(e.value)
