@@ -172,31 +172,24 @@ class Wgplanar(Variant):
         three = seed.precision is Precision.FP32
         kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
         widest = _widest_maps(p, three)
-
-        def price(v):
-            rate = TILE_RATES.get((*v.blocktile, three))
-            if rate is None:
-                return None
-            try:
-                per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
-            except SpecError:
-                return None
-            return _sliced_seconds(p, v, per_sm, kt, v.splits, rate)
-
-        priced = []
-        for bm, bn, tile_three in TILE_RATES:
+        prices = {}  # each rated tile, whole and in its slices: its seconds
+        for (bm, bn, tile_three), rate in TILE_RATES.items():
             if tile_three != three or bn > widest:
                 continue
-            v = replace(seed, blocktile=(bm, bn), stages=min(4, _most_stages(bm, bn, three)))
-            for splits in {1, _splits_for(p, v)}:
-                seconds = price(replace(v, splits=splits))
-                if seconds is not None:
-                    priced.append((seconds, bm, bn, replace(v, splits=splits)))
-        if not priced:
+            v = replace(
+                seed, blocktile=(bm, bn), stages=min(4, _most_stages(bm, bn, three)), splits=1
+            )
+            try:
+                per_sm = plan_wgplanar(p, v).context["per_sm"]
+            except SpecError:
+                continue
+            for splits in {1, _splits_for(p, v, per_sm)}:
+                prices[replace(v, splits=splits)] = _sliced_seconds(p, v, per_sm, kt, splits, rate)
+        if not prices:
             return filled
-        seconds, *_, best = min(priced, key=lambda t: t[:3])
-        against = price(filled)
-        return best if against is None or seconds < RATED_MARGIN * against else filled
+        best = min(prices, key=lambda v: (prices[v], *v.blocktile))
+        against = prices.get(filled)  # the wave-filling tile, where it is a rated one
+        return best if against is None or prices[best] < RATED_MARGIN * against else filled
 
     @classmethod
     def space(cls, problem, precision):
@@ -312,20 +305,22 @@ def _one_to_one(ph: dict, g: ConvProblem) -> bool:
     )
 
 
-def _splits_for(p: ConvProblem, v: Wgplanar) -> int:
+def _splits_for(p: ConvProblem, v: Wgplanar, per_sm: int | None = None) -> int:
     """The slices of the reduction that ``_sliced_seconds`` prices cheapest, one where
     the reduction has fewer than two slices' ``MIN_SLICE_CHUNKS``.  Slices pay where
     the whole grid leaves SMs idle and the sums' trip through the workspace is small
     beside the work: resnet50's 3x3 layers over 7x7 maps (100 blocks of 144 chunks,
     0.084 ms in one piece, 0.065 in five slices at B=32, tf32), not its 1x1 layers
-    of 16 to 32 chunks (0.027 ms in one piece, 0.044 in two; H200, 2026-11-28)."""
+    of 16 to 32 chunks (0.027 ms in one piece, 0.044 in two; H200, 2026-11-28).
+    ``per_sm``: the blocks an SM holds, where the caller has planned ``v`` already."""
     kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
     if kt < 2 * MIN_SLICE_CHUNKS or p.op is Op.DGRAD:  # (phases: whole)
         return 1
-    try:
-        per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
-    except SpecError:
-        return 1
+    if per_sm is None:
+        try:
+            per_sm = plan_wgplanar(p, replace(v, splits=1)).context["per_sm"]
+        except SpecError:
+            return 1
     counts = range(1, kt // MIN_SLICE_CHUNKS + 1)
     return min(counts, key=lambda s: (_sliced_seconds(p, v, per_sm, kt, s), s))
 
