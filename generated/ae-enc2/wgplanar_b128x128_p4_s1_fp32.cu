@@ -82,17 +82,25 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// fp32 in three tf32 products: v = hi + lo, hi v rounded to tf32 (to nearest, ties away
-// from zero), lo = v - hi exactly, of which the tensor cores read the leading 10
-// mantissa bits.  The word at `at` (shared, this thread's own copy) becomes hi, and lo
-// goes `lo_off` bytes on, in the stage's tile of lo words.
-__device__ __forceinline__ void split_word(unsigned char* smem, unsigned at, unsigned lo_off)
+// fp32 in three tf32 products, a 16-byte unit of four words at a time: each word v = hi
+// + lo, hi v rounded to tf32 (to nearest, ties away from zero), lo = v - hi exactly, of
+// which the tensor cores read the leading 10 mantissa bits.  The unit at `at` (shared,
+// this thread's own copy) becomes hi, and lo goes `lo_off` bytes on, in the stage's tile
+// of lo words.  One vector load and two vector stores a unit: a warp's units (8 to a
+// 128-byte row) fill the 32 banks, where word by word four rows' words land in the same
+// eight banks.
+__device__ __forceinline__ void split_unit(unsigned char* smem, unsigned at, unsigned lo_off)
 {
-    float* w = reinterpret_cast<float*>(smem + at);
-    const float v = *w;
-    const float hi = __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+    float4* w = reinterpret_cast<float4*>(smem + at);
+    const float4 v = *w;
+    const float4 hi = make_float4(
+        __uint_as_float((__float_as_uint(v.x) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.y) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.z) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.w) + 0x1000u) & 0xffffe000u));
     *w = hi;
-    *reinterpret_cast<float*>(smem + at + lo_off) = v - hi;
+    *reinterpret_cast<float4*>(smem + at + lo_off) =
+        make_float4(v.x - hi.x, v.y - hi.y, v.z - hi.z, v.w - hi.w);
 }
 
 // acc[64 pixels x 128 maps] += A[64 pixels x 8 channels] * B[8 channels x 128 maps]:
@@ -222,13 +230,11 @@ wgplanar_b128x128_p4_s1_fp32(const float* __restrict__ x, const float* __restric
         // reads, and everyone's is; every warpgroup has retired chunk kt - 1.
         cp_async_wait<2>();
         const int stage = kt % 4;
-        {  // this thread's own words of the weights, each split into hi (in place) and lo
+        {  // this thread's own units of the weights, each word split into hi (in place) and lo
             const unsigned own = (b_base - raw) + stage * 32768u;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    split_word(smem_raw, own + swizzle(row0 + i * 32, unit) + 4 * e, 16384u);
+                split_unit(smem_raw, own + swizzle(row0 + i * 32, unit), 16384u);
             }
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
