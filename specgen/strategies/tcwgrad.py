@@ -81,7 +81,18 @@ class Tcwgrad(Variant):
             warps = (max(1, bm // 32), warps[1])  # two warps' copy addresses spill
         tiles = _tiles(problem, bm, bn)
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
-        return replace(seed, blocktile=(bm, bn), warpgrid=warps, splits=splits)
+        stages = seed.stages
+        if (
+            own is Precision.TF32
+            and seed.precision is Precision.TF32
+            and wide_tf32(problem, bm, bn)
+        ):
+            # 64x64 warps, three stages and twice the slices: the fastest the tunes timed
+            # on all 13 such layers of vgg11 (B=32) and resnet18 at 224 (B=64), where the
+            # 64x32 warps, four stages and the slices above took 1.15-1.72x as long
+            # (nvidia-h200, 2026-11-29, tcwgrad-tf32-fit-from-tunes-2026-11-29.log)
+            warps, stages, splits = (2, 2), 3, min(2 * splits, 65535)
+        return replace(seed, blocktile=(bm, bn), warpgrid=warps, stages=stages, splits=splits)
 
     @classmethod
     def space(cls, problem, precision):
@@ -100,6 +111,12 @@ class Tcwgrad(Variant):
                     grid = base.warpgrid if precision is Precision.FP32 else (wm, wn)
                     out.append(replace(base, blocktile=(bm, bn), warpgrid=grid, splits=s))
         return out
+
+
+def wide_tf32(p, bm: int, bn: int) -> bool:
+    """A tf32 wgrad whose tunes favour 64x64 warps: 128x128 tiles, a window past 1x1 (the
+    1x1 layers timed took other tiles and fewer slices)."""
+    return (bm, bn) == (128, 128) and p.R * p.S > 1
 
 
 def slice_sums(p, name: str, splits: int):
