@@ -94,10 +94,15 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     a few-channel wgrad over its padded channels),
     from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
-    left out: it is slower, and never picked (depthwise layers aside).  An fp32 wgrad is
-    searched in both layouts, as both have tensor-core kernels (``wgnchw`` and
-    ``tc3wgrad`` in NCHW, ``tcwgrad`` in NHWC): the operator then computes it where its
-    winner with the tensors moved there is faster (``choose.computed_layout``)."""
+    left out: it is slower, and never picked (depthwise layers aside).  An op of fp32
+    tensors is searched in both layouts where the other has tensor-core kernels too
+    (every op on sm_90a, ``wgplanar`` reading NCHW; the wgrads elsewhere, ``tc3wgrad`` in
+    NCHW and ``tcwgrad`` in NHWC): the operator then computes it where its winner with
+    the tensors moved there is faster (``choose.computed_layout``).  The layout it
+    computes in follows the winners, so a search of that one alone would never time the
+    other again (resnet18's 14x14 fp32 layers stayed on an NHWC winner that the NCHW
+    kernels had come to beat), and a compile phase without them (``gpu`` "") would
+    compile another set than the timed one."""
     from .choose import computed_problem, maths
 
     out = []
@@ -109,12 +114,28 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             except SpecError:
                 out.append((p, precision, 0, ()))
                 continue
+            other = replace(q, layout=q.layout.other)
             # (not a first layer's over padded channels: the operator looks its other
             # layout up unpadded)
-            both = p.op is Op.WGRAD and p.dtype is DType.FP32 and q.C == p.C
-            for r in (q, replace(q, layout=q.layout.other)) if both else (q,):
+            both = (
+                p.op is not Op.BGRAD
+                and p.dtype is DType.FP32
+                and q.C == p.C
+                and _on_tensor_cores(other, tf32, arch)
+            )
+            for r in sorted((q, other) if both else (q,), key=lambda r: r.layout.value):
                 out += _search(r, precision, arch)
     return list(dict.fromkeys(out))
+
+
+def _on_tensor_cores(p: ConvProblem, tf32: bool, arch: str | None) -> bool:
+    """Whether the planner's pick for ``p`` runs on the tensor cores."""
+    from .choose import planned
+
+    try:
+        return planned(p, tf32, arch).variant.tensor_core
+    except SpecError:
+        return False
 
 
 def _search(p: ConvProblem, precision: Precision, arch: str | None) -> list[tuple]:

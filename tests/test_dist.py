@@ -451,6 +451,24 @@ def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
         assert all(it.precision == precision.value for it in items)
 
 
+@pytest.mark.parametrize("op", ["fprop", "dgrad"])
+def test_a_whole_model_tune_searches_an_fp32_layer_in_both_layouts_on_tensor_cores(op):
+    """An fp32 NCHW 3x3 layer on sm_90 has tensor-core kernels in both layouts
+    (``wgplanar`` in place, ``tcgemm`` and ``wgmma`` in NHWC): each math is searched in
+    both, whichever the operator computes it in, so a winner in one layout never keeps the
+    other from being timed again, and the compile phase (no GPU, no winners) lists what
+    the timed one will.  On sm_80, where NCHW has none, NHWC alone."""
+    from specgen.shapes import TensorLayout, parse_shape
+    from specgen.variants import Precision
+
+    p = parse_shape(f"C=256,M=256,H=14,W=14,K=3,pad=1,op={op}")
+    found = {(s[0].layout, s[1]) for s in dist.searched([p], "", "sm_90")}
+    maths = (Precision.FP32, Precision.TF32)
+    assert found == {(lay, m) for lay in TensorLayout for m in maths}
+    found = {(s[0].layout, s[1]) for s in dist.searched([p], "", "sm_80")}
+    assert found == {(TensorLayout.NHWC, m) for m in maths}
+
+
 def test_a_depthwise_layers_tune_searches_the_cuda_cores_too():
     """MobileNetV2's depthwise wgrad in bf16 NHWC: its untuned pick runs on the tensor
     cores, whose tiles idle on one channel a group, so its fp32 math (wlane's) and the
