@@ -569,3 +569,23 @@ def test_the_longest_groups_go_first():
         ("d",): group(small, 40),
     }
     assert dist.longest_first(groups) == {("c",): 0, ("b",): 1, ("a",): 2, ("d",): 3}
+
+
+def test_an_embedded_clusters_workers_are_quieted_before_it_stops():
+    """``disconnect``: a worker's heartbeat under way as the scheduler stops fails, and
+    the worker would log that with a traceback after a tune that went well; its logs are
+    quieted before the client and the cluster close."""
+    import logging
+
+    client = dist.connect(None, 1)
+    levels = []
+    close = client.close
+
+    def closing():
+        if not levels:  # (the client closes again as it is collected)
+            levels.append(client.run(lambda: logging.getLogger("distributed.worker").level))
+        close()
+
+    client.close = closing
+    dist.disconnect(client)
+    assert levels and list(levels[0].values()) == [logging.CRITICAL]
