@@ -1,9 +1,13 @@
-"""Host time of the autoencoder's training step (examples/autoencoder.py, B=128,
-channels_last), specgen beside PyTorch+cuDNN, per math: the CPU time a step takes to
-enqueue (process time, so waiting on the GPU does not count), then where specgen's goes
-(cProfile, sorted by own time).
+"""Host time of a training step, specgen beside PyTorch+cuDNN, per math.
+
+The CPU time a step takes to enqueue (process time, so waiting on the GPU does not
+count), then where specgen's goes (cProfile, sorted by own time; cupy's
+``launchKernel`` calls are its launches).  The autoencoder's step (examples/autoencoder.py, B=128, channels_last), or
+with ``--model`` the step ``specgen model`` times (a torchvision model or unet, fp32 and
+tf32 in NCHW, bf16 autocast in channels_last).
 
     PYTHONPATH=. python3 scripts/step_host.py [--math bf16]
+    PYTHONPATH=. python3 scripts/step_host.py --model resnet18 --batch 128 --image 32 --math fp32
 """
 
 import argparse
@@ -103,10 +107,48 @@ def ready_step(math: str, warm: int = 1):
     return x, cu, ours, autocast, step
 
 
+def model_steps(name: str, batch: int, image: int, math: str) -> dict:
+    """cuDNN's and specgen's training steps of ``specgen model``'s model ``name``, set up
+    as it sets them up (``cudnn.benchmark`` on, tf32 as the math says), each run once."""
+    from specgen.torch import model as m
+
+    mode = m.MODES[math]
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = mode.tf32
+    torch.backends.cudnn.benchmark = True
+    base = m.build(name)
+    x, t = m._inputs(batch, image, mode, m._target(base, batch, image), seed=1)
+    steps = {}
+    for who in ("cuDNN", "specgen"):
+        net = m._prepare(copy.deepcopy(base), mode)
+        net = sg.convert(net) if who == "specgen" else net
+        steps[who] = m.training_step(net, torch.optim.SGD(net.parameters(), lr=1e-3), x, t, mode)
+        steps[who]()
+    torch.cuda.synchronize()
+    return steps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--math", choices=list(MATHS), action="append")
+    ap.add_argument("--model", help="a model of specgen model (default: the autoencoder)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--image", type=int, default=224)
     args = ap.parse_args()
+    if args.model:
+        print(
+            f"{torch.cuda.get_device_name()}: {args.model}, B={args.batch}, {args.image}x{args.image}"
+        )
+        print("host (CPU) time to enqueue one step, ms")
+        print(f"{'math':<6} {'cuDNN':>8} {'specgen':>8}")
+        profiles = []
+        for math in args.math or list(MATHS):
+            steps = model_steps(args.model, args.batch, args.image, math)
+            print(f"{math:<6} {host_ms(steps['cuDNN']):>8.3f} {host_ms(steps['specgen']):>8.3f}")
+            profiles.append((math, profiled(steps["specgen"])))
+        for math, prof in profiles:
+            print(f"\nspecgen {math}: 20 steps, by own time")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        return
     x, base = setup()
     print(f"{torch.cuda.get_device_name()}: host (CPU) time to enqueue one step, ms")
     print(f"{'math':<6} {'cuDNN':>8} {'specgen':>8}")
