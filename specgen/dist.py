@@ -628,11 +628,10 @@ def gpu_of(client, workers: list[str]) -> dict:
 def timed(env: dict) -> dict[tuple, dict]:
     """Item key -> its GPU-phase record (timing or dropped) for this GPU, driver and
     compiler: a resumed run's GPU work already done."""
-    keys = ("gpu", "driver", "nvrtc")
     return {
-        (r["shape"], r["batch"], r["variant"], r["source"]): r
+        tunedb.candidate_key(r): r
         for r in tunedb.records()
-        if r["kind"] in ("timing", "dropped") and all(r.get(k) == env[k] for k in keys)
+        if r["kind"] in ("timing", "dropped") and tunedb.measured_on(r, env)
     }
 
 
@@ -1031,7 +1030,7 @@ def compiled_records(arch: str) -> dict[tuple, dict]:
 
     nvrtc = "%d.%d" % nvrtc_version()
     return {
-        (r["shape"], r["batch"], r["variant"], r["source"]): r
+        tunedb.candidate_key(r): r
         for r in tunedb.records()
         if r["kind"] == "compiled" and r["arch"] == arch and r["nvrtc"] == nvrtc
     }

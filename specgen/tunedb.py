@@ -172,6 +172,20 @@ def append(record: dict) -> None:
         )
 
 
+MEASURED_ON = ("gpu", "driver", "nvrtc")  # what a timing holds for only
+
+
+def candidate_key(r: dict) -> tuple:
+    """A compile or timing record's candidate: problem, batch, variant and the hash of its
+    rendered source (``dist.Item.key``)."""
+    return tuple(r.get(k) for k in ("shape", "batch", "variant", "source"))
+
+
+def measured_on(r: dict, env: dict) -> bool:
+    """Whether a timing record was measured on ``env``'s GPU, driver and compiler."""
+    return all(r.get(k) == env.get(k) for k in MEASURED_ON)
+
+
 def import_timings(path: Path) -> tuple[int, int]:
     """Another results database's timings (``path``, gzipped where it ends in .gz) added
     to this machine's, those it holds already left out: a many-problem tune then times
@@ -195,9 +209,7 @@ def import_timings(path: Path) -> tuple[int, int]:
         raise SpecError(f"{path} holds no timing records to take")
 
     def key(r):
-        return tuple(
-            r.get(k) for k in ("gpu", "driver", "nvrtc", "shape", "batch", "variant", "source")
-        )
+        return (tuple(r.get(k) for k in MEASURED_ON), candidate_key(r))
 
     held = {key(r) for r in records() if r["kind"] == "timing"}
     added = 0
@@ -239,7 +251,7 @@ def timings(env: dict, shape_spec: str, batch: int) -> dict[tuple[str, str], dic
         (r["variant"], r["source"]): r
         for r in records()
         if r["kind"] == "timing"
-        and all(r.get(k) == env[k] for k in env)
+        and measured_on(r, env)
         and r["shape"] == shape_spec
         and r["batch"] == batch
     }
