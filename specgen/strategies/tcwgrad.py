@@ -87,11 +87,16 @@ class Tcwgrad(Variant):
             and seed.precision is Precision.TF32
             and wide_tf32(problem, bm, bn)
         ):
-            # 64x64 warps, three stages and twice the slices: the fastest the tunes timed
-            # on all 13 such layers of vgg11 (B=32) and resnet18 at 224 (B=64), where the
-            # 64x32 warps, four stages and the slices above took 1.15-1.72x as long
-            # (nvidia-h200, 2026-11-29, tcwgrad-tf32-fit-from-tunes-2026-11-29.log)
-            warps, stages, splits = (2, 2), 3, min(2 * splits, 65535)
+            # 64x64 warps and three stages: the fastest the tunes timed on all 13 such
+            # layers of vgg11 (B=32) and resnet18 at 224 (B=64), where 64x32 warps and four
+            # stages took 1.15-1.72x as long (nvidia-h200, 2026-11-29, ``docs/
+            # measurements/tcwgrad-tf32-fit-from-tunes-2026-11-29.log``).  The slices
+            # above, four times as many where they are 3 or fewer (72 tiles and more,
+            # which leave a wave short): on the 12 layers timed again, 1.00-1.02x the
+            # fastest, where twice the slices everywhere took up to 1.21x (``docs/
+            # measurements/tcwgrad-tf32-slices-from-tunes-2026-11-29.log``)
+            warps, stages = (2, 2), 3
+            splits = 4 * splits if splits <= 3 else splits
         return replace(seed, blocktile=(bm, bn), warpgrid=warps, stages=stages, splits=splits)
 
     @classmethod
