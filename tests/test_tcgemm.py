@@ -108,6 +108,28 @@ def test_the_tf32_wgrad_fit_takes_what_the_tunes_timed_fastest(spec, batch, want
 
 
 @pytest.mark.parametrize(
+    "spec, batch, want",
+    [
+        # 144 tiles of 128x128: half as wide, two slices
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", 64, ((128, 64), (4, 2), 2)),
+        ("C=512,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, ((128, 64), (4, 2), 2)),
+        # 72 tiles: as they were, three slices
+        ("C=256,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, ((128, 128), (4, 4), 3)),
+    ],
+)
+def test_the_fp32_wgrad_fit_splits_a_short_wave_of_wide_tiles(spec, batch, want):
+    """The fp32 default of a channels-last wgrad whose 128x128 tiles are more than the
+    SMs and fewer than two an SM: tiles half as wide in two slices, as the tunes of vgg11
+    and resnet18 timed fastest (tcwgrad-fp32-wide-layers-from-tunes-2026-11-29.log); it
+    compiles for sm_90 without spills."""
+    p = replace(parse_shape(spec + ",layout=nhwc,op=wgrad"), batch=batch)
+    v = Tcwgrad.default(p, Precision.FP32)
+    assert (v.blocktile, v.warpgrid, v.splits) == want
+    plan = make_plan(p, v)
+    assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
+
+
+@pytest.mark.parametrize(
     "spec,name,words",
     [
         ("C=256,M=128,H=16,W=16,K=3,pad=1", "tcgemm_b128x128_w2x2_k32_p4_tf32", "nhwc"),

@@ -81,6 +81,17 @@ class Tcwgrad(Variant):
             warps = (max(1, bm // 32), warps[1])  # two warps' copy addresses spill
         tiles = _tiles(problem, bm, bn)
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
+        if (
+            seed.precision is Precision.FP32
+            and bn == 128
+            and TARGET_BLOCKS // 2 < tiles <= TARGET_BLOCKS
+        ):
+            # More tiles than SMs, fewer than two an SM: one slice each left the SMs'
+            # second blocks idle.  Tiles half as wide in two slices were the fastest the
+            # tunes timed on all three such layers (C=M=512 3x3), where these took
+            # 1.44-1.54x as long (nvidia-h200, 2026-11-29, ``docs/measurements/
+            # tcwgrad-fp32-wide-layers-from-tunes-2026-11-29.log``)
+            bn, warps, splits = 64, (warps[0], max(1, warps[1] // 2)), 2
         stages = seed.stages
         if (
             own is Precision.TF32
