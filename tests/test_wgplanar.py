@@ -90,7 +90,9 @@ def test_resnet_layers_compile_for_sm_90a_with_x_from_registers(spec, precision)
     assert plan.launches[0].block[0] == 2 * bm  # a warpgroup a 64 pixels
 
 
-@pytest.mark.parametrize("spec", ["C=128,M=128,H=28,W=28,K=3,pad=1", "C=256,M=3,H=32,W=32,K=3,pad=1"])
+@pytest.mark.parametrize(
+    "spec", ["C=128,M=128,H=28,W=28,K=3,pad=1", "C=256,M=3,H=32,W=32,K=3,pad=1"]
+)
 def test_fp32_math_splits_the_weights_a_16_byte_unit_at_a_time(spec):
     """In 3xTF32 each thread splits the weights' units it copied with one vector load and
     two vector stores a unit (a warp's units fill the banks), not word by word (four
