@@ -469,6 +469,31 @@ def test_a_whole_model_tune_searches_an_fp32_layer_in_both_layouts_on_tensor_cor
     assert found == {(TensorLayout.NHWC, m) for m in maths}
 
 
+def test_a_whole_model_tune_searches_the_same_with_winners_shipped_or_none():
+    """The compile phase lists its searches without a GPU (no winners), the timed phase
+    with this GPU's shipped winners, which move ops between layouts: both search the
+    same problems in the same maths, so that nothing the timed phase needs is left
+    uncompiled and no layout that once lost goes untimed (resnet18's 14x14 fp32 layers
+    at B=64 were searched in NHWC alone while their NCHW kernels had become faster)."""
+    from dataclasses import replace
+
+    from specgen.shapes import parse_shape
+
+    specs = [
+        "C=256,M=256,H=14,W=14,K=3,pad=1",
+        "C=256,M=256,H=14,W=14,K=3,pad=1,op=dgrad",
+        "C=256,M=256,H=14,W=14,K=3,pad=1,op=wgrad",
+        "C=128,M=256,H=28,W=28,K=3,pad=1,stride=2,op=dgrad",
+        "C=64,M=64,H=56,W=56,K=3,pad=1",
+    ]
+    problems = [replace(parse_shape(s), batch=64) for s in specs]
+
+    def searches(gpu):
+        return {(p.spec, precision) for p, precision, _, _ in dist.searched(problems, gpu, "sm_90")}
+
+    assert searches("NVIDIA H200") == searches("")
+
+
 def test_a_depthwise_layers_tune_searches_the_cuda_cores_too():
     """MobileNetV2's depthwise wgrad in bf16 NHWC: its untuned pick runs on the tensor
     cores, whose tiles idle on one channel a group, so its fp32 math (wlane's) and the
