@@ -84,47 +84,30 @@ def test_default_set_of_16_bit_channels_last_holds_tcgemm_in_the_tensors_dtype()
 
 
 @pytest.mark.parametrize(
-    "spec, batch, want",
+    "spec, batch, precision, want",
     [
-        # 3x3 layers on 128x128 tiles: 64x64 warps, three stages, the slices for two
-        # blocks an SM, four times as many where those are 3 or fewer
-        ("C=128,M=128,H=28,W=28,K=3,pad=1", 64, ((2, 2), 3, 29)),
-        ("C=256,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, ((2, 2), 3, 12)),
-        ("C=512,M=512,H=14,W=14,K=3,pad=1,bias=1", 32, ((2, 2), 3, 4)),
-        # a 1x1 layer keeps 64x32 warps, four stages and the slices for two blocks an SM
-        ("C=128,M=256,H=28,W=28,K=1,stride=2", 64, ((2, 4), 4, 132)),
+        # tf32, 3x3 layers on 128x128 tiles: 64x64 warps, three stages, the slices for
+        # two blocks an SM, four times as many where those are 3 or fewer
+        ("C=128,M=128,H=28,W=28,K=3,pad=1", 64, "tf32", ((128, 128), (2, 2), 3, 29)),
+        ("C=256,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, "tf32", ((128, 128), (2, 2), 3, 12)),
+        ("C=512,M=512,H=14,W=14,K=3,pad=1,bias=1", 32, "tf32", ((128, 128), (2, 2), 3, 4)),
+        # tf32, a 1x1 layer: 64x32 warps, four stages, the slices for two blocks an SM
+        ("C=128,M=256,H=28,W=28,K=1,stride=2", 64, "tf32", ((128, 128), (2, 4), 4, 132)),
+        # fp32, 144 tiles of 128x128 (more than the SMs, fewer than two an SM): half as
+        # wide, two slices; 72 tiles: as they were, three slices
+        ("C=512,M=512,H=7,W=7,K=3,pad=1", 64, "fp32", ((128, 64), (4, 2), 4, 2)),
+        ("C=512,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, "fp32", ((128, 64), (4, 2), 4, 2)),
+        ("C=256,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, "fp32", ((128, 128), (4, 4), 4, 3)),
     ],
 )
-def test_the_tf32_wgrad_fit_takes_what_the_tunes_timed_fastest(spec, batch, want):
-    """The tf32 default of a channels-last wgrad, as the tunes of vgg11 and resnet18
-    timed it fastest (tcwgrad-tf32-fit-from-tunes-2026-11-29.log,
-    tcwgrad-tf32-slices-from-tunes-2026-11-29.log); it compiles for sm_90 without
-    spills, 254 registers with db."""
+def test_the_wgrad_fit_takes_what_the_tunes_timed_fastest(spec, batch, precision, want):
+    """The tf32 and fp32 defaults of a channels-last wgrad (tile, warps, stages, slices),
+    as the tunes of vgg11 and resnet18 timed them fastest (docs/measurements/
+    tcwgrad-{tf32-fit,tf32-slices,fp32-wide-layers}-from-tunes-2026-11-29.log); each
+    compiles for sm_90 without spills (tf32's 64x64 warps: 254 registers with db)."""
     p = replace(parse_shape(spec + ",layout=nhwc,op=wgrad"), batch=batch)
-    v = Tcwgrad.default(p, Precision.TF32)
-    assert (v.warpgrid, v.stages, v.splits) == want
-    plan = make_plan(p, v)
-    assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
-
-
-@pytest.mark.parametrize(
-    "spec, batch, want",
-    [
-        # 144 tiles of 128x128: half as wide, two slices
-        ("C=512,M=512,H=7,W=7,K=3,pad=1", 64, ((128, 64), (4, 2), 2)),
-        ("C=512,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, ((128, 64), (4, 2), 2)),
-        # 72 tiles: as they were, three slices
-        ("C=256,M=512,H=28,W=28,K=3,pad=1,bias=1", 32, ((128, 128), (4, 4), 3)),
-    ],
-)
-def test_the_fp32_wgrad_fit_splits_a_short_wave_of_wide_tiles(spec, batch, want):
-    """The fp32 default of a channels-last wgrad whose 128x128 tiles are more than the
-    SMs and fewer than two an SM: tiles half as wide in two slices, as the tunes of vgg11
-    and resnet18 timed fastest (tcwgrad-fp32-wide-layers-from-tunes-2026-11-29.log); it
-    compiles for sm_90 without spills."""
-    p = replace(parse_shape(spec + ",layout=nhwc,op=wgrad"), batch=batch)
-    v = Tcwgrad.default(p, Precision.FP32)
-    assert (v.blocktile, v.warpgrid, v.splits) == want
+    v = Tcwgrad.default(p, Precision(precision))
+    assert (v.blocktile, v.warpgrid, v.stages, v.splits) == want
     plan = make_plan(p, v)
     assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
 
