@@ -310,8 +310,9 @@ def layer_winners(spec: str, gpu: str, batch: int | None = None) -> dict[str, di
 def _batch_distance(tuned: int, batch: int | None) -> tuple[float, int]:
     """How far a winner tuned at batch ``tuned`` is from a call at ``batch``, smallest
     first: their ratio, the larger batch first on a tie (no batch: the largest first)."""
-    ratio = 1.0 if batch is None else max(tuned, batch) / min(tuned, batch)
-    return (0.0 if batch is None else ratio, -tuned)
+    if batch is None:
+        return (0.0, -tuned)
+    return (max(tuned, batch) / min(tuned, batch), -tuned)
 
 
 def ship_layer_winners(db: Path, gpu: str, tune: dict, path: Path = LAYER_WINNERS) -> int:
