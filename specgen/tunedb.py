@@ -315,35 +315,51 @@ def _batch_distance(tuned: int, batch: int | None) -> tuple[float, int]:
     return (max(tuned, batch) / min(tuned, batch), -tuned)
 
 
-def ship_layer_winners(db: Path, gpu: str, tune: dict, path: Path = LAYER_WINNERS) -> int:
+def ship_layer_winners(
+    db: Path, gpu: str, tune: dict, path: Path = LAYER_WINNERS, keep_faster: bool = False
+) -> int:
     """Every winner the results database at ``db`` holds for ``gpu`` put into the shipped
     layer winners at ``path`` (``layer_winners.json``): each replaces the one shipped
     before for its problem, math and batch, and stands beside those of other batches;
     ``tune`` (what was tuned, the command, its log and tree) is added to its list of
-    tunes.  The file is written whole; returns the winners shipped."""
+    tunes.  ``keep_faster``: a shipped winner stays where it ran faster than the new
+    one, both as times over cuDNN's in their own runs (a tune of a smaller budget may
+    not have drawn it).  The file is written whole; returns the winners shipped."""
     found = [r for r in records(db) if r["kind"] == "winner" and r["gpu"] == gpu]
     if not found:
         raise SpecError(f"{db} holds no winner measured on {gpu}")
     shipped = json.loads(path.read_text())
     table = shipped["winners"].setdefault(gpu, {})
+    taken = 0
     for r in found:  # in the database's order: a later winner of the same batch replaces
         at = table.setdefault(r["shape"], {}).setdefault(r["precision"], [])
+        entry = {
+            "variant": r["variant"],
+            "ms": round(r["ms"], 4),
+            "cudnn_ms": round(r["cudnn_ms"], 4) if r.get("cudnn_ms") else None,
+            "batch": r["batch"],
+            "date": r["date"],
+        }
+        before = [old for old in at if old["batch"] == r["batch"]]
+        if keep_faster and before and not _faster(entry, before[0]):
+            continue
         at[:] = [old for old in at if old["batch"] != r["batch"]]
-        at.append(
-            {
-                "variant": r["variant"],
-                "ms": round(r["ms"], 4),
-                "cudnn_ms": round(r["cudnn_ms"], 4) if r.get("cudnn_ms") else None,
-                "batch": r["batch"],
-                "date": r["date"],
-            }
-        )
+        at.append(entry)
         at.sort(key=lambda w: w["batch"])
+        taken += 1
     shipped["winners"][gpu] = dict(sorted(table.items()))
-    shipped["tunes"].append(dict(tune, gpu=gpu, winners=len(found)))
+    shipped["tunes"].append(dict(tune, gpu=gpu, winners=taken))
     atomic_write(path, (json.dumps(shipped, indent=1) + "\n").encode())
     _layer_winners.cache_clear()
-    return len(found)
+    return taken
+
+
+def _faster(new: dict, old: dict) -> bool:
+    """Whether winner ``new`` ran faster than ``old``: their times over cuDNN's in their
+    own runs where both have cuDNN's, else their times."""
+    if new.get("cudnn_ms") and old.get("cudnn_ms"):
+        return new["ms"] / new["cudnn_ms"] < old["ms"] / old["cudnn_ms"]
+    return new["ms"] < old["ms"]
 
 
 def shipped_names(slug: str, gpu: str | None = None) -> list[str]:

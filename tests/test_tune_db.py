@@ -181,6 +181,42 @@ def test_a_tunes_winners_are_shipped_per_gpu_math_and_batch(tmp_path, monkeypatc
     assert path.read_text() == before
 
 
+def test_shipping_that_keeps_the_faster_winner_compares_times_over_cudnns(tmp_path):
+    """With ``keep_faster`` a shipped winner stays where its time over cuDNN's (in its
+    own run) is lower than the new winner's, and is replaced where it is higher; the
+    count and the tune's note say how many were taken."""
+    spec = "C=64,M=64,H=56,W=56,K=3,pad=1"
+
+    def winner(precision, variant, ms, cudnn_ms):
+        return dict(variant=variant, ms=ms, cudnn_ms=cudnn_ms, batch=32, date="2026-11-29") | (
+            {}
+            if precision is None
+            else dict(kind="winner", gpu="GPU A", shape=spec, precision=precision)
+        )
+
+    db = tmp_path / "tune.jsonl"
+    # fp32: 0.30 against cuDNN's 0.40 (0.75) loses to the shipped 0.33 against 0.50
+    # (0.66), though faster in ms; tf32: 0.20 against 0.40 (0.5) beats 0.18 against 0.30
+    db.write_text(
+        json.dumps(winner("fp32", "new32", 0.30, 0.40))
+        + "\n"
+        + json.dumps(winner("tf32", "newtf", 0.20, 0.40))
+        + "\n"
+    )
+    path = tmp_path / "layer_winners.json"
+    table = {
+        "fp32": [winner(None, "old32", 0.33, 0.50)],
+        "tf32": [winner(None, "oldtf", 0.18, 0.30)],
+    }
+    path.write_text(json.dumps(dict(about="", tunes=[], winners={"GPU A": {spec: table}})))
+    assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path, keep_faster=True) == 1
+    shipped = json.loads(path.read_text())
+    kept = shipped["winners"]["GPU A"][spec]
+    assert [kept["fp32"][0]["variant"], kept["tf32"][0]["variant"]] == ["old32", "newtf"]
+    assert shipped["tunes"] == [dict(model="m", gpu="GPU A", winners=1)]
+    assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 2  # replaces all
+
+
 def test_records_read_again_see_what_was_appended_or_rewritten(tmp_path, monkeypatch):
     """``records`` parses only what was appended since its last read, and gives what a
     fresh read of the whole file gives: after appends, a record cut short and then
