@@ -715,6 +715,12 @@ def _tune_math(shape, strat) -> str:
 )
 @click.option("--batch", type=SIZE, default=None, help="images (default: the preset's batch)")
 @click.option(
+    "--image",
+    type=SIZE,
+    default=None,
+    help="with --model: the image side in pixels (default: the model's, 224 for most)",
+)
+@click.option(
     "--timings-from",
     "timings_path",
     type=click.Path(path_type=Path),
@@ -743,6 +749,7 @@ def tune(
     precision,
     budget,
     batch,
+    image,
     timings_path,
     strategy,
     op_text,
@@ -752,11 +759,12 @@ def tune(
     sources = [x for x in (shape_text, problems_path, model_name) if x is not None]
     if len(sources) != 1:
         raise SpecError("give one of --shape, --problems and --model")
+    if image is not None and model_name is None:
+        raise SpecError("--image sizes a --model's images: give --model NAME")
     if shape_text is None:
         cluster = dict(workers=workers, gpus=gpus, scheduler=scheduler, item_limit=item_limit)
-        _tune_many(
-            problems_path, model_name, batch, budget, compile_only, arch, timings_path, **cluster
-        )
+        listing = (problems_path, model_name, batch, image)
+        _tune_many(listing, budget, compile_only, arch, timings_path, **cluster)
         return
     if timings_path is not None:
         raise SpecError("--timings-from resumes a many-problem tune: give --problems or --model")
@@ -775,17 +783,18 @@ def tune(
     run_tune(shape, prec, budget, echo=click.echo, batch=batch, strategy=strat)
 
 
-def _many_problems(problems_path, model_name, batch) -> tuple[list, float]:
+def _many_problems(problems_path, model_name, batch, image=None) -> tuple[list, float]:
     """A many-problem tune's problems (from ``problems_path``, at ``batch`` where given,
-    else ``model_name``'s at it), and the seconds listing them took."""
+    else ``model_name``'s at it, on images of side ``image`` where given), and the
+    seconds listing them took."""
     from . import dist, listings
 
     start = time.perf_counter()
     if problems_path is None:
-        found = listings.model_problems(model_name, batch)
+        found = listings.model_problems(model_name, batch, image)
         if found is None:
-            found = _model_problems(model_name, batch)
-            listings.store_model_problems(model_name, batch, found)
+            found = _model_problems(model_name, batch, image)
+            listings.store_model_problems(model_name, batch, found, image)
     else:
         found = dist.problems_file(problems_path)
         found = [replace(p, batch=batch) for p in found] if batch else found
@@ -798,36 +807,35 @@ def _done(result) -> concurrent.futures.Future:
     return future
 
 
-def _model_problems(name: str, batch: int | None) -> list:
+def _model_problems(name: str, batch: int | None, image: int | None = None) -> list:
     """Every conv problem and op of the torchvision model ``name``, in fp32 NCHW and in
-    bf16 channels_last, as ``specgen model NAME --plan`` lists them."""
+    bf16 channels_last, as ``specgen model NAME [--image S] --plan`` lists them."""
     try:
         from .torch import model as m
     except ImportError:
         raise SpecError(
             "--model needs PyTorch and torchvision: pip install 'specgen[model]'"
         ) from None
-    default_batch, image = m.MODELS.get(name, (32, 224))
-    layers = m.layers_of(m.build_sizes(name), name, batch or default_batch, image)
+    default_batch, default_image = m.MODELS.get(name, (32, 224))
+    layers = m.layers_of(m.build_sizes(name), name, batch or default_batch, image or default_image)
     out = []
     for mode in (m.MODES["fp32"], m.MODES["bf16"]):
         out += [layer.problem(op, mode) for layer in layers for op in layer.ops()]
     return list(dict.fromkeys(out))
 
 
-def _tune_many(
-    problems_path, model_name, batch, budget, compile_only, arch, timings_path=None, **cluster
-):
-    """A many-problem tune: the compile phase alone (``compile_only``, for ``arch``) or
-    the timed one, after taking ``timings_path``'s timings where given; ``cluster``:
-    workers, gpus, scheduler and item_limit as given."""
+def _tune_many(listing, budget, compile_only, arch, timings_path=None, **cluster):
+    """A many-problem tune of the problems ``listing`` names (``_many_problems``'
+    arguments): the compile phase alone (``compile_only``, for ``arch``) or the timed
+    one, after taking ``timings_path``'s timings where given; ``cluster``: workers, gpus,
+    scheduler and item_limit as given."""
     workers, gpus, scheduler = cluster["workers"], cluster["gpus"], cluster["scheduler"]
     from . import dist
     from .compile import DEFAULT_ARCH
 
     setup = _Setup()
     if compile_only:
-        problems = _many_problems(problems_path, model_name, batch)[0]
+        problems = _many_problems(*listing)[0]
         if gpus is not None:
             raise SpecError("--gpus times on GPU workers; --compile-only runs none")
         _check_arch(arch)
@@ -856,21 +864,22 @@ def _tune_many(
     from .parallel import apart
 
     start = time.perf_counter()
-    stored = listings.model_problems(model_name, batch) if problems_path is None else None
+    problems_path, model_name, batch, image = listing
+    stored = None if problems_path else listings.model_problems(model_name, batch, image)
     if stored is not None:  # listed before under this code: read here, in milliseconds
         listed = contextlib.nullcontext(_done((stored, time.perf_counter() - start)))
     else:
-        listed = apart(_many_problems, problems_path, model_name, batch)
-    with listed as listing:
+        listed = apart(_many_problems, *listing)
+    with listed as job:
         try:
             client = dist.connect(scheduler, workers, ids)
             up = time.perf_counter() - setup.last
         except BaseException:
-            listing.cancel()
+            job.cancel()
             raise
         try:
             preparing = dist.prepare_gpus(client)  # while the model is traced
-            problems, traced = listing.result()
+            problems, traced = job.result()
         except BaseException:
             dist.disconnect(client)
             raise

@@ -47,15 +47,16 @@ def _versions() -> str:
     return ", ".join(found)
 
 
-def _model_path(name: str, batch: int | None) -> Path:
-    key = f"{name}\0{batch}\0{_versions()}\0{code_hash()}"
+def _model_path(name: str, batch: int | None, image: int | None) -> Path:
+    key = f"{name}\0{batch}\0{image}\0{_versions()}\0{code_hash()}"
     return _folder() / f"model-{hashlib.sha256(key.encode()).hexdigest()[:16]}.txt"
 
 
-def model_problems(name: str, batch: int | None) -> list | None:
-    """The problems stored for model ``name`` at ``batch``, or None."""
+def model_problems(name: str, batch: int | None, image: int | None = None) -> list | None:
+    """The problems stored for model ``name`` at ``batch`` (on images of side ``image``
+    where given), or None."""
     try:
-        lines = _model_path(name, batch).read_text(encoding="utf-8").splitlines()
+        lines = _model_path(name, batch, image).read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
     out = []
@@ -65,9 +66,11 @@ def model_problems(name: str, batch: int | None) -> list | None:
     return out
 
 
-def store_model_problems(name: str, batch: int | None, problems: list) -> None:
+def store_model_problems(
+    name: str, batch: int | None, problems: list, image: int | None = None
+) -> None:
     text = "".join(f"{p.spec} {p.batch}\n" for p in problems)
-    _store(_model_path(name, batch), text.encode())
+    _store(_model_path(name, batch, image), text.encode())
 
 
 def _search_key(search: tuple, budget: int | None) -> str:

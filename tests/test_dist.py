@@ -187,6 +187,7 @@ def test_the_command_line(tmp_path, db, cluster):
         (("tune", "--problems", str(f), "--gpus", "1", "--compile-only"), "runs none"),
         (("tune", "--shape", "layer2", "--compile-only"), "give --problems or --model"),
         (("tune", "--problems", str(tmp_path / "none.txt"), "--compile-only"), "cannot read"),
+        (("tune", "--problems", str(f), "--image", "32", "--compile-only"), "give --model"),
     ):
         r = run(*args)
         assert r.exit_code == 2 and words in r.output, (args, r.output)

@@ -73,3 +73,16 @@ def test_a_model_listed_before_is_read_without_tracing_it(cache, monkeypatch):
     assert found == problems
     monkeypatch.setattr(listings, "_versions", lambda: "torch 0.0, torchvision 0.0")
     assert listings.model_problems("a-model", 4) is None
+
+
+def test_a_models_problems_are_listed_at_the_image_size_asked(cache):
+    """``tune --model NAME --image S`` lists the problems ``specgen model NAME --image S``
+    runs, stored apart from those of the model's own image size."""
+    pytest.importorskip("torchvision")
+    small, _ = _many_problems(None, "resnet18", 4, 32)
+    assert small[0].spec.startswith("C=3,M=64,H=32,W=32,K=7")
+    assert {p.batch for p in small} == {4}
+    own, _ = _many_problems(None, "resnet18", 4)
+    assert own[0].spec.startswith("C=3,M=64,H=224,W=224,K=7")
+    assert listings.model_problems("resnet18", 4, 32) == small
+    assert listings.model_problems("resnet18", 4) == own
