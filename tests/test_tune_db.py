@@ -187,33 +187,31 @@ def test_shipping_that_keeps_the_faster_winner_compares_times_over_cudnns(tmp_pa
     count and the tune's note say how many were taken."""
     spec = "C=64,M=64,H=56,W=56,K=3,pad=1"
 
-    def winner(precision, variant, ms, cudnn_ms):
-        return dict(variant=variant, ms=ms, cudnn_ms=cudnn_ms, batch=32, date="2026-11-29") | (
-            {}
-            if precision is None
-            else dict(kind="winner", gpu="GPU A", shape=spec, precision=precision)
+    def shipped(variant, ms, cudnn_ms):
+        return dict(variant=variant, ms=ms, cudnn_ms=cudnn_ms, batch=32, date="2026-11-29")
+
+    def record(precision, variant, ms, cudnn_ms):
+        return dict(
+            shipped(variant, ms, cudnn_ms),
+            kind="winner",
+            gpu="GPU A",
+            shape=spec,
+            precision=precision,
         )
 
     db = tmp_path / "tune.jsonl"
     # fp32: 0.30 against cuDNN's 0.40 (0.75) loses to the shipped 0.33 against 0.50
     # (0.66), though faster in ms; tf32: 0.20 against 0.40 (0.5) beats 0.18 against 0.30
-    db.write_text(
-        json.dumps(winner("fp32", "new32", 0.30, 0.40))
-        + "\n"
-        + json.dumps(winner("tf32", "newtf", 0.20, 0.40))
-        + "\n"
-    )
+    new = (record("fp32", "new32", 0.30, 0.40), record("tf32", "newtf", 0.20, 0.40))
+    db.write_text("".join(json.dumps(r) + "\n" for r in new))
     path = tmp_path / "layer_winners.json"
-    table = {
-        "fp32": [winner(None, "old32", 0.33, 0.50)],
-        "tf32": [winner(None, "oldtf", 0.18, 0.30)],
-    }
+    table = {"fp32": [shipped("old32", 0.33, 0.50)], "tf32": [shipped("oldtf", 0.18, 0.30)]}
     path.write_text(json.dumps(dict(about="", tunes=[], winners={"GPU A": {spec: table}})))
     assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path, keep_faster=True) == 1
-    shipped = json.loads(path.read_text())
-    kept = shipped["winners"]["GPU A"][spec]
+    got = json.loads(path.read_text())
+    kept = got["winners"]["GPU A"][spec]
     assert [kept["fp32"][0]["variant"], kept["tf32"][0]["variant"]] == ["old32", "newtf"]
-    assert shipped["tunes"] == [dict(model="m", gpu="GPU A", winners=1)]
+    assert got["tunes"] == [dict(model="m", gpu="GPU A", winners=1)]
     assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 2  # replaces all
 
 
