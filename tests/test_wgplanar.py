@@ -236,14 +236,18 @@ def test_the_planner_takes_it_for_tf32_nchw_on_sm_90a(spec):
 
 def test_the_planner_takes_it_for_strided_dgrads_in_tf32():
     """A 3x3 stride-2 dgrad, and a 1x1 one whose phases but one only write zeros, in tf32
-    in place; in 3xTF32, tcgemm in NHWC."""
+    in place; in 3xTF32, tcgemm in NHWC.  Untuned: on a GPU with winners shipped, both
+    layouts' winners decide (resnet50's 3x3 one runs in NHWC on the H200, where its
+    wgmma winner with the moves took 0.094 ms against wgplanar's 0.110)."""
     three = replace(parse_shape("C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,op=dgrad"), batch=32)
     one = replace(parse_shape("C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad"), batch=32)
     for p in (three, one):
         assert planned(p, allow_tf32=True).variant == Wgplanar.default(p, TF32)
-        assert computed_layout(p, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
+        assert computed_layout(p, "some GPU", allow_tf32=True) is TensorLayout.NCHW
         assert planned(p, allow_tf32=False).variant.key != "wgplanar"
-        assert computed_layout(p, "NVIDIA H200", allow_tf32=False) is TensorLayout.NHWC
+        assert computed_layout(p, "some GPU", allow_tf32=False) is TensorLayout.NHWC
+    assert computed_layout(three, "NVIDIA H200", allow_tf32=True) is TensorLayout.NHWC
+    assert computed_layout(one, "NVIDIA H200", allow_tf32=True) is TensorLayout.NCHW
 
 
 @pytest.mark.parametrize("precision", [TF32, FP32])
