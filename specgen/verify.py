@@ -4,12 +4,14 @@ where a GPU is present, check the numbers against the float64 reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 
 from .compile import compile_source, symbol_sizes
 from .errors import SpecError
 from .plan import Plan, make_plan
+from .plan.common import SM_REGISTERS, registers_of
 from .reference import (
     bias_grad,
     compare,
@@ -60,7 +62,8 @@ class Row:
 
 def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
     """The compiler's report against the plan: no spills, shared and constant bytes
-    exactly as planned."""
+    exactly as planned, and every launch's block within one SM's registers (else it
+    could never be resident, and would fail only at its first launch)."""
     problems = []
     main = binary.resources.get(plan.name)
     if main is None:
@@ -68,6 +71,14 @@ def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
     for kernel, r in binary.resources.items():
         if r.spills or r.stack:
             problems.append(f"{kernel}: {r.stack} B stack, {r.spills} B spilled")
+    for launch in plan.launches:
+        r = binary.resources.get(launch.kernel)
+        threads = prod(launch.block)
+        if r is not None and registers_of(threads, r.registers) > SM_REGISTERS:
+            problems.append(
+                f"{launch.kernel}: {threads} threads at {r.registers} registers take "
+                f"{registers_of(threads, r.registers)}, over an SM's {SM_REGISTERS}"
+            )
     if main.smem != plan.static_smem:
         problems.append(f"shared {main.smem} B, planned {plan.static_smem} B")
     sizes = symbol_sizes(binary.cubin)

@@ -312,7 +312,8 @@ def test_slices_add_their_sums_under_named_barriers():
 
 def test_limits_are_one_line_refusals():
     """Channels past 64, warp maps that are not whole n8 tiles, accumulators past 64
-    (stacked rows counted), fp32 tensors, shared memory past the block's; and the fit's refusal of layers whose
+    (stacked rows counted), fp32 tensors, shared memory past the block's, warps past a
+    block's 32; and the fit's refusal of layers whose
     channels or maps fill too little of its tiles."""
     assert_one_line_refusal(
         "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_v1_k1_bf16", "C up to 64"
@@ -330,6 +331,11 @@ def test_limits_are_one_line_refusals():
     assert_one_line_refusal(bf, "mmahwc_t8_r24x16_s1_v2_k7_bf16", "choose 1 to 6")
     assert_one_line_refusal(
         "C=64,M=64,H=200,W=200,K=7,dtype=bf16", "mmahwc_t194_r16x32_s1_v1_k1_bf16", "shared memory"
+    )
+    # 144 maps x 2 shifts in n8 groups of one: 36 warps, which ptxas compiles but no SM
+    # can run (a tune's candidate once failed so on the GPU, occupancy 0)
+    assert_one_line_refusal(
+        "C=24,M=144,H=56,W=56,K=1,pad=0", "mmahwc_t14_r8x16_s2_v8_k1_tf32", "36 warps"
     )
     with pytest.raises(Exception) as e:
         Mmahwc.default(parse_shape("C=1,M=4,H=86,W=86,K=7,dtype=bf16"), Precision.BF16)

@@ -3,7 +3,9 @@ pinned here by values derived without specgen (the formats' bit layouts, PyTorch
 CUDA's documented rules), each with a negative control that shows the check can fail;
 and the epilogue and the 16-bit rounding of every kernel, seen in the rendered source."""
 
+import dataclasses
 import re
+from math import prod
 
 import jinja2
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from specgen import reference
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.plan.common import MAX_THREADS, check_threads
+from specgen.plan.common import MAX_THREADS, SM_REGISTERS, check_threads, registers_of
 from specgen.render import render
 from specgen.shapes import Feature, Op, parse_shape
 from specgen.strategies import TABLE
@@ -131,6 +133,55 @@ def test_a_block_of_exactly_1024_threads_is_taken(block):
 def test_one_warp_or_one_row_past_1024_threads_is_refused(block):
     with pytest.raises(SpecError, match="over the limit of 1024 threads"):
         check_threads(block, "")
+
+
+def test_every_launch_is_held_to_1024_threads_whatever_its_strategy_planned(monkeypatch):
+    """make_plan checks each launch's block itself, so a strategy whose own limits miss
+    a block too large is refused before it is rendered."""
+    from specgen.strategies.direct import Direct
+
+    p = parse_shape("C=1,M=1,H=66,W=66,K=3,pad=1")
+    v = Direct.default(p, Precision.FP32)
+    plan = v.plan(p)
+    wide = dataclasses.replace(plan.launches[0], block=(1056, 1, 1))
+    monkeypatch.setattr(
+        Direct, "plan", lambda self, problem: dataclasses.replace(plan, launches=(wide,))
+    )
+    with pytest.raises(SpecError, match="1056 threads is over the limit of 1024 threads"):
+        make_plan(p, v)
+
+
+@pytest.mark.parametrize(
+    "threads,registers,fits",
+    [(1024, 64, True), (1024, 65, False), (768, 80, True), (768, 81, False), (256, 255, True)],
+)
+def test_a_block_fits_an_sm_only_within_its_register_file(threads, registers, fits):
+    """65536 registers an SM, a warp's in units of 256: 1024 threads at 64 take them all,
+    at 65 (72 a thread as allocated) they cannot be resident; 768 at 81 take 88 a thread
+    as allocated, 67584 in all."""
+    assert (registers_of(threads, registers) <= SM_REGISTERS) is fits
+
+
+def test_verify_reports_a_block_over_the_register_file():
+    """check_resources reads the compiler's registers against each launch's block: a
+    kernel that compiled but could never be resident is a problem on the CPU."""
+    from specgen.compile import compile_source
+    from specgen.strategies.direct import Direct
+    from specgen.verify import check_resources
+
+    p = parse_shape("C=1,M=1,H=66,W=66,K=3,pad=1")
+    plan = make_plan(p, Direct.default(p, Precision.FP32))
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert not check_resources(plan, binary)[1]
+    threads = prod(plan.launches[0].block)
+
+    def reporting(registers):
+        r = dataclasses.replace(binary.resources[plan.name], registers=registers)
+        return dataclasses.replace(binary, resources={plan.name: r})
+
+    assert not check_resources(plan, reporting(SM_REGISTERS // threads))[1]
+    (problem,) = check_resources(plan, reporting(SM_REGISTERS // threads + 8))[1]
+    assert f"{threads} threads" in problem and "over an SM's 65536" in problem
 
 
 def test_direct_plans_a_1024_thread_tile_and_refuses_the_next():

@@ -2,7 +2,7 @@
 
 Each strategy plans itself (``Variant.plan`` in ``specgen/strategies/<key>.py``); the
 checks every strategy shares are here: the problem features it serves, the math
-precisions it computes in, and the grid of every launch.
+precisions it computes in, and the block and grid of every launch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..tensors import Role
 from ..variants import Variant, strategy_table
-from .common import Launch, Plan, Size, check_grid, check_launch_bounds
+from .common import Launch, Plan, Size, check_grid, check_launch_bounds, check_threads
 
 
 def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
@@ -45,6 +45,7 @@ def make_plan(shape: ConvProblem, variant: Variant) -> Plan:
         else "choose a larger --tile"
     )
     for launch in plan.launches:
+        check_threads(launch.block, hint)
         check_grid(launch, hint)
     check_launch_bounds(plan.context, "choose fewer --blocks")
     return plan

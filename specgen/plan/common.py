@@ -279,6 +279,18 @@ def check_threads(block: tuple[int, int, int], hint: str) -> None:
         )
 
 
+# An SM's register file, allocated to a warp in units of 256 registers.
+SM_REGISTERS = 65536
+REGISTER_UNIT = 256
+
+
+def registers_of(threads: int, per_thread: int) -> int:
+    """The registers a block of ``threads`` takes at ``per_thread`` registers each (the
+    compiler's report), as the SM allocates them: a warp's in whole units."""
+    per_warp = -(-per_thread * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    return -(-threads // 32) * per_warp
+
+
 def check_grid(launch: Launch, hint: str) -> None:
     """Every fixed axis must fit the device's grid, and the batch axis must hold at
     least one image: the runtime splits a larger batch into launches of ``max_batch``."""

@@ -80,6 +80,7 @@ import numpy as np
 from ..errors import SpecError
 from ..plan import ladder, make_plan
 from ..plan.common import (
+    MAX_THREADS,
     most_distinct,
     OPTIN_SMEM_BYTES,
     SM_SHARED,
@@ -481,6 +482,12 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     pg, passes = _warp_grid(tiles, p, map_groups * G, registers, blocks)
     warps = map_groups * pg * G
     threads = 32 * warps
+    if threads > MAX_THREADS:  # a warp a group of n8 tiles at least: too many groups
+        raise SpecError(
+            f"mmahwc r{8 * nt}x{16 * p}: the n side's {map_groups} groups of {nt} n8 tiles "
+            f"(maps x shifts) take {warps} warps, over a block's {MAX_THREADS // 32}; "
+            "choose a register tile of more n-side columns or fewer --shifts"
+        )
     # Slices: each warp of tiles w past the first slice leaves its sums in slot (q - 1, w).
     part_slot = map_groups * pg * 32 * 4 * nt * p * R  # words of one slice's sums
     part_at = words  # past the words zeroed once: each slot is written before it is read
