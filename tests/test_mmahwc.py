@@ -313,8 +313,8 @@ def test_slices_add_their_sums_under_named_barriers():
 def test_limits_are_one_line_refusals():
     """Channels past 64, warp maps that are not whole n8 tiles, accumulators past 64
     (stacked rows counted), fp32 tensors, shared memory past the block's, warps past a
-    block's 32; and the fit's refusal of layers whose
-    channels or maps fill too little of its tiles."""
+    block's 32; and the fit's refusal of layers whose channels or maps fill too little
+    of its tiles."""
     assert_one_line_refusal(
         "C=72,M=16,H=20,W=20,K=3,dtype=bf16", "mmahwc_t4_r16x32_s1_v1_k1_bf16", "C up to 64"
     )

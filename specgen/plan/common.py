@@ -287,8 +287,8 @@ REGISTER_UNIT = 256
 def registers_of(threads: int, per_thread: int) -> int:
     """The registers a block of ``threads`` takes at ``per_thread`` registers each (the
     compiler's report), as the SM allocates them: a warp's in whole units."""
-    per_warp = -(-per_thread * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    return -(-threads // 32) * per_warp
+    per_warp = ceil_div(per_thread * 32, REGISTER_UNIT) * REGISTER_UNIT
+    return ceil_div(threads, 32) * per_warp
 
 
 def check_grid(launch: Launch, hint: str) -> None:

@@ -482,7 +482,7 @@ def plan_mmahwc(shape: ConvProblem, v: "Mmahwc"):
     pg, passes = _warp_grid(tiles, p, map_groups * G, registers, blocks)
     warps = map_groups * pg * G
     threads = 32 * warps
-    if threads > MAX_THREADS:  # a warp a group of n8 tiles at least: too many groups
+    if threads > MAX_THREADS:  # each group of n8 tiles takes a warp or more
         raise SpecError(
             f"mmahwc r{8 * nt}x{16 * p}: the n side's {map_groups} groups of {nt} n8 tiles "
             f"(maps x shifts) take {warps} warps, over a block's {MAX_THREADS // 32}; "
