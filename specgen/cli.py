@@ -762,6 +762,16 @@ def tune(
     if image is not None and model_name is None:
         raise SpecError("--image sizes a --model's images: give --model NAME")
     if shape_text is None:
+        one = [
+            f"--{o}"
+            for o, v in (("strategy", strategy), ("precision", precision), ("op", op_text))
+            if v
+        ]
+        if one:  # a many-problem tune searches every strategy in each problem's maths
+            raise SpecError(
+                f"{', '.join(one)} narrow one problem's tune (--shape); --problems and --model "
+                "search every strategy in each allowed math, ops as listed"
+            )
         cluster = dict(workers=workers, gpus=gpus, scheduler=scheduler, item_limit=item_limit)
         listing = (problems_path, model_name, batch, image)
         _tune_many(listing, budget, compile_only, arch, timings_path, **cluster)

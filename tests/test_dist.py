@@ -188,6 +188,12 @@ def test_the_command_line(tmp_path, db, cluster):
         (("tune", "--shape", "layer2", "--compile-only"), "give --problems or --model"),
         (("tune", "--problems", str(tmp_path / "none.txt"), "--compile-only"), "cannot read"),
         (("tune", "--problems", str(f), "--image", "32", "--compile-only"), "give --model"),
+        # options that narrow one problem's search are refused, not silently dropped
+        (("tune", "--problems", str(f), "--strategy", "wgmma", "--compile-only"), "--strategy"),
+        (
+            ("tune", "--model", "resnet18", "--precision", "tf32", "--op", "wgrad"),
+            "--precision, --op",
+        ),
     ):
         r = run(*args)
         assert r.exit_code == 2 and words in r.output, (args, r.output)
