@@ -271,6 +271,21 @@ def test_wgwtma_boxes_sum_to_the_weight_gradient(spec, name):
         assert np.allclose(got, ref, rtol=1e-12, atol=1e-9), (tap, np.abs(got - ref).max())
 
 
+def test_every_wgwtma_tune_candidate_plans_and_compiles_unserialized():
+    """Its space is wgwgrad's: each member plans beside its mbarriers (the ring's stages
+    leave them room), and the wide tiles compile without spills or serialized multiplies."""
+    p = PRESETS["ae-dec2-bf16"].with_op(Op.WGRAD)
+    n = 0
+    for v in Wgwtma.space(p, MATH[p.dtype]):
+        plan = make_plan(p, v)
+        if v.blocktile[0] * v.blocktile[1] < 128 * 128:
+            continue
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (plan.name, binary.resources)
+        n += 1
+    assert n >= 6
+
+
 @pytest.mark.parametrize(
     "spec,words",
     [
