@@ -198,6 +198,15 @@ WGWTMA_LAYERS = [
         "wgwtma_b128x256_p4_s2_bf16",
     ),
     ("C=2048,M=512,H=7,W=7,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b256x64_p5_s2_bf16"),
+    # resnet50's strided wgrads: x's box steps by 2 along its rows and columns
+    (
+        "C=512,M=512,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x256_p4_s1_bf16",
+    ),
+    (
+        "C=1024,M=2048,H=14,W=14,K=1,pad=0,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x256_p4_s2_bf16",
+    ),
     # four 4x4 images a band; groups and fp16
     ("C=128,M=128,H=4,W=4,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b64x64_p4_s8_bf16"),
     (
@@ -234,7 +243,7 @@ def _unit_boxes(p, plan, dy, x, u, tap, m0, c0, grp, images):
     ts = tap % p.S * c["dw"] - c["pl"]
     return (
         box_load(dy, dymap, (m0, grp, 0, h0, n0), images),
-        box_load(x, xmap, (c0, grp, ts, h0 + tr, n0), images),
+        box_load(x, xmap, (c0, grp, ts, h0 * p.stride[0] + tr, n0), images),
     )
 
 
@@ -252,7 +261,8 @@ def test_wgwtma_boxes_sum_to_the_weight_gradient(spec, name):
     c = plan.context
     images = 2 * c["nb"] - 1 if c["nb"] > 1 else 2
     src = render(plan)
-    assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and ", ts, h0 + tr, n0);" in src
+    h = "h0" if p.stride[0] == 1 else f"h0 * {p.stride[0]}"
+    assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and f", ts, {h} + tr, n0);" in src
     rng = np.random.default_rng()
     x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros
     dy = rng.standard_normal((images, p.Ho, p.Wo, p.M)) + 2.0
@@ -290,8 +300,8 @@ def test_every_wgwtma_tune_candidate_plans_and_compiles_unserialized():
     "spec,words",
     [
         (
-            "C=64,M=64,H=16,W=16,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
-            "cannot serve stride",
+            "C=64,M=64,H=316,W=316,K=3,pad=1,stride=5,dtype=bf16,layout=nhwc,op=wgrad",
+            "past the copy unit's 256",
         ),
         ("C=64,M=64,H=70,W=70,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "at most 64 pixels"),
     ],
@@ -314,11 +324,11 @@ def test_wgwtma_layers_on_the_gpu(spec, name):
 @pytest.mark.gpu
 @settings(max_examples=12, **GPU_DRAWS)
 @given(
-    p=wgwgrad_problems().filter(lambda p: p.stride == (1, 1)),
+    p=wgwgrad_problems(),
     batch=st.integers(1, 5),
     pick=st.integers(0, 10**6),
 )
 def test_wgwtma_drawn_problems_on_the_gpu(p, batch, pick):
-    """wgwtma's default and a drawn member of its space on drawn stride-1 problems:
-    padding the boxes zero-fill, dilation, groups, db, bands past the batch."""
+    """wgwtma's default and a drawn member of its space on drawn problems: padding the
+    boxes zero-fill, strides they step by, dilation, groups, db, bands past the batch."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgwtma, MATH[p.dtype], pick), batch)

@@ -4,7 +4,7 @@
 // Shape    ae-enc2-bf16: C=256 M=128 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc op=wgrad
 //          bf16 x[B][16][16][256] * dy[B][16][16][128] -> dw[128][256][3][3], summed over the batch (nhwc), fp32 sums, B at launch
 // Variant  wgwtma_b128x256_p4_s14_bf16_wgrad_iobf16_nhwc
-//          wgwgrad fed by the tensor memory accelerator (sm_90a): a producer thread's box copies of bands of whole output rows, the warpgroups only multiplying, under mbarriers; stride 1
+//          wgwgrad fed by the tensor memory accelerator (sm_90a): a producer thread's box copies of bands of whole output rows (x's at the stride's traversal step), the warpgroups only multiplying, under mbarriers
 //          precision bf16: x and dy rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
@@ -211,8 +211,8 @@ wgwtma_b128x256_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__
     if (wg == 2) {
         // The producer: one thread puts unit begin + kt into stage kt % 4 once the
         // consumers retired what it held: per block of 64 maps a box of dy (the band's
-        // pixels), per block of 64 channels a box of x (the same pixels moved by the tap;
-        // the copy unit zero-fills what lies outside the image and past the batch).
+        // pixels), per block of 64 channels a box of x (the same pixels moved by the tap).
+        // The copy unit zero-fills what lies outside the image and past the batch.
         if (lane == 0) {
             const int tr = tap / 3 * 1 - 1;
             const int ts = tap % 3 * 1 - 1;

@@ -22,10 +22,11 @@ one thread issues, a chunk, a box of dy per 64 maps and a box of x per 64 channe
 (``cp.async.bulk.tensor``, 128-byte swizzle), and the warpgroups only multiply, under
 mbarriers ("landed", "retired").  A chunk is a band of whole output rows (``Wo`` pixels
 by ``hb`` rows by ``nb`` images, at most 64 pixels): both boxes' rows are its pixels in
-order, x's box moved by the tap, and the copy unit zero-fills the padding and what lies
-past the batch.  The rows of the last k step past the band are zeroed once in every
-stage.  It needs stride 1 and output rows of at most 64 pixels; the copies of ``wgwgrad``
-issue some 200 instructions a chunk a warp, which its consumers do not.
+order, x's box moved by the tap and stepping by the stride (the copy unit's traversal
+stride), and the copy unit zero-fills the padding and what lies past the batch.  The
+rows of the last k step past the band are zeroed once in every stage.  It needs output
+rows of at most 64 pixels; the copies of ``wgwgrad`` issue some 200 instructions a
+chunk a warp, which its consumers do not.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ..errors import SpecError
 from ..plan.common import Plan, Size, ceil_div, choices
 from ..shapes import DType, Feature, Op, TensorLayout
 from ..tensors import Role
-from ..tma import TensorMap
+from ..tma import BOX_LIMIT, STEP_LIMIT, TensorMap
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT
@@ -116,32 +117,43 @@ class Wgwtma(Wgwgrad):
     key = "wgwtma"
     description = (
         "wgwgrad fed by the tensor memory accelerator (sm_90a): a producer thread's box "
-        "copies of bands of whole output rows, the warpgroups only multiplying, under "
-        "mbarriers; stride 1"
+        "copies of bands of whole output rows (x's at the stride's traversal step), the "
+        "warpgroups only multiplying, under mbarriers"
     )
-    serves = Wgwgrad.serves - {Feature.STRIDE}  # a box's rows are whole output rows
 
 
 def bands_of(p) -> tuple[int, int, int]:
     """``wgwtma``'s unit of the reduction: (nb images, hb rows, the bands of an image),
     a band of nb x hb output rows of Wo pixels, at most ``CHUNK``; SpecError where a row
-    is longer (its ``serves`` leaves stride out)."""
+    is longer, or x's box, the band's rows and columns times the stride, is past the
+    copy unit's 256 elements a side (or the stride past its step of 8)."""
     if p.Wo > CHUNK:
         raise SpecError(
             f"wgwtma copies bands of whole output rows of at most {CHUNK} pixels, not "
             f"{p.Wo}; use --strategy wgwgrad"
         )
     if p.Ho * p.Wo <= CHUNK:
-        return min(CHUNK // (p.Ho * p.Wo), 256), p.Ho, 1
-    hb = CHUNK // p.Wo
-    return 1, hb, ceil_div(p.Ho, hb)
+        nb, hb, bands = min(CHUNK // (p.Ho * p.Wo), BOX_LIMIT), p.Ho, 1
+    else:
+        hb = CHUNK // p.Wo
+        nb, bands = 1, ceil_div(p.Ho, hb)
+    sh, sw = p.stride
+    if max(sh, sw) > STEP_LIMIT or sw * p.Wo > BOX_LIMIT or sh * hb > BOX_LIMIT:
+        raise SpecError(
+            f"wgwtma: x's box of {sh * hb} x {sw * p.Wo} input rows and columns at stride "
+            f"{sh}x{sw} is past the copy unit's {BOX_LIMIT} a side or step of {STEP_LIMIT}; "
+            "use --strategy wgwgrad"
+        )
+    return nb, hb, bands
 
 
 def tma_maps(p, nb: int, hb: int) -> tuple[TensorMap, TensorMap]:
     """``wgwtma``'s tensor maps: dy as [N][Ho][Wo][groups][M/g] and x as
-    [N][H][W][groups][C/g], each with a box of 64 maps or channels by a band's pixels."""
+    [N][H][W][groups][C/g], each with a box of 64 maps or channels by a band's pixels;
+    x's spans the stride times the band's rows and columns and steps by the stride."""
     e = p.dtype.bytes
     box = (BLOCK, 1, p.Wo, hb, nb)
+    sh, sw = p.stride
     dy = TensorMap(
         Role.DY,
         e,
@@ -154,7 +166,8 @@ def tma_maps(p, nb: int, hb: int) -> tuple[TensorMap, TensorMap]:
         e,
         (p.Cg, p.groups, p.W, p.H, None),
         (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
-        box,
+        (BLOCK, 1, sw * p.Wo, sh * hb, nb),
+        steps=(1, 1, sw, sh, 1) if (sh, sw) != (1, 1) else (),
     )
     return dy, x
 
