@@ -762,19 +762,16 @@ def tune(
     if image is not None and model_name is None:
         raise SpecError("--image sizes a --model's images: give --model NAME")
     if shape_text is None:
-        one = [
-            f"--{o}"
-            for o, v in (("strategy", strategy), ("precision", precision), ("op", op_text))
-            if v
-        ]
-        if one:  # a many-problem tune searches every strategy in each problem's maths
+        one = [f"--{o}" for o, v in (("precision", precision), ("op", op_text)) if v]
+        if one:  # a many-problem tune searches each problem's allowed maths
             raise SpecError(
                 f"{', '.join(one)} narrow one problem's tune (--shape); --problems and --model "
-                "search every strategy in each allowed math, ops as listed"
+                "search each allowed math, ops as listed"
             )
         cluster = dict(workers=workers, gpus=gpus, scheduler=scheduler, item_limit=item_limit)
         listing = (problems_path, model_name, batch, image)
-        _tune_many(listing, budget, compile_only, arch, timings_path, **cluster)
+        strat = strategy_class(strategy) if strategy else None
+        _tune_many(listing, budget, compile_only, arch, timings_path, strat, **cluster)
         return
     if timings_path is not None:
         raise SpecError("--timings-from resumes a many-problem tune: give --problems or --model")
@@ -834,10 +831,11 @@ def _model_problems(name: str, batch: int | None, image: int | None = None) -> l
     return list(dict.fromkeys(out))
 
 
-def _tune_many(listing, budget, compile_only, arch, timings_path=None, **cluster):
+def _tune_many(listing, budget, compile_only, arch, timings_path=None, strategy=None, **cluster):
     """A many-problem tune of the problems ``listing`` names (``_many_problems``'
     arguments): the compile phase alone (``compile_only``, for ``arch``) or the timed
-    one, after taking ``timings_path``'s timings where given; ``cluster``: workers, gpus,
+    one, after taking ``timings_path``'s timings where given, of ``strategy``'s space
+    alone where one is named (``dist.strategy_searches``); ``cluster``: workers, gpus,
     scheduler and item_limit as given."""
     workers, gpus, scheduler = cluster["workers"], cluster["gpus"], cluster["scheduler"]
     from . import dist
@@ -851,7 +849,7 @@ def _tune_many(listing, budget, compile_only, arch, timings_path=None, **cluster
         _check_arch(arch)
         arch = arch or DEFAULT_ARCH
         _take_timings(timings_path)
-        _compile_many(problems, arch, scheduler, workers, budget)
+        _compile_many(problems, arch, scheduler, workers, budget, strategy)
         return
     if arch is not None:
         raise SpecError("--arch is for --compile-only; a timed tune compiles for its GPUs")
@@ -895,7 +893,7 @@ def _tune_many(listing, budget, compile_only, arch, timings_path=None, **cluster
             raise
     setup.mark(f"problems listed ({traced:.1f} s) and cluster up ({up:.1f} s)")
     try:
-        _time_many(client, problems, budget, cluster["item_limit"], setup)
+        _time_many(client, problems, budget, cluster["item_limit"], setup, strategy)
         del preparing  # done long before: the GPU workers ran it first
     finally:
         dist.disconnect(client)
@@ -914,10 +912,10 @@ def _take_timings(path) -> None:
     )
 
 
-def _compile_many(problems, arch, scheduler, workers, budget):
+def _compile_many(problems, arch, scheduler, workers, budget, strategy=None):
     from . import dist, tunedb
 
-    items = dist.work_items(dist.searched(problems, "", arch), budget, stored=True)
+    items = dist.work_items(dist.searched(problems, "", arch, strategy), budget, stored=True)
     todo = dist.pending(items, arch)
     click.echo(
         f"tune: {len(problems)} problems, {len(items)} items (problem x math x candidate); "
@@ -962,7 +960,7 @@ class _Setup:
         return f"setup {total:.1f} s: " + ", ".join(f"{k} {s:.1f} s" for k, s in self.steps)
 
 
-def _time_many(client, problems, budget, item_limit, setup=None):
+def _time_many(client, problems, budget, item_limit, setup=None, strategy=None):
     """The timed tune on the client's cluster: items planned for its GPUs' model, the
     pipeline run with a progress line, then the winners table and the phases' times."""
     from . import dist, tunedb
@@ -973,7 +971,7 @@ def _time_many(client, problems, budget, item_limit, setup=None):
         raise SpecError("the Dask cluster has no worker with the resource GPU=1 to time on")
     env = dist.gpu_of(client, gpus)
     setup.mark("GPUs read")
-    searches = dist.searched(problems, env["gpu"], env["arch"])
+    searches = dist.searched(problems, env["gpu"], env["arch"], strategy)
     warming = dist.warm_gpus(client, gpus, dist.warm_up_problems(searches))
     items = dist.work_items(searches, budget, client, stored=True)  # while GPUs warm up
     setup.mark("items listed")

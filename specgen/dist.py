@@ -86,7 +86,7 @@ def problems_file(path) -> list[ConvProblem]:
     return out
 
 
-def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
+def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list[tuple]:
     """What a whole-model tune searches: (problem, precision, floor, keep) for each
     problem and each math a PyTorch user gets for it (``choose.maths``, tf32 allowed),
     the problem in the layout the operator computes that math in (``choose.
@@ -102,9 +102,12 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
     computes in follows the winners, so a search of that one alone would never time the
     other again (resnet18's 14x14 fp32 layers stayed on an NHWC winner that the NCHW
     kernels had come to beat), and a compile phase without them (``gpu`` "") would
-    compile another set than the timed one."""
+    compile another set than the timed one.  ``strategy`` (a ``Variant`` class): that
+    strategy's space alone (``strategy_searches``)."""
     from .choose import computed_problem, maths
 
+    if strategy is not None:
+        return strategy_searches(problems, gpu, arch, strategy)
     out = []
     for p in problems:
         for precision in maths(p, allow_tf32=True):
@@ -125,6 +128,32 @@ def searched(problems, gpu: str, arch: str | None = None) -> list[tuple]:
             )
             for r in sorted((q, other) if both else (q,), key=lambda r: r.layout.value):
                 out += _search(r, precision, arch)
+    return list(dict.fromkeys(out))
+
+
+def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tuple]:
+    """``searched`` narrowed to one strategy, asked for by name: each problem whose op it
+    computes, in each math a PyTorch user gets for it that the strategy has, in the
+    layout the operator computes that math in and, for fp32 tensors, the other one too;
+    the whole of its space (no floor, no pick kept), the strategy's key a fifth member
+    of the search.  A search whose problem the strategy cannot serve lists no items."""
+    from .choose import computed_problem, maths
+
+    out = []
+    for p in problems:
+        try:
+            strategy.problem_for(p)
+        except SpecError:
+            continue  # another op
+        for precision in maths(p, allow_tf32=True):
+            if precision not in strategy.precisions:
+                continue
+            try:
+                q = computed_problem(p, gpu, precision is Precision.TF32, arch)
+            except SpecError:
+                q = p
+            both = (q, replace(q, layout=q.layout.other)) if p.dtype is DType.FP32 else (q,)
+            out += [(r, precision, 0, (), strategy.key) for r in both]
     return list(dict.fromkeys(out))
 
 
@@ -186,11 +215,13 @@ def work_items(searches, budget: int | None, client=None, stored=False) -> list[
 def search_items(search: tuple, budget: int | None) -> list[Item]:
     """One search's items: the candidates ``run_tune`` would time (``tune_space``: pruned
     from its floor up, the pick kept, sampled); none where the planner refuses all."""
+    from .strategies import strategy_class
     from .tune import source_hash, tune_space
 
-    p, precision, floor, keep = search
+    p, precision, floor, keep, *named = search  # (a strategy's key: ``strategy_searches``)
+    strategy = strategy_class(named[0]) if named else None
     try:
-        space = tune_space(p, precision, budget, floor=floor, keep=keep)
+        space = tune_space(p, precision, budget, strategy=strategy, floor=floor, keep=keep)
     except SpecError:
         return []
     return [Item(p.spec, p.batch, precision.value, v.name, source_hash(p, v)) for v in space]
@@ -433,7 +464,7 @@ def warm_up_problems(searches: list[tuple]) -> list[tuple[ConvProblem, str]]:
     """For each kind of cuDNN call a tune makes (op, dtype, layout and math), its
     smallest problem: what a GPU worker meets first (``warm_up``)."""
     kinds: dict[tuple, tuple[ConvProblem, str]] = {}
-    for p, precision, _, _ in sorted(searches, key=lambda s: s[0].batch * s[0].C * s[0].H * s[0].W):
+    for p, precision, *_ in sorted(searches, key=lambda s: s[0].batch * s[0].C * s[0].H * s[0].W):
         kinds.setdefault((p.op, p.dtype, p.layout, precision), (p, precision.value))
     return list(kinds.values())
 

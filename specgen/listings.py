@@ -74,9 +74,10 @@ def store_model_problems(
 
 
 def _search_key(search: tuple, budget: int | None) -> str:
-    p, precision, floor, keep = search
+    p, precision, floor, keep, *named = search
     names = ",".join(v.name for v in keep)
-    return f"{p.spec}|{p.batch}|{precision.value}|{floor}|{names}|{budget}"
+    key = f"{p.spec}|{p.batch}|{precision.value}|{floor}|{names}|{budget}"
+    return key + "".join(f"|{n}" for n in named)  # a strategy asked for by name
 
 
 def _items_path() -> Path:

@@ -189,15 +189,43 @@ def test_the_command_line(tmp_path, db, cluster):
         (("tune", "--problems", str(tmp_path / "none.txt"), "--compile-only"), "cannot read"),
         (("tune", "--problems", str(f), "--image", "32", "--compile-only"), "give --model"),
         # options that narrow one problem's search are refused, not silently dropped
-        (("tune", "--problems", str(f), "--strategy", "wgmma", "--compile-only"), "--strategy"),
         (
             ("tune", "--model", "resnet18", "--precision", "tf32", "--op", "wgrad"),
             "--precision, --op",
+        ),
+        (
+            ("tune", "--problems", str(f), "--strategy", "nosuch", "--compile-only"),
+            "unknown strategy",
         ),
     ):
         r = run(*args)
         assert r.exit_code == 2 and words in r.output, (args, r.output)
         assert r.output.count("\n") == 1
+
+
+def test_a_strategy_named_narrows_a_many_problem_tune_to_its_space(tmp_path, db, cluster):
+    """--strategy with --problems: each problem whose op the strategy computes, in the
+    maths it has, its whole space (no floor); nothing else is compiled."""
+    from specgen.strategies import Tiled
+    from specgen.tune import tune_space
+    from specgen.variants import Precision
+
+    searches = dist.searched([parse_shape(s) for s in SPECS], "", None, Tiled)
+    assert searches and all(s[4] == "tiled" and s[1] is Precision.FP32 for s in searches)
+    work = dist.work_items(searches, 3)
+    assert work and all(it.variant.startswith("tiled_") for it in work)
+    p = parse_shape(SPECS[0])
+    assert {it.variant for it in work if it.spec == p.spec} >= {
+        v.name for v in tune_space(p, Precision.FP32, 3, strategy=Tiled)
+    }
+    f = tmp_path / "p.txt"
+    f.write_text("\n".join(SPECS) + "\n")
+    at = ("--scheduler", cluster.scheduler.address)
+    r = run(
+        "tune", "--problems", str(f), "--compile-only", *at, "--budget", "3", "--strategy", "tiled"
+    )
+    assert r.exit_code == 0, r.output
+    assert keys_recorded() and all(v.startswith("tiled_") for _, _, v, _ in keys_recorded())
 
 
 @contextlib.contextmanager
