@@ -132,28 +132,19 @@ def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list
 
 
 def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tuple]:
-    """``searched`` narrowed to one strategy, asked for by name: each problem whose op it
-    computes, in each math a PyTorch user gets for it that the strategy has, in the
-    layout the operator computes that math in and, for fp32 tensors, the other one too;
-    the whole of its space (no floor, no pick kept), the strategy's key a fifth member
-    of the search.  A search whose problem the strategy cannot serve lists no items."""
-    from .choose import computed_problem, maths
-
+    """``searched`` narrowed to one strategy, asked for by name: its searches (the same
+    problems, maths and layouts) where the strategy computes the op in a math it has,
+    each over the whole of its space (no floor, no pick kept), the strategy's key a
+    fifth member.  A search whose problem the strategy cannot serve lists no items."""
     out = []
-    for p in problems:
+    for p, precision, *_ in searched(problems, gpu, arch):
+        if precision not in strategy.precisions:
+            continue
         try:
             strategy.problem_for(p)
         except SpecError:
             continue  # another op
-        for precision in maths(p, allow_tf32=True):
-            if precision not in strategy.precisions:
-                continue
-            try:
-                q = computed_problem(p, gpu, precision is Precision.TF32, arch)
-            except SpecError:
-                q = p
-            both = (q, replace(q, layout=q.layout.other)) if p.dtype is DType.FP32 else (q,)
-            out += [(r, precision, 0, (), strategy.key) for r in both]
+        out.append((p, precision, 0, (), strategy.key))
     return list(dict.fromkeys(out))
 
 
