@@ -76,7 +76,7 @@ FEW_MAPS = {"wlane"}
 # mobilenet_v2's 3x3 depthwise wgrads at B=64 (bf16, NHWC, H200, 2026-11-28) tcwhalo took
 # 0.10-3.05 ms against cuDNN's 0.04-0.14, wlane's lane a channel 0.145 against 0.091 on
 # the one it was picked for.
-GROUP_TILED_WGRAD = {"wgwgrad", "wgnchw", "tcwgrad", "tcwhalo", "tc3wgrad"}
+GROUP_TILED_WGRAD = {"wgwgrad", "wgwtma", "wgnchw", "tcwgrad", "tcwhalo", "tc3wgrad"}
 
 
 def depthwise(view: ConvProblem) -> bool:

@@ -25,6 +25,7 @@ L2_PROMOTION_256B = 3
 MAP_BYTES = 128  # sizeof(CUtensorMap), aligned to 64 bytes
 RANK_LIMIT = 5
 BOX_LIMIT = 256  # elements of a box along any dimension
+STEP_LIMIT = 8  # a traversal stride
 MAPS_KEPT = 64  # encoded addresses a bound map keeps (past these, it starts over)
 
 
@@ -32,7 +33,9 @@ MAPS_KEPT = 64  # encoded addresses a bound map keeps (past these, it starts ove
 class TensorMap:
     """A tiled tensor map over ``role``'s tensor: ``dims`` in elements, innermost first,
     the outermost ``None`` where it is the launch's image count; ``strides`` in bytes for
-    every dimension but the innermost; ``box`` the elements one copy moves along each."""
+    every dimension but the innermost; ``box`` the elements one copy spans along each;
+    ``steps`` the traversal stride along each (none: all ones), of which a copy takes
+    every steps[i]-th element from the box's corner, box[i] / steps[i] of them."""
 
     role: Role
     element_bytes: int
@@ -40,6 +43,7 @@ class TensorMap:
     strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int = 128
+    steps: tuple[int, ...] = ()
 
     def __post_init__(self):
         rank = len(self.dims)
@@ -51,13 +55,31 @@ class TensorMap:
             raise ValueError(f"tensor map box {self.box}: 1 to {BOX_LIMIT} elements a dimension")
         if self.swizzle and self.box[0] * self.element_bytes > self.swizzle:
             raise ValueError(f"a box row of {self.box[0]} elements exceeds the swizzle span")
+        if self.steps and (
+            len(self.steps) != rank
+            or self.steps[0] != 1
+            or any(not 1 <= t <= STEP_LIMIT or b % t for b, t in zip(self.box, self.steps))
+        ):
+            raise ValueError(
+                f"tensor map steps {self.steps}: 1 to {STEP_LIMIT}, dividing {self.box}"
+            )
+
+    @property
+    def traversal(self) -> tuple[int, ...]:
+        """The traversal stride along each dimension."""
+        return self.steps or (1,) * len(self.dims)
+
+    @property
+    def taken(self) -> tuple[int, ...]:
+        """The elements a copy takes along each dimension."""
+        return tuple(b // t for b, t in zip(self.box, self.traversal))
 
     def sized(self, images: int) -> tuple[int, ...]:
         return tuple(images if d is None else d for d in self.dims)
 
     @property
     def box_bytes(self) -> int:
-        return int(np.prod(self.box)) * self.element_bytes
+        return int(np.prod(self.taken)) * self.element_bytes
 
     def with_role(self, role: Role) -> "TensorMap":
         return replace(self, role=role)
@@ -73,14 +95,18 @@ def box_load(tensor: np.ndarray, m: TensorMap, coords, images: int = 1) -> np.nd
     # One index grid a dimension (innermost last, as the box's rows are laid out): the
     # flat offset of each element, and whether every coordinate lies inside the tensor.
     grids = np.meshgrid(
-        *(c + np.arange(b) for c, b in zip(reversed(coords), reversed(m.box))), indexing="ij"
+        *(
+            c + t * np.arange(n)
+            for c, n, t in zip(reversed(coords), reversed(m.taken), reversed(m.traversal))
+        ),
+        indexing="ij",
     )
     inside = np.ones(grids[0].shape, dtype=bool)
     flat = np.zeros(grids[0].shape, dtype=np.int64)
     for g, d, s in zip(grids, reversed(dims), reversed(steps)):
         inside &= (g >= 0) & (g < d)
         flat += g.astype(np.int64) * s
-    out = np.zeros(tuple(reversed(m.box)), dtype=tensor.dtype)
+    out = np.zeros(tuple(reversed(m.taken)), dtype=tensor.dtype)
     out[inside] = tensor[flat[inside]]
     return out.reshape(-1, m.box[0])
 
@@ -133,7 +159,7 @@ def encode(m: TensorMap, ptr: int, images: int):
     dims = (ctypes.c_uint64 * rank)(*m.sized(images))
     strides = (ctypes.c_uint64 * max(rank - 1, 1))(*m.strides)
     box = (ctypes.c_uint32 * rank)(*m.box)
-    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    steps = (ctypes.c_uint32 * rank)(*m.traversal)
     buf = (ctypes.c_ubyte * (MAP_BYTES + 64))()
     status = _encode_function()(
         ctypes.c_void_p(_aligned_address(buf)),
@@ -143,7 +169,7 @@ def encode(m: TensorMap, ptr: int, images: int):
         dims,
         strides,
         box,
-        ones,
+        steps,
         ctypes.c_int(0),  # no interleave
         ctypes.c_int(SWIZZLES[m.swizzle]),
         ctypes.c_int(L2_PROMOTION_256B),
@@ -152,6 +178,6 @@ def encode(m: TensorMap, ptr: int, images: int):
     if status:
         raise SpecError(
             f"cuTensorMapEncodeTiled refused the map of {m.role.value} (CUresult {status}): "
-            f"dims {m.sized(images)}, strides {m.strides}, box {m.box}"
+            f"dims {m.sized(images)}, strides {m.strides}, box {m.box}, steps {m.traversal}"
         )
     return buf

@@ -12,10 +12,13 @@ from problems import GPU_DRAWS, default_and_drawn, tiled_wgrads, verify_on_the_g
 from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
+from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwgrad, slices_for
+from specgen.strategies.wgwgrad import Wgwgrad, Wgwtma, slices_for
+from specgen.tensors import Role
+from specgen.tma import box_load
 from specgen.variants import Precision
 from test_wgmma import SERIALIZED, compiled, ptx_of
 
@@ -182,3 +185,150 @@ def test_a_grid_under_half_a_wave_takes_a_narrower_tile(spec, batch, tile):
     p = replace(parse_shape(f"{spec},dtype=bf16,layout=nhwc,op=wgrad"), batch=batch)
     v = Wgwgrad.default(p, Precision.BF16)
     assert v.blocktile == tile, v.name
+
+
+# ---- wgwtma: the same product fed by the tensor memory accelerator ----
+
+WGWTMA_LAYERS = [
+    # resnet50's 3x3 wgrads over 7x7 and 14x14 maps (a band of 49 pixels, 15 rows of
+    # zeros; 4 rows of 14, the last band's two rows past the image), a 1x1 over 7x7
+    ("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b64x128_p3_s3_bf16"),
+    (
+        "C=256,M=256,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x256_p4_s2_bf16",
+    ),
+    ("C=2048,M=512,H=7,W=7,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b256x64_p5_s2_bf16"),
+    # resnet50's strided wgrads: x's box steps by 2 along its rows and columns
+    (
+        "C=512,M=512,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x256_p4_s1_bf16",
+    ),
+    (
+        "C=1024,M=2048,H=14,W=14,K=1,pad=0,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x256_p4_s2_bf16",
+    ),
+    # four 4x4 images a band; groups and fp16
+    ("C=128,M=128,H=4,W=4,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b64x64_p4_s8_bf16"),
+    (
+        "C=128,M=128,H=14,W=14,K=3,pad=1,groups=2,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwtma_b64x64_p4_s4_fp16",
+    ),
+]
+
+
+@pytest.mark.parametrize("spec,name", WGWTMA_LAYERS)
+def test_wgwtma_compiles_unserialized_with_a_producer_warp_of_box_copies(spec, name):
+    """No spills, the multiplies not serialized; a producer warp beside the warpgroups,
+    its copies the tensor maps' boxes under mbarriers, and no cp.async left."""
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name(name))
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    bm = plan.variant.blocktile[0]
+    assert plan.launches[0].block == (128 * bm // 64 + 32, 1, 1)
+    ptx = ptx_of(plan)
+    assert "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier" in ptx
+    assert "mbarrier.try_wait.parity" in ptx and "cp.async.cg" not in ptx
+    assert [m.role for m in plan.launches[0].maps] == [Role.DY, Role.X]
+
+
+def _unit_boxes(p, plan, dy, x, u, tap, m0, c0, grp, images):
+    """The boxes the producer copies for unit u of tap ``tap`` (wgwgrad.cu.j2, tma), as
+    the copy unit fills them: dy's rows of the band at maps m0.., x's at channels c0..,
+    moved by the tap."""
+    dymap, xmap = plan.launches[0].maps
+    c = plan.context
+    n0, h0 = u // c["bands"] * c["nb"], u % c["bands"] * c["hb"]
+    tr = tap // p.S * c["dh"] - c["pt"]
+    ts = tap % p.S * c["dw"] - c["pl"]
+    return (
+        box_load(dy, dymap, (m0, grp, 0, h0, n0), images),
+        box_load(x, xmap, (c0, grp, ts, h0 * p.stride[0] + tr, n0), images),
+    )
+
+
+@pytest.mark.parametrize("spec,name", WGWTMA_LAYERS)
+def test_wgwtma_boxes_sum_to_the_weight_gradient(spec, name):
+    """A NumPy replay of the copy unit: over every unit of the batch (a partial last
+    band of images included), the products of each tap's boxes, dy's rows against x's,
+    add up to the float64 wgrad of a 64 x 64 tile, and the rows past a band stay out."""
+    import numpy as np
+
+    from specgen.reference import conv2d_wgrad
+
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name(name))
+    c = plan.context
+    images = 2 * c["nb"] - 1 if c["nb"] > 1 else 2
+    src = render(plan)
+    h = "h0" if p.stride[0] == 1 else f"h0 * {p.stride[0]}"
+    assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and f", ts, {h} + tr, n0);" in src
+    rng = np.random.default_rng()
+    x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros
+    dy = rng.standard_normal((images, p.Ho, p.Wo, p.M)) + 2.0
+    want = conv2d_wgrad(x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2), p)
+    grp = p.groups - 1
+    m0, c0 = p.Mg - 64, p.Cg - 64  # the group's last tile: boxes end at its edge
+    units = -(-images // c["nb"]) * c["bands"]
+    for tap in range(p.R * p.S):
+        got = np.zeros((64, 64))
+        for u in range(units):
+            a, b = _unit_boxes(p, plan, dy.reshape(-1), x.reshape(-1), u, tap, m0, c0, grp, images)
+            assert a.shape == b.shape == (c["rows"], 64)
+            got += a.T @ b
+        r, s = divmod(tap, p.S)
+        ref = want[grp * p.Mg + m0 : grp * p.Mg + m0 + 64, c0 : c0 + 64, r, s]
+        assert np.allclose(got, ref, rtol=1e-12, atol=1e-9), (tap, np.abs(got - ref).max())
+
+
+def test_every_wgwtma_tune_candidate_plans_and_compiles_unserialized():
+    """Its space is wgwgrad's: each member plans beside its mbarriers (the ring's stages
+    leave them room), and the wide tiles compile without spills or serialized multiplies."""
+    p = PRESETS["ae-dec2-bf16"].with_op(Op.WGRAD)
+    n = 0
+    for v in Wgwtma.space(p, MATH[p.dtype]):
+        plan = make_plan(p, v)
+        if v.blocktile[0] * v.blocktile[1] < 128 * 128:
+            continue
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (plan.name, binary.resources)
+        n += 1
+    assert n >= 6
+
+
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        (
+            "C=64,M=64,H=316,W=316,K=3,pad=1,stride=5,dtype=bf16,layout=nhwc,op=wgrad",
+            "past the copy unit's 256",
+        ),
+        ("C=64,M=64,H=70,W=70,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "at most 64 pixels"),
+    ],
+)
+def test_wgwtma_refuses_what_its_boxes_cannot_take(spec, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name("wgwtma_b64x64_p4_s4_bf16"))
+    assert words in str(e.value) and "wgwgrad" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,name", WGWTMA_LAYERS)
+def test_wgwtma_layers_on_the_gpu(spec, name):
+    """Each layer's kernel against the float64 reference at a batch that leaves a
+    partial last band of images and slices past the batch's units."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, [parse_variant_name(name)], 3)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, **GPU_DRAWS)
+@given(
+    p=wgwgrad_problems(),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+)
+def test_wgwtma_drawn_problems_on_the_gpu(p, batch, pick):
+    """wgwtma's default and a drawn member of its space on drawn problems: padding the
+    boxes zero-fill, strides they step by, dilation, groups, db, bands past the batch."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgwtma, MATH[p.dtype], pick), batch)

@@ -39,7 +39,7 @@ from .wgemm import Wgemm
 from .wgmma import Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
-from .wgwgrad import Wgwgrad
+from .wgwgrad import Wgwgrad, Wgwtma
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -75,6 +75,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wtap,
     Wgemm,
     Wgwgrad,
+    Wgwtma,
     Wgnchw,
     Tcwgrad,
     Tcwhalo,

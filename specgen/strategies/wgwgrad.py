@@ -16,6 +16,17 @@ The batch's pixels are cut into ``splits`` contiguous slices, one block plane ea
 block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
 the rows in order, so the result is deterministic.  db rides along on the blocks of the
 first column tile: dy times a shared tile of ones on an m64n8k16 wgmma.
+
+``wgwtma`` is the same product fed by the tensor memory accelerator: a producer warp's
+one thread issues, a chunk, a box of dy per 64 maps and a box of x per 64 channels
+(``cp.async.bulk.tensor``, 128-byte swizzle), and the warpgroups only multiply, under
+mbarriers ("landed", "retired").  A chunk is a band of whole output rows (``Wo`` pixels
+by ``hb`` rows by ``nb`` images, at most 64 pixels): both boxes' rows are its pixels in
+order, x's box moved by the tap and stepping by the stride (the copy unit's traversal
+stride), and the copy unit zero-fills the padding and what lies past the batch.  The
+rows of the last k step past the band are zeroed once in every stage.  It needs output
+rows of at most 64 pixels; the copies of ``wgwgrad`` issue some 200 instructions a
+chunk a warp, which its consumers do not.
 """
 
 from __future__ import annotations
@@ -23,8 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Plan, Size, choices
+from ..plan.common import Plan, Size, ceil_div, choices
 from ..shapes import DType, Feature, Op, TensorLayout
+from ..tensors import Role
+from ..tma import BOX_LIMIT, STEP_LIMIT, TensorMap
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT
@@ -97,6 +110,66 @@ class Wgwgrad(Variant):
         return tiled_space(
             cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)}, CHUNK
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgwtma(Wgwgrad):
+    key = "wgwtma"
+    description = (
+        "wgwgrad fed by the tensor memory accelerator (sm_90a): a producer thread's box "
+        "copies of bands of whole output rows (x's at the stride's traversal step), the "
+        "warpgroups only multiplying, under mbarriers"
+    )
+
+
+def bands_of(p) -> tuple[int, int, int]:
+    """``wgwtma``'s unit of the reduction: (nb images, hb rows, the bands of an image),
+    a band of nb x hb output rows of Wo pixels, at most ``CHUNK``; SpecError where a row
+    is longer, or x's box, the band's rows and columns times the stride, is past the
+    copy unit's 256 elements a side (or the stride past its step of 8)."""
+    if p.Wo > CHUNK:
+        raise SpecError(
+            f"wgwtma copies bands of whole output rows of at most {CHUNK} pixels, not "
+            f"{p.Wo}; use --strategy wgwgrad"
+        )
+    if p.Ho * p.Wo <= CHUNK:
+        nb, hb, bands = min(CHUNK // (p.Ho * p.Wo), BOX_LIMIT), p.Ho, 1
+    else:
+        hb = CHUNK // p.Wo
+        nb, bands = 1, ceil_div(p.Ho, hb)
+    sh, sw = p.stride
+    if max(sh, sw) > STEP_LIMIT or sw * p.Wo > BOX_LIMIT or sh * hb > BOX_LIMIT:
+        raise SpecError(
+            f"wgwtma: x's box of {sh * hb} x {sw * p.Wo} input rows and columns at stride "
+            f"{sh}x{sw} is past the copy unit's {BOX_LIMIT} a side or step of {STEP_LIMIT}; "
+            "use --strategy wgwgrad"
+        )
+    return nb, hb, bands
+
+
+def tma_maps(p, nb: int, hb: int) -> tuple[TensorMap, TensorMap]:
+    """``wgwtma``'s tensor maps: dy as [N][Ho][Wo][groups][M/g] and x as
+    [N][H][W][groups][C/g], each with a box of 64 maps or channels by a band's pixels;
+    x's spans the stride times the band's rows and columns and steps by the stride."""
+    e = p.dtype.bytes
+    box = (BLOCK, 1, p.Wo, hb, nb)
+    sh, sw = p.stride
+    dy = TensorMap(
+        Role.DY,
+        e,
+        (p.Mg, p.groups, p.Wo, p.Ho, None),
+        (p.Mg * e, p.M * e, p.Wo * p.M * e, p.Ho * p.Wo * p.M * e),
+        box,
+    )
+    x = TensorMap(
+        Role.X,
+        e,
+        (p.Cg, p.groups, p.W, p.H, None),
+        (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
+        (BLOCK, 1, sw * p.Wo, sh * hb, nb),
+        steps=(1, 1, sw, sh, 1) if (sh, sw) != (1, 1) else (),
+    )
+    return dy, x
 
 
 def _stage_bytes(bm: int, bn: int) -> int:
@@ -296,10 +369,13 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             "at most 128 x 256 or 256 x 128"
         )
     ring_limits(v)
+    tma = isinstance(v, Wgwtma)
+    nb, hb, bands = bands_of(p) if tma else (0, 0, 0)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
     ring = v.stages * (a_stage + b_stage)
     ones_at = ring
-    smem = ring + (ONES_BYTES if p.bias else 0) + 1024  # and the slack to align to 1024 B
+    bars_at = ring + (ONES_BYTES if p.bias else 0)  # wgwtma's mbarriers, 16 B a stage
+    smem = bars_at + (16 * v.stages if tma else 0) + 1024  # and the slack to align to 1024 B
     if smem > STAGE_LIMIT:
         most = (STAGE_LIMIT - 1024 - (ONES_BYTES if p.bias else 0)) // (a_stage + b_stage)
         raise SpecError(
@@ -309,8 +385,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
 
     # 2. work
     warpgroups = bm // BLOCK
-    threads = 128 * warpgroups
-    rows_per_pass = threads // 8  # a thread copies one 16-byte unit of a row
+    threads = 128 * warpgroups + (32 if tma else 0)  # wgwtma: and a producer warp
+    rows_per_pass = 16 * warpgroups  # a thread copies one 16-byte unit of a row
     passes = CHUNK // rows_per_pass  # rows of one block a thread copies
     CgRS = p.Cg * p.R * p.S
     col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), p.Mg // bm
@@ -349,8 +425,24 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         pl=pl,
         map_tiles=map_tiles,
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
+        tma=tma,
     )
     main = slice_kernel(name, threads, (col_tiles, map_tiles * p.groups, v.splits), smem)
+    if tma:
+        rows = nb * hb * p.Wo  # a band's pixels: the boxes' rows
+        ksteps = ceil_div(rows, 16)
+        ctx.update(
+            nb=nb,
+            hb=hb,
+            bands=bands,
+            Wo=p.Wo,
+            rows=rows,
+            ksteps=ksteps,
+            tail_rows=16 * ksteps - rows,
+            bars_at=bars_at,
+            stage_bytes=(bm + bn) * rows * 2,
+        )
+        main = replace(main, maps=tma_maps(p, nb, hb))
     sizes = (
         gemm,
         Size(
@@ -364,6 +456,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             f"{v.stages} stages x {CHUNK} pixels x ({bm} maps + {bn} channels) x 2 B in blocks "
             "of 64 rows x 128 B, 128B-swizzled"
             + (f"; {ONES_BYTES} B of ones for db" if p.bias else "")
+            + (f"; {16 * v.stages} B of mbarriers" if tma else "")
             + "; 1024 B of slack to align the ring",
         ),
         grid_size(p, v, col_tiles, map_tiles),
