@@ -3,6 +3,7 @@ cuDNN: the same initial weights and the same batches on every rank.
 
     torchrun --nproc-per-node 2 examples/ddp.py [--steps 20] [--batch 64] [--model unet]
                                                 [--image 32] [--bf16] [--lr RATE]
+                                                [--rounds 4] [--timed 30]
 
 Each rank (NCCL on GPUs, one GPU a rank; gloo on the CPU, where the operator runs
 PyTorch's own convolution) trains two copies of a model from one seed: specgen's
@@ -11,7 +12,7 @@ gradients averaged by DDP, and a third copy in float64 (PyTorch's convolution) a
 losses' reference.  Rank 0 prints each step's three losses and, at the end, the largest
 difference of cuDNN's and specgen's losses and of each from float64's, over the losses'
 size, the kernels' devices, and the training step of cuDNN and specgen timed after
-warm-up (CUDA events, median of the steps), one JSON line.
+warm-up (CUDA events; the two in alternating rounds, median of the steps), one JSON line.
 ``--model unet`` is a small U-Net with ConvTranspose2d up-sampling, ``resnet18`` the
 torchvision one (torchvision needed); ``--bf16`` trains both under bf16 autocast with
 channels_last tensors.  With ``--nproc-per-node 1`` it is the one-GPU comparison.
@@ -64,7 +65,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64, help="the global batch, split over ranks")
     ap.add_argument("--model", default="unet", help="unet, or a torchvision model name")
-    ap.add_argument("--timed", type=int, default=30, help="steps timed a model, after warm-up")
+    ap.add_argument("--timed", type=int, default=30, help="steps timed a model each round")
+    ap.add_argument("--rounds", type=int, default=4, help="timing rounds, the order alternating")
     ap.add_argument("--image", type=int, default=32, help="image side in pixels")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast, channels_last tensors")
     ap.add_argument("--lr", type=float, help="SGD's rate (0.01 for the U-Net, else 0.001)")
@@ -93,15 +95,16 @@ def main() -> None:
     # back to it for float64 tensors too), from the same weights and batches
     reference = copy.deepcopy(base).double().to(device)
     models = {"cudnn": base.to(device), "specgen": sg.convert(copy.deepcopy(base)).to(device)}
+    amp = torch.bfloat16 if args.bf16 else None
+    fmt = torch.channels_last if args.bf16 else torch.contiguous_format
+    for m in models.values():
+        # before the wrap: DDP lays its gradient buckets out in the parameters' strides,
+        # and a gradient in other strides is copied into its bucket at every step
+        m.to(memory_format=fmt)
     runs = {}
     for k, m in (*models.items(), ("float64", reference)):
         wrapped = DDP(m, device_ids=[device.index] if cuda else None)
         runs[k] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=0.9))
-
-    amp = torch.bfloat16 if args.bf16 else None
-    fmt = torch.channels_last if args.bf16 else torch.contiguous_format
-    for m in models.values():
-        m.to(memory_format=fmt)
 
     def step(which, x, t):
         model, opt = runs[which]
@@ -141,24 +144,33 @@ def main() -> None:
     }
     # the devices specgen's layers (and so their kernels) were built for on this rank
     devices = sorted({lay.index for lay in sg._engine._layers.values()})
-    times = {}
+    times, rounds = {}, []
     if cuda:
         x, t = next(batches(args.model, 1, args.batch, seed=2, image=args.image))
         x, t = x[:shard].to(device).contiguous(memory_format=fmt), t[:shard].to(device)
         for k in models:
             for _ in range(5):
                 step(k, x, t)
-            samples = []
-            for _ in range(args.timed):
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True
-                )
-                start.record()
-                step(k, x, t)
-                stop.record()
-                stop.synchronize()
-                samples.append(start.elapsed_time(stop))
-            times[k] = statistics.median(samples)
+        # the two models in turns, the order swapped each round (cuDNN first, then
+        # specgen first, ...): a drift of the host or of the other rank's pace falls on
+        # both alike; each round's medians are reported beside the medians of all steps
+        samples = {k: [] for k in models}
+        for r in range(args.rounds):
+            medians = {}
+            for k in list(models)[:: 1 if r % 2 == 0 else -1]:
+                taken = []
+                for _ in range(args.timed):
+                    start = torch.cuda.Event(enable_timing=True)
+                    stop = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    step(k, x, t)
+                    stop.record()
+                    stop.synchronize()
+                    taken.append(start.elapsed_time(stop))
+                medians[k] = statistics.median(taken)
+                samples[k] += taken
+            rounds.append(medians)
+        times = {k: statistics.median(v) for k, v in samples.items()}
     report = dict(
         model=args.model,
         math="bf16 autocast, channels_last" if args.bf16 else "fp32",
@@ -173,6 +185,7 @@ def main() -> None:
         device=str(device),
         step_ms=times,
         cudnn_over_specgen=times["cudnn"] / times["specgen"] if times else None,
+        rounds=[dict(r, cudnn_over_specgen=r["cudnn"] / r["specgen"]) for r in rounds],
         gpu=torch.cuda.get_device_name(device) if cuda else "cpu",
         date=time.strftime("%Y-%m-%d"),
     )
