@@ -12,6 +12,11 @@ slices' partial sums are added in order by the kernel wband and wsplit use
 (``backward/reduce.j2``), so the result is deterministic; db rides along, kept by the
 first channel of each group.
 
+Depthwise layers (one channel and one map a group: MobileNet's and EfficientNet's) take
+``vec`` adjacent channels a thread, as dwlane does forward: a warp's loads of x and of
+dy are then words of 16, 8 or 4 bytes a lane at consecutive addresses, where one
+channel a lane moves 2 bytes a lane in bf16.
+
 wband, which owns one channel a block, reads a channels-last x one element every C;
 wgemm's smallest map tile is 32.  Neither suits three maps in NHWC, where the operator
 copied both tensors to NCHW for wband (0.33 ms of wband and a tenth of the fp32 step's
@@ -23,9 +28,10 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds
-from ..shapes import Op, TensorLayout
+from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
+from .dwlane import depthwise, vector_widths
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -51,6 +57,7 @@ class Wlane(Variant):
     splits: int = param(
         64, Count("s"), "wlane: slices of the (image, row) walk, one block row each"
     )
+    vec: int = param(1, Count("v"), "wlane: adjacent channels a thread takes (depthwise layers)")
 
     def plan(self, problem):
         return plan_wlane(problem, self)
@@ -60,26 +67,64 @@ class Wlane(Variant):
         """A block of the channels up to 64 (a warp at least: its tune on the autoencoder's
         256 -> 3 layer, B=128, found 64 0.126 ms against 128's 0.129, H200); runs of up to
         8 outputs, fewer where the maps would hold over 32 dy values; slices for eight
-        blocks a SM."""
+        blocks a SM.  Depthwise layers: the channel word and block that move the most
+        bytes a warp's load, the words times the share of lanes with a channel word."""
         p = problem
-        threads = next((t for t in THREADS if t >= min(p.C, 64)), 64)
-        pixels = max(1, min(8, p.Wo, MAX_RUN_VALUES // max(1, p.Mg)))
-        tiles = ceil_div(p.C, threads)
+        vec, threads = 1, block_for(p.C)
+        if _words_allowed(p):
+            # each word's block as one channel's, and ties to the busier lanes, then the wider
+            vec, threads = max(
+                ((w, block_for(p.C // w)) for w in word_widths(p)),
+                key=lambda wt: (
+                    busy(p.C // wt[0], wt[1]) * wt[0],
+                    busy(p.C // wt[0], wt[1]),
+                    wt[0],
+                ),
+            )
+        pixels = max(1, min(8, p.Wo, MAX_RUN_VALUES // max(1, p.Mg * vec)))
+        tiles = ceil_div(ceil_div(p.C, vec), threads)
         # Not capped by the problem's default batch: an inline spec's is 1, and the same
         # kernel runs at any batch (a slice without rows adds zeros).
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
-        return replace(seed, threads=threads, pixels=pixels, splits=splits)
+        return replace(seed, threads=threads, pixels=pixels, splits=splits, vec=vec)
 
     @classmethod
     def space(cls, problem, precision):
         base = cls.default(problem, precision)
+        widest = word_widths(problem)[0] if _words_allowed(problem) else 1
+        vecs = sorted({base.vec, max(1, base.vec // 2), widest})
         out = []
-        for threads in sorted({64, 128, base.threads}):
-            for pixels in sorted({4, 8, base.pixels}):
-                for splits in sorted({base.splits // 2, base.splits, base.splits * 2}):
-                    v = replace(base, threads=threads, pixels=min(pixels, problem.Wo))
-                    out.append(replace(v, splits=max(1, min(splits, 65535))))
+        for vec in vecs:
+            for threads in sorted({64, 128, base.threads}):
+                for pixels in sorted({4, 8, base.pixels}):
+                    pixels = min(pixels, problem.Wo, MAX_RUN_VALUES // max(1, problem.Mg * vec))
+                    for splits in sorted({base.splits // 2, base.splits, base.splits * 2}):
+                        v = replace(base, threads=threads, pixels=max(1, pixels), vec=vec)
+                        out.append(replace(v, splits=max(1, min(splits, 65535))))
         return list(dict.fromkeys(out))
+
+
+def _words_allowed(p) -> bool:
+    """Channel words serve depthwise layers without a bias (db is kept a channel a lane)."""
+    return depthwise(p) and not p.bias
+
+
+def word_widths(p) -> list[int]:
+    """The channels a thread may take for ``p``, widest first: a word that divides C, and
+    whose sums (taps a channel) fit the registers; one channel always."""
+    taps = p.R * p.S
+    fits = [w for w in vector_widths(p.dtype) if p.C % w == 0 and w * taps <= MAX_ACCUMULATORS]
+    return fits + ([1] if 1 not in fits else [])
+
+
+def block_for(words: int) -> int:
+    """The threads of a block: the channel words up to 64, a warp at least."""
+    return next((t for t in THREADS if t >= min(words, 64)), 64)
+
+
+def busy(words: int, threads: int) -> float:
+    """The share of a launch's lanes that hold a channel word."""
+    return words / (threads * ceil_div(words, threads))
 
 
 def row_runs(p, pixels: int) -> list[dict]:
@@ -112,25 +157,41 @@ def plan_wlane(p, v: Wlane) -> Plan:
         )
     if v.threads not in THREADS:
         raise SpecError(f"wlane t{v.threads}: threads per block must be one of {THREADS}")
+    if v.vec > 1:
+        if not _words_allowed(p):
+            raise SpecError(
+                f"wlane v{v.vec}: channel words serve depthwise layers without a bias "
+                "(one channel and one map a group); choose --vec 1"
+            )
+        if v.vec not in vector_widths(p.dtype) or p.C % v.vec:
+            widths = [w for w in vector_widths(p.dtype) if p.C % w == 0] + [1]
+            raise SpecError(
+                f"wlane v{v.vec}: a word of {p.dtype.value} channels that divides C={p.C} is "
+                f"one of {widths}"
+            )
     taps = p.R * p.S
-    sums = p.Mg * taps
+    sums = p.Mg * taps * v.vec
     if sums > MAX_ACCUMULATORS:
         raise SpecError(
-            f"wlane keeps a channel's {sums} sums per thread ({p.Mg} maps x {taps} taps), "
-            f"over {MAX_ACCUMULATORS}; use --strategy wgemm or wsplit"
+            f"wlane keeps {sums} sums per thread ({v.vec} channel(s) x {p.Mg} maps x {taps} "
+            f"taps), over {MAX_ACCUMULATORS}; "
+            + ("choose a smaller --vec" if v.vec > 1 else "use --strategy wgemm or wsplit")
         )
     if v.pixels > p.Wo:
         raise SpecError(f"wlane p{v.pixels}: a row has only Wo={p.Wo} outputs")
-    if v.pixels * p.Mg > MAX_RUN_VALUES:
+    held = v.pixels * p.Mg * v.vec
+    if held > MAX_RUN_VALUES:
         raise SpecError(
-            f"wlane p{v.pixels} holds {v.pixels * p.Mg} dy values a run ({p.Mg} maps), over "
-            f"{MAX_RUN_VALUES}; choose --pixels {max(1, MAX_RUN_VALUES // p.Mg)}"
+            f"wlane p{v.pixels} holds {held} dy values a run ({p.Mg} maps x {v.vec} "
+            f"channel(s)), over {MAX_RUN_VALUES}; choose --pixels "
+            f"{max(1, MAX_RUN_VALUES // (p.Mg * v.vec))}"
         )
     if v.splits > 65535:
         raise SpecError(f"wlane s{v.splits}: at most 65535 slices (grid y)")
 
     # 2. work
-    tiles = ceil_div(p.C, v.threads)
+    words = p.C // v.vec  # channel words, a thread each
+    tiles = ceil_div(words, v.threads)
     ctx = sums_context(p, p.Mg, v.splits, bgrad=False, with_db=p.bias)
     row = ctx["row"]
     workspace = 4 * v.splits * row
@@ -157,13 +218,19 @@ def plan_wlane(p, v: Wlane) -> Plan:
         tap_rows=[(r, r * p.dil[0] - p.pads[0]) for r in range(p.R)],
         x_row=p.W * p.C,
         dy_row=p.Wo * p.M,
-        last_channel=p.C - 1,
+        last_channel=p.C - v.vec,  # a thread past C reads the last word
+        **channel_words(p.dtype, v.vec),
     )
     sizes = (
         Size(
             "block",
             f"{v.threads} threads",
-            f"one input channel a thread: {tiles} block(s) across C={p.C}, x {v.splits} slices",
+            (
+                f"a word of {v.vec} channels a thread ({v.vec * p.dtype.bytes} bytes a load): "
+                if v.vec > 1
+                else "one input channel a thread: "
+            )
+            + f"{tiles} block(s) across C={p.C}, x {v.splits} slices",
         ),
         Size(
             "thread",
@@ -174,7 +241,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
             "run",
             f"{v.pixels} adjacent outputs",
             f"{nx} x loads a tap row and {v.pixels * p.Mg} dy loads feed "
-            f"{v.pixels * sums} FMAs",
+            f"{v.pixels * sums} FMAs" + (f", each load a word of {v.vec}" if v.vec > 1 else ""),
         ),
         Size(
             "workspace",
@@ -197,4 +264,22 @@ def plan_wlane(p, v: Wlane) -> Plan:
         # a slice's rows are contiguous in the (image, row) walk: at most Ho of them per
         # image it covers, each Wo terms; then the slices added in order
         sum_depth=(p.Ho * p.Wo, v.splits, v.splits),
+    )
+
+
+def channel_words(dtype: DType, vec: int) -> dict:
+    """How the template loads a word of ``vec`` channels (common/vec_load.j2): 32-bit
+    words in it, their type."""
+    wide = dtype is not DType.FP32
+    words = vec // 2 if wide else vec  # 16-bit values two a 32-bit word
+    if vec == 1:
+        return dict(vec=1, words=1, wtype="")
+    return dict(
+        vec=vec,
+        words=words,
+        wtype=(
+            {1: "unsigned", 2: "uint2", 4: "uint4"}[words]
+            if wide
+            else ("float" if words == 1 else f"float{words}")
+        ),
     )

@@ -1,0 +1,175 @@
+"""wlane's channel words on depthwise layers: the walk a word of channels a thread takes
+replayed against the float64 weight gradient, what the compiler makes of it and its
+limits (CPU tier), and its numbers on drawn problems and the networks' layers (GPU tier).
+wlane's one-channel walk over every problem form is test_backward.py's."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_backward import _replay_wlane
+from test_dwlane import depthwise_problems
+
+from problems import (
+    DRAWN_COMPILES,
+    GPU_DRAWS,
+    assert_compiles_without_spills,
+    assert_one_line_refusal,
+    default_and_drawn,
+    verify_on_the_gpu,
+)
+from specgen.compile import compile_source
+from specgen.errors import SpecError
+from specgen.plan import make_plan
+from specgen.reference import conv2d_wgrad
+from specgen.render import render
+from specgen.shapes import Op, parse_shape
+from specgen.strategies.wlane import Wlane
+from specgen.variants import Precision
+
+# mobilenet_v2's and efficientnet_b0's depthwise wgrads at 224x224: the first (32
+# channels, 112x112), strided ones, 5x5 windows, the narrowest maps
+LAYERS = [
+    "C=32,M=32,H=112,W=112,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=96,M=96,H=112,W=112,K=3,pad=1,stride=2,groups=96,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=144,M=144,H=56,W=56,K=5,pad=2,stride=2,groups=144,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=240,M=240,H=28,W=28,K=5,pad=2,groups=240,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=576,M=576,H=14,W=14,K=3,pad=1,groups=576,dtype=fp16,layout=nhwc,op=wgrad",
+    "C=1152,M=1152,H=7,W=7,K=3,pad=1,groups=1152,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=144,M=144,H=56,W=56,K=3,pad=1,groups=144,layout=nhwc,op=wgrad",
+]
+
+
+def depthwise_wgrads():
+    """Depthwise wgrads without a bias (the ones channel words serve) in channels-last."""
+    return depthwise_problems().map(lambda p: replace(p.with_op(Op.WGRAD), bias=False))
+
+
+def _words(p, v) -> int:
+    return replace(v, vec=next(w for w in (8, 4, 2, 1) if _plans(p, replace(v, vec=w)))).vec
+
+
+def _plans(p, v) -> bool:
+    try:
+        make_plan(p, v)
+    except SpecError:
+        return False
+    return True
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=depthwise_wgrads(), pick=st.integers(0, 10**6))
+def test_a_word_of_channels_a_thread_gives_the_weight_gradient(p, pick):
+    """The widest word that plans and a drawn member of the tune space: every channel
+    of every block's words covered once, and the planned runs' loads and products over
+    the launched slices give dw."""
+    base = Wlane.default(p, Precision.FP32)
+    space = [v for v in Wlane.space(p, Precision.FP32) if _plans(p, v)]
+    for v in [replace(base, vec=_words(p, base))] + space[pick % len(space) :][:1]:
+        plan = make_plan(p, v)
+        launch, _ = plan.launches
+        tiles, threads = launch.grid[0], launch.block[0]
+        firsts = [(i * threads + t) * v.vec for i in range(tiles) for t in range(threads)]
+        covered = [f + e for f in firsts if f < p.C for e in range(v.vec)]
+        assert sorted(covered) == list(range(p.C)), v.name
+        x = np.random.default_rng().standard_normal((2, p.C, p.H, p.W))
+        dy = np.random.default_rng().standard_normal((2, p.M, p.Ho, p.Wo))
+        dw, _ = _replay_wlane(p, x, dy, plan)
+        np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("spec", LAYERS)
+def test_the_networks_depthwise_wgrads_take_words_and_compile_without_spills(spec):
+    """The untuned pick loads words of 4 bytes or more a lane, and compiles for sm_90
+    without spills."""
+    p = parse_shape(spec)
+    v = Wlane.default(p, Precision.FP32)
+    assert v.vec * p.dtype.bytes >= 4 or v.vec == 1 and p.C <= 32, v.name
+    plan = make_plan(p, v)
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (plan.name, binary.resources)
+
+
+def test_one_channel_a_lane_stays_where_words_do_not_serve():
+    """Groups of several channels, a bias, and layers of few channels keep one channel
+    a lane (the autoencoder's 3-map layer among them)."""
+    for spec in (
+        "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,layout=nhwc,op=wgrad",
+        "C=64,M=64,H=16,W=16,K=3,pad=1,groups=32,layout=nhwc,op=wgrad",
+        "C=64,M=64,H=16,W=16,K=3,pad=1,groups=64,bias=1,layout=nhwc,op=wgrad",
+        "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32,layout=nhwc,op=wgrad",
+    ):
+        assert Wlane.default(parse_shape(spec), Precision.FP32).vec == 1, spec
+
+
+@pytest.mark.parametrize(
+    "spec, name, words",
+    [
+        (
+            "C=64,M=64,H=9,W=9,K=3,pad=1,groups=32,layout=nhwc,op=wgrad",
+            "wlane_t64_p8_s64_v2_fp32",
+            "depthwise",
+        ),
+        (
+            "C=64,M=64,H=9,W=9,K=3,pad=1,groups=64,bias=1,layout=nhwc,op=wgrad",
+            "wlane_t64_p8_s64_v2_fp32",
+            "bias",
+        ),
+        (
+            "C=12,M=12,H=9,W=9,K=3,pad=1,groups=12,layout=nhwc,op=wgrad",
+            "wlane_t64_p8_s64_v8_fp32",
+            "divides",
+        ),
+        (
+            "C=24,M=24,H=9,W=9,K=3,pad=1,groups=24,dtype=bf16,layout=nhwc,op=wgrad",
+            "wlane_t64_p4_s64_v8_fp32",
+            "--vec",
+        ),
+        (
+            "C=16,M=16,H=9,W=8,K=3,pad=1,groups=16,layout=nhwc,op=wgrad",
+            "wlane_t64_p9_s64_v4_fp32",
+            "Wo=8",
+        ),
+        (
+            "C=16,M=16,H=9,W=9,K=1,groups=16,dtype=bf16,layout=nhwc,op=wgrad",
+            "wlane_t64_p8_s64_v8_fp32",
+            "--pixels 4",
+        ),
+    ],
+)
+def test_limits_are_one_line_refusals(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=depthwise_wgrads())
+def test_drawn_defaults_compile_without_spills(p):
+    assert_compiles_without_spills(p, lambda: Wlane.default(p, Precision.FP32))
+
+
+# ---- GPU tier ----
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, **GPU_DRAWS)
+@given(p=depthwise_wgrads(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_problems_on_the_gpu(p, batch, pick):
+    """The default and one variant of tune's space against the float64 reference: words
+    of each width and dtype, the padding on every side, runs cut short, slices with no
+    rows at a small batch."""
+    try:
+        make_plan(p, Wlane.default(p, Precision.FP32))
+    except SpecError:
+        assume(False)
+    verify_on_the_gpu(p, default_and_drawn(p, Wlane, Precision.FP32, pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", LAYERS)
+def test_the_networks_layers_at_their_batch(spec):
+    """The untuned pick and one channel a lane, at batch 64."""
+    p = parse_shape(spec)
+    v = Wlane.default(p, Precision.FP32)
+    verify_on_the_gpu(p, list(dict.fromkeys([v, replace(v, vec=1)])), 64)
