@@ -67,35 +67,27 @@ class Wlane(Variant):
         """A block of the channels up to 64 (a warp at least: its tune on the autoencoder's
         256 -> 3 layer, B=128, found 64 0.126 ms against 128's 0.129, H200); runs of up to
         8 outputs, fewer where the maps would hold over 32 dy values; slices for eight
-        blocks a SM.  Depthwise layers: the channel word and block that move the most
-        bytes a warp's load, the words times the share of lanes with a channel word."""
+        blocks a SM.  One channel a lane, depthwise layers too: beside each shipped winner
+        of six of efficientnet_b0's depthwise wgrads (bf16, B=64, H200), words of
+        channels ran 1.1-2.1x slower on four, equal on one, and 15% faster on one (96
+        channels at stride 2); the tune space holds them."""
         p = problem
-        vec, threads = 1, block_for(p.C)
-        if _words_allowed(p):
-            # each word's block as one channel's, and ties to the busier lanes, then the wider
-            vec, threads = max(
-                ((w, block_for(p.C // w)) for w in word_widths(p)),
-                key=lambda wt: (
-                    busy(p.C // wt[0], wt[1]) * wt[0],
-                    busy(p.C // wt[0], wt[1]),
-                    wt[0],
-                ),
-            )
-        pixels = max(1, min(8, p.Wo, MAX_RUN_VALUES // max(1, p.Mg * vec)))
-        tiles = ceil_div(ceil_div(p.C, vec), threads)
+        threads = words_block(p.C)
+        pixels = max(1, min(8, p.Wo, MAX_RUN_VALUES // max(1, p.Mg)))
+        tiles = ceil_div(p.C, threads)
         # Not capped by the problem's default batch: an inline spec's is 1, and the same
         # kernel runs at any batch (a slice without rows adds zeros).
         splits = max(1, min(TARGET_BLOCKS // tiles, 65535))
-        return replace(seed, threads=threads, pixels=pixels, splits=splits, vec=vec)
+        return replace(seed, threads=threads, pixels=pixels, splits=splits, vec=1)
 
     @classmethod
     def space(cls, problem, precision):
         base = cls.default(problem, precision)
-        widest = word_widths(problem)[0] if _words_allowed(problem) else 1
-        vecs = sorted({base.vec, max(1, base.vec // 2), widest})
         out = []
-        for vec in vecs:
-            for threads in sorted({64, 128, base.threads}):
+        for vec in word_widths(problem)[:2] if _words_allowed(problem) else [1]:
+            # one channel a lane and the widest word; a word's block holds its words up to 64
+            blocks = {64, 128, base.threads if vec == 1 else words_block(problem.C // vec)}
+            for threads in sorted(blocks):
                 for pixels in sorted({4, 8, base.pixels}):
                     pixels = min(pixels, problem.Wo, MAX_RUN_VALUES // max(1, problem.Mg * vec))
                     for splits in sorted({base.splits // 2, base.splits, base.splits * 2}):
@@ -110,21 +102,16 @@ def _words_allowed(p) -> bool:
 
 
 def word_widths(p) -> list[int]:
-    """The channels a thread may take for ``p``, widest first: a word that divides C, and
-    whose sums (taps a channel) fit the registers; one channel always."""
+    """The channels a thread may take for ``p``: one, then the widest word that divides
+    C and whose sums (taps a channel) fit the registers, then narrower ones."""
     taps = p.R * p.S
     fits = [w for w in vector_widths(p.dtype) if p.C % w == 0 and w * taps <= MAX_ACCUMULATORS]
-    return fits + ([1] if 1 not in fits else [])
+    return [1] + [w for w in fits if w > 1]
 
 
-def block_for(words: int) -> int:
-    """The threads of a block: the channel words up to 64, a warp at least."""
+def words_block(words: int) -> int:
+    """The threads of a block for ``words`` channel words: up to 64 of them, a warp at least."""
     return next((t for t in THREADS if t >= min(words, 64)), 64)
-
-
-def busy(words: int, threads: int) -> float:
-    """The share of a launch's lanes that hold a channel word."""
-    return words / (threads * ceil_div(words, threads))
 
 
 def row_runs(p, pixels: int) -> list[dict]:
