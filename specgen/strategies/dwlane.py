@@ -40,6 +40,15 @@ def vector_widths(dtype: DType) -> tuple[int, ...]:
     return (4, 2, 1) if dtype is DType.FP32 else (8, 4, 2)
 
 
+def channel_words(dtype: DType, vec: int) -> dict:
+    """How a word of ``vec`` channels loads (common/vec_load.j2): the 32-bit words in it
+    (``words``) and its type (``wtype``)."""
+    if dtype is DType.FP32:
+        return dict(words=vec, wtype="float" if vec == 1 else f"float{vec}")
+    words = max(1, vec // 2)  # 16-bit values two a 32-bit word
+    return dict(words=words, wtype={1: "unsigned", 2: "uint2", 4: "uint4"}[words])
+
+
 def depthwise(p) -> bool:
     """One channel a group and one map a channel: what dwlane computes."""
     return p.groups == p.C == p.M
@@ -190,8 +199,6 @@ def plan_dwlane(p, v) -> Plan:
     vectors = p.C // v.vec
     units = out_h * per_row * vectors
     (dh, _), (pt, _, pl, _) = p.dil, p.pads
-    wide = p.dtype is not DType.FP32
-    words = v.vec // 2 if wide else v.vec  # 16-bit values two a 32-bit word
     ctx = dict(
         shape_context(p),
         R=p.R,
@@ -231,12 +238,7 @@ def plan_dwlane(p, v) -> Plan:
             for r in range(p.R)
         ],
         # a thread's channels at a pixel: one load and one store of this type
-        words=words,
-        wtype=(
-            {1: "unsigned", 2: "uint2", 4: "uint4"}[words]
-            if wide
-            else ("float" if words == 1 else f"float{words}")
-        ),
+        **channel_words(p.dtype, v.vec),
         elem={DType.FP16: "f16", DType.BF16: "bf16"}.get(p.dtype, ""),
         **launch_bounds(v.threads),
     )

@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds
-from ..shapes import DType, Op, TensorLayout
+from ..shapes import Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
-from .dwlane import depthwise, vector_widths
+from .dwlane import channel_words, depthwise, vector_widths
 from .wsplit import per_slice, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
@@ -177,8 +177,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
         raise SpecError(f"wlane s{v.splits}: at most 65535 slices (grid y)")
 
     # 2. work
-    words = p.C // v.vec  # channel words, a thread each
-    tiles = ceil_div(words, v.threads)
+    tiles = ceil_div(p.C // v.vec, v.threads)  # a channel word a thread
     ctx = sums_context(p, p.Mg, v.splits, bgrad=False, with_db=p.bias)
     row = ctx["row"]
     workspace = 4 * v.splits * row
@@ -206,6 +205,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
         x_row=p.W * p.C,
         dy_row=p.Wo * p.M,
         last_channel=p.C - v.vec,  # a thread past C reads the last word
+        vec=v.vec,
         **channel_words(p.dtype, v.vec),
     )
     sizes = (
@@ -251,22 +251,4 @@ def plan_wlane(p, v: Wlane) -> Plan:
         # a slice's rows are contiguous in the (image, row) walk: at most Ho of them per
         # image it covers, each Wo terms; then the slices added in order
         sum_depth=(p.Ho * p.Wo, v.splits, v.splits),
-    )
-
-
-def channel_words(dtype: DType, vec: int) -> dict:
-    """How the template loads a word of ``vec`` channels (common/vec_load.j2): 32-bit
-    words in it, their type."""
-    wide = dtype is not DType.FP32
-    words = vec // 2 if wide else vec  # 16-bit values two a 32-bit word
-    if vec == 1:
-        return dict(vec=1, words=1, wtype="")
-    return dict(
-        vec=vec,
-        words=words,
-        wtype=(
-            {1: "unsigned", 2: "uint2", 4: "uint4"}[words]
-            if wide
-            else ("float" if words == 1 else f"float{words}")
-        ),
     )
