@@ -12,10 +12,11 @@ slices' partial sums are added in order by the kernel wband and wsplit use
 (``backward/reduce.j2``), so the result is deterministic; db rides along, kept by the
 first channel of each group.
 
-Depthwise layers (one channel and one map a group: MobileNet's and EfficientNet's) take
-``vec`` adjacent channels a thread, as dwlane does forward: a warp's loads of x and of
-dy are then words of 16, 8 or 4 bytes a lane at consecutive addresses, where one
-channel a lane moves 2 bytes a lane in bf16.
+Depthwise layers (one channel and one map a group: MobileNet's and EfficientNet's) may
+take ``vec`` adjacent channels a thread, as dwlane does forward: a warp's loads of x and
+of dy are then words of 16, 8 or 4 bytes a lane at consecutive addresses, where one
+channel a lane moves 2 bytes a lane in bf16.  The words are in the tune space only: on
+most of efficientnet_b0's depthwise wgrads they ran slower (``Wlane.fit``).
 
 wband, which owns one channel a block, reads a channels-last x one element every C;
 wgemm's smallest map tile is 32.  Neither suits three maps in NHWC, where the operator
@@ -222,7 +223,10 @@ def plan_wlane(p, v: Wlane) -> Plan:
         Size(
             "thread",
             f"{sums + (p.Mg if p.bias else 0)} fp32 sums",
-            f"{p.Mg} maps x {taps} taps" + (" + db" if p.bias else "") + ", kept over its slice",
+            (f"{v.vec} channels x " if v.vec > 1 else "")
+            + f"{p.Mg} maps x {taps} taps"
+            + (" + db" if p.bias else "")
+            + ", kept over its slice",
         ),
         Size(
             "run",
