@@ -36,7 +36,7 @@ from .tcwhalo import Tcwhalo
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
-from .wgmma import Wgmma
+from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
 from .wgwgrad import Wgwgrad, Wgwtma
@@ -67,6 +67,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmarows,
     Tcgemm,
     Wgmma,
+    Wgdsm,
     Wgplanar,
     Kn2row,
     Phased,
