@@ -16,7 +16,7 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwgrad, Wgwtma, slices_for
+from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -332,3 +332,114 @@ def test_wgwtma_drawn_problems_on_the_gpu(p, batch, pick):
     """wgwtma's default and a drawn member of its space on drawn problems: padding the
     boxes zero-fill, strides they step by, dilation, groups, db, bands past the batch."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgwtma, MATH[p.dtype], pick), batch)
+
+
+# ---- wgwdsm: wgwtma's slices summed in a cluster ----
+
+# WGWTMA_LAYERS as wgwdsm, at most 8 slices (a cluster's blocks) and one (no cluster)
+WGWDSM_LAYERS = [
+    (spec, name.replace("wgwtma", "wgwdsm").replace("_s8_", "_s8_")) for spec, name in WGWTMA_LAYERS
+] + [
+    ("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwdsm_b128x256_p4_s1_bf16")
+]
+
+
+@pytest.mark.parametrize("spec,name", WGWDSM_LAYERS)
+def test_wgwdsm_stores_dw_itself_from_one_kernel(spec, name):
+    """One launch that writes dw (and db) with no workspace; for more than one slice a
+    cluster of that many blocks along z whose blocks read each other's shared memory;
+    no spills, the multiplies not serialized; and under grads32 the same kernel with
+    fp32 dw and db."""
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    p = parse_shape(spec)
+    v = parse_variant_name(name)
+    plan = make_plan(p, v)
+    (main,) = plan.launches
+    assert main.args == (Role.X, Role.DY, Role.DW, *((Role.DB,) if p.bias else ()), Role.BATCH)
+    assert plan.workspace_bytes == 0 and main.grid[2] == v.splits
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    assert ("mapa.shared::cluster.u32" in ptx) == (v.splits > 1)
+    if v.splits > 1:
+        assert f".reqnctapercluster 1, 1, {v.splits}" in ptx
+        assert ptx.count("barrier.cluster.arrive.release.aligned") == 2
+    assert "_reduce" not in render(plan)
+    wide = with_fp32_grads(plan, "mrsc")
+    text = render(wide)
+    assert "float* __restrict__ dw" in text and ("float* __restrict__ db" in text) == p.bias
+    binary = compiled(wide)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+
+
+def test_wgwdsm_space_and_fit_keep_a_portable_cluster():
+    """Every slice count of the space and of the fit is 1 to 8; more is refused in one
+    line."""
+    p = parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    space = Wgwdsm.space(p, Precision.BF16)
+    assert space and {v.splits for v in space} >= {1, 2, 4, 8}
+    assert max(v.splits for v in space) <= 8
+    assert 1 <= Wgwdsm.default(p, Precision.BF16).splits <= 8
+    with pytest.raises(SpecError) as e:
+        make_plan(p, parse_variant_name("wgwdsm_b64x128_p4_s9_bf16"))
+    assert "at most 8" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,name", WGWDSM_LAYERS)
+def test_wgwdsm_layers_on_the_gpu(spec, name):
+    """Each layer's kernel against the float64 reference at a batch that leaves a
+    partial last band of images and slices past the batch's units."""
+    verify_on_the_gpu(parse_shape(spec), [parse_variant_name(name)], 3)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, **GPU_DRAWS)
+@given(p=wgwgrad_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_wgwdsm_drawn_problems_on_the_gpu(p, batch, pick):
+    """wgwdsm's default and a drawn member of its space on drawn problems: clusters whose
+    last slices hold no pixels, db summed across the cluster, groups, strides."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgwdsm, MATH[p.dtype], pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
+def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypatch, weights):
+    """The PyTorch operator under autocast with fp32 weights (dw and db in fp32, dw in
+    the weights' memory format): wgwdsm, its sums added in a cluster, gives the bits of
+    wgwtma of the same tile and slices, whose second pass adds the same sums in the
+    same order."""
+    torch = pytest.importorskip("torch")
+    import specgen.torch as sg
+    from specgen.choose import Choice
+    from specgen.torch import _engine as E
+
+    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, device="cuda")
+    if weights == "channels_last":
+        w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(128, device="cuda")
+    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    grads = {}
+    for key in ("wgwtma", "wgwdsm"):
+        monkeypatch.setattr(E, "_kernels", {})
+        real = E.choose
+
+        def pick(p, *args, key=key, real=real):
+            if p.op is not Op.WGRAD:
+                return real(p, *args)
+            return Choice(parse_variant_name(f"{key}_b64x128_p4_s4_bf16"), "planned", "test")
+
+        monkeypatch.setattr(E, "choose", pick)
+        x16 = x.to(torch.bfloat16).requires_grad_()
+        w1, b1 = w.clone().requires_grad_(), b.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = sg.conv2d(x16, w1, b1, padding=1)
+        grads[key] = torch.autograd.grad(y, [w1, b1], dy)
+        monkeypatch.setattr(E, "choose", real)
+    (dw0, db0), (dw1, db1) = grads["wgwtma"], grads["wgwdsm"]
+    assert dw1.dtype == db1.dtype == torch.float32
+    fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
+    assert dw1.is_contiguous(memory_format=fmt)
+    assert not dw1.isnan().any() and torch.equal(dw0, dw1) and torch.equal(db0, db1)

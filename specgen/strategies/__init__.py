@@ -39,7 +39,7 @@ from .wgemm import Wgemm
 from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
-from .wgwgrad import Wgwgrad, Wgwtma
+from .wgwgrad import Wgwdsm, Wgwgrad, Wgwtma
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -77,6 +77,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgemm,
     Wgwgrad,
     Wgwtma,
+    Wgwdsm,
     Wgnchw,
     Tcwgrad,
     Tcwhalo,
