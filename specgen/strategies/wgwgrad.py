@@ -133,22 +133,25 @@ class Wgwdsm(Wgwtma):
 
     @classmethod
     def fit(cls, problem, seed):
-        """wgwtma's tile, stages and slices, the slices at most a portable cluster's 8."""
+        """wgwtma's tile and stages; its slices rounded down to 1, 2, 4 or 8 (a cluster's
+        blocks share the tile's 8-channel columns evenly, at most a portable 8)."""
         v = super().fit(problem, seed)
-        return replace(v, splits=min(CLUSTER_LIMIT, v.splits))
+        return replace(v, splits=max(s for s in CLUSTER_SLICES if s <= v.splits))
 
     @classmethod
     def space(cls, problem, precision):
-        """wgwtma's tiles and stages, each with 1, 2, 4 and 8 slices and wgwtma's own
-        (at most 8)."""
+        """wgwtma's tiles and stages, each with 1, 2, 4 and 8 slices."""
         out = []
         for v in super().space(problem, precision):
-            for splits in sorted({1, 2, 4, CLUSTER_LIMIT, min(CLUSTER_LIMIT, v.splits)}):
+            for splits in CLUSTER_SLICES:
                 out.append(replace(v, splits=splits))
         return list(dict.fromkeys(out))
 
 
 CLUSTER_LIMIT = 8  # blocks of a portable cluster
+# wgwdsm's slices: each block of the cluster adds an equal share of the tile's 8-channel
+# columns (8, 16 or 32 of them), so a power of two up to the cluster's limit
+CLUSTER_SLICES = (1, 2, 4, 8)
 
 
 def bands_of(p) -> tuple[int, int, int]:
@@ -400,10 +403,11 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     ring_limits(v)
     tma = isinstance(v, Wgwtma)
     dsm = isinstance(v, Wgwdsm)
-    if dsm and v.splits > CLUSTER_LIMIT:
+    if dsm and v.splits not in CLUSTER_SLICES:
         raise SpecError(
-            f"wgwdsm s{v.splits}: a slice a block of one cluster, at most {CLUSTER_LIMIT} "
-            "(a portable cluster)"
+            f"wgwdsm s{v.splits}: a slice a block of one cluster, each adding an equal share "
+            f"of the tile's 8-channel columns: 1, 2, 4 or 8 (at most {CLUSTER_LIMIT}, a "
+            "portable cluster)"
         )
     nb, hb, bands = bands_of(p) if tma else (0, 0, 0)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
