@@ -117,6 +117,20 @@ def planned_space(p, cls, precision) -> list:
     return out
 
 
+def that_plan(p, variants) -> list:
+    """The variants whose plans for ``p`` are made (the others refused)."""
+    from specgen.plan import make_plan
+
+    out = []
+    for v in variants:
+        try:
+            make_plan(p, v)
+            out.append(v)
+        except SpecError:
+            pass
+    return out
+
+
 def default_and_drawn(p, cls, precision, pick: int) -> list:
     """The strategy's default for ``p`` and the ``pick``-th member (modulo) of its tune
     space that plans: what the tensor-core strategies' GPU tests verify on each drawn

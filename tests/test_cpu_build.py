@@ -436,7 +436,8 @@ def test_wgrads_second_pass_writes_fp32_grads_in_the_weights_format(spec, grads3
     """The PyTorch operator's wgrad under autocast: the second pass of every tensor-core
     wgrad of these layers' default sets, rendered with dw and db in fp32 and dw in
     either memory format of the weights, compiles for sm_90 without spills; its dw and
-    db are float pointers, and the main kernel's source is the plan's own."""
+    db are float pointers, and the main kernel's source is the plan's own (wgwdsm,
+    whose one kernel sums the slices, writes them itself)."""
     from specgen.shapes import parse_shape
     from specgen.strategies.wsplit import with_fp32_grads
 

@@ -14,6 +14,7 @@ from problems import (
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
+    that_plan,
     tma_problems,
     verify_on_the_gpu,
     wgmma_problems,
@@ -294,15 +295,8 @@ def test_drawn_defaults_compile_without_spills(p):
 
 def tma_variants(p) -> list:
     """The tma members of the tune space that plan for p."""
-    out = []
-    for v in Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype]):
-        if v.feed is Feed.TMA:
-            try:
-                make_plan(p, v)
-                out.append(v)
-            except SpecError:
-                pass
-    return out
+    space = Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype])
+    return that_plan(p, [v for v in space if v.feed is Feed.TMA])
 
 
 def _load(x, p, v, plan, lr, ls, lc, p0, n0, grp, images):

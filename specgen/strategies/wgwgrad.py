@@ -27,6 +27,14 @@ stride), and the copy unit zero-fills the padding and what lies past the batch. 
 rows of the last k step past the band are zeroed once in every stage.  It needs output
 rows of at most 64 pixels; the copies of ``wgwgrad`` issue some 200 instructions a
 chunk a warp, which its consumers do not.
+
+``wgwdsm`` is ``wgwtma`` whose slices (1, 2, 4 or 8) are the blocks of one thread block
+cluster along z: each block leaves its fp32 sums (and db's) in its shared memory, adds
+one share of the tile's 8-channel columns of every block's in rank order through
+distributed shared memory (``common/cluster.j2``), and stores it in dw's layout itself,
+in fp32 under ``grads32``: the bits of ``tc_sums.j2``'s in-order pass, with no workspace
+and no second kernel.  On resnet18's wgrads of 1x1 to 8x8 maps at B=128 (H200) that took
+each from 0.0077-0.0119 ms to 0.0060-0.0090.
 """
 
 from __future__ import annotations
