@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from specgen.errors import SpecError
 from specgen.shapes import parse_shape
+from specgen.strategies import Wgmma
 
 # The settings of the GPU tier's drawn tests: no deadline (a compile takes seconds) and no
 # shrinking (on the GPU machine it can outlast the tier; the failing spec is in the
@@ -116,6 +117,20 @@ def planned_space(p, cls, precision) -> list:
     return out
 
 
+def that_plan(p, variants) -> list:
+    """The variants whose plans for ``p`` are made (the others refused)."""
+    from specgen.plan import make_plan
+
+    out = []
+    for v in variants:
+        try:
+            make_plan(p, v)
+            out.append(v)
+        except SpecError:
+            pass
+    return out
+
+
 def default_and_drawn(p, cls, precision, pick: int) -> list:
     """The strategy's default for ``p`` and the ``pick``-th member (modulo) of its tune
     space that plans: what the tensor-core strategies' GPU tests verify on each drawn
@@ -171,3 +186,68 @@ def assert_compiles_without_spills(p, variant_of) -> None:
         assume(False)
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     assert binary.spills == 0, (p.spec, plan.name, binary.resources)
+
+
+@st.composite
+def wgmma_problems(draw, ops=("fprop", "fprop", "dgrad"), least_stride=1):
+    """Problems wgmma serves: channels and maps multiples of 8 per group (4 in fp32,
+    multiplied as tf32), stride, dilation, every padding, bias and relu, the three
+    dtypes; forward and dgrad (strided: a GEMM a stride phase)."""
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec = 4 if dtype == "fp32" else 8
+    cg = vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 192 // vec))
+    op = draw(st.sampled_from(ops))
+    R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
+    stride = (draw(st.integers(least_stride, 3)), draw(st.integers(1, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
+        f"dtype={dtype},layout=nhwc,op={op}"
+    )
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1"
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",act=relu"
+    try:
+        p = parse_shape(spec)
+        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
+        return p
+    except SpecError:
+        assume(False)
+
+
+@st.composite
+def tma_problems(draw):
+    """Problems whose output rows the tma boxes take whole: stride 1, the output
+    Ho x Wo a power-of-two grid, any window, dilation and padding that give it; groups,
+    channels past the chunk, maps past the tile, bias and relu, the three dtypes;
+    forward and dgrad (whose forward view has the same grid)."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec = 4 if dtype == "fp32" else 8
+    cg = vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 160 // vec))
+    R, S = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 3]))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    Ho, Wo = draw(st.sampled_from([1, 2, 4, 8, 16])), draw(st.sampled_from([2, 4, 8, 16, 32]))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    H, W = Ho - pads[0] - pads[1] + dh * (R - 1), Wo - pads[2] - pads[3] + dw * (S - 1)
+    assume(H >= 1 and W >= 1)
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"dil={dh}x{dw},groups={groups},dtype={dtype},layout=nhwc"
+    )
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    try:
+        p = parse_shape(spec + f",op={op}")
+        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
+        return p
+    except SpecError:
+        assume(False)

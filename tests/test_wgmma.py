@@ -14,7 +14,10 @@ from problems import (
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
+    that_plan,
+    tma_problems,
     verify_on_the_gpu,
+    wgmma_problems,
 )
 from specgen.choose import planned
 from specgen.compile import compile_source, options_for
@@ -229,39 +232,6 @@ def test_the_plan_names_its_architecture():
 # ---- GPU tier ----
 
 
-@st.composite
-def wgmma_problems(draw, ops=("fprop", "fprop", "dgrad"), least_stride=1):
-    """Problems wgmma serves: channels and maps multiples of 8 per group (4 in fp32,
-    multiplied as tf32), stride, dilation, every padding, bias and relu, the three
-    dtypes; forward and dgrad (strided: a GEMM a stride phase)."""
-    groups = draw(st.sampled_from([1, 1, 2, 3]))
-    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
-    vec = 4 if dtype == "fp32" else 8
-    cg = vec * draw(st.integers(1, 160 // vec))
-    mg = vec * draw(st.integers(1, 192 // vec))
-    op = draw(st.sampled_from(ops))
-    R, S = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    H, W = draw(st.integers(R, 21)), draw(st.integers(S, 21))
-    stride = (draw(st.integers(least_stride, 3)), draw(st.integers(1, 3)))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
-    spec = (
-        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
-        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
-        f"dtype={dtype},layout=nhwc,op={op}"
-    )
-    if op == "fprop" and draw(st.booleans()):
-        spec += ",bias=1"
-    if op == "fprop" and draw(st.booleans()):
-        spec += ",act=relu"
-    try:
-        p = parse_shape(spec)
-        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
-        return p
-    except SpecError:
-        assume(False)
-
-
 @pytest.mark.gpu
 @settings(
     max_examples=20,
@@ -323,49 +293,10 @@ def test_drawn_defaults_compile_without_spills(p):
 # ---- tma: the TMA feed ----
 
 
-@st.composite
-def tma_problems(draw):
-    """Problems whose output rows the tma boxes take whole: stride 1, the output
-    Ho x Wo a power-of-two grid, any window, dilation and padding that give it; groups,
-    channels past the chunk, maps past the tile, bias and relu, the three dtypes;
-    forward and dgrad (whose forward view has the same grid)."""
-    groups = draw(st.sampled_from([1, 1, 2]))
-    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
-    vec = 4 if dtype == "fp32" else 8
-    cg = vec * draw(st.integers(1, 160 // vec))
-    mg = vec * draw(st.integers(1, 160 // vec))
-    R, S = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 3]))
-    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    Ho, Wo = draw(st.sampled_from([1, 2, 4, 8, 16])), draw(st.sampled_from([2, 4, 8, 16, 32]))
-    pads = [draw(st.integers(0, 2)) for _ in range(4)]
-    H, W = Ho - pads[0] - pads[1] + dh * (R - 1), Wo - pads[2] - pads[3] + dw * (S - 1)
-    assume(H >= 1 and W >= 1)
-    spec = (
-        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
-        f"dil={dh}x{dw},groups={groups},dtype={dtype},layout=nhwc"
-    )
-    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
-    if op == "fprop" and draw(st.booleans()):
-        spec += ",bias=1,act=relu"
-    try:
-        p = parse_shape(spec + f",op={op}")
-        Wgmma.problem_for(p)  # dgrad: padding past the window's reach has none
-        return p
-    except SpecError:
-        assume(False)
-
-
 def tma_variants(p) -> list:
     """The tma members of the tune space that plan for p."""
-    out = []
-    for v in Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype]):
-        if v.feed is Feed.TMA:
-            try:
-                make_plan(p, v)
-                out.append(v)
-            except SpecError:
-                pass
-    return out
+    space = Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype])
+    return that_plan(p, [v for v in space if v.feed is Feed.TMA])
 
 
 def _load(x, p, v, plan, lr, ls, lc, p0, n0, grp, images):

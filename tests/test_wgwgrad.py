@@ -2,6 +2,7 @@
 makes of it for sm_90a (CPU tier), its limits, the planner's choice, and its numbers on
 drawn problems (GPU tier)."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -16,7 +17,7 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwgrad, Wgwtma, slices_for
+from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -332,3 +333,124 @@ def test_wgwtma_drawn_problems_on_the_gpu(p, batch, pick):
     """wgwtma's default and a drawn member of its space on drawn problems: padding the
     boxes zero-fill, strides they step by, dilation, groups, db, bands past the batch."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgwtma, MATH[p.dtype], pick), batch)
+
+
+# ---- wgwdsm: wgwtma's slices summed in a cluster ----
+
+# WGWTMA_LAYERS as wgwdsm, their slices rounded down to 1, 2, 4 or 8 (the cluster's
+# blocks); and resnet50's 3x3 layer over 7x7 maps in one block a tile (no cluster)
+WGWDSM_LAYERS = [
+    (spec, re.sub(r"_s(\d+)_", lambda m: f"_s{1 << int(m[1]).bit_length() - 1}_", name))
+    for spec, name in ((s, n.replace("wgwtma", "wgwdsm")) for s, n in WGWTMA_LAYERS)
+] + [
+    ("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwdsm_b128x256_p4_s1_bf16")
+]
+
+
+@pytest.mark.parametrize("spec,name", WGWDSM_LAYERS)
+def test_wgwdsm_stores_dw_itself_from_one_kernel(spec, name):
+    """One launch that writes dw (and db) with no workspace; for more than one slice a
+    cluster of that many blocks along z whose blocks read each other's shared memory;
+    no spills, the multiplies not serialized; and under grads32 the same kernel with
+    fp32 dw and db."""
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    p = parse_shape(spec)
+    v = parse_variant_name(name)
+    plan = make_plan(p, v)
+    (main,) = plan.launches
+    assert main.args == (Role.X, Role.DY, Role.DW, *((Role.DB,) if p.bias else ()), Role.BATCH)
+    assert plan.workspace_bytes == 0 and main.grid[2] == v.splits
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    ptx = ptx_of(plan)
+    assert ("mapa.shared::cluster.u32" in ptx) == (v.splits > 1)
+    if v.splits > 1:
+        assert f".reqnctapercluster 1, 1, {v.splits}" in ptx
+        assert ptx.count("barrier.cluster.arrive.release.aligned") == 2
+    assert "_reduce" not in render(plan)
+    wide = with_fp32_grads(plan, "mrsc")
+    text = render(wide)
+    assert "float* __restrict__ dw" in text and ("float* __restrict__ db" in text) == p.bias
+    binary = compiled(wide)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+
+
+def test_wgwdsm_space_and_fit_keep_a_portable_cluster():
+    """Every slice count of the space and of the fit is 1, 2, 4 or 8 (each block adds an
+    equal share of the tile's columns); others are refused in one line.  Three slices
+    of a 128-channel tile left its last 8 columns unwritten (NaN, H200, 2026-11-29)."""
+    for spec in (
+        "C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "C=256,M=256,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "C=128,M=128,H=4,W=4,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad",
+    ):
+        p = parse_shape(spec)
+        space = Wgwdsm.space(p, Precision.BF16)
+        assert {v.splits for v in space} == {1, 2, 4, 8}
+        for batch in (1, 3, 32, 128):
+            v = Wgwdsm.default(replace(p, batch=batch), Precision.BF16)
+            assert v.splits in (1, 2, 4, 8), (spec, batch, v.name)
+    for splits in (3, 9):
+        with pytest.raises(SpecError) as e:
+            make_plan(p, parse_variant_name(f"wgwdsm_b64x128_p4_s{splits}_bf16"))
+        assert "1, 2, 4 or 8" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,name", WGWDSM_LAYERS)
+def test_wgwdsm_layers_on_the_gpu(spec, name):
+    """Each layer's kernel against the float64 reference at a batch that leaves a
+    partial last band of images and slices past the batch's units."""
+    verify_on_the_gpu(parse_shape(spec), [parse_variant_name(name)], 3)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, **GPU_DRAWS)
+@given(p=wgwgrad_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_wgwdsm_drawn_problems_on_the_gpu(p, batch, pick):
+    """wgwdsm's default and a drawn member of its space on drawn problems: clusters whose
+    last slices hold no pixels, db summed across the cluster, groups, strides."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgwdsm, MATH[p.dtype], pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
+def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypatch, weights):
+    """The PyTorch operator under autocast with fp32 weights (dw and db in fp32, dw in
+    the weights' memory format): wgwdsm, its sums added in a cluster, gives the bits of
+    wgwtma of the same tile and slices, whose second pass adds the same sums in the
+    same order."""
+    torch = pytest.importorskip("torch")
+    import specgen.torch as sg
+    from specgen.choose import Choice
+    from specgen.torch import _engine as E
+
+    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, device="cuda")
+    if weights == "channels_last":
+        w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(128, device="cuda")
+    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    grads = {}
+    for key in ("wgwtma", "wgwdsm"):
+        monkeypatch.setattr(E, "_kernels", {})
+        real = E.choose
+
+        def pick(p, *args, key=key, real=real):
+            if p.op is not Op.WGRAD:
+                return real(p, *args)
+            return Choice(parse_variant_name(f"{key}_b64x128_p4_s4_bf16"), "planned", "test")
+
+        monkeypatch.setattr(E, "choose", pick)
+        x16 = x.to(torch.bfloat16).requires_grad_()
+        w1, b1 = w.clone().requires_grad_(), b.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = sg.conv2d(x16, w1, b1, padding=1)
+        grads[key] = torch.autograd.grad(y, [w1, b1], dy)
+        monkeypatch.setattr(E, "choose", real)
+    (dw0, db0), (dw1, db1) = grads["wgwtma"], grads["wgwdsm"]
+    assert dw1.dtype == db1.dtype == torch.float32
+    fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
+    assert dw1.is_contiguous(memory_format=fmt)
+    assert not dw1.isnan().any() and torch.equal(dw0, dw1) and torch.equal(db0, db1)

@@ -36,10 +36,10 @@ from .tcwhalo import Tcwhalo
 from .tiled import Tiled
 from .wband import Wband
 from .wgemm import Wgemm
-from .wgmma import Wgmma
+from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
-from .wgwgrad import Wgwgrad, Wgwtma
+from .wgwgrad import Wgwdsm, Wgwgrad, Wgwtma
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -67,6 +67,7 @@ TABLE: tuple[type[Variant], ...] = (
     Mmarows,
     Tcgemm,
     Wgmma,
+    Wgdsm,
     Wgplanar,
     Kn2row,
     Phased,
@@ -76,6 +77,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgemm,
     Wgwgrad,
     Wgwtma,
+    Wgwdsm,
     Wgnchw,
     Tcwgrad,
     Tcwhalo,

@@ -43,6 +43,17 @@ descriptors are the same; the sums are stored whole.  The tensor cores read the 
 words as tf32 with no cvt on the way, so the error bound takes them truncated
 (``tf32_truncated``).
 
+``wgdsm`` is ``wgmma`` with the reduction cut into ``kslices`` slices of the chunks, the
+blocks of one thread block cluster along y (2 to 8, sharing one tile).  Each block walks
+its slice, leaves its fp32 sums in its own shared memory, and after the cluster's barrier
+adds one share of the tile's 8-pixel columns of every block's sums, in rank order, through
+distributed shared memory (``mapa``, ``ld.shared::cluster``), then stores that share
+through the epilogue; a second barrier keeps each block's memory until every block has
+read it.  No workspace and no second kernel: where small maps leave wgmma's grid with
+fewer blocks than the SMs (resnet18's 2x2 to 4x4 maps at B=128, resnet50's 7x7 maps at
+B=32) the slices fill them; on the H200 the 3x3 layer of 512 channels over 7x7 maps went
+from 0.028 to 0.024 ms at B=32.
+
 ``wgmma`` exists on sm_90a only: the plan says so and the compile step targets it.
 dgrad at stride 1 comes through the forward view, as for every forward strategy.  A
 strided dgrad is a GEMM per stride phase of dx (``tcgemm.phases_of``: rows h = a mod sh,
@@ -54,7 +65,7 @@ warp copies: a phase's pixels are not whole rows of a TMA box), a tile a block.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ..errors import SpecError
 from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
@@ -218,6 +229,66 @@ class Wgmma(Variant):
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class Wgdsm(Wgmma):
+    key = "wgdsm"
+    description = (
+        "wgmma with the reduction cut into slices, the blocks of one thread block cluster "
+        "(sm_90a), their sums added in rank order through distributed shared memory"
+    )
+
+    kslices: int = param(
+        2,
+        Count("k"),
+        "wgdsm: slices of the reduction (taps x channels), the blocks of one cluster, "
+        "their sums added through distributed shared memory",
+    )
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """wgmma's tile one block a tile; then the fewest slices (2, 4 or 8, as the
+        tile's pixels allow) whose clusters fill the SMs, each slice at least
+        ``SLICE_CHUNKS`` chunks long."""
+        v = replace(super().fit(problem, seed), persistent=False)
+        if v.feed is Feed.WS:
+            v = replace(v, feed=Feed.SY)
+        return replace(v, kslices=_fewest_slices(problem, v))
+
+    @classmethod
+    def space(cls, problem, precision):
+        """wgmma's candidates of one block a tile fed by every warp or by TMA (one chunk's
+        multiplies at a time), each with 2, 4 and 8 slices where the tile's 8-pixel
+        columns divide into them."""
+        out = []
+        for v in Wgmma.space(problem, precision):
+            if v.persistent or v.feed is Feed.WS or (v.feed is Feed.TMA and v.inflight > 1):
+                continue
+            own = {f.name: getattr(v, f.name) for f in fields(v)}
+            for kslices in (2, 4, 8):
+                if (v.blocktile[0] // 8) % kslices == 0:
+                    out.append(cls(**own, kslices=kslices))
+        return out
+
+
+SLICE_CHUNKS = 4  # chunks a slice walks at the least: its prologue and the sums' trip
+
+
+def _fewest_slices(problem: ConvProblem, v: Wgmma) -> int:
+    """wgdsm's slices for ``v``'s tile: the fewest of 2, 4 and 8 whose blocks fill the
+    SMs (else the most), each dividing the tile's pixel columns and walking at least
+    ``SLICE_CHUNKS`` chunks."""
+    g = gemm_view(problem)
+    bn, bm = v.blocktile
+    chunk = CHUNK_BYTES // (4 if g.dtype is DType.FP32 else 2)
+    phases = phases_of(problem, ceil_div(g.Cg, chunk))
+    kt = max(ph["kt"] for ph in phases)
+    tiles = (
+        ceil_div(g.Mg, bm) * g.groups * sum(ceil_div(problem.batch * ph["HW"], bn) for ph in phases)
+    )
+    options = [k for k in (2, 4, 8) if (bn // 8) % k == 0 and kt // k >= SLICE_CHUNKS] or [2]
+    return next((k for k in options if tiles * k >= SMS), options[-1])
+
+
 def _math_of(p: ConvProblem, v: Wgmma) -> None:
     want = MATH[p.dtype]
     if v.precision is not want:
@@ -310,6 +381,18 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma pe_{v.feed.value}: the persistent form copies with every warp; choose sy "
             f"with pe, or gr with {v.feed.value}"
         )
+    kslices = getattr(v, "kslices", 1)  # wgdsm's
+    if kslices > 1:
+        if v.persistent or v.feed is Feed.WS:
+            raise SpecError(
+                f"wgdsm k{kslices}: a cluster's blocks share one tile, fed by TMA or by every "
+                "warp (choose gr with --feed tma or sy)"
+            )
+        if not 2 <= kslices <= 8 or (bn // 8) % kslices:
+            raise SpecError(
+                f"wgdsm b{bn}x{bm} k{kslices}: 2 to 8 slices (a portable cluster), each adding "
+                f"whole 8-pixel columns of the tile: a divisor of {bn // 8}"
+            )
     if phased and (producer or v.persistent):
         raise SpecError(
             f"wgmma's strided dgrad (a GEMM a stride phase) is copied by every warp, a tile "
@@ -352,7 +435,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     # The staged output tile: in the ring once it is free, or after it where the next
     # tile's copies fill the ring meanwhile.
     staging_at = ring if v.persistent else 0
-    bars_at = max(ring, staging_at + staging)  # the producer's mbarriers after the ring
+    # wgdsm: each block's fp32 sums of the tile, read by the cluster's blocks, in the ring
+    partials = 4 * bm * bn if kslices > 1 else 0
+    bars_at = max(ring, staging_at + staging, partials)  # the producer's mbarriers after them
     bars = 16 * v.stages if producer else 0
     smem = bars_at + bars + 1024  # and the slack to align the ring to 1024 B
     if smem > STAGE_LIMIT:
@@ -376,6 +461,11 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, chunk)
     phases = phases_of(problem, chunks_per_tap)
     kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
+    if kslices > kt:
+        raise SpecError(
+            f"wgdsm k{kslices}: the reduction is {kt} chunk(s) of {chunk} channels; choose "
+            f"at most {kt} slice(s)"
+        )
     map_tiles = ceil_div(p.Mg, bm)
     ctx = shape_context(p)
     ctx.update(
@@ -406,13 +496,14 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         a_stage=a_stage,
         b_stage=b_stage,
         pitch=pitch,
-        out_vecs=bn * bm // vec // consumers,
         kt=kt,
         phases=phases,
         phased=phased,
         problem_sh=problem.stride[0],  # the dgrad's own stride (the view's is 1)
         problem_sw=problem.stride[1],
         map_tiles=map_tiles,
+        kslices=kslices,
+        chunks_per_tap=chunks_per_tap,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bm != 0,
         guard_chans=p.Cg % chunk != 0,
@@ -481,7 +572,17 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         grid, per_image = (0, 1, 1), p.Ho * p.Wo * map_tiles * p.groups
     else:  # a strided dgrad's phases along z, the grid's x for the largest
         most = max(ph["HW"] for ph in phases)
-        grid, per_image = (0, map_tiles * p.groups, len(phases)), most
+        grid, per_image = (0, map_tiles * p.groups * kslices, len(phases)), most
+    if kslices > 1:
+        sizes += (
+            Size(
+                "cluster",
+                f"{kslices} blocks along y, a slice of about {ceil_div(kt, kslices)} chunks each",
+                f"each block's {bm} x {bn} fp32 sums in its shared memory ({partials} B); "
+                f"block q adds columns {bn // kslices}q.. of all {kslices} in rank order "
+                "through distributed shared memory and stores them",
+            ),
+        )
     args = (Role.DY, Role.W, Role.DX) if phased else (Role.X, Role.W, *y_args(p))
     launch = Launch(
         v.kernel_name(problem),
