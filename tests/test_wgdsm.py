@@ -21,7 +21,7 @@ from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
 from specgen.shapes import parse_shape
-from specgen.strategies import Wgdsm
+from specgen.strategies import Wgdsm, Wgmma
 from specgen.strategies.tcgemm import MATH
 from specgen.strategies.wgmma import SMS, Feed
 from specgen.variants import Precision
@@ -111,6 +111,17 @@ def test_every_tune_candidate_compiles_as_a_cluster_without_spills(spec):
         assert ptx.count("barrier.cluster.arrive.release.aligned") == 2
         compiled += 1
     assert compiled >= 4
+
+
+def test_a_dgrad_no_tap_reaches_still_plans_on_wgmma_and_is_refused_by_wgdsm():
+    """A strided dgrad whose every dx pixel lies where no tap reaches (a 1x3 window at
+    stride 3 over one padded row): wgmma writes its zeros with no chunk to walk, as before
+    wgdsm's limit on slices; wgdsm has no chunks to slice and says so in one line."""
+    spec = "C=112,M=108,H=1,W=9,K=1x3,pad=1x1x1x0,stride=3,layout=nhwc,op=dgrad"
+    p = parse_shape(spec)
+    v = Wgmma.default(Wgmma.problem_for(p), Precision.TF32)
+    assert make_plan(p, v).context["kt"] == 0
+    assert_one_line_refusal(spec, "wgdsm_b128x128_p4_q1_gr_sy_k2_tf32", "0 chunk(s)")
 
 
 def test_the_fit_fills_the_sms_with_clusters_on_small_maps():

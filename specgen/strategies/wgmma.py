@@ -461,7 +461,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, chunk)
     phases = phases_of(problem, chunks_per_tap)
     kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
-    if kslices > kt:
+    if kslices > 1 and kslices > kt:
         raise SpecError(
             f"wgdsm k{kslices}: the reduction is {kt} chunk(s) of {chunk} channels; choose "
             f"at most {kt} slice(s)"
