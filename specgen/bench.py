@@ -276,22 +276,25 @@ def input_sets(shape: ConvProblem, batch: int, rng) -> list[dict]:
 def bench_variant(
     shape: ConvProblem, variant: Variant, batch: int, xs, w, b, ceil, conv=None
 ) -> Timing:
+    """``conv`` timed (else the plan the tune times, ``tune.timed_plan``): its outputs
+    poisoned with NaN first, in fp32 where its plan writes the operator's fp32 grads."""
     import cupy
 
     from .runtime import Conv
+    from .tune import timed_plan
 
-    conv = conv or Conv(shape, variant)
+    conv = conv or Conv(shape, variant, plan=timed_plan(shape, variant))
     conv.set_weights(w, b)
-    outs = {
-        r: to_storage(cupy.full(role_shape(r, shape, batch), np.nan, np.float32), shape.dtype, cupy)
-        for r in outputs(shape)
-    }
+    wide = bool(conv.plan.context.get("grads32"))
+    outs = {}
+    for r in outputs(shape):
+        nan = cupy.full(role_shape(r, shape, batch), np.nan, np.float32)
+        outs[r] = nan if wide else to_storage(nan, shape.dtype, cupy)
     times = time_launches(lambda i: conv.run(xs[i], outs), rotate=len(xs))
     t = summarize(conv.plan.name, variant.precision.value, times, shape, batch, ceil)
     t.x_floor = t.ms / floor_ms(shape, batch, ceil, tensor=variant.precision is not Precision.FP32)
-    if not all(
-        bool(cupy.isfinite(from_storage(o, shape.dtype, cupy)).all()) for o in outs.values()
-    ):
+    stored = (o if wide else from_storage(o, shape.dtype, cupy) for o in outs.values())
+    if not all(bool(cupy.isfinite(o).all()) for o in stored):
         t.verified = "NaN in timed output"
     return t
 

@@ -127,7 +127,7 @@ def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list
                 and _on_tensor_cores(other, tf32, arch)
             )
             for r in sorted((q, other) if both else (q,), key=lambda r: r.layout.value):
-                out += _search(r, precision, arch)
+                out += _search(r, precision, arch, gpu)
     return list(dict.fromkeys(out))
 
 
@@ -158,20 +158,31 @@ def _on_tensor_cores(p: ConvProblem, tf32: bool, arch: str | None) -> bool:
         return False
 
 
-def _search(p: ConvProblem, precision: Precision, arch: str | None) -> list[tuple]:
+def _search(p: ConvProblem, precision: Precision, arch: str | None, gpu: str = "") -> list[tuple]:
     """``searched``'s search of ``p`` in ``precision``: from its pick's speed class up,
     the pick kept, where the pick is of that math; from the bottom where it is not and
     the math is worth searching (``choose.searched_math``); one that finds nothing
-    where the planner refuses the problem."""
-    from .choose import planned, search_floor, searched_math
+    where the planner refuses the problem.  With ``gpu`` named, the kernel the operator
+    runs there now (its shipped or tuned winner, ``choose.choose``) is kept too where it
+    is of that math and at or above the floor, so that a tune that samples its space
+    times the kernel its winner replaces beside it, and never ends slower than that."""
+    from .choose import choose, planned, search_floor, searched_math, speed_class
 
+    tf32 = precision is Precision.TF32
     try:
-        pick = planned(p, precision is Precision.TF32, arch).variant
+        pick = planned(p, tf32, arch).variant
     except SpecError:
         return [(p, precision, 0, ())]
     floor = search_floor(p, pick)
     if pick.precision is precision:
-        return [(p, precision, floor, (pick,))]
+        keep = (pick,)
+        try:
+            now = choose(p, gpu, tf32, arch).variant if gpu else pick
+        except SpecError:
+            now = pick
+        if now != pick and now.precision is precision and speed_class(now) >= floor:
+            keep += (now,)
+        return [(p, precision, floor, keep)]
     return [(p, precision, 0, ())] if searched_math(p, precision, floor) else []
 
 
@@ -235,22 +246,28 @@ def compiled_record(item: Item, arch: str, **fields) -> dict:
 
 def compile_item(item: Item, arch: str) -> dict:
     """The compile phase of one item, on whatever worker gets it: planned, rendered,
-    compiled for ``arch`` and its resources checked against the plan.  Its record:
+    compiled for ``arch`` and its resources checked against the plan (and the plan it
+    is timed as compiled too, ``tune.timed_plan``).  Its record:
     ``status`` "ok", "refused" (the resources break the plan: spills, shared bytes) or
     "failed" (the planner or the compiler refused it), with the reason."""
     from .compile import compile_source
     from .plan import make_plan
     from .render import render
     from .strategies import parse_variant_name
+    from .tune import timed_plan
     from .verify import check_resources
 
     start = time.perf_counter()
     record = compiled_record(item, arch, worker=_worker())
     try:
         p = item.problem()
-        plan = make_plan(p, parse_variant_name(item.variant, p))
+        v = parse_variant_name(item.variant, p)
+        plan = make_plan(p, v)
         binary = compile_source(render(plan), plan.name, plan.target(arch))
         resources, problems = check_resources(plan, binary)
+        timed = timed_plan(p, v)  # the plan the GPU phase times, where it is another
+        if timed is not plan and not problems:
+            compile_source(render(timed), timed.name, timed.target(arch))
         record.update(resources)
         record.update(status="refused" if problems else "ok", reason="; ".join(problems))
     except (SpecError, RuntimeError) as e:

@@ -227,9 +227,11 @@ class Conv:
                     f"({s.dtype.value}, {s.layout.value})"
                 )
         out = dict(out or {})
+        wide = self.plan.context.get("grads32")  # dw and db in fp32 (``with_fp32_grads``)
         for role in outputs(s):
             if role not in out:
-                out[role] = cupy.empty(role_shape(role, s, batch), dtype=dtype)
+                kind = np.float32 if wide and role in (Role.DW, Role.DB) else dtype
+                out[role] = cupy.empty(role_shape(role, s, batch), dtype=kind)
         ptrs = {r: t.data.ptr for r, t in {**inputs, **out}.items()}
         need = self.scratch_bytes(batch)
         if need and (self.scratch is None or self.scratch.nbytes < need):

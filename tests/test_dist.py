@@ -649,3 +649,55 @@ def test_an_embedded_clusters_workers_are_quieted_before_it_stops():
     client.close = closing
     dist.disconnect(client)
     assert levels and list(levels[0].values()) == [logging.CRITICAL]
+
+
+def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(monkeypatch):
+    """A tune times a 16-bit channels-last wgrad as the PyTorch operator runs it under
+    autocast: dw and db in fp32, dw as [M][R][S][C/g] (``tune.timed_plan``), where the
+    plan's sums can be written so; its items' key hashes that source, and the compile
+    phase compiles it beside the plan verified.  Other problems are timed as planned."""
+    import hashlib
+
+    from specgen import compile as compile_module
+    from specgen.plan import make_plan
+    from specgen.render import render
+    from specgen.strategies import parse_variant_name
+    from specgen.tune import source_hash, timed_grads, timed_plan
+
+    spec = "C=128,M=128,H=7,W=7,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+    p = parse_shape(spec)
+    real = compile_module.compile_source
+    for name in ("wgwtma_b64x128_p4_s2_bf16", "wgwdsm_b64x128_p4_s2_bf16"):
+        v = parse_variant_name(name)
+        plan, timed = make_plan(p, v), timed_plan(p, v)
+        assert timed.context["grads32"] == "mrsc" and "float* __restrict__ dw" in render(timed)
+        assert source_hash(p, v) == hashlib.sha256(render(timed).encode()).hexdigest()[:16]
+        assert source_hash(p, v) != hashlib.sha256(render(plan).encode()).hexdigest()[:16]
+        compiled = []
+        monkeypatch.setattr(
+            compile_module, "compile_source", lambda src, *a: compiled.append(src) or real(src, *a)
+        )
+        record = dist.compile_item(dist.Item(spec, 4, "bf16", name, source_hash(p, v)), "sm_90")
+        monkeypatch.setattr(compile_module, "compile_source", real)
+        assert record["status"] == "ok", record
+        assert compiled == [render(plan), render(timed)]
+    fprop = parse_shape(spec.replace("op=wgrad", "op=fprop"))
+    fp32 = parse_shape(spec.replace("dtype=bf16,", ""))
+    assert timed_grads(p) == "mrsc" and timed_grads(fprop) == timed_grads(fp32) == ""
+    v = parse_variant_name("wgmma_b64x128_p4_q1_gr_sy_bf16")
+    assert render(timed_plan(fprop, v)) == render(make_plan(fprop, v))
+
+
+def test_a_search_keeps_the_kernel_the_operator_runs_now_beside_the_pick():
+    """With the GPU named, each search keeps this GPU's shipped winner beside the
+    planner's pick (sampled spaces then time the kernel a winner replaces); without it
+    (the compile phase) the pick alone."""
+    from specgen.choose import choose
+
+    spec = "C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad"
+    p = replace(parse_shape(spec), batch=32)
+    shipped = choose(p, "NVIDIA H200", False, "sm_90").variant
+    ((_, _, _, keep),) = [s for s in dist.searched([p], "NVIDIA H200", "sm_90")]
+    ((_, _, _, bare),) = [s for s in dist.searched([p], "", "sm_90")]
+    assert shipped in keep and keep[0] == bare[0] and len(bare) == 1
+    assert shipped != bare[0]  # the layer's shipped winner is not the planner's pick

@@ -454,3 +454,29 @@ def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypat
     fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
     assert dw1.is_contiguous(memory_format=fmt)
     assert not dw1.isnan().any() and torch.equal(dw0, dw1) and torch.equal(db0, db1)
+
+
+@pytest.mark.gpu
+def test_the_tune_times_a_16_bit_wgrad_as_the_operator_writes_its_grads():
+    """bench_variant and retime on the plan the tune times (``tune.timed_plan``: dw and db
+    in fp32, dw as the operator's channels_last weights lie): every output written (the
+    NaN poison gone), for the second pass's form and for wgwdsm's."""
+    import numpy as np
+
+    from specgen.bench import bench_variant, ceilings, input_sets
+    from specgen.tune import retime, timed_plan
+    from specgen.verify import random_inputs
+
+    spec = "C=128,M=128,H=7,W=7,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+    p = replace(parse_shape(spec), batch=3)
+    names = ("wgwtma_b64x128_p4_s2_bf16", "wgwdsm_b64x128_p4_s2_bf16")
+    variants = [parse_variant_name(n) for n in names]
+    rng = np.random.default_rng()
+    xs = input_sets(p, 3, rng)
+    _, w, bias = random_inputs(p, 1, rng)
+    for v in variants:
+        assert timed_plan(p, v).context["grads32"] == "mrsc"
+        t = bench_variant(p, v, 3, xs, w, bias, ceilings())
+        assert not t.verified and t.ms > 0, (v.name, t.verified)
+    win, med, *_ = retime(p, variants, xs, w, bias)
+    assert win in variants and all(med[v] > 0 for v in variants)
