@@ -273,15 +273,42 @@ def input_sets(shape: ConvProblem, batch: int, rng) -> list[dict]:
     return [random_activations(shape, batch, device_rng, cupy) for _ in range(count)]
 
 
+# How a 16-bit channels-last wgrad is timed: as the PyTorch operator runs it under
+# autocast for a converted model's channels_last weights, dw and db in fp32 and dw as
+# [M][R][S][C/groups], where the plan can write them so (``with_fp32_grads``); else as
+# bench does, in the tensors' dtype as [M][C/groups][R][S].  Timed in bench's layout,
+# resnet50's wgrads took wgwdsm winners that ran slower in the operator (layer3.0.conv1
+# 0.0215 to 0.0276 ms, H200, 2026-11-29): their direct 2-byte stores at a stride of R*S
+# cost what the operator never pays.
+OPERATOR_GRADS = "mrsc"
+
+
+def timed_grads(shape: ConvProblem) -> str:
+    """``OPERATOR_GRADS`` for a 16-bit channels-last wgrad, else ""."""
+    wgrad16 = shape.op is Op.WGRAD and shape.dtype is not DType.FP32
+    return OPERATOR_GRADS if wgrad16 and shape.layout is TensorLayout.NHWC else ""
+
+
+def timed_plan(shape: ConvProblem, v: Variant):
+    """The plan a candidate is timed as (``timed_grads``): where the problem's grads are
+    the operator's fp32 ones and the plan's sums' pass can write them so, that plan;
+    else its own."""
+    from .plan import make_plan
+    from .strategies.wsplit import with_fp32_grads
+
+    plan = make_plan(shape, v)
+    grads = timed_grads(shape)
+    return (with_fp32_grads(plan, grads) or plan) if grads else plan
+
+
 def bench_variant(
     shape: ConvProblem, variant: Variant, batch: int, xs, w, b, ceil, conv=None
 ) -> Timing:
-    """``conv`` timed (else the plan the tune times, ``tune.timed_plan``): its outputs
+    """``conv`` timed (else the plan the tune times, ``timed_plan``): its outputs
     poisoned with NaN first, in fp32 where its plan writes the operator's fp32 grads."""
     import cupy
 
     from .runtime import Conv
-    from .tune import timed_plan
 
     conv = conv or Conv(shape, variant, plan=timed_plan(shape, variant))
     conv.set_weights(w, b)

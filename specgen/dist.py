@@ -247,14 +247,14 @@ def compiled_record(item: Item, arch: str, **fields) -> dict:
 def compile_item(item: Item, arch: str) -> dict:
     """The compile phase of one item, on whatever worker gets it: planned, rendered,
     compiled for ``arch`` and its resources checked against the plan (and the plan it
-    is timed as compiled too, ``tune.timed_plan``).  Its record:
+    is timed as compiled too, ``bench.timed_plan``).  Its record:
     ``status`` "ok", "refused" (the resources break the plan: spills, shared bytes) or
     "failed" (the planner or the compiler refused it), with the reason."""
     from .compile import compile_source
     from .plan import make_plan
     from .render import render
     from .strategies import parse_variant_name
-    from .tune import timed_plan
+    from .bench import timed_plan
     from .verify import check_resources
 
     start = time.perf_counter()

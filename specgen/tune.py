@@ -114,38 +114,11 @@ def prune(space: list[Variant], floor: int, keep=()) -> list[Variant]:
     return kept + [v for v in space if speed_class(v) >= floor and v not in kept]
 
 
-# How a 16-bit channels-last wgrad is timed: as the PyTorch operator runs it under
-# autocast for a converted model's channels_last weights, dw and db in fp32 and dw as
-# [M][R][S][C/groups], where the plan can write them so (``with_fp32_grads``); else as
-# bench does, in the tensors' dtype as [M][C/groups][R][S].  Timed in bench's layout,
-# resnet50's wgrads took wgwdsm winners that ran slower in the operator (layer3.0.conv1
-# 0.0215 to 0.0276 ms, H200, 2026-11-29): their direct 2-byte stores at a stride of R*S
-# cost what the operator never pays.
-OPERATOR_GRADS = "mrsc"
-
-
-def timed_grads(shape: ConvProblem) -> str:
-    """``OPERATOR_GRADS`` for a 16-bit channels-last wgrad, else ""."""
-    from .shapes import DType, Op, TensorLayout
-
-    wgrad16 = shape.op is Op.WGRAD and shape.dtype is not DType.FP32
-    return OPERATOR_GRADS if wgrad16 and shape.layout is TensorLayout.NHWC else ""
-
-
-def timed_plan(shape: ConvProblem, v: Variant):
-    """The plan a candidate is timed as (``timed_grads``): where the problem's grads are
-    the operator's fp32 ones and the plan's sums' pass can write them so, that plan;
-    else its own."""
-    from .strategies.wsplit import with_fp32_grads
-
-    plan = make_plan(shape, v)
-    grads = timed_grads(shape)
-    return (with_fp32_grads(plan, grads) or plan) if grads else plan
-
-
 def source_hash(shape, v) -> str:
-    """The hash of a candidate's rendered source as it is timed (``timed_plan``): part
-    of its results' key."""
+    """The hash of a candidate's rendered source as it is timed (``bench.timed_plan``):
+    part of its results' key."""
+    from .bench import timed_plan
+
     return hashlib.sha256(render(timed_plan(shape, v)).encode()).hexdigest()[:16]
 
 
@@ -210,7 +183,7 @@ def run_tune(
 
     import numpy as np
 
-    from .bench import bench_variant, ceilings, input_sets
+    from .bench import bench_variant, ceilings, input_sets, timed_grads
     from .parallel import precompile
     from .runtime import device_arch
     from .verify import draw_trial, random_inputs, verify_variant
@@ -299,7 +272,7 @@ def retime(shape: ConvProblem, top: list[Variant], xs, w, bias, extra=None):
     cuDNN's).  Returns the winner, each one's median and deciles (by variant, and by
     name for ``extra``), the finalists fastest first, and whether the runner-up's p10
     reaches the winner's p90 (a tie)."""
-    from .bench import time_launches
+    from .bench import time_launches, timed_plan
     from .runtime import Conv
 
     convs = {v: Conv(shape, v, plan=timed_plan(shape, v)) for v in top}

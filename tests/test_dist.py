@@ -653,7 +653,7 @@ def test_an_embedded_clusters_workers_are_quieted_before_it_stops():
 
 def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(monkeypatch):
     """A tune times a 16-bit channels-last wgrad as the PyTorch operator runs it under
-    autocast: dw and db in fp32, dw as [M][R][S][C/g] (``tune.timed_plan``), where the
+    autocast: dw and db in fp32, dw as [M][R][S][C/g] (``bench.timed_plan``), where the
     plan's sums can be written so; its items' key hashes that source, and the compile
     phase compiles it beside the plan verified.  Other problems are timed as planned."""
     import hashlib
@@ -662,7 +662,8 @@ def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(
     from specgen.plan import make_plan
     from specgen.render import render
     from specgen.strategies import parse_variant_name
-    from specgen.tune import source_hash, timed_grads, timed_plan
+    from specgen.bench import timed_grads, timed_plan
+    from specgen.tune import source_hash
 
     spec = "C=128,M=128,H=7,W=7,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
     p = parse_shape(spec)

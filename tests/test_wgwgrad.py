@@ -458,13 +458,14 @@ def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypat
 
 @pytest.mark.gpu
 def test_the_tune_times_a_16_bit_wgrad_as_the_operator_writes_its_grads():
-    """bench_variant and retime on the plan the tune times (``tune.timed_plan``: dw and db
+    """bench_variant and retime on the plan the tune times (``bench.timed_plan``: dw and db
     in fp32, dw as the operator's channels_last weights lie): every output written (the
     NaN poison gone), for the second pass's form and for wgwdsm's."""
     import numpy as np
 
     from specgen.bench import bench_variant, ceilings, input_sets
-    from specgen.tune import retime, timed_plan
+    from specgen.bench import timed_plan
+    from specgen.tune import retime
     from specgen.verify import random_inputs
 
     spec = "C=128,M=128,H=7,W=7,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
