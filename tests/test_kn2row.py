@@ -25,7 +25,7 @@ from specgen.shapes import parse_shape
 from specgen.strategies import Kn2row, default_set
 from specgen.strategies.kn2row import z_stride
 from specgen.variants import Precision
-from test_tcgemm import ptx_of
+from ptx import ptx_of
 
 AE_DEC3_BF16 = "C=256,M=3,H=32,W=32,K=3,pad=1,dtype=bf16,layout=nhwc"
 

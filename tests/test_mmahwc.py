@@ -26,7 +26,7 @@ from specgen.strategies import Mmahwc, parse_variant_name
 from specgen.strategies.mmahwc import _band_layout, _lane_pixel, _stacked_score, swizzled
 from specgen.variants import Precision
 from specgen.verify import check_resources
-from test_wgmma import ptx_of
+from ptx import ptx_of
 from test_wstrip import band16_fetch
 
 

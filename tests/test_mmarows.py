@@ -26,7 +26,7 @@ from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Mmarows, default_set
 from specgen.strategies.mmarows import pixel_words
 from specgen.variants import Precision
-from test_tcgemm import ptx_of
+from ptx import ptx_of
 
 MX1_DGRAD = PRESETS["mx-layer1-bf16"].with_op(Op.DGRAD)
 L1_DGRAD = PRESETS["layer1-bf16"].with_op(Op.DGRAD)

@@ -27,7 +27,7 @@ from specgen.strategies import Tc3wgrad, Wtap
 from specgen.variants import Precision
 from specgen.verify import tolerance
 
-from test_tcgemm import ptx_of
+from ptx import ptx_of
 
 # The autoencoder's wide layers (B=128 in the model), NCHW fp32.
 ENC2 = "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,op=wgrad"

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import DRAWN_COMPILES, default_and_drawn, verify_on_the_gpu
-from specgen.compile import compile_source, options_for
+from ptx import ptx_of
+from specgen.compile import compile_source
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
@@ -20,17 +21,6 @@ from specgen.variants import Precision
 from specgen.strategies import Tcgemm, Tcwgrad, default_set, parse_variant_name
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
-
-
-def ptx_of(plan) -> str:
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(render(plan), f"{plan.name}.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, list(options_for("sm_90")))
-        return nvrtc.getPTX(prog).decode()
-    finally:
-        nvrtc.destroyProgram(prog)
 
 
 def test_ae_enc2_bf16_nhwc_compiles_without_spills_and_pipelines():

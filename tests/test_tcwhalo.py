@@ -26,7 +26,7 @@ from specgen.shapes import DType, parse_shape
 from specgen.strategies import Tcwhalo
 from specgen.variants import Precision
 
-from test_tcgemm import ptx_of
+from ptx import ptx_of
 
 # The autoencoder's first and last layers as autocast runs them (B=128 in the model).
 ENC1 = "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"

@@ -25,7 +25,7 @@ from specgen.strategies import Wgdsm, Wgmma
 from specgen.strategies.tcgemm import MATH
 from specgen.strategies.wgmma import SMS, Feed
 from specgen.variants import Precision
-from test_wgmma import SERIALIZED, ptx_of
+from ptx import SERIALIZED, ptx_of
 
 # resnet50's 3x3 layer over 7x7 maps (B=32: a GEMM of 1568 pixels, 72 chunks deep)
 R50_7X7 = "C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc"

@@ -19,8 +19,8 @@ from problems import (
     verify_on_the_gpu,
     wgmma_problems,
 )
+from ptx import SERIALIZED, compiled, ptx_of
 from specgen.choose import planned
-from specgen.compile import compile_source, options_for
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
@@ -34,22 +34,6 @@ from specgen.variants import Precision
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
 AE_ENC2_TF32 = "C=256,M=128,H=16,W=16,K=3,pad=1,bias=1,layout=nhwc"  # fp32 tensors
-SERIALIZED = "C7514"  # ptxas: wgmma.mma_async instructions are serialized
-
-
-def compiled(plan):
-    return compile_source(render(plan), plan.name, plan.target("sm_90"))
-
-
-def ptx_of(plan) -> str:
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(render(plan), f"{plan.name}.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, list(options_for(plan.target("sm_90"))))
-        return nvrtc.getPTX(prog).decode()
-    finally:
-        nvrtc.destroyProgram(prog)
 
 
 def test_ae_enc2_bf16_compiles_for_sm_90a_with_wgmma_from_shared_memory():

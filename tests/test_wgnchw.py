@@ -16,7 +16,7 @@ from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.wgnchw import Wgnchw
 from specgen.variants import Precision
-from test_wgmma import SERIALIZED, compiled, ptx_of
+from ptx import SERIALIZED, compiled, ptx_of
 
 TF32, FP32 = Precision.TF32, Precision.FP32
 RESNET_7X7 = "C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad"  # resnet50's last 3x3, B=32

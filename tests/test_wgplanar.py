@@ -19,7 +19,7 @@ from specgen.strategies import default_set
 from specgen.strategies.wgplanar import TILE_RATES, Wgplanar, _filled_fit, _splits_for
 from specgen.tensors import Role
 from specgen.variants import Precision
-from test_wgmma import SERIALIZED, compiled, ptx_of
+from ptx import SERIALIZED, compiled, ptx_of
 
 TF32, FP32 = Precision.TF32, Precision.FP32
 RESNET_1X1 = "C=64,M=256,H=56,W=56,K=1,pad=0"  # resnet50's layer1 expansion, B=32

@@ -21,7 +21,7 @@ from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
-from test_wgmma import SERIALIZED, compiled, ptx_of
+from ptx import SERIALIZED, compiled, ptx_of
 
 AE_DEC2_BF16 = "C=128,M=256,H=16,W=16,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
 

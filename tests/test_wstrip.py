@@ -30,7 +30,7 @@ from specgen.strategies import Wstrip, parse_variant_name
 from specgen.variants import Precision
 
 from test_cpu_model import _band16, _mma16
-from test_tcgemm import ptx_of
+from ptx import ptx_of
 
 SEVEN = ["layer1-bf16", "layer2-bf16", "mx-layer1-bf16", "mx-layer2-bf16"]
 
