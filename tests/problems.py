@@ -251,3 +251,28 @@ def tma_problems(draw):
         return p
     except SpecError:
         assume(False)
+
+
+@st.composite
+def depthwise_problems(draw, largest: int = 15):
+    """Depthwise layers in channels-last: stride, dilation, every padding form,
+    rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the
+    forward view at stride 1, the gather past it), channel counts that take 16-, 8-
+    and 4-byte words."""
+    C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
+    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
+    W = draw(st.integers(dil[1] * (S - 1) + 1, largest))
+    op = draw(st.sampled_from(["fprop", "dgrad"]))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    reach = (dil[0] * (R - 1), dil[1] * (S - 1))
+    pads = [draw(st.integers(0, reach[i // 2])) for i in range(4)]
+    spec = (
+        f"C={C},M={C},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={C},"
+        f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout=nhwc,op={op}"
+    )
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    return parsed_or_rejected(spec)

@@ -298,67 +298,6 @@ def test_wband_replay_gives_the_weight_gradient(p):
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
-def _replay_wlane(p, x, dy, plan):
-    """dw (and db) the way the wlane kernel computes them: channel tiles and slices of
-    the (image, row) walk as launched, each run's planned loads and products, the
-    slices' rows, the reduce adding them in order."""
-    c = plan.context
-    B = x.shape[0]
-    threads, splits = c["threads"], c["splits"]
-    ws = np.full((splits, c["row"]), np.nan)
-    rows = B * p.Ho
-    per = -(-rows // splits)
-    for k in range(splits):
-        for ch in range(p.C):  # every live lane of every channel tile
-            m0 = ch // p.Cg * p.Mg
-            acc = np.zeros((p.Mg, p.R, p.S))
-            dbacc = np.zeros(p.Mg)
-            for orow in range(k * per, min(rows, k * per + per)):
-                n, ho = divmod(orow, p.Ho)
-                for run in c["runs"]:
-                    d = dy[n, m0 : m0 + p.Mg, ho, run["w0"] : run["w0"] + run["count"]].T
-                    for r, hi_at in c["tap_rows"]:
-                        hi = ho * c["sh"] + hi_at
-                        if not 0 <= hi < p.H:
-                            continue
-                        xs = {}
-                        for q, at in run["loads"]:
-                            assert at % p.C == 0  # a pixel's offset in NHWC
-                            xs[q] = x[n, ch, hi, at // p.C]
-                        for j, s, q in run["fmas"]:
-                            acc[:, r, s] += d[j] * xs[q]
-                    dbacc += d.sum(0)
-            ci = ch - m0 // p.Mg * p.Cg
-            for m in range(p.Mg):
-                at = ((m0 + m) * p.Cg + ci) * p.R * p.S
-                ws[k, at : at + p.R * p.S] = acc[m].reshape(-1)
-            if c["with_db"] and ci == 0:
-                ws[k, c["weights"] + m0 : c["weights"] + m0 + p.Mg] = dbacc
-    assert threads * -(-p.C // threads) >= p.C
-    sums = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
-    dw = sums[: c["weights"]].reshape(p.M, p.Cg, p.R, p.S)
-    return dw, sums[c["weights"] :]
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(p=problem_specs(largest=8))
-def test_wlane_replay_gives_the_weight_gradient(p):
-    """Stride, dilation, groups, padding of every form: the planned runs' loads and
-    products, over the launched slices, give dw and db (the windows' x positions are
-    the planner's arithmetic, not the template's)."""
-    from specgen.strategies.wlane import Wlane
-
-    p = replace(p.with_op(Op.WGRAD), layout=TensorLayout.NHWC, bias=True)
-    try:
-        plan = make_plan(p, Wlane.default(p, Wlane().precision))
-    except SpecError:
-        assume(False)  # maps x taps past its registers, say; drawn again
-    x, _, dy = _operands(p, 2, np.random.default_rng())
-    dw, db = _replay_wlane(p, x, dy, plan)
-    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
-    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
-
-
 def _stage_wtap(p, c, x, dy, n, oy0, xc0, m0):
     """A band's buffer as the kernel's copies fill it (NaN where none writes): each
     warp's rounds of rows, each lane's copies along a row, the planes at their literal

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from band16 import band16, mma16
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
@@ -438,19 +439,6 @@ def test_mmapersist_fragment_indexing_computes_the_convolution(shape, variant):
     np.testing.assert_allclose(y, conv2d(x, w, shape), rtol=1e-10, atol=1e-10)
 
 
-def _band16(shape, ctx, x, n, oy0, planes, elements):
-    """The band of templates/gemm/band16.j2's spread, flat: zeros, then channel c's
-    input rows oy0 - pad .. at [c][r][col] (stride ctx["stride"], plane ctx["plane"])."""
-    band = np.zeros(elements)
-    for cc in range(shape.C):
-        for r in range(ctx["ih"]):
-            for col in range(ctx["iw"]):
-                iy, ix = oy0 + r - shape.pad, col - shape.pad
-                if 0 <= iy < shape.H and 0 <= ix < shape.W:
-                    band[cc * ctx["plane"] + r * ctx["stride"] + col] = x[n, cc, iy, ix]
-    return band
-
-
 def _b16(shape, ctx, w, slot_of):
     """B words as the 16-bit kernels stage them: [word // map_tiles][lane][half][2 taps]
     from the flat word index e = ((step * map_tiles + j) * 32 + l) * 2 + h; slot_of(step,
@@ -470,22 +458,6 @@ def _b16(shape, ctx, w, slot_of):
             if kx < K:
                 out[e // 64, l, h, k] = w[m, c, ky, kx]
     return out
-
-
-def _mma16(a_words, b_words):
-    """One m16n8k16 from its words: a_words[reg][g][t][2] (regs: rows g, g+8 at k 0..7,
-    then at k 8..15), b_words[g][t][h][2]: D[16][8]."""
-    g, t = np.arange(8)[:, None], np.arange(4)[None, :]
-    a = np.empty((16, 16))
-    b = np.empty((16, 8))
-    for k in range(2):
-        a[g, 2 * t + k] = a_words[0][..., k]
-        a[g + 8, 2 * t + k] = a_words[1][..., k]
-        a[g, 8 + 2 * t + k] = a_words[2][..., k]
-        a[g + 8, 8 + 2 * t + k] = a_words[3][..., k]
-        b[2 * t + k, g] = b_words[:, :, 0, k]
-        b[8 + 2 * t + k, g] = b_words[:, :, 1, k]
-    return a @ b
 
 
 def _emulate_mmastrip(shape, plan, x, w):
@@ -523,7 +495,7 @@ def _emulate_mmastrip(shape, plan, x, w):
     elements = C * ctx["plane"] + 64
     for n in range(x.shape[0]):
         for oy0 in range(0, Ho, rows):
-            band = _band16(shape, ctx, x, n, oy0, C, elements)
+            band = band16(shape, ctx, x, n, oy0, C, elements)
             valid = min(rows, Ho - oy0)
             for u in range(ctx["strips"], ctx["units"]):  # 2 columns x 8 rows, a row a lane
                 row8 = (u - ctx["strips"]) // ctx["rem_pairs"] * 8
@@ -539,7 +511,7 @@ def _emulate_mmastrip(shape, plan, x, w):
                             regs += [np.stack([band[a + 1], band[a + 2]], -1)]
                         for j in range(ctx["map_tiles"]):
                             frag = ws[c, s["s"], j].reshape(8, 4, 2, 2)
-                            acc[j] += _mma16(regs, frag)
+                            acc[j] += mma16(regs, frag)
                 for j in range(ctx["map_tiles"]):
                     for row in range(16):
                         yy, xx = row8 + row % 8, col + row // 8
@@ -568,7 +540,7 @@ def _emulate_mmastrip(shape, plan, x, w):
                             )
                             for j in range(ctx["map_tiles"]):
                                 frag = ws[c, s["s"], j].reshape(8, 4, 2, 2)
-                                acc[r, j] += _mma16((ea, oa, eb, ob), frag)
+                                acc[r, j] += mma16((ea, oa, eb, ob), frag)
                 for r in range(R):
                     for j in range(ctx["map_tiles"]):
                         for row in range(16):
@@ -600,7 +572,7 @@ def _emulate_mmapersist16(shape, plan, x, w):
     body_steps = len(ctx["body"])
     for n in range(x.shape[0]):
         for oy0 in range(0, Ho, rows):
-            band = _band16(shape, ctx, x, n, oy0, C, elements)
+            band = band16(shape, ctx, x, n, oy0, C, elements)
             valid = min(rows, Ho - oy0) * Wo
             for tile in range(ctx["tiles"]):
                 px = tile * 16 + g + 8 * np.arange(2)[:, None, None]  # [h][g][1]
@@ -615,7 +587,7 @@ def _emulate_mmapersist16(shape, plan, x, w):
                             regs.append(np.stack([band[a], band[a + 1]], -1))
                         for j in range(ctx["map_tiles"]):
                             frag = ws[it * body_steps + s["s"], j].reshape(8, 4, 2, 2)
-                            acc[j] += _mma16(regs, frag)
+                            acc[j] += mma16(regs, frag)
                 for j in range(ctx["map_tiles"]):
                     for row in range(16):
                         p = tile * 16 + row

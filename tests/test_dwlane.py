@@ -16,7 +16,7 @@ from problems import (
     assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
-    parsed_or_rejected,
+    depthwise_problems,
     verify_on_the_gpu,
 )
 from specgen.compile import compile_source
@@ -38,31 +38,6 @@ LAYERS = [
     "C=96,M=96,H=56,W=56,K=7,pad=3,groups=96,layout=nhwc",
     "C=240,M=240,H=28,W=28,K=5,pad=2,stride=2,groups=240,dtype=bf16,layout=nhwc,bias=1,act=relu",
 ]
-
-
-@st.composite
-def depthwise_problems(draw, largest: int = 15):
-    """Depthwise layers in channels-last: stride, dilation, every padding form,
-    rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the
-    forward view at stride 1, the gather past it), channel counts that take 16-, 8-
-    and 4-byte words."""
-    C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
-    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
-    W = draw(st.integers(dil[1] * (S - 1) + 1, largest))
-    op = draw(st.sampled_from(["fprop", "dgrad"]))
-    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    reach = (dil[0] * (R - 1), dil[1] * (S - 1))
-    pads = [draw(st.integers(0, reach[i // 2])) for i in range(4)]
-    spec = (
-        f"C={C},M={C},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
-        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={C},"
-        f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout=nhwc,op={op}"
-    )
-    if op == "fprop" and draw(st.booleans()):
-        spec += ",bias=1,act=relu"
-    return parsed_or_rejected(spec)
 
 
 def _replay(view, plan, x, w, batch):

@@ -27,7 +27,7 @@ from specgen.strategies.mmahwc import _band_layout, _lane_pixel, _stacked_score,
 from specgen.variants import Precision
 from specgen.verify import check_resources
 from ptx import ptx_of
-from test_wstrip import band16_fetch
+from band16 import band16_fetch
 
 
 def _put(smem, ctx, byte, value):

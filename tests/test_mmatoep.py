@@ -21,7 +21,7 @@ from specgen.shapes import Op, parse_shape
 from specgen.strategies import Mmatoep, parse_variant_name
 from specgen.variants import Precision
 from specgen.verify import check_resources
-from test_wstrip import band16_fetch
+from band16 import band16_fetch
 
 
 def _realign(shape, ctx, x, item):

@@ -1,7 +1,7 @@
-"""wlane's channel words on depthwise layers: the walk a word of channels a thread takes
-replayed against the float64 weight gradient, what the compiler makes of it and its
-limits (CPU tier), and its numbers on drawn problems and the networks' layers (GPU tier).
-wlane's one-channel walk over every problem form is test_backward.py's."""
+"""wlane: its walk replayed against the float64 weight gradient over every problem form,
+and a word of channels a thread on depthwise layers; what the compiler makes of it and
+its limits (CPU tier), and its numbers on drawn problems and the networks' layers (GPU
+tier)."""
 
 from dataclasses import replace
 
@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_backward import _replay_wlane
-from test_dwlane import depthwise_problems
 
 from problems import (
     DRAWN_COMPILES,
@@ -18,14 +16,16 @@ from problems import (
     assert_compiles_without_spills,
     assert_one_line_refusal,
     default_and_drawn,
+    depthwise_problems,
+    problem_specs,
     verify_on_the_gpu,
 )
 from specgen.compile import compile_source
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.reference import conv2d_wgrad
+from specgen.reference import bias_grad, conv2d_wgrad
 from specgen.render import render
-from specgen.shapes import Op, parse_shape
+from specgen.shapes import Op, TensorLayout, parse_shape
 from specgen.strategies.wlane import Wlane
 from specgen.variants import Precision
 
@@ -40,6 +40,69 @@ LAYERS = [
     "C=1152,M=1152,H=7,W=7,K=3,pad=1,groups=1152,dtype=bf16,layout=nhwc,op=wgrad",
     "C=144,M=144,H=56,W=56,K=3,pad=1,groups=144,layout=nhwc,op=wgrad",
 ]
+
+
+def _replay_wlane(p, x, dy, plan):
+    """dw (and db) the way the wlane kernel computes them: channel tiles and slices of
+    the (image, row) walk as launched, each run's planned loads and products, the
+    slices' rows, the reduce adding them in order."""
+    c = plan.context
+    B = x.shape[0]
+    threads, splits = c["threads"], c["splits"]
+    ws = np.full((splits, c["row"]), np.nan)
+    rows = B * p.Ho
+    per = -(-rows // splits)
+    for k in range(splits):
+        for ch in range(p.C):  # every live lane of every channel tile
+            m0 = ch // p.Cg * p.Mg
+            acc = np.zeros((p.Mg, p.R, p.S))
+            dbacc = np.zeros(p.Mg)
+            for orow in range(k * per, min(rows, k * per + per)):
+                n, ho = divmod(orow, p.Ho)
+                for run in c["runs"]:
+                    d = dy[n, m0 : m0 + p.Mg, ho, run["w0"] : run["w0"] + run["count"]].T
+                    for r, hi_at in c["tap_rows"]:
+                        hi = ho * c["sh"] + hi_at
+                        if not 0 <= hi < p.H:
+                            continue
+                        xs = {}
+                        for q, at in run["loads"]:
+                            assert at % p.C == 0  # a pixel's offset in NHWC
+                            xs[q] = x[n, ch, hi, at // p.C]
+                        for j, s, q in run["fmas"]:
+                            acc[:, r, s] += d[j] * xs[q]
+                    dbacc += d.sum(0)
+            ci = ch - m0 // p.Mg * p.Cg
+            for m in range(p.Mg):
+                at = ((m0 + m) * p.Cg + ci) * p.R * p.S
+                ws[k, at : at + p.R * p.S] = acc[m].reshape(-1)
+            if c["with_db"] and ci == 0:
+                ws[k, c["weights"] + m0 : c["weights"] + m0 + p.Mg] = dbacc
+    assert threads * -(-p.C // threads) >= p.C
+    sums = ws.sum(0)  # the reduce: slices in order (any order is exact in float64)
+    dw = sums[: c["weights"]].reshape(p.M, p.Cg, p.R, p.S)
+    return dw, sums[c["weights"] :]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=8))
+def test_wlane_replay_gives_the_weight_gradient(p):
+    """Stride, dilation, groups, padding of every form: the planned runs' loads and
+    products, over the launched slices, give dw and db (the windows' x positions are
+    the planner's arithmetic, not the template's)."""
+    from specgen.strategies.wlane import Wlane
+
+    p = replace(p.with_op(Op.WGRAD), layout=TensorLayout.NHWC, bias=True)
+    try:
+        plan = make_plan(p, Wlane.default(p, Wlane().precision))
+    except SpecError:
+        assume(False)  # maps x taps past its registers, say; drawn again
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, p.C, p.H, p.W))
+    dy = rng.standard_normal((2, p.M, p.Ho, p.Wo))
+    dw, db = _replay_wlane(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
 
 
 def depthwise_wgrads():

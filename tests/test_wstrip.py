@@ -29,7 +29,7 @@ from specgen.shapes import PRESETS, DType, Op, parse_shape
 from specgen.strategies import Wstrip, parse_variant_name
 from specgen.variants import Precision
 
-from test_cpu_model import _band16, _mma16
+from band16 import band16, band16_fetch, mma16
 from ptx import ptx_of
 
 SEVEN = ["layer1-bf16", "layer2-bf16", "mx-layer1-bf16", "mx-layer2-bf16"]
@@ -61,7 +61,7 @@ def _emulate_wstrip(shape, plan, x, dy):
     acc = np.zeros((C, ctx["map_groups"], len(tiles), nt, 16, 8))
     for n in range(x.shape[0]):
         for p0 in range(0, P, rows):
-            band = _band16(shape, ctx, x, n, p0, C, elements)
+            band = band16(shape, ctx, x, n, p0, C, elements)
             valid = min(rows, P - p0)
             dband = np.zeros((M, ctx["dy_rows"], 16 * nj))
             dband[:, :valid, :Q] = dy[n, :, p0 : p0 + valid, :]
@@ -103,7 +103,7 @@ def _emulate_wstrip(shape, plan, x, dy):
                                             word(v, o + 1),
                                             word(v + 1, o + 1),
                                         ]
-                                    acc[c, mg, tl["i"], jn] += _mma16(regs, b)
+                                    acc[c, mg, tl["i"], jn] += mma16(regs, b)
     dw = np.full((M, C, R, S), np.nan)
     db = np.full(M, np.nan)
     for c in range(C):
@@ -126,38 +126,6 @@ def _emulate_wstrip(shape, plan, x, dy):
                         if ctx["lane_ones"] and tl["i"] == 0 and c == 0:
                             db[m] = d[7]
     return dw, db
-
-
-def band16_fetch(shape, ctx, x, item):
-    """templates/gemm/band16.j2's 16-byte fetch in numpy, element for element: 16-byte
-    units (``raw_unit`` elements: 8 of 16 bits, 4 fp32) from the boundary at or before
-    each channel's run (zeros past its end, stale finite values elsewhere).  Returns the
-    raw band's elements from element 2 (the word before it at 0, 1) and ``row_start(c,
-    iy)``, its x offset of a row, as the kernel's."""
-    C, H, W, pad = shape.C, shape.H, shape.W, shape.pad
-    rows, ih, bpi = ctx["rows"], ctx["ih"], ctx["bands_per_image"]
-    CHW, chunk_words = C * H * W, ctx["chunk_words"]
-    unit = ctx.get("raw_unit", 8)
-    chunk = unit // 4 * chunk_words
-    n, iy0 = item // bpi, item % bpi * rows - pad
-    lo, hi = max(iy0, 0), min(iy0 + ih, H)
-    skew = (n * (CHW % unit)) & (unit - 1)
-    flat = x.reshape(-1)
-
-    def row_start(c, iy):
-        return skew + c * H * W + iy * W
-
-    raw = np.full(2 + C * chunk + 8, 123.0)  # elements; the word before the bands at 0, 1
-    for c in range(C):
-        start = row_start(c, lo)
-        end = start + (hi - lo) * W
-        for k in range(chunk_words // 4):
-            at = (start & ~(unit - 1)) + unit * k
-            for e in range(unit):
-                g = n * CHW - skew + at + e
-                inside = e < min(unit, end - at) and 0 <= g < flat.size
-                raw[2 + c * chunk + unit * k + e] = flat[g] if inside else 0.0
-    return raw, row_start
 
 
 def _band16_fetch_and_spread(shape, ctx, x, item):
@@ -214,7 +182,7 @@ def test_word_spread_builds_the_band(spec):
     for item in range(3 * ctx["bands_per_image"]):
         even, odd = _band16_fetch_and_spread(shape, ctx, x, item)
         p0 = item % ctx["bands_per_image"] * ctx["rows"]
-        ref = _band16(shape, ctx, x, item // ctx["bands_per_image"], p0, shape.C, even.size)
+        ref = band16(shape, ctx, x, item // ctx["bands_per_image"], p0, shape.C, even.size)
         for c in range(shape.C):
             for r in range(ctx["ih"]):
                 b = c * ctx["plane"] + r * ctx["stride"]
