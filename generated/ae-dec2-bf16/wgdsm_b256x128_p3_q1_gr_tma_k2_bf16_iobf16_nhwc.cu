@@ -256,32 +256,32 @@ wgdsm_b256x128_p3_q1_gr_tma_k2_bf16_iobf16_nhwc(const unsigned short* __restrict
         }
     } else {  // the consumers
 
-#pragma unroll
-    for (int i = 0; i < 128; ++i)
-        acc[i] = 0.0f;
-    const unsigned a_wg = a_base + wg * 8192u;  // this warpgroup's 64 map rows
-#pragma unroll 1
-    for (int kt = 0; kt < kn; ++kt) {
-        bar_wait(full + 8 * (kt % 3), (kt / 3) & 1);
-        const int stage = kt % 3;
-        const unsigned a_at = a_wg + stage * 16384u;
-        const unsigned b_at = b_base + stage * 32768u;
-        pin<128>(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)  // 16 channels, 32 bytes into each swizzled row
-            wgmma_step(acc, operand(a_at + kk * 32, 16), operand(b_at + kk * 32, 16));
-        wgmma_commit();
+    #pragma unroll
+        for (int i = 0; i < 128; ++i)
+            acc[i] = 0.0f;
+        const unsigned a_wg = a_base + wg * 8192u;  // this warpgroup's 64 map rows
+    #pragma unroll 1
+        for (int kt = 0; kt < kn; ++kt) {
+            bar_wait(full + 8 * (kt % 3), (kt / 3) & 1);
+            const int stage = kt % 3;
+            const unsigned a_at = a_wg + stage * 16384u;
+            const unsigned b_at = b_base + stage * 32768u;
+            pin<128>(acc);
+            wgmma_fence();
+    #pragma unroll
+            for (int kk = 0; kk < 4; ++kk)  // 16 channels, 32 bytes into each swizzled row
+                wgmma_step(acc, operand(a_at + kk * 32, 16), operand(b_at + kk * 32, 16));
+            wgmma_commit();
 
-        wgmma_wait<0>();  // chunk kt - 0 is retired
+            wgmma_wait<0>();  // chunk kt - 0 is retired
+            pin<128>(acc);
+            __syncwarp();
+            if (lane == 0)
+                bar_arrive(empty + 8 * (kt % 3));
+        }
+        wgmma_wait<0>();
         pin<128>(acc);
-        __syncwarp();
-        if (lane == 0)
-            bar_arrive(empty + 8 * (kt % 3));
-    }
-    wgmma_wait<0>();
-    pin<128>(acc);
-    asm volatile("bar.sync 1, 256;" ::: "memory");  // the ring is free: it holds the tile on its way out
+        asm volatile("bar.sync 1, 256;" ::: "memory");  // the ring is free: it holds the tile on its way out
     }
     // The slices' sums: float4 j of thread tid at (j * 256 + tid) * 16 of each block's memory.
     if (wg < 2) {
