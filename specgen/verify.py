@@ -11,7 +11,7 @@ import numpy as np
 from .compile import compile_source, symbol_sizes
 from .errors import SpecError
 from .plan import Plan, make_plan
-from .plan.common import SM_REGISTERS, registers_of
+from .plan.common import REGISTER_FILE, registers_of
 from .reference import (
     bias_grad,
     compare,
@@ -74,10 +74,10 @@ def check_resources(plan: Plan, binary) -> tuple[dict, list[str]]:
     for launch in plan.launches:
         r = binary.resources.get(launch.kernel)
         threads = prod(launch.block)
-        if r is not None and registers_of(threads, r.registers) > SM_REGISTERS:
+        if r is not None and registers_of(threads, r.registers) > REGISTER_FILE:
             problems.append(
                 f"{launch.kernel}: {threads} threads at {r.registers} registers take "
-                f"{registers_of(threads, r.registers)}, over an SM's {SM_REGISTERS}"
+                f"{registers_of(threads, r.registers)}, over an SM's {REGISTER_FILE}"
             )
     if main.smem != plan.static_smem:
         problems.append(f"shared {main.smem} B, planned {plan.static_smem} B")

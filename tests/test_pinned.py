@@ -14,7 +14,7 @@ import pytest
 from specgen import reference
 from specgen.errors import SpecError
 from specgen.plan import make_plan
-from specgen.plan.common import MAX_THREADS, SM_REGISTERS, check_threads, registers_of
+from specgen.plan.common import MAX_THREADS, REGISTER_FILE, check_threads, registers_of
 from specgen.render import render
 from specgen.shapes import Feature, Op, parse_shape
 from specgen.strategies import TABLE
@@ -159,7 +159,7 @@ def test_a_block_fits_an_sm_only_within_its_register_file(threads, registers, fi
     """65536 registers an SM, a warp's in units of 256: 1024 threads at 64 take them all,
     at 65 (72 a thread as allocated) they cannot be resident; 768 at 81 take 88 a thread
     as allocated, 67584 in all."""
-    assert (registers_of(threads, registers) <= SM_REGISTERS) is fits
+    assert (registers_of(threads, registers) <= REGISTER_FILE) is fits
 
 
 def test_verify_reports_a_block_over_the_register_file():
@@ -179,8 +179,8 @@ def test_verify_reports_a_block_over_the_register_file():
         r = dataclasses.replace(binary.resources[plan.name], registers=registers)
         return dataclasses.replace(binary, resources={plan.name: r})
 
-    assert not check_resources(plan, reporting(SM_REGISTERS // threads))[1]
-    (problem,) = check_resources(plan, reporting(SM_REGISTERS // threads + 8))[1]
+    assert not check_resources(plan, reporting(REGISTER_FILE // threads))[1]
+    (problem,) = check_resources(plan, reporting(REGISTER_FILE // threads + 8))[1]
     assert f"{threads} threads" in problem and "over an SM's 65536" in problem
 
 

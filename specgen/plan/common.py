@@ -279,9 +279,7 @@ def check_threads(block: tuple[int, int, int], hint: str) -> None:
         )
 
 
-# An SM's register file, allocated to a warp in units of 256 registers.
-SM_REGISTERS = 65536
-REGISTER_UNIT = 256
+REGISTER_UNIT = 256  # an SM allocates a warp's registers in units of this many
 
 
 def registers_of(threads: int, per_thread: int) -> int:

@@ -461,6 +461,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, chunk)
     phases = phases_of(problem, chunks_per_tap)
     kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
+    # wgdsm: each phase's slice of chunks a block walks (the last slice's fewer)
+    phases = [dict(ph, per=ceil_div(ph["kt"], kslices)) for ph in phases]
     if kslices > 1 and kslices > kt:
         raise SpecError(
             f"wgdsm k{kslices}: the reduction is {kt} chunk(s) of {chunk} channels; choose "
@@ -504,6 +506,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         map_tiles=map_tiles,
         kslices=kslices,
         chunks_per_tap=chunks_per_tap,
+        share_pixels=bn // kslices,  # wgdsm: the tile's pixels a block of the cluster stores
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bm != 0,
         guard_chans=p.Cg % chunk != 0,

@@ -477,6 +477,10 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
         tma=tma,
         cluster=v.splits if dsm else 0,
+        # wgwdsm: the tile's channels a block of the cluster stores, and where db's
+        # partial sums lie (after the tile's)
+        share_channels=bn // v.splits if dsm else bn,
+        db_partials_at=4 * bm * bn,
     )
     grid = (col_tiles, map_tiles * p.groups, v.splits)
     if dsm:  # dw and db stored by the blocks themselves

@@ -207,6 +207,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
         dy_row=p.Wo * p.M,
         last_channel=p.C - v.vec,  # a thread past C reads the last word
         vec=v.vec,
+        depthwise=depthwise(p),  # channel c's one map is map c
         **channel_words(p.dtype, v.vec),
     )
     sizes = (
