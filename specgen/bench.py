@@ -177,7 +177,10 @@ def ceilings(refresh: bool = False) -> dict:
 def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[Timing]:
     """cuDNN through PyTorch with cudnn.benchmark, on the same inputs, as a user would
     run the problem: conv2d with its bias, then the activation; for the backward ops
-    ``torch.nn.grad.conv2d_input`` and ``conv2d_weight`` (and dy summed for db).  An
+    ``aten.convolution_backward`` as autograd calls it, beside a real x (dgrad) or w
+    (wgrad) in the tensors' memory format, with db where the layer has a bias.  (Not
+    ``torch.nn.grad.conv2d_input``: its x is a zero-strided view, and cuDNN then takes
+    the dgrad of a channels-last dy through a format it must convert to.)  An
     fp32 problem is also timed in tf32 and, converted to 16 bits channels-last, in fp16
     and bf16; a 16-bit problem in its own dtype and layout.  The backward ops of an
     unequally padded problem have no cuDNN call of their own: not timed.  ``only``: the
@@ -199,23 +202,42 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
     tb = None if b is None else torch.as_tensor(cupy.asarray(b), device="cuda")
     x_size = (batch, shape.C, shape.H, shape.W)
 
-    def run(t, w, bias):
+    stride, pad, dil = list(shape.stride), [pt, pl], list(shape.dil)
+
+    def run(t, w, bias, like):
         if shape.op is Op.FPROP:
             x = t[Role.X]
             if not equal:  # conv2d pads equally; an unequal padding is a pad first
                 x = F.pad(x, (pl, pr, pt, pb))
             y = F.conv2d(x, w, bias, *conv_args)
             return F.relu(y) if shape.act is Act.RELU else y
-        if shape.op is Op.DGRAD:
-            return torch.nn.grad.conv2d_input(x_size, w, t[Role.DY], *conv_args)
-        db = t[Role.DY].sum((0, 2, 3)) if shape.bias or shape.op is Op.BGRAD else None
+        dy = t[Role.DY]
         if shape.op is Op.BGRAD:
-            return db
-        return torch.nn.grad.conv2d_weight(t[Role.X], w_shape(shape), t[Role.DY], *conv_args), db
+            return dy.sum((0, 2, 3))
+        backward = torch.ops.aten.convolution_backward
+        if shape.op is Op.DGRAD:
+            want = [True, False, False]
+            return backward(dy, like, w, None, stride, pad, dil, False, [0, 0], shape.groups, want)[
+                0
+            ]
+        bias_sizes = [shape.M] if shape.bias else None
+        want = [False, True, shape.bias]
+        return backward(
+            dy, t[Role.X], like, bias_sizes, stride, pad, dil, False, [0, 0], shape.groups, want
+        )
+
+    def like(dtype, fmt):
+        """The tensor beside dy that the backward op takes for its shape and format."""
+        if shape.op not in (Op.DGRAD, Op.WGRAD):
+            return None
+        size = x_size if shape.op is Op.DGRAD else w_shape(shape)
+        return torch.empty(size, dtype=dtype, device="cuda").contiguous(memory_format=fmt)
+
+    nhwc = shape.layout is TensorLayout.NHWC
 
     def nchw(x):
         t = torch.as_tensor(cupy.asarray(from_storage(x, shape.dtype, cupy)), device="cuda")
-        return t.permute(0, 3, 1, 2) if shape.layout is TensorLayout.NHWC else t
+        return t.permute(0, 3, 1, 2) if nhwc else t
 
     tx = [{r: nchw(t) for r, t in s.items()} for s in xs]
     out = []
@@ -224,7 +246,9 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
             if only not in (None, precision):
                 continue
             torch.backends.cudnn.allow_tf32 = tf32
-            f = lambda i: run(tx[i], tw, tb)  # noqa: E731
+            fmt32 = torch.channels_last if nhwc else torch.contiguous_format
+            x32 = like(torch.float32, fmt32)
+            f = lambda i: run(tx[i], tw, tb, x32)  # noqa: E731
             out.append(summarize(label, precision, torch_times(f, len(tx)), shape, batch, ceil))
         torch.backends.cudnn.allow_tf32 = True
         halves = (torch.float16, torch.bfloat16)
@@ -240,7 +264,8 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
         hw = None if tw is None else tw.to(half).contiguous(memory_format=fmt)
         hb = None if tb is None else tb.to(half)
         name = "fp16" if half is torch.float16 else "bf16"
-        f = lambda i: run(hx[i], hw, hb)  # noqa: E731
+        hl = like(half, fmt)
+        f = lambda i: run(hx[i], hw, hb, hl)  # noqa: E731
         out.append(summarize(f"cudnn-{name}", name, torch_times(f, len(hx)), shape, batch, ceil))
     return out
 
