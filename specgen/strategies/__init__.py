@@ -19,6 +19,7 @@ from .implicit import Implicit
 from .inputtile import Inputtile
 from .kn2row import Kn2row
 from .mma import Mma
+from .mmafew import Mmafew
 from .mmahwc import Mmahwc
 from .mmapersist import Mmapersist
 from .mmarows import Mmarows
@@ -70,6 +71,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgdsm,
     Wgplanar,
     Kn2row,
+    Mmafew,
     Phased,
     Drow,
     Wband,

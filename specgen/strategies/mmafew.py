@@ -1,0 +1,296 @@
+"""``mmafew``: the forward pass of a channels-last layer of few input channels (a
+network's stem: 3 colours into 64 maps through a 7x7 window at stride 2) on tensor cores.
+
+An implicit GEMM whose reduction is C*R*S = 147 wastes most of a k step on each tap when
+it gathers tap by tap, and reads x as scattered 2-byte words.  Here a block walks tiles of
+output pixels, persistent, and for each copies the input patch the tile's windows cover
+into shared memory once, each pixel's channels padded to ``cp`` (4, or 8 where 4 would
+leave every other pixel off a 16-byte boundary: an odd stride), zero outside the image.
+For one output pixel and one window row, the S taps x cp channels it multiplies are then
+one run of S*cp elements of the patch, ``cp*stride`` elements after the run of the pixel
+to its left: a k step is 16 consecutive run elements, and an A fragment (16 pixels x 16
+elements) is one ``ldmatrix.x4`` with each lane giving its pixel's run.  A window row's
+run pads to whole k steps once (7 taps x 4 channels: 28 -> 32), its tail elements zeroed
+in the fragment (so that a neighbour's infinity never meets a zero weight).
+
+The weights, [maps][window rows x padded runs], stay in shared memory for the block's
+life, each row 16 bytes longer than a multiple of 32 so that an ``ldmatrix.x4`` of B (two
+n8 tiles) meets eight bank quads.  A warp holds p m16 tiles of the tile's pixels x every
+map, and for each k step loads p A fragments and M/16 B pairs for p*M/8 ``mma.sync``
+m16n8k16 (fp32 sums).  Each thread stores its two neighbouring maps of a pixel as one
+32-bit word of y, after the bias and the activation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import product
+
+from ..errors import SpecError
+from ..plan.common import (
+    MAX_REGISTERS,
+    REGISTER_FILE,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    shape_context,
+    smem_blocks,
+    y_args,
+)
+from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..tensors import Role
+from ..variants import EPILOGUE, Count, Precision, Variant, param
+from .mma import ROUNDING
+from .tcgemm import STAGE_LIMIT
+
+# A pixel's channels are padded to at most this many: past it the layer is wgmma's.
+MAX_CHANNELS = 8
+# fp32 sums a thread holds (p m16 tiles x M/8 n8 tiles x 4); more spill.
+MAX_SUMS = 96
+MAX_WARPS = 16
+MATH = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mmafew(Variant):
+    key = "mmafew"
+    templates = ("gemm/mmafew.cu.j2",)
+    family = "gemm"
+    description = (
+        "channels-last layers of few input channels (a network's stem) on mma.sync: "
+        "each tile's input patch copied once, a window row's taps x channels one run of "
+        "k, A by ldmatrix, the weights resident in shared memory"
+    )
+    serves = EPILOGUE | {
+        Feature.RECT,
+        Feature.STRIDE,
+        Feature.UNEQUAL_PAD,
+        Feature.WIDE_PAD,
+        Feature.DTYPE16,
+        Feature.NHWC,
+    }
+    precisions = (Precision.BF16, Precision.FP16)
+    tensor_core = True
+
+    rows: int = param(2, Count("r"), "mmafew: output rows of a tile")
+    cols: int = param(64, Count("c"), "mmafew: output columns of a tile (a multiple of 16)")
+    warps: int = param(
+        4, Count("w"), "mmafew: warps of a block, each a share of the tile's m16 tiles"
+    )
+
+    def plan(self, problem):
+        return plan_mmafew(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """Tiles as wide as the output rows (up to 128 columns) and 4-8 warps of two m16
+        tiles each, else of one or three; else 2-3 warps."""
+        error = None
+        for least in (4, 2):
+            for cols, per_warp, rows in product(_widths(problem), (2, 1, 3), range(1, 9)):
+                tiles = rows * cols // 16
+                if tiles % per_warp or not least <= tiles // per_warp <= 8:
+                    continue
+                v = replace(seed, rows=rows, cols=cols, warps=tiles // per_warp)
+                try:
+                    plan_mmafew(problem, v)
+                    return v
+                except SpecError as e:
+                    error = error or e
+        raise error or SpecError(f"mmafew: no tile of {problem.Wo} output columns fits")
+
+    @classmethod
+    def space(cls, problem, precision):
+        out = []
+        for cols in _widths(problem):
+            for rows in (1, 2, 4, 8):
+                tiles = rows * cols // 16
+                for per_warp in (1, 2, 3):
+                    if tiles % per_warp == 0 and 2 <= tiles // per_warp <= MAX_WARPS:
+                        v = cls(rows=rows, cols=cols, warps=tiles // per_warp, precision=precision)
+                        if v not in out:
+                            out.append(v)
+        return out
+
+
+def _widths(p: ConvProblem) -> list[int]:
+    """Tile widths worth trying: the output row rounded to m16 tiles (up to 128), then
+    64, 32 and 16 columns."""
+    whole = ceil_div(p.Wo, 16) * 16
+    return list(dict.fromkeys(w for w in (whole, 64, 32, 16) if w <= min(whole, 128)))
+
+
+def channels_padded(p: ConvProblem) -> int:
+    """A patch pixel's channels: 4 where the pixels a tile's lanes start at (stride
+    columns apart) then all lie on 16-byte boundaries, else 8."""
+    return 4 if p.C <= 4 and p.stride[1] * 4 * 2 % 16 == 0 else 8
+
+
+def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
+    # 1. limits
+    if p.layout is not TensorLayout.NHWC:
+        raise SpecError(
+            "mmafew reads channels-last tensors (a pixel's channels side by side): use "
+            "layout=nhwc in the shape spec, or --strategy mmahwc"
+        )
+    want = MATH.get(p.dtype)
+    if want is None:
+        raise SpecError(
+            f"mmafew multiplies 16-bit tensors on tensor cores, not {p.dtype.value}: use "
+            "dtype=bf16 or fp16 in the shape spec"
+        )
+    if v.precision is not want:
+        raise SpecError(
+            f"mmafew multiplies {p.dtype.value} tensors in {want.value}: take --precision "
+            f"{want.value}"
+        )
+    if p.C > MAX_CHANNELS:
+        raise SpecError(
+            f"mmafew pads a pixel's channels to at most {MAX_CHANNELS}, not {p.C}: use "
+            "--strategy wgmma or tcgemm"
+        )
+    if p.M % 16:
+        raise SpecError(
+            f"mmafew loads the weights of 16 maps an ldmatrix: M={p.M} is not a multiple of "
+            "16; use --strategy mma"
+        )
+    if v.cols % 16 or not 16 <= v.cols <= 256:
+        raise SpecError(f"mmafew c{v.cols}: a tile is 16 to 256 output columns, a multiple of 16")
+    if not 1 <= v.rows <= 16:
+        raise SpecError(f"mmafew r{v.rows}: a tile is 1 to 16 output rows")
+    tiles = v.rows * v.cols // 16  # m16 tiles of output pixels, each in one output row
+    if not 1 <= v.warps <= MAX_WARPS or tiles % v.warps:
+        raise SpecError(
+            f"mmafew w{v.warps}: the tile's {tiles} m16 tiles are shared evenly among 1 to "
+            f"{MAX_WARPS} warps"
+        )
+    per_warp = tiles // v.warps
+    nt = p.M // 8
+    sums = 4 * nt * per_warp
+    if sums > MAX_SUMS:
+        raise SpecError(
+            f"mmafew r{v.rows} c{v.cols} w{v.warps}: {per_warp} m16 tiles a warp x {p.M} "
+            f"maps are {sums} fp32 sums a thread, over {MAX_SUMS}; choose more --warps"
+        )
+
+    # 2. the patch and the weights in shared memory
+    (sh, sw), elem = p.stride, 2
+    cp = channels_padded(p)
+    run = p.S * cp  # a window row's run of one pixel
+    kr = ceil_div(run, 16)  # its k steps
+    tail = run - (kr - 1) * 16  # elements of the last step that are real (16: all)
+    kp = p.R * kr * 16  # a map's weights: window rows x padded runs
+    b_pitch = kp + 8  # elements: 16 bytes past a multiple of 32, an odd count of 16-byte units
+    b_bytes = p.M * b_pitch * elem
+    ph = (v.rows - 1) * sh + p.R  # patch rows
+    pw = (v.cols - 1) * sw + p.S + ceil_div(kr * 16 - run, cp)  # with the last run's tail
+    p_pitch = ceil_div(pw * cp * elem, 16) * 16  # bytes a patch row
+    patch_bytes = ph * p_pitch
+    smem = b_bytes + patch_bytes
+    if smem > STAGE_LIMIT:
+        raise SpecError(
+            f"mmafew needs {smem} B of shared memory (weights {b_bytes}, patch {patch_bytes}), "
+            f"over the {STAGE_LIMIT} B a block may opt in to; choose fewer --rows or --cols"
+        )
+    threads = 32 * v.warps
+    npt = ceil_div(ph * pw, threads)  # patch pixels a thread fetches
+    # Registers: the sums, a step's A and B fragments, the lanes' addresses, the next
+    # item's patch pixels held while this one multiplies, and about 40 for the rest.
+    registers = sums + 4 * per_warp + 2 * nt + per_warp + npt * cp // 2 + 40
+    blocks = max(1, min(smem_blocks(smem), 2048 // threads, 32))
+    budget = min(MAX_REGISTERS, REGISTER_FILE // (blocks * threads) // 8 * 8)
+    if registers > MAX_REGISTERS:
+        raise SpecError(
+            f"mmafew r{v.rows} c{v.cols} w{v.warps}: about {registers} registers a thread "
+            f"({npt} patch pixels held), over {MAX_REGISTERS}; choose more --warps or a "
+            "smaller tile"
+        )
+    if registers > budget:  # fewer blocks an SM, each with the registers it needs
+        blocks = max(1, REGISTER_FILE // (threads * ceil_div(registers, 8) * 8))
+
+    # 3. work
+    row_tiles, col_tiles = ceil_div(p.Ho, v.rows), ceil_div(p.Wo, v.cols)
+    per_image = row_tiles * col_tiles
+    pt, pl = p.pads[0], p.pads[2]
+    ctx = shape_context(p)
+    ctx.update(
+        elem={Precision.FP16: "f16", Precision.BF16: "bf16"}[v.precision],
+        cp=cp,
+        run=run,
+        kr=kr,
+        tail=tail,
+        kp=kp,
+        b_pitch=b_pitch,
+        b_bytes=b_bytes,
+        ph=ph,
+        pw=pw,
+        p_pitch=p_pitch,
+        patch_pixels=ph * pw,
+        npt=npt,
+        TH=v.rows,
+        TW=v.cols,
+        tiles=tiles,
+        per_warp=per_warp,
+        nt=nt,
+        threads=threads,
+        row_tiles=row_tiles,
+        col_tiles=col_tiles,
+        per_image=per_image,
+        image_in=p.H * p.W * p.C,
+        pixel_step=sw * cp * elem,  # bytes between the runs of neighbouring output pixels
+        row_step=sh * p_pitch,  # bytes between the patch rows of neighbouring output rows
+        weights=p.M * kp,
+        precision_note=ROUNDING[v.precision],
+        launch_bounds=f"{threads}, {blocks}",
+        launch_bounds_alt=f"{threads}, 1",
+        pt=pt,
+        pl=pl,
+    )
+    sizes = (
+        Size(
+            "GEMM",
+            f"{p.Ho * p.Wo} x {p.M} x {kp} per image",
+            f"output pixels x maps x ({p.R} window rows x {kr} k steps of 16: {p.S} taps x "
+            f"{cp} channels, C={p.C} padded)",
+        ),
+        Size(
+            "tile",
+            f"{v.rows} x {v.cols} output pixels",
+            f"{tiles} m16 tiles, {per_warp} a warp x {nt} n8 tiles: {sums} fp32 sums a thread",
+        ),
+        Size(
+            "work",
+            f"{per_image} tiles an image",
+            f"{row_tiles} x {col_tiles}; persistent blocks walk (image, tile) items",
+        ),
+        Size(
+            "__shared__",
+            f"{smem} B (dynamic)",
+            f"weights {p.M} x {b_pitch} {p.dtype.value} ({b_bytes} B, loaded once a block); "
+            f"patch {ph} x {pw} pixels x {cp} channels, rows of {p_pitch} B",
+        ),
+    )
+    launch = Launch(
+        v.kernel_name(p),
+        (Role.X, Role.W, *y_args(p), Role.BATCH),
+        (threads, 1, 1),
+        (0, 1, 1),
+        0,
+        per_image,
+        1,
+        smem,
+        persistent=True,
+    )
+    return Plan(
+        shape=p,
+        variant=v,
+        template="gemm/mmafew.cu.j2",
+        launches=(launch,),
+        static_smem=0,
+        dynamic_smem=smem,
+        const_bytes=0,
+        weight_format="mrsc." + p.dtype.value,
+        sizes=sizes,
+        context=ctx,
+    )
