@@ -127,38 +127,98 @@ def channels_padded(p: ConvProblem) -> int:
     return 4 if p.C <= 4 and p.stride[1] * 4 * 2 % 16 == 0 else 8
 
 
-def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
-    # 1. limits
+def check_few(p: ConvProblem, v: Variant) -> None:
+    """The limits mmafew and wfew share: 16-bit channels-last tensors in their own math, at
+    most 8 channels, maps a multiple of 16, and a tile of whole m16 rows of pixels."""
+    key = v.key
     if p.layout is not TensorLayout.NHWC:
         raise SpecError(
-            "mmafew reads channels-last tensors (a pixel's channels side by side): use "
-            "layout=nhwc in the shape spec, or --strategy mmahwc"
+            f"{key} reads channels-last tensors (a pixel's channels side by side): use "
+            "layout=nhwc in the shape spec"
         )
     want = MATH.get(p.dtype)
     if want is None:
         raise SpecError(
-            f"mmafew multiplies 16-bit tensors on tensor cores, not {p.dtype.value}: use "
+            f"{key} multiplies 16-bit tensors on tensor cores, not {p.dtype.value}: use "
             "dtype=bf16 or fp16 in the shape spec"
         )
     if v.precision is not want:
         raise SpecError(
-            f"mmafew multiplies {p.dtype.value} tensors in {want.value}: take --precision "
+            f"{key} multiplies {p.dtype.value} tensors in {want.value}: take --precision "
             f"{want.value}"
         )
     if p.C > MAX_CHANNELS:
         raise SpecError(
-            f"mmafew pads a pixel's channels to at most {MAX_CHANNELS}, not {p.C}: use "
-            "--strategy wgmma or tcgemm"
+            f"{key} pads a pixel's channels to at most {MAX_CHANNELS}, not {p.C}: use "
+            "--strategy wgmma, tcgemm or tcwgrad"
         )
     if p.M % 16:
         raise SpecError(
-            f"mmafew loads the weights of 16 maps an ldmatrix: M={p.M} is not a multiple of "
-            "16; use --strategy mma"
+            f"{key} loads 16 maps an ldmatrix: M={p.M} is not a multiple of 16; use "
+            "--strategy mma or tcwgrad"
         )
     if v.cols % 16 or not 16 <= v.cols <= 256:
-        raise SpecError(f"mmafew c{v.cols}: a tile is 16 to 256 output columns, a multiple of 16")
+        raise SpecError(f"{key} c{v.cols}: a tile is 16 to 256 output columns, a multiple of 16")
     if not 1 <= v.rows <= 16:
-        raise SpecError(f"mmafew r{v.rows}: a tile is 1 to 16 output rows")
+        raise SpecError(f"{key} r{v.rows}: a tile is 1 to 16 output rows")
+
+
+def patch_layout(p: ConvProblem, rows: int, cols: int, threads: int) -> dict:
+    """The input patch of a tile of ``rows`` x ``cols`` output pixels, as both kernels
+    keep it (templates/gemm/few_patch.j2): a pixel's channels padded to ``cp``, a window
+    row's run of S*cp elements padded to ``kr`` k steps of 16 (the patch holds the last
+    run's tail), rows of ``p_pitch`` bytes; the tiles of an image; the pixels each of
+    ``threads`` fetches (``npt``)."""
+    (sh, sw), elem = p.stride, 2
+    cp = channels_padded(p)
+    run = p.S * cp
+    kr = ceil_div(run, 16)
+    ph = (rows - 1) * sh + p.R
+    pw = (cols - 1) * sw + p.S + ceil_div(kr * 16 - run, cp)
+    p_pitch = ceil_div(pw * cp * elem, 16) * 16
+    row_tiles, col_tiles = ceil_div(p.Ho, rows), ceil_div(p.Wo, cols)
+    return dict(
+        shape_context(p),
+        cp=cp,
+        run=run,
+        kr=kr,
+        ph=ph,
+        pw=pw,
+        p_pitch=p_pitch,
+        patch_bytes=ph * p_pitch,
+        patch_pixels=ph * pw,
+        npt=ceil_div(ph * pw, threads),
+        TH=rows,
+        TW=cols,
+        threads=threads,
+        row_tiles=row_tiles,
+        col_tiles=col_tiles,
+        per_image=row_tiles * col_tiles,
+        image_in=p.H * p.W * p.C,
+        pixel_step=sw * cp * elem,  # bytes between the runs of neighbouring output pixels
+        row_step=sh * p_pitch,  # bytes between the patch rows of neighbouring output rows
+        pt=p.pads[0],
+        pl=p.pads[2],
+    )
+
+
+def launch_blocks(threads: int, smem: int, registers: int, what: str) -> int:
+    """Blocks an SM holds by shared memory and threads, fewer where the register
+    estimate asks more than that leaves; SpecError past 255 registers."""
+    if registers > MAX_REGISTERS:
+        raise SpecError(
+            f"{what}: about {registers} registers a thread, over {MAX_REGISTERS}; choose "
+            "more --warps or a smaller tile"
+        )
+    blocks = max(1, min(smem_blocks(smem), 2048 // threads, 32))
+    if registers > REGISTER_FILE // (blocks * threads) // 8 * 8:
+        blocks = max(1, REGISTER_FILE // (threads * ceil_div(registers, 8) * 8))
+    return blocks
+
+
+def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
+    # 1. limits
+    check_few(p, v)
     tiles = v.rows * v.cols // 16  # m16 tiles of output pixels, each in one output row
     if not 1 <= v.warps <= MAX_WARPS or tiles % v.warps:
         raise SpecError(
@@ -175,77 +235,42 @@ def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
         )
 
     # 2. the patch and the weights in shared memory
-    (sh, sw), elem = p.stride, 2
-    cp = channels_padded(p)
-    run = p.S * cp  # a window row's run of one pixel
-    kr = ceil_div(run, 16)  # its k steps
+    threads = 32 * v.warps
+    ctx = patch_layout(p, v.rows, v.cols, threads)
+    cp, run, kr, ph, pw, npt = (ctx[k] for k in ("cp", "run", "kr", "ph", "pw", "npt"))
     tail = run - (kr - 1) * 16  # elements of the last step that are real (16: all)
     kp = p.R * kr * 16  # a map's weights: window rows x padded runs
     b_pitch = kp + 8  # elements: 16 bytes past a multiple of 32, an odd count of 16-byte units
-    b_bytes = p.M * b_pitch * elem
-    ph = (v.rows - 1) * sh + p.R  # patch rows
-    pw = (v.cols - 1) * sw + p.S + ceil_div(kr * 16 - run, cp)  # with the last run's tail
-    p_pitch = ceil_div(pw * cp * elem, 16) * 16  # bytes a patch row
-    patch_bytes = ph * p_pitch
-    smem = b_bytes + patch_bytes
+    b_bytes = p.M * b_pitch * 2
+    smem = b_bytes + ctx["patch_bytes"]
     if smem > STAGE_LIMIT:
         raise SpecError(
-            f"mmafew needs {smem} B of shared memory (weights {b_bytes}, patch {patch_bytes}), "
-            f"over the {STAGE_LIMIT} B a block may opt in to; choose fewer --rows or --cols"
+            f"mmafew needs {smem} B of shared memory (weights {b_bytes}, patch "
+            f"{ctx['patch_bytes']}), over the {STAGE_LIMIT} B a block may opt in to; choose "
+            "fewer --rows or --cols"
         )
-    threads = 32 * v.warps
-    npt = ceil_div(ph * pw, threads)  # patch pixels a thread fetches
     # Registers: the sums, a step's A and B fragments, the lanes' addresses, the next
     # item's patch pixels held while this one multiplies, and about 40 for the rest.
     registers = sums + 4 * per_warp + 2 * nt + per_warp + npt * cp // 2 + 40
-    blocks = max(1, min(smem_blocks(smem), 2048 // threads, 32))
-    budget = min(MAX_REGISTERS, REGISTER_FILE // (blocks * threads) // 8 * 8)
-    if registers > MAX_REGISTERS:
-        raise SpecError(
-            f"mmafew r{v.rows} c{v.cols} w{v.warps}: about {registers} registers a thread "
-            f"({npt} patch pixels held), over {MAX_REGISTERS}; choose more --warps or a "
-            "smaller tile"
-        )
-    if registers > budget:  # fewer blocks an SM, each with the registers it needs
-        blocks = max(1, REGISTER_FILE // (threads * ceil_div(registers, 8) * 8))
+    blocks = launch_blocks(
+        threads, smem, registers, f"mmafew r{v.rows} c{v.cols} w{v.warps} ({npt} patch pixels held)"
+    )
 
     # 3. work
-    row_tiles, col_tiles = ceil_div(p.Ho, v.rows), ceil_div(p.Wo, v.cols)
-    per_image = row_tiles * col_tiles
-    pt, pl = p.pads[0], p.pads[2]
-    ctx = shape_context(p)
+    row_tiles, col_tiles, per_image = ctx["row_tiles"], ctx["col_tiles"], ctx["per_image"]
     ctx.update(
         elem={Precision.FP16: "f16", Precision.BF16: "bf16"}[v.precision],
-        cp=cp,
-        run=run,
-        kr=kr,
         tail=tail,
         kp=kp,
         b_pitch=b_pitch,
         b_bytes=b_bytes,
-        ph=ph,
-        pw=pw,
-        p_pitch=p_pitch,
-        patch_pixels=ph * pw,
-        npt=npt,
-        TH=v.rows,
-        TW=v.cols,
         tiles=tiles,
         per_warp=per_warp,
         nt=nt,
-        threads=threads,
-        row_tiles=row_tiles,
-        col_tiles=col_tiles,
-        per_image=per_image,
-        image_in=p.H * p.W * p.C,
-        pixel_step=sw * cp * elem,  # bytes between the runs of neighbouring output pixels
-        row_step=sh * p_pitch,  # bytes between the patch rows of neighbouring output rows
         weights=p.M * kp,
         precision_note=ROUNDING[v.precision],
         launch_bounds=f"{threads}, {blocks}",
         launch_bounds_alt=f"{threads}, 1",
-        pt=pt,
-        pl=pl,
     )
     sizes = (
         Size(
@@ -268,7 +293,7 @@ def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
             "__shared__",
             f"{smem} B (dynamic)",
             f"weights {p.M} x {b_pitch} {p.dtype.value} ({b_bytes} B, loaded once a block); "
-            f"patch {ph} x {pw} pixels x {cp} channels, rows of {p_pitch} B",
+            f"patch {ph} x {pw} pixels x {cp} channels, rows of {ctx['p_pitch']} B",
         ),
     )
     launch = Launch(
