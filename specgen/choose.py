@@ -233,7 +233,14 @@ PREFERENCE = {
     # 0.074 ms against tc3wgrad's 0.090-0.213 and cuDNN tf32's 0.044-0.090, in fp32 math in
     # 0.082-0.146 ms against tc3wgrad's or wtap's 0.113-0.292 and cuDNN fp32's 0.10-0.32;
     # the 3x3 layer of 7x7 maps keeps wtap's 0.227 in fp32 against wgnchw's 0.264 once tuned
+    # wfew: 16-bit channels-last layers of at most 8 channels (the stems) over their own
+    # channels, each tile's patch and dy copied once, a window row's taps x channels one
+    # run of dw's columns, where tcwgrad and tcwhalo take them padded to 8: bf16 on the
+    # H200 (2026-11-29, tuned), resnet's 7x7 stem at B=32 in 0.068 ms against tcwgrad's
+    # 0.137 and cuDNN's 0.162, at 32x32 and B=128 0.021 against 0.027 and 0.036; vgg11's
+    # 3x3 layer at B=32 0.113 against wstrip's 0.491 (in NCHW) and cuDNN's 0.328
     Op.WGRAD: (
+        "wfew",
         "wgwgrad",
         "tcwgrad",
         "tcwhalo",
@@ -397,6 +404,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
     wide = problem.op is Op.WGRAD and wide_wgrad(problem)
     if wide:
         keys = (
+            "wfew",
             "wgwgrad",
             "tcwgrad",
             "tcwhalo",

@@ -324,36 +324,42 @@ def test_the_layout_an_op_is_computed_in():
     assert computed_layout(replace(wgrad, W=30), gpu, arch="sm_80") is nhwc
     few = ConvProblem(C=3, M=64, H=64, W=64, R=7, S=7, stride=(2, 2), pads=(3,) * 4)
     first = replace(few, op=Op.WGRAD, dtype=DType.BF16, layout=nhwc, batch=32)
-    assert choose(first, gpu).variant.key == "wsplit"
-    assert computed_layout(first, gpu) is nchw
+    assert choose(first, gpu).variant.key == "wfew"  # 64 maps: on the tensor cores in place
+    assert computed_layout(first, gpu) is nhwc
+    odd = replace(first, M=40)  # maps wfew's 16-map loads do not take
+    assert choose(odd, gpu).variant.key == "wsplit"
+    assert computed_layout(odd, gpu) is nchw
     assert computed_layout(replace(few, batch=32), gpu) is nchw  # no tensor core in NHWC
     assert computed_layout(replace(wide, op=Op.BGRAD, bias=True), gpu) is nchw
 
 
 def test_a_few_channel_wgrad_is_computed_over_padded_channels_on_the_tensor_cores():
-    """computed_problem: a first layer's wgrad (3 channels), which no tensor-core wgrad
-    takes, is computed over channels padded to 8 in 16 bits and to 4 in tf32, where the
-    pick runs on the tensor cores; its forward and dgrad, already on them, keep their
-    channels, as do a wgrad that padding would not speed (fp32 math, CUDA cores either
+    """computed_problem: a first layer's wgrad (3 channels) that no tensor-core wgrad takes
+    as it is is computed over channels padded to 8 in 16 bits (maps that are not a
+    multiple of 16, which wfew's loads do not take) and to 4 in tf32, where the pick runs
+    on the tensor cores; a 16-bit stem of 64 maps keeps its channels on wfew, as do its
+    forward and dgrad, a wgrad that padding would not speed (fp32 math, CUDA cores either
     way), grouped layers and layers of 8 channels; 3x3 stems (mobilenet_v2's) as 7x7 ones."""
     from specgen.choose import computed_problem, speed_class
 
     gpu, nhwc = "some GPU", TensorLayout.NHWC
     stem = ConvProblem(C=3, M=64, H=224, W=224, R=7, S=7, stride=(2, 2), pads=(3,) * 4, batch=32)
     bf16 = replace(stem, dtype=DType.BF16, layout=nhwc)
-    for first, tf32, width in ((bf16, False, 8), (stem, True, 4)):
+    for first, tf32, width in ((replace(bf16, M=40), False, 8), (stem, True, 4)):
         q = computed_problem(replace(first, op=Op.WGRAD), gpu, tf32)
         assert (q.C, q.layout, q.op) == (width, nhwc, Op.WGRAD)
         assert speed_class(choose(q, gpu, tf32).variant) == 2
         assert speed_class(choose(replace(first, op=Op.WGRAD), gpu, tf32).variant) == 0
     for op in (Op.FPROP, Op.DGRAD):
         assert computed_problem(replace(bf16, op=op), gpu).C == 3
+    wgrad = replace(bf16, op=Op.WGRAD)
+    assert computed_problem(wgrad, gpu) == wgrad and choose(wgrad, gpu).variant.key == "wfew"
     assert computed_problem(replace(stem, op=Op.WGRAD), gpu).C == 3  # fp32 math
     eight = replace(bf16, C=8, op=Op.WGRAD)
     assert computed_problem(eight, gpu) == eight
     grouped = replace(bf16, C=6, M=6, groups=3, op=Op.WGRAD)
     assert computed_problem(grouped, gpu).C == 6
-    three = replace(bf16, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
+    three = replace(bf16, M=40, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD)
     assert computed_problem(three, gpu).C == 8
 
 

@@ -277,16 +277,16 @@ def test_no_variant_option_is_the_operators_pick(tmp_path):
 
 
 def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
-    """A problem the operator computes elsewhere (a first layer's wgrad over channels
-    padded to 8, a wide bf16 NCHW layer's strided dgrad in NHWC): the pick's line names the
+    """A problem the operator computes elsewhere (a first layer's wgrad of 40 maps over
+    channels padded to 8, a wide bf16 NCHW layer's strided dgrad in NHWC): the pick's line names the
     problem it computes and that problem's kernel, so the kernel the operator runs can
     be emitted."""
-    stem = "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"
+    stem = "C=3,M=40,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"
     r = run("emit", "--shape", stem, "--op", "wgrad", "--batch", "32", "--out", str(tmp_path))
     assert r.exit_code == 0, r.output
     (f,) = tmp_path.glob("*/*.cu")
     text = f.read_text()
-    assert "the PyTorch operator computes it as C=8,M=64" in text and "with tcwgrad_" in text
+    assert "the PyTorch operator computes it as C=8,M=40" in text and "with tcwgrad_" in text
     wide = "C=64,M=128,H=28,W=28,K=3,pad=1,stride=2,dtype=bf16"
     r = run("verify", "--shape", wide, "--op", "dgrad", "--jobs", "1")
     assert r.exit_code == 0, r.output

@@ -36,6 +36,7 @@ from .tcwgrad import Tcwgrad
 from .tcwhalo import Tcwhalo
 from .tiled import Tiled
 from .wband import Wband
+from .wfew import Wfew
 from .wgemm import Wgemm
 from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
@@ -84,6 +85,7 @@ TABLE: tuple[type[Variant], ...] = (
     Tcwgrad,
     Tcwhalo,
     Tc3wgrad,
+    Wfew,
     Wstrip,
     Wlane,
     Wsplit,

@@ -204,11 +204,12 @@ def patch_layout(p: ConvProblem, rows: int, cols: int, threads: int) -> dict:
 
 def launch_blocks(threads: int, smem: int, registers: int, what: str) -> int:
     """Blocks an SM holds by shared memory and threads, fewer where the register
-    estimate asks more than that leaves; SpecError past 255 registers."""
-    if registers > MAX_REGISTERS:
+    estimate asks more than that leaves; SpecError past what one block's threads get."""
+    most = min(MAX_REGISTERS, REGISTER_FILE // threads // 8 * 8)
+    if registers > most:
         raise SpecError(
-            f"{what}: about {registers} registers a thread, over {MAX_REGISTERS}; choose "
-            "more --warps or a smaller tile"
+            f"{what}: about {registers} registers a thread, over the {most} that {threads} "
+            "threads get; choose fewer warps or a smaller tile"
         )
     blocks = max(1, min(smem_blocks(smem), 2048 // threads, 32))
     if registers > REGISTER_FILE // (blocks * threads) // 8 * 8:
