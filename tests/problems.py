@@ -276,3 +276,48 @@ def depthwise_problems(draw, largest: int = 15):
     if op == "fprop" and draw(st.booleans()):
         spec += ",bias=1,act=relu"
     return parsed_or_rejected(spec)
+
+
+def assert_space_compiles_without_spills(p, cls) -> None:
+    """Every member of the strategy's tune space that plans for ``p`` (in the tensors'
+    own 16-bit math) compiles for sm_90 without spilling: the planner's register estimate
+    refuses what would spill, so tune never times a spilling kernel."""
+    from specgen.compile import compile_source
+    from specgen.plan import make_plan
+    from specgen.render import render
+    from specgen.variants import Precision
+
+    for v in planned_space(p, cls, Precision(p.dtype.value)):
+        plan = make_plan(p, v)
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+        assert binary.spills == 0, (plan.name, binary.resources)
+
+
+@st.composite
+def few_channel_problems(draw, cls, op="fprop"):
+    """Problems the few-channel strategies (mmafew, wfew) serve: 1-8 channels, maps a
+    multiple of 16 up to 128, any window, stride and padding (wide, unequal), a bias (db
+    in wgrad) and relu, both 16-bit dtypes; those the strategy's default plans for."""
+    from specgen.plan import make_plan
+    from specgen.variants import Precision
+
+    dtype = draw(st.sampled_from(["bf16", "fp16"]))
+    C, M = draw(st.integers(1, 8)), 16 * draw(st.integers(1, 8))
+    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    H, W = draw(st.integers(R, 40)), draw(st.integers(S, 40))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pads = "x".join(str(draw(st.integers(0, 4))) for _ in range(4))
+    spec = (
+        f"C={C},M={M},H={H},W={W},K={R}x{S},pad={pads},stride={stride[0]}x{stride[1]},"
+        f"dtype={dtype},layout=nhwc,op={op}"
+    )
+    if draw(st.booleans()):
+        spec += ",bias=1"
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",act=relu"
+    try:
+        p = parse_shape(spec)
+        make_plan(p, cls.default(p, Precision(dtype)))
+        return p
+    except SpecError:
+        assume(False)

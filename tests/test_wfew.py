@@ -6,11 +6,13 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from problems import (
     DRAWN_COMPILES,
+    assert_space_compiles_without_spills,
+    few_channel_problems,
     GPU_DRAWS,
     assert_one_line_refusal,
     default_and_drawn,
@@ -19,7 +21,6 @@ from problems import (
 )
 from ptx import ptx_of
 from specgen.compile import compile_source
-from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.reference import conv2d_wgrad
 from specgen.render import render
@@ -98,39 +99,11 @@ def test_tune_space_plans_or_refuses_in_one_line():
     ],
 )
 def test_every_planned_variant_of_the_tune_space_compiles_without_spills(spec):
-    p = parse_shape(spec)
-    for v in planned_space(p, Wfew, own(p)):
-        plan = make_plan(p, v)
-        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
-        assert binary.spills == 0, (plan.name, binary.resources)
-
-
-@st.composite
-def wfew_problems(draw):
-    """Problems wfew serves: 1-8 channels, maps a multiple of 16 up to 128, any window,
-    stride and padding (wide, unequal), with or without db, both 16-bit dtypes."""
-    dtype = draw(st.sampled_from(["bf16", "fp16"]))
-    C, M = draw(st.integers(1, 8)), 16 * draw(st.integers(1, 8))
-    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
-    H, W = draw(st.integers(R, 40)), draw(st.integers(S, 40))
-    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    pads = "x".join(str(draw(st.integers(0, 4))) for _ in range(4))
-    spec = (
-        f"C={C},M={M},H={H},W={W},K={R}x{S},pad={pads},stride={stride[0]}x{stride[1]},"
-        f"dtype={dtype},layout=nhwc,op=wgrad"
-    )
-    if draw(st.booleans()):
-        spec += ",bias=1"
-    try:
-        p = parse_shape(spec)
-        make_plan(p, Wfew.default(p, own(p)))
-        return p
-    except SpecError:
-        assume(False)
+    assert_space_compiles_without_spills(parse_shape(spec), Wfew)
 
 
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(p=wfew_problems())
+@given(p=few_channel_problems(Wfew, "wgrad"))
 def test_drawn_defaults_compile_without_spills(p):
     plan = make_plan(p, Wfew.default(p, own(p)))
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
@@ -183,7 +156,7 @@ def test_the_run_model_is_the_weight_gradient(spec):
 
 @pytest.mark.gpu
 @settings(max_examples=25, **GPU_DRAWS)
-@given(p=wfew_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+@given(p=few_channel_problems(Wfew, "wgrad"), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
 def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: tiles
     past the image's last row and column, runs past the window, padded channels, the
