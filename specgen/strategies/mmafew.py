@@ -38,7 +38,7 @@ from ..plan.common import (
     smem_blocks,
     y_args,
 )
-from ..shapes import ConvProblem, DType, Feature, TensorLayout
+from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, Count, Precision, Variant, param
 from .mma import ROUNDING
@@ -147,15 +147,16 @@ def check_few(p: ConvProblem, v: Variant) -> None:
             f"{key} multiplies {p.dtype.value} tensors in {want.value}: take --precision "
             f"{want.value}"
         )
+    wide, narrow = ("tcwgrad", "tcwgrad") if p.op is Op.WGRAD else ("wgmma or tcgemm", "mma")
     if p.C > MAX_CHANNELS:
         raise SpecError(
             f"{key} pads a pixel's channels to at most {MAX_CHANNELS}, not {p.C}: use "
-            "--strategy wgmma, tcgemm or tcwgrad"
+            f"--strategy {wide}"
         )
     if p.M % 16:
         raise SpecError(
             f"{key} loads 16 maps an ldmatrix: M={p.M} is not a multiple of 16; use "
-            "--strategy mma or tcwgrad"
+            f"--strategy {narrow}"
         )
     if v.cols % 16 or not 16 <= v.cols <= 256:
         raise SpecError(f"{key} c{v.cols}: a tile is 16 to 256 output columns, a multiple of 16")

@@ -145,8 +145,8 @@ def plan_wfew(p: ConvProblem, v: Wfew) -> Plan:
             f"are {sums} fp32 sums a thread, over {MAX_SUMS}; choose a larger --mapsplit"
         )
 
-    # 2. shared memory: the patch, then dy's tile twice ([pixel][M + 8]: the eight pixel
-    # rows of a transposed ldmatrix an odd number of 16-byte units apart)
+    # 2. shared memory: dy's tile twice ([pixel][M + 8]: the eight pixel rows of a
+    # transposed ldmatrix an odd number of 16-byte units apart), then the patch
     pixels = v.rows * v.cols
     d_pitch = (p.M + 8) * 2
     d_bytes = pixels * d_pitch
