@@ -222,7 +222,8 @@ def plan_wfew(p: ConvProblem, v: Wfew) -> Plan:
         Size(
             "grid",
             f"{v.splits} blocks",
-            f"each every {v.splits}-th of the batch's {ctx['per_image']} tiles an image",
+            f"block b takes tiles b, b + {v.splits}, .. of the batch's ({ctx['per_image']} an "
+            "image)",
         ),
         scratch,
     )
