@@ -195,6 +195,10 @@ def patch_layout(p: ConvProblem, rows: int, cols: int, threads: int) -> dict:
         row_tiles=row_tiles,
         col_tiles=col_tiles,
         per_image=row_tiles * col_tiles,
+        run_k=kr * 16,  # a run padded to whole k steps
+        cp_words=cp // 2,  # 32-bit words of a pixel's channels
+        tile_rows_in=rows * sh,  # input rows between neighbouring tiles' patches
+        tile_cols_in=cols * sw,
         image_in=p.H * p.W * p.C,
         pixel_step=sw * cp * elem,  # bytes between the runs of neighbouring output pixels
         row_step=sh * p_pitch,  # bytes between the patch rows of neighbouring output rows
@@ -270,6 +274,23 @@ def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
         per_warp=per_warp,
         nt=nt,
         weights=p.M * kp,
+        weight_taps=p.M * p.R * p.S,  # (map, tap) units the weights load copies
+        weight_rows=p.M * p.R,  # (map, window row) runs whose padding it zeroes
+        nt_pairs=nt // 2,
+        b_pair=16 * b_pitch * 2,  # bytes between two n8 tiles' B rows
+        # the unrolled k steps: window row ky's run, step j; B's and A's byte offsets,
+        # and whether the step ends a run that does not fill it (its tail dropped)
+        ksteps=[
+            dict(
+                ky=ky,
+                j=j,
+                b_at=(ky * kr + j) * 32,
+                a_at=ky * ctx["p_pitch"] + j * 32,
+                tail=j == kr - 1 and tail < 16,
+            )
+            for ky in range(p.R)
+            for j in range(kr)
+        ],
         precision_note=ROUNDING[v.precision],
         launch_bounds=f"{threads}, {blocks}",
         launch_bounds_alt=f"{threads}, 1",

@@ -187,6 +187,22 @@ def plan_wfew(p: ConvProblem, v: Wfew) -> Plan:
         threads=threads,
         pixels=pixels,
         steps=pixels // 16,
+        warp_maps=fm * 16,
+        pixel_units=p.M // 8,  # dy's 16-byte copies of a pixel
+        # the unrolled k steps, 16 pixels of one output row each: dy's and the patch's
+        # byte offsets
+        ksteps=[
+            dict(
+                q=q,
+                first=16 * q,
+                last=16 * q + 15,
+                row=16 * q // v.cols,
+                col=16 * q % v.cols,
+                a_at=16 * q * d_pitch,
+                b_at=16 * q // v.cols * ctx["row_step"] + 16 * q % v.cols * ctx["pixel_step"],
+            )
+            for q in range(pixels // 16)
+        ],
         d_pitch=d_pitch,
         d_bytes=d_bytes,
         d_units=d_units,
