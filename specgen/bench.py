@@ -214,17 +214,13 @@ def cudnn_timings(shape: ConvProblem, xs, w, b, batch, ceil, only=None) -> list[
         dy = t[Role.DY]
         if shape.op is Op.BGRAD:
             return dy.sum((0, 2, 3))
+        geometry = (stride, pad, dil, False, [0, 0], shape.groups)
         backward = torch.ops.aten.convolution_backward
         if shape.op is Op.DGRAD:
-            want = [True, False, False]
-            return backward(dy, like, w, None, stride, pad, dil, False, [0, 0], shape.groups, want)[
-                0
-            ]
+            dx, _, _ = backward(dy, like, w, None, *geometry, [True, False, False])
+            return dx
         bias_sizes = [shape.M] if shape.bias else None
-        want = [False, True, shape.bias]
-        return backward(
-            dy, t[Role.X], like, bias_sizes, stride, pad, dil, False, [0, 0], shape.groups, want
-        )
+        return backward(dy, t[Role.X], like, bias_sizes, *geometry, [False, True, shape.bias])
 
     def like(dtype, fmt):
         """The tensor beside dy that the backward op takes for its shape and format."""
