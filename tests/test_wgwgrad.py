@@ -17,7 +17,7 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for
+from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for, tap_rects
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -186,6 +186,101 @@ def test_a_grid_under_half_a_wave_takes_a_narrower_tile(spec, batch, tile):
     p = replace(parse_shape(f"{spec},dtype=bf16,layout=nhwc,op=wgrad"), batch=batch)
     v = Wgwgrad.default(p, Precision.BF16)
     assert v.blocktile == tile, v.name
+
+
+# ---- the taps' own pixels, and one slice storing dw ----
+
+# resnet18's slowest bf16 wgrads at 32x32 images (B=128): a 1x1 output whose stride-2
+# window leaves five taps on the padding; 2x2 maps whose corner taps see one pixel
+R18_SMALL = [
+    ("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad", 4, 4),
+    ("C=256,M=256,H=2,W=2,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", 16, 1),
+]
+# small maps through each of wgwgrad's forms: pruned with db on the tap that sees every
+# pixel, dilated and unequally padded, strided with empty taps, fp16 with groups
+PRUNED_LAYERS = [
+    (
+        "C=256,M=512,H=2,W=2,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwgrad_b64x64_p3_s1_bf16",
+    ),
+    ("C=256,M=256,H=2,W=2,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwgrad_b128x64_p4_s3_bf16"),
+    (
+        "C=128,M=64,H=3,W=3,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwgrad_b64x64_p3_s1_bf16",
+    ),
+    (
+        "C=64,M=128,H=4,W=5,K=3,pad=2x1x0x2,dil=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwgrad_b128x64_p4_s2_bf16",
+    ),
+    (
+        "C=128,M=128,H=3,W=3,K=3,pad=2,stride=2,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwgrad_b64x128_p3_s1_fp16",
+    ),
+    (
+        "C=128,M=256,H=5,W=5,K=3,pad=1,groups=2,bias=1,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwgrad_b64x64_p4_s5_fp16",
+    ),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=tiled_wgrads(channel_blocks=1))
+def test_each_taps_rectangle_holds_exactly_its_pixels_inside_the_image(p):
+    """tap_rects against a walk of every output pixel: the rectangle of a tap (r, s) is
+    the set of (oh, ow) whose input pixel, moved by the tap, lies in the image."""
+    (sh, sw), (dh, dw), (pt, _, pl, _) = p.stride, p.dil, p.pads
+    for tap, (oh, nh, ow, nw) in enumerate(tap_rects(p)):
+        r, s = divmod(tap, p.S)
+        inside = {
+            (i, j)
+            for i in range(p.Ho)
+            for j in range(p.Wo)
+            if 0 <= i * sh + r * dh - pt < p.H and 0 <= j * sw + s * dw - pl < p.W
+        }
+        assert inside == {(oh + i, ow + j) for i in range(nh) for j in range(nw)}, (tap, p)
+
+
+@pytest.mark.parametrize("spec,kept,full", R18_SMALL)
+def test_small_maps_walk_their_taps_pixels_and_one_slice_stores_dw(spec, kept, full):
+    """resnet18's small-map wgrads: each tap's block walks only its pixels inside the
+    image (``kept`` of 9 x Ho x Wo an image); at one slice one launch stores dw with no
+    workspace, at three the slices go through the second pass; both without spills."""
+    p = parse_shape(spec)
+    assert sum(nh * nw for _, nh, _, nw in tap_rects(p)) == kept
+    assert sum(nh * nw == p.Ho * p.Wo for _, nh, _, nw in tap_rects(p)) == full
+    for splits in (1, 3):
+        plan = make_plan(p, parse_variant_name(f"wgwgrad_b64x64_p3_s{splits}_bf16"))
+        assert plan.context["prune"] and "tap_rect[tap]" in render(plan)
+        assert len(plan.launches) == (1 if splits == 1 else 2)
+        assert (plan.workspace_bytes == 0) == (splits == 1)
+        if splits == 1:
+            assert plan.launches[0].args == (Role.X, Role.DY, Role.DW, Role.BATCH)
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad",  # 91% kept
+        "C=256,M=256,H=2,W=2,K=3,pad=2,bias=1,dtype=bf16,layout=nhwc,op=wgrad",  # no full tap
+        "C=256,M=256,H=2,W=2,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+    ],
+)
+def test_large_maps_and_db_without_a_full_tap_walk_every_pixel(spec):
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name("wgwgrad_b64x64_p3_s2_bf16"))
+    assert not plan.context["prune"] and "tap_rect" not in render(plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,name", PRUNED_LAYERS)
+def test_pruned_layers_on_the_gpu(spec, name):
+    """Each small-map layer's kernel against the float64 reference at a batch of 3:
+    empty taps written as zeros, one slice storing dw, slices of a tap's own pixels."""
+    p = parse_shape(spec)
+    assert make_plan(p, parse_variant_name(name)).context["prune"]
+    verify_on_the_gpu(p, [parse_variant_name(name)], 3)
 
 
 # ---- wgwtma: the same product fed by the tensor memory accelerator ----

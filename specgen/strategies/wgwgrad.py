@@ -187,6 +187,37 @@ def bands_of(p) -> tuple[int, int, int]:
     return nb, hb, bands
 
 
+# ``wgwgrad`` walks only a tap's pixels inside the image where they are at most this
+# share of all taps' (3x3 windows on maps of up to about 10 rows)
+PRUNE_KEPT = 0.9
+
+
+def tap_rects(p) -> list[tuple[int, int, int, int]]:
+    """For each tap (r, s), in order: the output pixels whose input pixel lies in the
+    image, a rectangle of rows oh0.. (nh of them) and columns ow0.. (nw); (0, 0, 0, 0)
+    where every one falls on the padding."""
+    (sh, sw), (dh, dw), (pt, _, pl, _) = p.stride, p.dil, p.pads
+
+    def span(k: int, d: int, pad: int, stride: int, size: int, out: int) -> tuple[int, int]:
+        # 0 <= o * stride + k * d - pad < size
+        lo = max(0, -((k * d - pad) // stride))
+        hi = min(out - 1, (size - 1 + pad - k * d) // stride)
+        return (lo, hi - lo + 1) if hi >= lo else (0, 0)
+
+    rows = [span(r, dh, pt, sh, p.H, p.Ho) for r in range(p.R)]
+    cols = [span(s, dw, pl, sw, p.W, p.Wo) for s in range(p.S)]
+    return [(oh, nh, ow, nw) if nh and nw else (0, 0, 0, 0) for oh, nh in rows for ow, nw in cols]
+
+
+def pruned(p, rects) -> bool:
+    """Whether ``wgwgrad`` walks each tap's own pixels: they are at most ``PRUNE_KEPT`` of
+    all taps', and where db rides along, one tap sees every pixel (its block sums db)."""
+    whole = p.Ho * p.Wo
+    kept = sum(nh * nw for _, nh, _, nw in rects)
+    full = any(nh * nw == whole for _, nh, _, nw in rects)
+    return kept <= PRUNE_KEPT * p.R * p.S * whole and (full or not p.bias)
+
+
 def tma_maps(p, nb: int, hb: int) -> tuple[TensorMap, TensorMap]:
     """``wgwtma``'s tensor maps: dy as [N][Ho][Wo][groups][M/g] and x as
     [N][H][W][groups][C/g], each with a box of 64 maps or channels by a band's pixels;
@@ -417,6 +448,15 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             f"of the tile's 8-channel columns: 1, 2, 4 or 8 (at most {CLUSTER_LIMIT}, a "
             "portable cluster)"
         )
+    # One slice stores dw itself (wgwdsm's store, no workspace and no second kernel)
+    direct = dsm or v.splits == 1
+    rects = tap_rects(p)
+    prune = not tma and pruned(p, rects)
+    db_tap = (
+        next(t for t, (_, nh, _, nw) in enumerate(rects) if nh * nw == p.Ho * p.Wo)
+        if prune and p.bias
+        else 0
+    )
     nb, hb, bands = bands_of(p) if tma else (0, 0, 0)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
     ring = v.stages * (a_stage + b_stage)
@@ -476,21 +516,24 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         map_tiles=map_tiles,
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
         tma=tma,
-        cluster=v.splits if dsm else 0,
+        cluster=v.splits if dsm else int(direct),
         # wgwdsm: the tile's channels a block of the cluster stores, and where db's
         # partial sums lie (after the tile's)
         share_channels=bn // v.splits if dsm else bn,
         db_partials_at=4 * bm * bn,
+        prune=prune,
+        tap_rects=rects,
+        db_block=db_tap * (p.Cg // bn),
     )
     grid = (col_tiles, map_tiles * p.groups, v.splits)
-    if dsm:  # dw and db stored by the blocks themselves
+    if direct:  # dw and db stored by the blocks themselves
         outs = (Role.DW, *((Role.DB,) if p.bias else ()))
         main = Launch(
             name, (Role.X, Role.DY, *outs, Role.BATCH), (threads, 1, 1), grid, 2, 0, 1, smem
         )
         reduce, workspace = None, 0
         scratch = Size(
-            "cluster",
+            "cluster" if dsm else "slices",
             f"{v.splits} block(s) along z, a slice of the batch's pixels each",
             (
                 f"each block's {bm} x {bn} fp32 sums in its shared memory; block q adds channels "
@@ -536,5 +579,15 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         grid_size(p, v, col_tiles, map_tiles),
         scratch,
     )
-    launches = (main,) if dsm else (main, reduce)
+    if prune:
+        kept = sum(nh * nw for _, nh, _, nw in rects)
+        sizes += (
+            Size(
+                "taps' pixels",
+                f"{kept} of {p.R * p.S} x {P} an image",
+                "a tap's block walks only the output pixels whose input pixel lies in the "
+                "image (a rectangle a tap), the rest being zero padding",
+            ),
+        )
+    launches = (main,) if direct else (main, reduce)
     return sliced_plan(p, v, launches, smem, sizes, ctx, workspace, CHUNK)
