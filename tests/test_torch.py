@@ -996,30 +996,31 @@ def test_wide_nchw_layers_run_on_tensor_cores(mode, stride):
 
 
 @pytest.mark.parametrize(
-    "mode,K,stride,channels_last",
+    "mode,K,stride,channels_last,maps",
     [
-        ("bf16", 7, 2, True),
-        ("bf16", 7, 2, False),
-        ("fp16", 7, 2, True),
-        ("tf32", 7, 2, False),
-        ("autocast", 7, 2, True),
+        ("bf16", 7, 2, True, 64),
+        ("bf16", 7, 2, False, 64),
+        ("fp16", 7, 2, True, 64),
+        ("tf32", 7, 2, False, 64),
+        ("autocast", 7, 2, True, 64),
+        ("bf16", 7, 2, True, 40),
+        ("autocast", 7, 2, False, 40),
     ],
 )
-def test_a_first_layers_wgrad_runs_on_tensor_cores_over_padded_channels(
-    mode, K, stride, channels_last
-):
+def test_a_first_layers_wgrad_runs_on_tensor_cores(mode, K, stride, channels_last, maps):
     """A network's first layer (3 channels, x needing no gradient): its weight gradient
-    is computed over x's channels padded with zeros (``choose.computed_problem``) on a
-    tensor-core kernel, and dw's own three channels come back within that kernel's
+    runs on a tensor-core kernel, in 16 bits over x's own channels (``wfew``, maps a
+    multiple of 16), else over x's channels padded with zeros
+    (``choose.computed_problem``); dw's three channels come back within that kernel's
     bound against float64, in the weights' dtype (fp32 under autocast, whose cast
     reaches fp32 weights, and then in their memory format), with db."""
     torch.backends.cudnn.allow_tf32 = mode == "tf32"
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.float32)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(4, 3, 37, 41, device="cuda", dtype=dt).contiguous(memory_format=fmt)
-    w = (torch.randn(64, 3, K, K, device="cuda") / K).to(dt).contiguous(memory_format=fmt)
+    w = (torch.randn(maps, 3, K, K, device="cuda") / K).to(dt).contiguous(memory_format=fmt)
     w.requires_grad_()
-    b = torch.randn(64, device="cuda", dtype=dt, requires_grad=True)
+    b = torch.randn(maps, device="cuda", dtype=dt, requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
         y = sg.conv2d(x, w, b, stride, K // 2)
     dy = torch.randn_like(y)
@@ -1037,7 +1038,9 @@ def test_a_first_layers_wgrad_runs_on_tensor_cores_over_padded_channels(
     args = ([stride] * 2, [K // 2] * 4, [1, 1], 1)
     p = E.problem(Op.WGRAD, x.shape, w.shape, True, *args, E.dtype_of(x.to(math)), layout)
     k = kernel(p)
-    assert k.problem.C == (4 if mode == "tf32" else 8), k.conv.plan.name
+    own = mode != "tf32" and maps % 16 == 0
+    assert k.problem.C == (3 if own else 4 if mode == "tf32" else 8), k.conv.plan.name
+    assert (k.choice.variant.key == "wfew") == own, k.conv.plan.name
     assert k.choice.variant.tensor_core, k.conv.plan.name
     largest = max(float(x.abs().max()), float(dy.abs().max()))
     check(dw, ref, mag, k.conv.plan, x.shape[0], largest, float(w.abs().max()), "wgrad")
