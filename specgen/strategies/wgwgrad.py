@@ -112,12 +112,14 @@ class Wgwgrad(Variant):
     @classmethod
     def space(cls, problem, precision):
         """Every tile that divides the group's maps and channels, with 3, 4 and the most
-        stages up to 6 that fit, and slices for one and two blocks an SM."""
+        stages up to 6 that fit, and slices for one and two blocks an SM, and one slice
+        (its block stores dw: no workspace and no second kernel)."""
         if precision is not MATH[problem.dtype]:
             return []
-        return tiled_space(
+        space = tiled_space(
             cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)}, CHUNK
         )
+        return list(dict.fromkeys(space + [replace(v, splits=1) for v in space]))
 
 
 @dataclass(frozen=True, kw_only=True)
