@@ -32,8 +32,9 @@ MAPS_KEPT = 64  # encoded addresses a bound map keeps (past these, it starts ove
 @dataclass(frozen=True)
 class TensorMap:
     """A tiled tensor map over ``role``'s tensor: ``dims`` in elements, innermost first,
-    the outermost ``None`` where it is the launch's image count; ``strides`` in bytes for
-    every dimension but the innermost; ``box`` the elements one copy spans along each;
+    the outermost ``None`` where it is the launch's image count (times ``image_elems``,
+    where it runs over every pixel of the batch); ``strides`` in bytes for every
+    dimension but the innermost; ``box`` the elements one copy spans along each;
     ``steps`` the traversal stride along each (none: all ones), of which a copy takes
     every steps[i]-th element from the box's corner, box[i] / steps[i] of them."""
 
@@ -44,6 +45,7 @@ class TensorMap:
     box: tuple[int, ...]
     swizzle: int = 128
     steps: tuple[int, ...] = ()
+    image_elems: int = 1
 
     def __post_init__(self):
         rank = len(self.dims)
@@ -75,7 +77,7 @@ class TensorMap:
         return tuple(b // t for b, t in zip(self.box, self.traversal))
 
     def sized(self, images: int) -> tuple[int, ...]:
-        return tuple(images if d is None else d for d in self.dims)
+        return tuple(images * self.image_elems if d is None else d for d in self.dims)
 
     @property
     def box_bytes(self) -> int:

@@ -287,7 +287,8 @@ def test_pruned_layers_on_the_gpu(spec, name):
 
 WGWTMA_LAYERS = [
     # resnet50's 3x3 wgrads over 7x7 and 14x14 maps (a band of 49 pixels, 15 rows of
-    # zeros; 4 rows of 14, the last band's two rows past the image), a 1x1 over 7x7
+    # zeros; 4 rows of 14, the last band's two rows past the image), a 1x1 over 7x7 (64
+    # consecutive pixels of the batch a unit, the last one partly past it)
     ("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b64x128_p3_s3_bf16"),
     (
         "C=256,M=256,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
@@ -302,6 +303,15 @@ WGWTMA_LAYERS = [
     (
         "C=1024,M=2048,H=14,W=14,K=1,pad=0,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
         "wgwtma_b128x256_p4_s2_bf16",
+    ),
+    # the 1x1 units with db, and with groups in fp16
+    (
+        "C=1024,M=512,H=14,W=14,K=1,pad=0,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwtma_b128x64_p4_s4_bf16",
+    ),
+    (
+        "C=256,M=128,H=14,W=14,K=1,pad=0,groups=2,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwtma_b64x64_p4_s4_fp16",
     ),
     # four 4x4 images a band; groups and fp16
     ("C=128,M=128,H=4,W=4,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwtma_b64x64_p4_s8_bf16"),
@@ -334,6 +344,11 @@ def _unit_boxes(p, plan, dy, x, u, tap, m0, c0, grp, images):
     moved by the tap."""
     dymap, xmap = plan.launches[0].maps
     c = plan.context
+    if c["flat"]:  # 64 consecutive pixels of the batch, x's those of dy
+        return (
+            box_load(dy, dymap, (m0, grp, 0, 0, u * c["rows"]), images),
+            box_load(x, xmap, (c0, grp, 0, 0, u * c["rows"]), images),
+        )
     n0, h0 = u // c["bands"] * c["nb"], u % c["bands"] * c["hb"]
     tr = tap // p.S * c["dh"] - c["pt"]
     ts = tap % p.S * c["dw"] - c["pl"]
@@ -355,17 +370,19 @@ def test_wgwtma_boxes_sum_to_the_weight_gradient(spec, name):
     p = parse_shape(spec)
     plan = make_plan(p, parse_variant_name(name))
     c = plan.context
-    images = 2 * c["nb"] - 1 if c["nb"] > 1 else 2
+    images = 3 if c["flat"] else 2 * c["nb"] - 1 if c["nb"] > 1 else 2
     src = render(plan)
     h = "h0" if p.stride[0] == 1 else f"h0 * {p.stride[0]}"
-    assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and f", ts, {h} + tr, n0);" in src
+    tail = ", 0, 0, u);" if c["flat"] else f", ts, {h} + tr, n0);"
+    assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and tail in src
     rng = np.random.default_rng()
     x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros
     dy = rng.standard_normal((images, p.Ho, p.Wo, p.M)) + 2.0
     want = conv2d_wgrad(x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2), p)
     grp = p.groups - 1
     m0, c0 = p.Mg - 64, p.Cg - 64  # the group's last tile: boxes end at its edge
-    units = -(-images // c["nb"]) * c["bands"]
+    P = p.Ho * p.Wo
+    units = -(-images * P // c["rows"]) if c["flat"] else -(-images // c["nb"]) * c["bands"]
     for tap in range(p.R * p.S):
         got = np.zeros((64, 64))
         for u in range(units):

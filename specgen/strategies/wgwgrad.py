@@ -220,6 +220,28 @@ def pruned(p, rects) -> bool:
     return kept <= PRUNE_KEPT * p.R * p.S * whole and (full or not p.bias)
 
 
+def flat_pixels(p) -> bool:
+    """Whether ``wgwtma``'s unit is 64 consecutive pixels of the batch: a 1x1 window at
+    stride 1 without padding reads x at dy's own pixel, so both tensors are rows of the
+    batch's pixels in one order, and no band of whole output rows (whose last k step
+    runs past the band: 15 of 64 rows on 7x7 maps, 8 on 14x14) is needed."""
+    return p.R == p.S == 1 and p.stride == (1, 1) and p.pads == (0, 0, 0, 0)
+
+
+def flat_maps(p) -> tuple[TensorMap, TensorMap]:
+    """``wgwtma``'s tensor maps where ``flat_pixels``: dy and x as [the batch's pixels][1]
+    [1][groups][M/g or C/g], each box 64 maps or channels by 64 pixels; the copy unit
+    zero-fills the pixels past the batch."""
+    e, P = p.dtype.bytes, p.Ho * p.Wo
+    box = (BLOCK, 1, 1, 1, CHUNK)
+
+    def rows(role, per_group, total):
+        strides = (per_group * e, total * e, total * e, total * e)
+        return TensorMap(role, e, (per_group, p.groups, 1, 1, None), strides, box, image_elems=P)
+
+    return rows(Role.DY, p.Mg, p.M), rows(Role.X, p.Cg, p.C)
+
+
 def tma_maps(p, nb: int, hb: int) -> tuple[TensorMap, TensorMap]:
     """``wgwtma``'s tensor maps: dy as [N][Ho][Wo][groups][M/g] and x as
     [N][H][W][groups][C/g], each with a box of 64 maps or channels by a band's pixels;
@@ -459,7 +481,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         if prune and p.bias
         else 0
     )
-    nb, hb, bands = bands_of(p) if tma else (0, 0, 0)
+    flat = tma and flat_pixels(p)
+    nb, hb, bands = bands_of(p) if tma and not flat else (0, 0, 0)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
     ring = v.stages * (a_stage + b_stage)
     warpgroups = bm // BLOCK
@@ -548,7 +571,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     else:
         main = slice_kernel(name, threads, grid, smem)
     if tma:
-        rows = nb * hb * p.Wo  # a band's pixels: the boxes' rows
+        rows = CHUNK if flat else nb * hb * p.Wo  # a unit's pixels: the boxes' rows
         ksteps = ceil_div(rows, 16)
         ctx.update(
             nb=nb,
@@ -560,8 +583,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             tail_rows=16 * ksteps - rows,
             bars_at=bars_at,
             stage_bytes=(bm + bn) * rows * 2,
+            flat=flat,
         )
-        main = replace(main, maps=tma_maps(p, nb, hb))
+        main = replace(main, maps=flat_maps(p) if flat else tma_maps(p, nb, hb))
     sizes = (
         gemm,
         Size(
