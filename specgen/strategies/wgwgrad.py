@@ -14,8 +14,12 @@ every warp copying, one barrier a chunk, ``stages - 1`` chunks in flight.
 
 The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
 block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
-the rows in order, so the result is deterministic.  db rides along on the blocks of the
-first column tile: dy times a shared tile of ones on an m64n8k16 wgmma.
+the rows in order, so the result is deterministic; one slice's block stores dw itself.
+db rides along on the blocks of the first column tile: dy times a shared tile of ones on
+an m64n8k16 wgmma.  On small maps, where most taps see padding for many pixels (a 3x3
+window's corner taps one pixel of a 2x2 map), a tap's block walks only the rectangle of
+pixels whose input lies in the image (``tap_rects``): resnet18's wgrads at 32x32 images
+(B=128, H200) took 0.0073-0.0105 ms where they had 0.0119-0.0170.
 
 ``wgwtma`` is the same product fed by the tensor memory accelerator: a producer warp's
 one thread issues, a chunk, a box of dy per 64 maps and a box of x per 64 channels
@@ -26,7 +30,10 @@ order, x's box moved by the tap and stepping by the stride (the copy unit's trav
 stride), and the copy unit zero-fills the padding and what lies past the batch.  The
 rows of the last k step past the band are zeroed once in every stage.  It needs output
 rows of at most 64 pixels; the copies of ``wgwgrad`` issue some 200 instructions a
-chunk a warp, which its consumers do not.
+chunk a warp, which its consumers do not.  A 1x1 unpadded stride-1 layer reads x at dy's
+own pixel, so its chunk is 64 consecutive pixels of the batch instead (``flat_pixels``),
+none past a band: resnet50's such wgrads of 7x7-28x28 maps (B=32, H200) took
+0.0142-0.0203 ms where they had 0.0160-0.0244.
 
 ``wgwdsm`` is ``wgwtma`` whose slices (1, 2, 4 or 8) are the blocks of one thread block
 cluster along z: each block leaves its fp32 sums (and db's) in its shared memory, adds
