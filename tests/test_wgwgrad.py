@@ -373,7 +373,7 @@ def test_wgwtma_boxes_sum_to_the_weight_gradient(spec, name):
     images = 3 if c["flat"] else 2 * c["nb"] - 1 if c["nb"] > 1 else 2
     src = render(plan)
     h = "h0" if p.stride[0] == 1 else f"h0 * {p.stride[0]}"
-    tail = ", 0, 0, u);" if c["flat"] else f", ts, {h} + tr, n0);"
+    tail = ", 0, 0, p0);" if c["flat"] else f", ts, {h} + tr, n0);"
     assert "m0 + 64 * k, " in src and "c0 + 64 * k, " in src and tail in src
     rng = np.random.default_rng()
     x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros

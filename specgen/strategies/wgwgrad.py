@@ -218,13 +218,22 @@ def tap_rects(p) -> list[tuple[int, int, int, int]]:
     return [(oh, nh, ow, nw) if nh and nw else (0, 0, 0, 0) for oh, nh in rows for ow, nw in cols]
 
 
+def kept_pixels(rects) -> int:
+    """The pixels of an image that the taps' rectangles hold, over all taps."""
+    return sum(nh * nw for _, nh, _, nw in rects)
+
+
+def full_tap(p, rects) -> int | None:
+    """The first tap that sees every output pixel inside the image (db's sums ride on
+    its block), or None."""
+    return next((t for t, (_, nh, _, nw) in enumerate(rects) if nh * nw == p.Ho * p.Wo), None)
+
+
 def pruned(p, rects) -> bool:
     """Whether ``wgwgrad`` walks each tap's own pixels: they are at most ``PRUNE_KEPT`` of
-    all taps', and where db rides along, one tap sees every pixel (its block sums db)."""
-    whole = p.Ho * p.Wo
-    kept = sum(nh * nw for _, nh, _, nw in rects)
-    full = any(nh * nw == whole for _, nh, _, nw in rects)
-    return kept <= PRUNE_KEPT * p.R * p.S * whole and (full or not p.bias)
+    all taps', and where db rides along, one tap sees every pixel."""
+    small = kept_pixels(rects) <= PRUNE_KEPT * p.R * p.S * p.Ho * p.Wo
+    return small and (full_tap(p, rects) is not None or not p.bias)
 
 
 def flat_pixels(p) -> bool:
@@ -483,11 +492,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     direct = dsm or v.splits == 1
     rects = tap_rects(p)
     prune = not tma and pruned(p, rects)
-    db_tap = (
-        next(t for t, (_, nh, _, nw) in enumerate(rects) if nh * nw == p.Ho * p.Wo)
-        if prune and p.bias
-        else 0
-    )
+    db_tap = full_tap(p, rects) if prune and p.bias else 0  # whose first column tile sums db
     flat = tma and flat_pixels(p)
     nb, hb, bands = bands_of(p) if tma and not flat else (0, 0, 0)
     a_stage, b_stage = CHUNK * bm * 2, CHUNK * bn * 2
@@ -548,6 +553,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         map_tiles=map_tiles,
         precision_note=ROUNDING[v.precision].replace("x and w", "x and dy"),
         tma=tma,
+        # the template's store: the blocks of a cluster adding a tile's slices (wgwdsm),
+        # 1 where one block stores its tile, 0 where the slices go through the workspace
         cluster=v.splits if dsm else int(direct),
         # wgwdsm: the tile's channels a block of the cluster stores, and where db's
         # partial sums lie (after the tile's)
@@ -613,11 +620,10 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         scratch,
     )
     if prune:
-        kept = sum(nh * nw for _, nh, _, nw in rects)
         sizes += (
             Size(
                 "taps' pixels",
-                f"{kept} of {p.R * p.S} x {P} an image",
+                f"{kept_pixels(rects)} of {p.R * p.S} x {P} an image",
                 "a tap's block walks only the output pixels whose input pixel lies in the "
                 "image (a rectangle a tap), the rest being zero padding",
             ),
