@@ -134,17 +134,23 @@ def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list
 def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tuple]:
     """``searched`` narrowed to one strategy, asked for by name: its searches (the same
     problems, maths and layouts) where the strategy computes the op in a math it has,
-    each over the whole of its space (no floor, no pick kept), the strategy's key a
-    fifth member.  A search whose problem the strategy cannot serve lists no items."""
+    each over the whole of its space (no floor), the strategy's key a fifth member.
+    With ``gpu`` named, the kernel the operator runs there now is kept beside the space
+    where it is of that math (``_search``'s keep, the planner's pick left out), so the
+    winner is one that ran faster than it in the same run: a winner shipped on its
+    tune's time beside an older tune's (resnet18's layer3.0.conv1 wgrad at 32x32,
+    0.0098 ms against 0.0099) had run 0.0102 ms against that kernel's 0.0066 in the
+    model's layer table.  A search whose problem the strategy cannot serve lists no
+    items."""
     out = []
-    for p, precision, *_ in searched(problems, gpu, arch):
+    for p, precision, _, keep in searched(problems, gpu, arch):
         if precision not in strategy.precisions:
             continue
         try:
             strategy.problem_for(p)
         except SpecError:
             continue  # another op
-        out.append((p, precision, 0, (), strategy.key))
+        out.append((p, precision, 0, keep[1:], strategy.key))
     return list(dict.fromkeys(out))
 
 

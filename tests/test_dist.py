@@ -689,6 +689,27 @@ def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(
     assert render(timed_plan(fprop, v)) == render(make_plan(fprop, v))
 
 
+def test_a_strategy_search_keeps_the_kernel_the_operator_runs_now_beside_its_space():
+    """--strategy with the GPU named: each search keeps this GPU's shipped winner of
+    another strategy beside the strategy's space (its winner must beat that kernel in
+    the same run), and the work items time it; without the GPU (the compile phase), the
+    space alone."""
+    from specgen.choose import choose
+    from specgen.strategies import Wgwgrad
+
+    spec = "C=128,M=256,H=4,W=4,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad"
+    p = replace(parse_shape(spec), batch=128)
+    shipped = choose(p, "NVIDIA H200", False, "sm_90").variant
+    assert shipped.key != "wgwgrad"  # resnet18-32's layer3.0.conv1: wgwdsm ships
+    (search,) = dist.searched([p], "NVIDIA H200", "sm_90", Wgwgrad)
+    ((*_, bare, _),) = dist.searched([p], "", "sm_90", Wgwgrad)
+    _, _, floor, keep, key = search
+    assert keep == (shipped,) and bare == () and floor == 0 and key == "wgwgrad"
+    names = {it.variant for it in dist.work_items([search], 4)}
+    assert shipped.name in names and len(names - {shipped.name}) == 3
+    assert all(n.startswith("wgwgrad_") for n in names - {shipped.name})
+
+
 def test_a_search_keeps_the_kernel_the_operator_runs_now_beside_the_pick():
     """With the GPU named, each search keeps this GPU's shipped winner beside the
     planner's pick (sampled spaces then time the kernel a winner replaces); without it
