@@ -199,11 +199,20 @@ def shape_context(shape: ConvProblem) -> dict:
 
 
 def band_walk_plan(
-    shape: ConvProblem, v, template: str, threads: int, bands: int, smem: int, sizes, context
+    shape: ConvProblem,
+    v,
+    template: str,
+    threads: int,
+    bands: int,
+    smem: int,
+    sizes,
+    context,
+    weight_format: str = "f32",
 ) -> Plan:
     """The plan of a persistent kernel whose blocks walk (image, band) items, ``bands``
     of them an image: one launch of ``threads``, as many blocks as the device holds, x,
-    fp32 w, the epilogue's arguments and the batch, ``smem`` dynamic shared bytes."""
+    w (packed as ``weight_format``), the epilogue's arguments and the batch, ``smem``
+    dynamic shared bytes."""
     launch = Launch(
         v.kernel_name(shape),
         (Role.X, Role.W, *y_args(shape), Role.BATCH),
@@ -223,7 +232,7 @@ def band_walk_plan(
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
-        weight_format="f32",
+        weight_format=weight_format,
         sizes=tuple(sizes),
         context=context,
     )

@@ -30,16 +30,14 @@ from ..errors import SpecError
 from ..plan.common import (
     MAX_REGISTERS,
     REGISTER_FILE,
-    Launch,
     Plan,
     Size,
+    band_walk_plan,
     ceil_div,
     shape_context,
     smem_blocks,
-    y_args,
 )
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
-from ..tensors import Role
 from ..variants import EPILOGUE, Count, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import STAGE_LIMIT
@@ -319,26 +317,6 @@ def plan_mmafew(p: ConvProblem, v: Mmafew) -> Plan:
             f"patch {ph} x {pw} pixels x {cp} channels, rows of {ctx['p_pitch']} B",
         ),
     )
-    launch = Launch(
-        v.kernel_name(p),
-        (Role.X, Role.W, *y_args(p), Role.BATCH),
-        (threads, 1, 1),
-        (0, 1, 1),
-        0,
-        per_image,
-        1,
-        smem,
-        persistent=True,
-    )
-    return Plan(
-        shape=p,
-        variant=v,
-        template="gemm/mmafew.cu.j2",
-        launches=(launch,),
-        static_smem=0,
-        dynamic_smem=smem,
-        const_bytes=0,
-        weight_format="mrsc." + p.dtype.value,
-        sizes=sizes,
-        context=ctx,
+    return band_walk_plan(
+        p, v, "gemm/mmafew.cu.j2", threads, per_image, smem, sizes, ctx, "mrsc." + p.dtype.value
     )
