@@ -40,14 +40,13 @@ from ..plan.common import (
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..variants import EPILOGUE, Count, Precision, Variant, param
 from .mma import ROUNDING
-from .tcgemm import STAGE_LIMIT
+from .tcgemm import MATH, STAGE_LIMIT
 
 # A pixel's channels are padded to at most this many: past it the layer is wgmma's.
 MAX_CHANNELS = 8
 # fp32 sums a thread holds (p m16 tiles x M/8 n8 tiles x 4); more spill.
 MAX_SUMS = 96
 MAX_WARPS = 16
-MATH = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +133,12 @@ def check_few(p: ConvProblem, v: Variant) -> None:
             f"{key} reads channels-last tensors (a pixel's channels side by side): use "
             "layout=nhwc in the shape spec"
         )
-    want = MATH.get(p.dtype)
-    if want is None:
+    if p.dtype is DType.FP32:
         raise SpecError(
             f"{key} multiplies 16-bit tensors on tensor cores, not {p.dtype.value}: use "
             "dtype=bf16 or fp16 in the shape spec"
         )
+    want = MATH[p.dtype]
     if v.precision is not want:
         raise SpecError(
             f"{key} multiplies {p.dtype.value} tensors in {want.value}: take --precision "

@@ -97,24 +97,15 @@ class Wfew(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        out = []
         whole = ceil_div(problem.Wo, 16) * 16
-        for cols in dict.fromkeys(c for c in (whole, 64, 32, 16) if c <= min(whole, 128)):
-            for rows in (1, 2, 4, 8):
-                if rows * cols > 256:
-                    continue
-                for mapsplit in (1, 2, 4):
-                    for splits in (132, TARGET_BLOCKS, 396):
-                        out.append(
-                            cls(
-                                rows=rows,
-                                cols=cols,
-                                mapsplit=mapsplit,
-                                splits=splits,
-                                precision=precision,
-                            )
-                        )
-        return out
+        widths = dict.fromkeys(c for c in (whole, 64, 32, 16) if c <= min(whole, 128))
+        return [
+            cls(rows=rows, cols=cols, mapsplit=mapsplit, splits=splits, precision=precision)
+            for cols, rows, mapsplit, splits in product(
+                widths, (1, 2, 4, 8), (1, 2, 4), (132, TARGET_BLOCKS, 396)
+            )
+            if rows * cols <= 256
+        ]
 
 
 def plan_wfew(p: ConvProblem, v: Wfew) -> Plan:
