@@ -293,6 +293,13 @@ def assert_space_compiles_without_spills(p, cls) -> None:
         assert binary.spills == 0, (plan.name, binary.resources)
 
 
+# The stems of few input channels (mmafew's and wfew's): resnet's 7x7/2 at 224x224 and at
+# 32x32, vgg's 3x3 with a bias; bf16, channels-last, the forward pass
+STEM = "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"
+STEM32 = STEM.replace("H=224,W=224", "H=32,W=32")
+VGG_STEM = "C=3,M=64,H=224,W=224,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc"
+
+
 @st.composite
 def few_channel_problems(draw, cls, op="fprop"):
     """Problems the few-channel strategies (mmafew, wfew) serve: 1-8 channels, maps a

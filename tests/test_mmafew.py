@@ -10,6 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    STEM,
+    STEM32,
+    VGG_STEM,
     DRAWN_COMPILES,
     assert_space_compiles_without_spills,
     few_channel_problems,
@@ -27,18 +30,11 @@ from specgen.render import render
 from specgen.shapes import parse_shape
 from specgen.strategies import Mmafew, default_set
 from specgen.strategies.mmafew import channels_padded
+from specgen.strategies.tcgemm import MATH
 from specgen.variants import Precision
 
-STEM = "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"  # resnet's
-STEM32 = STEM.replace("H=224,W=224", "H=32,W=32")
-VGG = "C=3,M=64,H=224,W=224,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc"
 
-
-def own(p):
-    return Precision(p.dtype.value)
-
-
-@pytest.mark.parametrize("spec", [STEM, STEM32, VGG])
+@pytest.mark.parametrize("spec", [STEM, STEM32, VGG_STEM])
 def test_stems_compile_without_spills_on_ldmatrix_and_mma(spec):
     """A fragment is one ldmatrix of a pixel's run, the sums bf16 m16n8k16, the weights
     read from global memory once a block (not once a tile)."""
@@ -70,7 +66,7 @@ def test_the_stem_pads_three_channels_to_four_and_a_row_of_taps_to_two_steps():
     "spec,cp",
     [
         (STEM, 4),
-        (VGG, 8),
+        (VGG_STEM, 8),
         (STEM.replace("C=3", "C=5"), 8),
         (STEM.replace("stride=2", "stride=2x3"), 8),
     ],
@@ -121,7 +117,7 @@ def test_every_planned_variant_of_the_tune_space_compiles_without_spills(spec):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=few_channel_problems(Mmafew))
 def test_drawn_defaults_compile_without_spills(p):
-    plan = make_plan(p, Mmafew.default(p, own(p)))
+    plan = make_plan(p, Mmafew.default(p, MATH[p.dtype]))
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     assert binary.spills == 0, (p.spec, plan.name, binary.resources)
 
@@ -178,11 +174,11 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: tiles
     past the image's last row and column, runs past the window, padded channels, the
     window's zeros on every side, and blocks that walk several tiles."""
-    verify_on_the_gpu(p, default_and_drawn(p, Mmafew, own(p), pick), batch)
+    verify_on_the_gpu(p, default_and_drawn(p, Mmafew, MATH[p.dtype], pick), batch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec,batch", [(STEM, 32), (STEM32, 128), (VGG, 8)])
+@pytest.mark.parametrize("spec,batch", [(STEM, 32), (STEM32, 128), (VGG_STEM, 8)])
 def test_stems_at_their_batch_on_the_gpu(spec, batch):
     p = parse_shape(spec)
     verify_on_the_gpu(p, [v for v in default_set(p) if v.key == "mmafew"], batch)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import problems
 from problems import (
     DRAWN_COMPILES,
     assert_space_compiles_without_spills,
@@ -27,15 +28,10 @@ from specgen.render import render
 from specgen.shapes import parse_shape
 from specgen.strategies import Wfew, default_set
 from specgen.strategies.mmafew import channels_padded
+from specgen.strategies.tcgemm import MATH
 from specgen.variants import Precision
 
-STEM = "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc,op=wgrad"  # resnet's
-STEM32 = STEM.replace("H=224,W=224", "H=32,W=32")
-VGG = "C=3,M=64,H=224,W=224,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
-
-
-def own(p):
-    return Precision(p.dtype.value)
+STEM, STEM32, VGG = (s + ",op=wgrad" for s in (problems.STEM, problems.STEM32, problems.VGG_STEM))
 
 
 @pytest.mark.parametrize("spec", [STEM, STEM32, VGG])
@@ -105,7 +101,7 @@ def test_every_planned_variant_of_the_tune_space_compiles_without_spills(spec):
 @settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(p=few_channel_problems(Wfew, "wgrad"))
 def test_drawn_defaults_compile_without_spills(p):
-    plan = make_plan(p, Wfew.default(p, own(p)))
+    plan = make_plan(p, Wfew.default(p, MATH[p.dtype]))
     binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
     assert binary.spills == 0, (p.spec, plan.name, binary.resources)
 
@@ -161,7 +157,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: tiles
     past the image's last row and column, runs past the window, padded channels, the
     window's zeros on every side, blocks with several tiles and blocks with none, db."""
-    verify_on_the_gpu(p, default_and_drawn(p, Wfew, own(p), pick), batch)
+    verify_on_the_gpu(p, default_and_drawn(p, Wfew, MATH[p.dtype], pick), batch)
 
 
 @pytest.mark.gpu
