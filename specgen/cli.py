@@ -1121,7 +1121,14 @@ SHOWN = 10  # the refused or failed items a many-problem tune names at its end
     is_flag=True,
     help="the first training step in fresh processes too: cuDNN, specgen cold and warm",
 )
-def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, first_step):
+@click.option(
+    "--batchnorm/--no-batchnorm",
+    default=True,
+    help="specgen's run converts batch norm to specgen's kernels too (convert's default)",
+)
+def model(
+    name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, first_step, batchnorm
+):
     """Run the torchvision model NAME (resnet50, vgg11, mobilenet_v2, ...) on specgen
     beside cuDNN: accuracy against float64, the training step, and a per-layer table
     (torchvision: the model extra).  --plan lists the problems and picks without a GPU."""
@@ -1163,6 +1170,7 @@ def model(name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, 
             click.echo,
             lambda t: click.echo(t, err=True),
             first_step,
+            batchnorm,
         )
     except SpecError as e:
         fail(str(e))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 
 import numpy as np
@@ -415,6 +416,56 @@ def cast_source(dtype: str, a: str, b: str) -> tuple[str, str]:
         b=b,
         words=words,
         ptx={"bf16": "bf16", "fp16": "f16"}[dtype],
+    )
+    return name, text
+
+
+# specgen's batch norm (``templates/torch/batchnorm.cu.j2``): a block is lanes of one
+# 16-byte copy of channels each, by rows of pixels, THREADS at most.
+BN_THREADS = 256
+BN_LANES = 32  # the most lanes a block spans: a tile of 32 copies of channels
+
+
+def batchnorm_shape(dtype: str, C: int) -> tuple[int, int, int]:
+    """The batch norm kernels' block over ``C`` channels of ``dtype``: (values a copy,
+    lanes, rows).  The lanes are the most copies up to ``BN_LANES`` that divide the
+    channels' copies, so the tiles cover ``C`` exactly; SpecError where a copy does
+    not divide ``C``."""
+    V = 4 if dtype == "fp32" else 8
+    if C % V:
+        raise SpecError(f"batch norm over {C} channels of {dtype}: not a multiple of {V}")
+    L = max(d for d in range(1, BN_LANES + 1) if (C // V) % d == 0)
+    return V, L, BN_THREADS // L
+
+
+def batchnorm_source(
+    dtype: str, C: int, eps: float, affine: bool, running: bool
+) -> tuple[str, str]:
+    """The batch norm kernels' common name and CUDA source over ``C`` channels of
+    ``dtype``: ``eps`` baked in, with or without affine terms and running statistics
+    (their momentum an argument: PyTorch's cumulative average changes it a step)."""
+    from .render import render_template
+
+    V, L, R = batchnorm_shape(dtype, C)
+    consts = f"{float(eps)!r}/{affine}/{running}".encode()
+    name = f"bn_{dtype}_c{C}_{hashlib.sha1(consts).hexdigest()[:8]}"
+    text = render_template(
+        "torch/batchnorm.cu.j2",
+        name=name,
+        dtype=dtype,
+        C=C,
+        V=V,
+        L=L,
+        R=R,
+        CT=L * V,
+        GY=C // (L * V),
+        threads=BN_THREADS,
+        width=4 if dtype == "fp32" else 2,
+        word={"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype],
+        ptx={"bf16": "bf16", "fp16": "f16"}.get(dtype),
+        eps=repr(float(eps)),
+        affine=affine,
+        running=running,
     )
     return name, text
 

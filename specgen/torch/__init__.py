@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
+from ._batchnorm import BatchNorm2d, batch_norm
 from ._args import transposed as _transposed
 from ._engine import autotune, autotuning
 
@@ -45,6 +46,8 @@ __all__ = [
     "Conv1d",
     "conv_transpose2d",
     "ConvTranspose2d",
+    "batch_norm",
+    "BatchNorm2d",
     "convert",
     "warmup",
     "autotune",
@@ -313,6 +316,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     from_torch = classmethod(Conv2d.from_torch.__func__)
 
 
+BatchNorm2d.from_torch = classmethod(Conv2d.from_torch.__func__)
+
 SPECGEN = {  # PyTorch's module -> ours
     torch.nn.Conv2d: Conv2d,
     torch.nn.Conv1d: Conv1d,
@@ -320,25 +325,27 @@ SPECGEN = {  # PyTorch's module -> ours
 }
 
 
-def convert(model: torch.nn.Module) -> torch.nn.Module:
+def convert(model: torch.nn.Module, batchnorm: bool = True) -> torch.nn.Module:
     """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
-    model itself too) replaced in place by specgen's, sharing its parameters; returns
-    the model.  Its first call on CUDA tensors compiles the kernels of every
-    convolution it will meet at once, a process a core, before running (as ``warmup``
-    does): one after another, as the layers meet them, they take minutes on a deep
-    model."""
-    converted = _convert(model)
+    model itself too) replaced in place by specgen's, sharing its parameters, and with
+    ``batchnorm`` every ``torch.nn.BatchNorm2d`` too (its training-mode calls on
+    channels_last tensors on specgen's kernels, ``BatchNorm2d``); returns the model.
+    Its first call on CUDA tensors compiles the kernels of every convolution it will
+    meet at once, a process a core, before running (as ``warmup`` does): one after
+    another, as the layers meet them, they take minutes on a deep model."""
+    table = {**SPECGEN, torch.nn.BatchNorm2d: BatchNorm2d} if batchnorm else SPECGEN
+    converted = _convert(model, table)
     if converted is model and not hasattr(model, AHEAD):  # a container, not one layer
         setattr(model, AHEAD, model.register_forward_pre_hook(_compile_ahead))
     return converted
 
 
-def _convert(model: torch.nn.Module) -> torch.nn.Module:
-    ours = SPECGEN.get(type(model))
+def _convert(model: torch.nn.Module, table: dict) -> torch.nn.Module:
+    ours = table.get(type(model))
     if ours is not None:
         return ours.from_torch(model)
     for name, child in model.named_children():
-        setattr(model, name, _convert(child))
+        setattr(model, name, _convert(child, table))
     return model
 
 

@@ -746,7 +746,18 @@ def _load(index: int, name: str, text: str) -> int:
 _loaded: dict[tuple, int] = {}  # (device, function name) -> the function
 
 
-def _compile_and_load(index: int, name: str, text: str) -> int:
+def load_functions(index: int, name: str, text: str, names: tuple) -> tuple:
+    """The functions ``names`` of CUDA source ``text`` (``name`` its first), compiled
+    once and loaded on device ``index`` once."""
+    found = tuple(_loaded.get((index, n)) for n in names)
+    if None in found:
+        found = _compile_and_load(index, name, text, names)
+        _loaded.update({(index, n): f for n, f in zip(names, found)})
+    return found
+
+
+def _compile_and_load(index: int, name: str, text: str, names: tuple = ()):
+    """The function ``name`` of ``text`` (or, ``names`` given, those functions)."""
     import cupy
 
     from ..compile import compile_source
@@ -755,7 +766,9 @@ def _compile_and_load(index: int, name: str, text: str) -> int:
         binary = compile_source(text, name, device_arch())
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
-        _modules.append(module)  # the function lives as long as its module
+        _modules.append(module)  # the functions live as long as their module
+        if names:
+            return tuple(module.get_function(n).ptr for n in names)
         return module.get_function(name).ptr
 
 

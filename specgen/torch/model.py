@@ -21,6 +21,7 @@ Three steps, each its own function so that scripts can call them:
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import statistics
 
@@ -282,7 +283,7 @@ def _random_layers() -> tuple[type, ...]:
     return (torch.nn.modules.dropout._DropoutNd, StochasticDepth)
 
 
-def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
+def accuracy(base, batch: int, image: int, mode: Mode, convert) -> dict:
     """The output's and the conv weight gradients' relative errors (norm of the
     difference over the norm of float64's; for the gradients the worst layer) of
     cuDNN's and specgen's run of ``base`` in ``mode``, both against float64 on cuDNN
@@ -296,7 +297,7 @@ def accuracy(base, batch: int, image: int, mode: Mode, sg) -> dict:
     for who in ("cuDNN", "specgen"):
         m = _no_dropout(_prepare(copy.deepcopy(base), mode))
         if who == "specgen":
-            m = sg.convert(m)
+            m = convert(m)
         out = _forward_backward(m, x, t, mode, seed=0)
         grads = _conv_grads(m)
         if not torch.isfinite(out).all() or any(not torch.isfinite(g).all() for g in grads):
@@ -317,7 +318,7 @@ def _target(model, batch: int, image: int) -> tuple | None:
     return (out.shape[1], *out.shape[2:])
 
 
-def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int) -> dict:
+def step_ms(base, batch: int, image: int, mode: Mode, convert, graph: bool, reps: int) -> dict:
     """The training step's median ms on cuDNN (``cudnn.benchmark`` on) and on specgen,
     eager and, where ``graph``, captured as one CUDA graph and replayed."""
     x, t = _inputs(batch, image, mode, _target(base, batch, image), seed=1)
@@ -325,7 +326,7 @@ def step_ms(base, batch: int, image: int, mode: Mode, sg, graph: bool, reps: int
     for who in ("cuDNN", "specgen"):
         m = _prepare(copy.deepcopy(base), mode)
         if who == "specgen":
-            m = sg.convert(m)
+            m = convert(m)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
         step = training_step(m, opt, x, t, mode)
         found[(who, "eager")] = median_ms(step, reps=reps, warmup=3)
@@ -469,10 +470,12 @@ def run(
     echo,
     progress,
     first_too: bool = False,
+    batchnorm: bool = True,
 ) -> None:
     """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
     training step and (``layers_too``) the per-layer table, printed through ``echo``;
-    what it is doing through ``progress``."""
+    what it is doing through ``progress``.  The model is converted with batch norm on
+    specgen's kernels too where ``batchnorm`` (``specgen.torch.convert``'s)."""
     import specgen.torch as sg
 
     from ._engine import arch_of, gpu_name
@@ -481,7 +484,11 @@ def run(
     base = build(name)
     layers = layers_of(base, name, batch, image)
     gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
-    echo(f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}")
+    echo(
+        f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}; "
+        f"batch norm on {'specgen' if batchnorm else 'PyTorch'}'s kernels in specgen's run"
+    )
+    convert = functools.partial(sg.convert, batchnorm=batchnorm)
     summary = []
     for mode in modes:
         torch.backends.cudnn.allow_tf32 = mode.tf32
@@ -492,9 +499,9 @@ def run(
         picks = [r.pick for r in rows if r.pick]
         precompile(picks, arch, os.cpu_count() or 1, f"[{mode.name}] compiling {len(picks)}")
         progress(f"[{mode.name}] accuracy against float64")
-        err = accuracy(base, batch, image, mode, sg)
+        err = accuracy(base, batch, image, mode, convert)
         progress(f"[{mode.name}] training step, cuDNN and specgen")
-        t = step_ms(base, batch, image, mode, sg, graph, reps)
+        t = step_ms(base, batch, image, mode, convert, graph, reps)
         summary.append((mode, err, t))
         if layers_too:
             progress(f"[{mode.name}] {len(rows)} layer ops timed alone")

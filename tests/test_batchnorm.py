@@ -1,0 +1,174 @@
+"""GPU tier: batch norm in training mode on specgen's kernels (``specgen.torch.batch_norm``,
+``BatchNorm2d``).  Skipped without PyTorch or without a GPU.
+
+Every check compares with PyTorch's batch norm and autograd on float64 copies of the same
+values, on fresh random inputs far from zero (the sums are taken of x minus its first
+pixel), with y, dx and the statistics' and gradients' vectors poisoned with NaN before
+the launch, so that an unwritten element fails."""
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.gpu
+
+from specgen.torch import _batchnorm as B  # noqa: E402  (after the skip: it imports torch)
+import specgen.torch as sg  # noqa: E402
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# a stored value's rounding: half an ulp of the output's dtype
+UNIT = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+# fp32 sums over the batch: the error of a sum of n terms is at most about its depth
+# (the rows a thread adds, the block's rows, the blocks' partial sums) times the unit
+# times the sum of the terms' magnitudes; 2**-15 bounds that for the sizes drawn here
+SUMS = 2.0**-15
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """Every tensor the kernels write starts as NaN."""
+    real_empty, real_like = B.empty, B.empty_like
+    monkeypatch.setattr(B, "empty", lambda n, like: real_empty(n, like).fill_(float("nan")))
+    monkeypatch.setattr(B, "empty_like", lambda x: real_like(x).fill_(float("nan")))
+
+
+def inputs(N, C, H, W, dtype, seed):
+    """x far from zero (a channel's mean up to 8 of its spreads) in channels_last, and
+    a gradient dy."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kind = dict(device="cuda", generator=g)
+    mean = 8 * torch.randn(1, C, 1, 1, **kind)
+    spread = 0.1 + torch.rand(1, C, 1, 1, **kind)
+    x = (mean + spread * torch.randn(N, C, H, W, **kind)).to(DT[dtype])
+    dy = torch.randn(N, C, H, W, **kind).to(DT[dtype])
+    cl = torch.channels_last
+    return x.contiguous(memory_format=cl), dy.contiguous(memory_format=cl)
+
+
+def close(got, want, bound, what):
+    got = got.double()
+    assert torch.isfinite(got).all(), f"{what}: NaN or Inf (an element left unwritten?)"
+    err = (got - want).abs()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"{what}: error {err.max().item():.3g} past its bound by {worst:.3g}"
+
+
+def check(N, C, H, W, dtype, affine, running, momentum, seed):
+    x, dy = inputs(N, C, H, W, dtype, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    w = (1 + 0.5 * torch.randn(C, device="cuda", generator=g)) if affine else None
+    b = torch.randn(C, device="cuda", generator=g) if affine else None
+    rm = torch.randn(C, device="cuda", generator=g) if running else None
+    rv = (0.5 + torch.rand(C, device="cuda", generator=g)) if running else None
+    copies = [t.double().clone() if t is not None else None for t in (x, w, b, rm, rv)]
+    x64, w64, b64, rm64, rv64 = copies
+    for t in (x, w, b, x64, w64, b64):
+        if t is not None:
+            t.requires_grad_(True)
+    assert B.served(x, w, b, rm, rv, True)
+    y = sg.batch_norm(x, rm, rv, w, b, True, momentum, 1e-5)
+    y64 = F.batch_norm(x64, rm64, rv64, w64, b64, True, momentum, 1e-5)
+    assert y.dtype is x.dtype and y.stride() == x.stride()
+    close(y, y64.detach(), UNIT[dtype] * y64.detach().abs() + 2e-5 * (1 + y64.detach().abs()), "y")
+    if running:
+        close(rm, rm64, 1e-5 * (rm64.abs() + rv64.sqrt()), "running_mean")
+        close(rv, rv64, 1e-5 * rv64.abs() + 1e-6, "running_var")
+    y.backward(dy)
+    y64.backward(dy.double())
+    dx64 = x64.grad
+    close(x.grad, dx64, UNIT[dtype] * dx64.abs() + 1e-4 * dx64.abs().max(), "dx")
+    if affine:
+        var, mean = torch.var_mean(x64.detach(), (0, 2, 3), correction=0, keepdim=True)
+        xhat = (x64.detach() - mean) / (var + 1e-5).sqrt()
+        terms = (dy.double() * xhat).abs().sum((0, 2, 3)) + dy.double().abs().sum((0, 2, 3))
+        close(w.grad, w64.grad, SUMS * terms, "dgamma")
+        close(b.grad, b64.grad, SUMS * terms, "dbeta")
+
+
+SIZES = [  # (N, C, H, W): resnet50's widths and a stem's, lanes that are not 32, one pixel
+    (32, 64, 28, 28),
+    (8, 2048, 7, 7),
+    (4, 96, 9, 11),
+    (3, 144, 5, 5),
+    (64, 24, 1, 1),
+    (2, 8, 1, 3),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: "x".join(map(str, s)))
+def test_batch_norm_matches_float64(size, dtype):
+    check(*size, dtype, affine=True, running=True, momentum=0.1, seed=hash(size) % 1000)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    N=st.integers(1, 9),
+    lanes=st.integers(1, 80),
+    H=st.integers(1, 13),
+    W=st.integers(1, 13),
+    dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
+    affine=st.booleans(),
+    running=st.booleans(),
+    momentum=st.sampled_from([0.1, 0.01, 0.5]),
+    seed=st.integers(0, 10**6),
+)
+def test_drawn_batch_norms_match_float64(N, lanes, H, W, dtype, affine, running, momentum, seed):
+    C = lanes * (4 if dtype == "fp32" else 8)
+    if N * H * W < 2:
+        N = 2
+    check(N, C, H, W, dtype, affine, running, momentum, seed)
+
+
+def test_the_module_runs_our_kernels_in_training_and_pytorchs_elsewhere():
+    """BatchNorm2d in training mode updates num_batches_tracked and the running stats as
+    PyTorch's does, on the cumulative average too (momentum None); in eval mode and on
+    NCHW tensors it is PyTorch's batch norm, bit for bit."""
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm2d(64, momentum=None).cuda()
+    ours = sg.convert(torch.nn.Sequential(torch.nn.BatchNorm2d(64, momentum=None).cuda()))[0]
+    assert type(ours) is sg.BatchNorm2d
+    for step in range(3):
+        x = (3 + torch.randn(8, 64, 6, 6, device="cuda")).contiguous(
+            memory_format=torch.channels_last
+        )
+        want = ref(x).double()
+        close(ours(x), want, 1e-5 * (1 + want.abs()), f"y, step {step}")
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 3
+    close(ours.running_mean, ref.running_mean.double(), 1e-5, "running_mean")
+    close(ours.running_var, ref.running_var.double(), 1e-5, "running_var")
+    x = torch.randn(4, 64, 5, 5, device="cuda")  # NCHW: PyTorch's
+    assert not B.served(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, True)
+    ref.load_state_dict(ours.state_dict())  # eval reads the running stats: the same ones
+    ours.eval(), ref.eval()
+    xl = x.contiguous(memory_format=torch.channels_last)
+    assert torch.equal(ours(xl), ref(xl)) and torch.equal(ours(x), ref(x))
+
+
+def test_a_captured_step_replays_with_new_inputs():
+    """Forward and backward captured as a CUDA graph: each replay computes from the
+    values in its inputs then."""
+    layer = sg.BatchNorm2d(128).cuda()
+    x = torch.randn(16, 128, 7, 7, device="cuda").contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    for _ in range(2):  # kernels compiled and loaded before the capture
+        layer(x).square().sum().backward()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x)
+        y.square().sum().backward()
+    for seed in (1, 2):
+        with torch.no_grad():
+            x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)) * 2 + 1)
+        graph.replay()
+        w, b = layer.weight.double(), layer.bias.double()
+        want = F.batch_norm(x.detach().double(), None, None, w, b, True)
+        close(y, want, 1e-5 * (1 + want.abs()), f"replay {seed}")

@@ -1,0 +1,78 @@
+"""Batch norm's kernels (``templates/torch/batchnorm.cu.j2``) without a GPU: they compile
+for sm_90 without spills, their blocks tile the channels exactly, and the module that
+``convert`` puts in place of PyTorch's is PyTorch's batch norm wherever the kernels do
+not run (here: CPU tensors), state and all."""
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from specgen.compile import compile_source
+from specgen.errors import SpecError
+from specgen.runtime import BN_THREADS, batchnorm_shape, batchnorm_source
+
+KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
+
+
+@settings(
+    max_examples=8, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+)
+@given(
+    copies=st.integers(1, 300),
+    dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
+    affine=st.booleans(),
+    running=st.booleans(),
+    eps=st.sampled_from([1e-5, 1e-3, 0.0]),
+)
+def test_every_kernel_compiles_without_spills(copies, dtype, affine, running, eps):
+    V = 4 if dtype == "fp32" else 8
+    name, text = batchnorm_source(dtype, copies * V, eps, affine, running)
+    binary = compile_source(text, f"{name}_stats", "sm_90", cache=False)
+    assert set(binary.resources) == {f"{name}_{k}" for k in KERNELS}
+    for kernel, r in binary.resources.items():
+        assert r.spills == 0 and r.stack == 0, f"{kernel}: {r}"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_a_block_tiles_the_channels_exactly(dtype):
+    V = 4 if dtype == "fp32" else 8
+    for C in range(V, 64 * V + 1, V):
+        v, lanes, rows = batchnorm_shape(dtype, C)
+        assert v == V and (C // V) % lanes == 0 and 1 <= lanes <= 32
+        assert lanes * rows <= BN_THREADS and lanes * (rows + 1) > BN_THREADS
+    with pytest.raises(SpecError, match="multiple of"):
+        batchnorm_shape(dtype, V + 2)
+
+
+def test_the_source_bakes_the_channels_and_eps_and_names_them():
+    a = batchnorm_source("bf16", 256, 1e-5, True, True)
+    b = batchnorm_source("bf16", 256, 1e-3, True, True)
+    assert a[0] != b[0] and a[0].startswith("bn_bf16_c256_")
+    assert "#define C 256" in a[1] and "1e-05f" in a[1] and "0.001f" in b[1]
+    assert "running_mean[c] =" in a[1]
+    assert "running_mean[c] =" not in batchnorm_source("bf16", 256, 1e-5, True, False)[1]
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_convert_swaps_batch_norm_and_keeps_pytorchs_values_on_the_cpu():
+    import specgen.torch as sg
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8, momentum=None)
+    )
+    ours = sg.convert(copy.deepcopy(base))
+    assert type(ours[1]) is sg.BatchNorm2d and type(ours[2]) is sg.BatchNorm2d
+    assert type(sg.convert(copy.deepcopy(base), batchnorm=False)[1]) is torch.nn.BatchNorm2d
+    assert ours.state_dict().keys() == base.state_dict().keys()
+    for _ in range(2):
+        x = torch.randn(2, 3, 9, 9)
+        assert torch.equal(ours(x), base(x))
+    for a, b in zip(ours.state_dict().values(), base.state_dict().values()):
+        assert torch.equal(a, b)
+    ours.eval(), base.eval()
+    assert torch.equal(ours(x), base(x))
