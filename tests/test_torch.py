@@ -1231,7 +1231,7 @@ def test_a_converted_torchvision_model_trains_as_close_to_float64_as_cudnn_in_bf
     pytest.importorskip("torchvision")
     from specgen.torch import model as m
 
-    found = m.accuracy(m.build(name), 8, 112, m.MODES["bf16"], sg)
+    found = m.accuracy(m.build(name), 8, 112, m.MODES["bf16"], sg.convert)
     (y_cudnn, dw_cudnn), (y_ours, dw_ours) = found["cuDNN"], found["specgen"]
     assert y_ours == y_ours and dw_ours == dw_ours, f"{name}: a non-finite output or gradient"
     assert y_ours <= 2 * y_cudnn and dw_ours <= 2 * dw_cudnn, found
