@@ -439,33 +439,42 @@ def batchnorm_shape(dtype: str, C: int) -> tuple[int, int, int]:
 
 
 def batchnorm_source(
-    dtype: str, C: int, eps: float, affine: bool, running: bool
+    dtype: str, C: int, eps: float, affine: bool, running: bool, HW: int | None = None
 ) -> tuple[str, str]:
     """The batch norm kernels' common name and CUDA source over ``C`` channels of
-    ``dtype``: ``eps`` baked in, with or without affine terms and running statistics
-    (their momentum an argument: PyTorch's cumulative average changes it a step)."""
+    ``dtype``, channels_last, or (``HW`` given) NCHW with planes of ``HW`` pixels:
+    ``eps`` baked in, with or without affine terms and running statistics (their
+    momentum an argument: PyTorch's cumulative average changes it a step)."""
     from .render import render_template
 
-    V, L, R = batchnorm_shape(dtype, C)
     consts = f"{float(eps)!r}/{affine}/{running}".encode()
-    name = f"bn_{dtype}_c{C}_{hashlib.sha1(consts).hexdigest()[:8]}"
+    tag = hashlib.sha1(consts).hexdigest()[:8]
+    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype]
+    common = dict(
+        dtype=dtype,
+        C=C,
+        threads=BN_THREADS,
+        word=word,
+        ptx={"bf16": "bf16", "fp16": "f16"}.get(dtype),
+        eps=repr(float(eps)),
+        affine=affine,
+        running=running,
+    )
+    if HW is not None:
+        name = f"bn_{dtype}_c{C}_hw{HW}_{tag}"
+        return name, render_template("torch/batchnorm_nchw.cu.j2", name=name, HW=HW, **common)
+    V, L, R = batchnorm_shape(dtype, C)
+    name = f"bn_{dtype}_c{C}_{tag}"
     text = render_template(
         "torch/batchnorm.cu.j2",
         name=name,
-        dtype=dtype,
-        C=C,
         V=V,
         L=L,
         R=R,
         CT=L * V,
         GY=C // (L * V),
-        threads=BN_THREADS,
         width=4 if dtype == "fp32" else 2,
-        word={"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype],
-        ptx={"bf16": "bf16", "fp16": "f16"}.get(dtype),
-        eps=repr(float(eps)),
-        affine=affine,
-        running=running,
+        **common,
     )
     return name, text
 

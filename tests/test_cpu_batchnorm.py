@@ -35,6 +35,24 @@ def test_every_kernel_compiles_without_spills(copies, dtype, affine, running, ep
         assert r.spills == 0 and r.stack == 0, f"{kernel}: {r}"
 
 
+@settings(
+    max_examples=6, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+)
+@given(
+    C=st.integers(1, 3000),
+    HW=st.sampled_from([1, 7, 49, 196, 3136, 12544]),
+    dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
+    affine=st.booleans(),
+)
+def test_every_nchw_kernel_compiles_without_spills(C, HW, dtype, affine):
+    name, text = batchnorm_source(dtype, C, 1e-5, affine, True, HW)
+    assert name.startswith(f"bn_{dtype}_c{C}_hw{HW}_") and f"#define HW {HW}" in text
+    binary = compile_source(text, f"{name}_stats", "sm_90", cache=False)
+    assert set(binary.resources) == {f"{name}_{k}" for k in KERNELS}
+    for kernel, r in binary.resources.items():
+        assert r.spills == 0 and r.stack == 0, f"{kernel}: {r}"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_a_block_tiles_the_channels_exactly(dtype):
     V = 4 if dtype == "fp32" else 8

@@ -329,7 +329,7 @@ def convert(model: torch.nn.Module, batchnorm: bool = True) -> torch.nn.Module:
     """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
     model itself too) replaced in place by specgen's, sharing its parameters, and with
     ``batchnorm`` every ``torch.nn.BatchNorm2d`` too (its training-mode calls on
-    channels_last tensors on specgen's kernels, ``BatchNorm2d``); returns the model.
+    specgen's kernels, ``BatchNorm2d``); returns the model.
     Its first call on CUDA tensors compiles the kernels of every convolution it will
     meet at once, a process a core, before running (as ``warmup`` does): one after
     another, as the layers meet them, they take minutes on a deep model."""

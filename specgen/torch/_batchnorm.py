@@ -1,19 +1,17 @@
-"""Batch norm in training mode on specgen's own kernels (``templates/torch/batchnorm.cu.j2``):
-``torch.nn.functional.batch_norm``'s values and running statistics, for the channels_last
-tensors of the operator's tensor-core convolutions.
+"""Batch norm in training mode on specgen's own kernels (``templates/torch/batchnorm.cu.j2``
+for channels_last tensors, ``batchnorm_nchw.cu.j2`` for contiguous ones):
+``torch.nn.functional.batch_norm``'s values and running statistics.
 
 The convolutions of a converted network leave most of its training step to batch norm:
-PyTorch's channels_last kernels took 3.8 of the 9.1 ms of resnet50's bf16 step (B=32,
+PyTorch's channels_last kernels took 3.8 of the 9.0 ms of resnet50's bf16 step (B=32,
 224x224, nvidia-h200, ``docs/measurements/prof-resnet50-bf16-kinds-2026-11-29-h200-80ed2a4.log``),
-its statistics pass 1.4 ms for 0.7 GB read.  Here the forward is three launches (sums
-a block, the statistics, y) and the backward three (sums a block, the terms, dx), each
-pass one read of its tensors at full width.
+its statistics pass 1.4 ms for 0.7 GB read; cuDNN's NCHW kernels 5.5 of 17 ms of the
+tf32 step.  Here the forward is three launches (sums a block, the statistics, y) and
+the backward three (sums a block, the terms, dx), each pass one read of its tensors.
 
-What they do not serve runs on PyTorch's own batch norm: eval mode, tensors that are not
-dense channels_last (NCHW; the kernels read a pixel's channels as one row), CPU or
-float64 tensors, parameters or statistics that are not float32, channels not a multiple
-of a 16-byte copy, fewer than two values a channel (PyTorch raises), torch.compile's
-tracing.
+What they do not serve runs on PyTorch's own batch norm: eval mode, tensors dense in
+neither memory format, CPU or float64 tensors, parameters or statistics that are not
+float32, fewer than two values a channel (PyTorch raises), torch.compile's tracing.
 """
 
 from __future__ import annotations
@@ -23,8 +21,9 @@ import struct
 import torch
 import torch.nn.functional as F
 
-from ..runtime import _Step, batchnorm_shape, batchnorm_source
+from ..runtime import BN_THREADS, _driver_launch, _Step, batchnorm_shape, batchnorm_source
 from . import _engine
+from ._engine import raw_stream
 
 STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
@@ -35,70 +34,85 @@ SUM_BLOCKS, WRITE_BLOCKS = 4, 8
 
 def served(x, weight, bias, running_mean, running_var, training: bool) -> bool:
     """Whether specgen's kernels take this call of ``F.batch_norm``."""
+    return _layout(x, weight, bias, running_mean, running_var, training) is not None
+
+
+def _layout(x, weight, bias, running_mean, running_var, training: bool) -> str | None:
+    """ "nhwc" or "nchw", the layout the kernels read x in, or None where they do not
+    serve the call: channels_last where x is dense in it and a 16-byte copy divides the
+    channels, else NCHW where x is contiguous."""
     if not training or not x.is_cuda or x.dim() != 4 or x.dtype not in STORED:
-        return False
+        return None
     if torch.compiler.is_compiling():
-        return False
+        return None
     N, C, H, W = x.shape
-    if N * H * W < 2 or not x.is_contiguous(memory_format=torch.channels_last):
-        return False
-    if C % (4 if x.dtype is torch.float32 else 8) or x.data_ptr() % 16:
-        return False
+    if N * H * W < 2 or C > MAX_CHANNELS:
+        return None
     for t in (weight, bias, running_mean, running_var):
         if t is not None and (t.dtype is not torch.float32 or t.device != x.device):
-            return False
+            return None
         if t is not None and (t.shape != (C,) or not t.is_contiguous()):
-            return False
-    return (weight is None) == (bias is None) and (running_mean is None) == (running_var is None)
+            return None
+    if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
+        return None
+    copy = 4 if x.dtype is torch.float32 else 8
+    if x.is_contiguous(memory_format=torch.channels_last) and not C % copy:
+        if not x.data_ptr() % 16:
+            return "nhwc"
+    if x.is_contiguous():
+        return "nchw"
+    return None
+
+
+MAX_CHANNELS = 65535  # the NCHW kernels' grid y
 
 
 class Kernels:
-    """The six launches of one problem (device, dtype, channels, pixels, eps, affine,
-    running statistics), their arguments bound but the tensors'."""
+    """The six launches of one problem (device, layout, dtype, channels, pixels, eps,
+    affine, running statistics), their arguments bound but the tensors'."""
 
-    def __init__(self, index: int, dtype: str, C: int, P: int, eps: float, affine, running):
-        name, text = batchnorm_source(dtype, C, eps, affine, running)
-        funcs = _engine.load_functions(
-            index, f"{name}_stats", text, [f"{name}_{k}" for k in KERNELS]
-        )
-        V, L, R = batchnorm_shape(dtype, C)
-        tiles = C // (L * V)
+    def __init__(self, index: int, layout: str, x_size, dtype: str, eps: float, affine, running):
+        N, C, H, W = x_size
+        P = N * H * W  # the values a channel
+        nchw = layout == "nchw"
+        name, text = batchnorm_source(dtype, C, eps, affine, running, H * W if nchw else None)
+        names = [f"{name}_{k}" for k in KERNELS]
+        s, f, a, r, df, da = _engine.load_functions(index, names[0], text, names)
         sms = torch.cuda.get_device_properties(index).multi_processor_count
-        rows = -(-P // R)  # the block rows that cover the pixels
-        self.GX = min(rows, max(1, sms * SUM_BLOCKS // tiles))
-        gxa = min(rows, max(1, sms * WRITE_BLOCKS // tiles))
-        block, cols = (L, R, 1), (32, 32, 1)
-        grid, agrid, fgrid = (self.GX, tiles, 1), (gxa, tiles, 1), (-(-C // 32), 1, 1)
-        s, f, a, r, df, da = funcs
+        if nchw:  # a block a channel's run of values: at least four a thread
+            block, tiles, rows = (BN_THREADS, 1, 1), C, -(-P // (4 * BN_THREADS))
+        else:  # a block a tile of channels by rows of pixels
+            V, L, R = batchnorm_shape(dtype, C)
+            block, tiles, rows = (L, R, 1), C // (L * V), -(-P // R)
+        self.GX = min(rows, max(1, -(-sms * SUM_BLOCKS // tiles)))
+        gxa = min(rows, max(1, -(-sms * WRITE_BLOCKS // tiles)))
+        grid, agrid, cols = (self.GX, tiles, 1), (gxa, tiles, 1), ((C + 31) // 32, 1, 1)
         T = "t"  # a tensor's address, given at each launch
         self.stats = _Step(s, grid, block, 0, [(T, 0), (T, 0), (None, P)])
-        self.finalize = _Step(
-            f, fgrid, cols, 0, [(T, 0)] * 8 + [(None, P), (None, self.GX), (T, 0)]
-        )
+        tail = [(None, P), (None, self.GX)]
+        self.finalize = _Step(f, cols, (32, 32, 1), 0, [(T, 0)] * 8 + tail + [(T, 0)])
         self.apply = _Step(a, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (None, P)])
         self.reduce = _Step(r, grid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
-        self.dfinalize = _Step(df, fgrid, cols, 0, [(T, 0)] * 6 + [(None, P), (None, self.GX)])
+        self.dfinalize = _Step(df, cols, (32, 32, 1), 0, [(T, 0)] * 6 + tail)
         self.dapply = _Step(da, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
         self.index, self.C = index, C
+        # one fp32 allocation a pass: the forward's blocks' sums, then the saved
+        # statistics and y's terms; the backward's sums, dx's terms, dgamma and dbeta
+        self.part = 2 * C * self.GX
 
 
 _kernels: dict[tuple, Kernels] = {}
 
 
-def kernels(x, eps: float, affine: bool, running: bool) -> Kernels:
-    N, C, H, W = x.shape
-    index = x.device.index
-    key = (index, x.dtype, C, N * H * W, float(eps), affine, running)
+def kernels(x, layout: str, eps: float, affine: bool, running: bool) -> Kernels:
+    key = (x.device.index, layout, x.dtype, x.shape, float(eps), affine, running)
     k = _kernels.get(key)
     if k is None:
         if len(_kernels) >= _engine.LAYERS_KEPT:
             _kernels.clear()
-        k = _kernels[key] = Kernels(index, STORED[x.dtype], C, N * H * W, eps, affine, running)
+        index, dtype = x.device.index, STORED[x.dtype]
+        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, eps, affine, running)
     return k
-
-
-def _at(t) -> int:
-    return 0 if t is None else t.data_ptr()
 
 
 def _bits(f: float) -> int:
@@ -107,7 +121,8 @@ def _bits(f: float) -> int:
 
 
 def empty(size: int, like: torch.Tensor) -> torch.Tensor:
-    """An fp32 vector of the statistics or the gradients' terms (the tests poison it)."""
+    """fp32 scratch: the blocks' sums, the statistics, the terms, dgamma and dbeta (the
+    tests poison it)."""
     return torch.empty(size, dtype=torch.float32, device=like.device)
 
 
@@ -116,52 +131,64 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def _launch(index: int, *calls) -> None:
+    """(step, addresses) launched in order on device ``index``'s current stream."""
+    stream, launch = raw_stream(index), _driver_launch()
+    with _engine._step_lock:  # the slots are shared
+        for step, addresses in calls:
+            for (i, _, _), at in zip(step.fill, addresses):
+                step.slots[i] = at
+            _engine.on_device(index, launch, *step.head, stream, step.params_at, 0)
+
+
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm over the batch's statistics: y, the running statistics updated in
     place; dx, dgamma and dbeta in the backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
-        k = kernels(x, eps, weight is not None, running_mean is not None)
-        C = k.C
-        part = empty(2 * C * k.GX, x)
-        saved, terms = empty(2 * C, x), empty(2 * C, x)
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, layout):
+        k = kernels(x, layout, eps, weight is not None, running_mean is not None)
+        C, F4 = k.C, 4  # bytes an fp32
+        scratch = empty(k.part + 4 * C, x)
+        part = scratch.data_ptr()
+        saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
         y = empty_like(x)
-        i = k.index
-        _engine.launch_step(k.stats, i, x.data_ptr(), part.data_ptr())
-        args = (part, x, weight, bias, running_mean, running_var, saved, terms)
-        _engine.launch_step(k.finalize, i, *map(_at, args), _bits(momentum))
-        _engine.launch_step(k.apply, i, x.data_ptr(), terms.data_ptr(), y.data_ptr())
-        ctx.save_for_backward(x, weight, saved)
+        at = [0 if t is None else t.data_ptr() for t in (weight, bias, running_mean, running_var)]
+        _launch(
+            k.index,
+            (k.stats, (x.data_ptr(), part)),
+            (k.finalize, (part, x.data_ptr(), *at, saved, terms, _bits(momentum))),
+            (k.apply, (x.data_ptr(), terms, y.data_ptr())),
+        )
+        ctx.save_for_backward(x, weight, scratch)
         ctx.kernels = k
-        ctx.mark_non_differentiable(saved)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight, saved = ctx.saved_tensors
+        x, weight, scratch = ctx.saved_tensors
         k = ctx.kernels
-        dy = dy.contiguous(memory_format=torch.channels_last)
-        if dy.data_ptr() % 16 or dy.stride() != x.stride():
+        if dy.stride() != x.stride() or dy.data_ptr() % 16:
             dy = torch.empty_like(x).copy_(dy)
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
-        C, i = k.C, k.index
-        part, terms = empty(2 * C * k.GX, x), empty(3 * C, x)
-        dw = empty(C, x) if want_w else None
-        db = empty(C, x) if want_b else None
-        _engine.launch_step(
-            k.reduce, i, dy.data_ptr(), x.data_ptr(), saved.data_ptr(), part.data_ptr()
-        )
-        args = (part, weight, saved, dw, db, terms)
-        _engine.launch_step(k.dfinalize, i, *map(_at, args))
-        dx = None
+        C, F4 = k.C, 4
+        saved = scratch.data_ptr() + F4 * k.part
+        grads = empty(k.part + 5 * C, x)
+        part = grads.data_ptr()
+        terms = part + F4 * k.part
+        dw = grads[k.part + 3 * C : k.part + 4 * C] if want_w else None
+        db = grads[k.part + 4 * C :] if want_b else None
+        at = [0 if t is None else t.data_ptr() for t in (weight, dw, db)]
+        calls = [
+            (k.reduce, (dy.data_ptr(), x.data_ptr(), saved, part)),
+            (k.dfinalize, (part, at[0], saved, at[1], at[2], terms)),
+        ]
+        dx = empty_like(x) if want_x else None
         if want_x:
-            dx = empty_like(x)
-            _engine.launch_step(
-                k.dapply, i, dy.data_ptr(), x.data_ptr(), terms.data_ptr(), dx.data_ptr()
-            )
-        return dx, dw, db, None, None, None, None
+            calls.append((k.dapply, (dy.data_ptr(), x.data_ptr(), terms, dx.data_ptr())))
+        _launch(k.index, *calls)
+        return dx, dw, db, None, None, None, None, None
 
 
 def batch_norm(
@@ -169,9 +196,11 @@ def batch_norm(
 ):
     """``torch.nn.functional.batch_norm`` on specgen's kernels where they serve it
     (``served``), else PyTorch's."""
-    if not served(x, weight, bias, running_mean, running_var, training):
+    layout = _layout(x, weight, bias, running_mean, running_var, training)
+    if layout is None:
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    return BatchNormFunction.apply(x, weight, bias, running_mean, running_var, float(momentum), eps)
+    args = (x, weight, bias, running_mean, running_var, float(momentum), eps, layout)
+    return BatchNormFunction.apply(*args)
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):
