@@ -73,10 +73,8 @@ def test_the_source_bakes_the_channels_and_eps_and_names_them():
     assert "running_mean[c] =" not in batchnorm_source("bf16", 256, 1e-5, True, False)[1]
 
 
-torch = pytest.importorskip("torch")
-
-
 def test_convert_swaps_batch_norm_and_keeps_pytorchs_values_on_the_cpu():
+    torch = pytest.importorskip("torch")
     import specgen.torch as sg
 
     torch.manual_seed(0)
