@@ -97,7 +97,8 @@ class Kernels:
         self.dapply = _Step(da, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
         self.index, self.C = index, C
         # one fp32 allocation a pass: the forward's blocks' sums, then the saved
-        # statistics and y's terms; the backward's sums, dx's terms, dgamma and dbeta
+        # statistics (mean, 1/std) and y's terms (a, b, mean); the backward's sums, dx's
+        # terms (a, k, b, mean), dgamma and dbeta
         self.part = 2 * C * self.GX
 
 
@@ -149,7 +150,7 @@ class BatchNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, layout):
         k = kernels(x, layout, eps, weight is not None, running_mean is not None)
         C, F4 = k.C, 4  # bytes an fp32
-        scratch = empty(k.part + 4 * C, x)
+        scratch = empty(k.part + 5 * C, x)
         part = scratch.data_ptr()
         saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
         y = empty_like(x)
@@ -174,11 +175,11 @@ class BatchNormFunction(torch.autograd.Function):
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         C, F4 = k.C, 4
         saved = scratch.data_ptr() + F4 * k.part
-        grads = empty(k.part + 5 * C, x)
+        grads = empty(k.part + 6 * C, x)
         part = grads.data_ptr()
         terms = part + F4 * k.part
-        dw = grads[k.part + 3 * C : k.part + 4 * C] if want_w else None
-        db = grads[k.part + 4 * C :] if want_b else None
+        dw = grads[k.part + 4 * C : k.part + 5 * C] if want_w else None
+        db = grads[k.part + 5 * C :] if want_b else None
         at = [0 if t is None else t.data_ptr() for t in (weight, dw, db)]
         calls = [
             (k.reduce, (dy.data_ptr(), x.data_ptr(), saved, part)),
