@@ -7,7 +7,7 @@
 #           kn2row, mmafew, tc3wgrad, mmarows, wgnchw, wgplanar) and the depthwise ones (dwlane, wlane)
 #   PART=3  test_gpu.py: drawn problems and the networks
 #   PART=4  test_gpu.py: the long reductions and streamed batches
-#   PART=op the PyTorch operator's tests (tests/test_torch.py)
+#   PART=op the PyTorch operator's tests (tests/test_torch.py, tests/test_batchnorm.py)
 #   PART=verify  specgen verify --all-shapes --op all --all (every preset's default sets)
 #   PART="1 2 3 4"  several parts at once on the one GPU, WORKERS (default 16) split among them
 #   (none)  all of the above but verify in one run
@@ -52,8 +52,8 @@ case "${PART:-all}" in
   2) FILES="$TC" ;;
   3) FILES="tests/test_gpu.py"; K="random or network" ;;
   4) FILES="tests/test_gpu.py"; K="default_batch or batch_128 or streamed" ;;
-  op) FILES="tests/test_torch.py" ;;
-  *) FILES="tests/test_gpu.py $TC tests/test_torch.py" ;;
+  op) FILES="tests/test_torch.py tests/test_batchnorm.py" ;;
+  *) FILES="tests/test_gpu.py $TC tests/test_torch.py tests/test_batchnorm.py" ;;
 esac
 LOG="$OUT/gpu-tier${PART:+-$PART}.log"
 XDIST=""
