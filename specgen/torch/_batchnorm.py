@@ -27,7 +27,7 @@ from ._engine import raw_stream
 
 STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
-# Blocks an SM: of the passes that sum (each thread's four copies of 16 bytes in flight)
+# Blocks an SM: of the passes that sum (four loads in flight a thread)
 # and of the passes that write.
 SUM_BLOCKS, WRITE_BLOCKS = 4, 8
 
