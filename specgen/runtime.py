@@ -361,19 +361,23 @@ class _Step:
                 self.fill.append((i, role, value))
 
 
+# The C type a stored dtype's values travel in, and its name in PTX's cvt.
+WORDS = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}
+PTX = {"bf16": "bf16", "fp16": "f16"}
+
+
 def gather_source(source: str, target: str) -> tuple[str, str]:
     """The gather kernel's name and CUDA source from dtype ``source`` to ``target``."""
     from .render import render_template
 
-    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}
     name = f"gather_{source}_{target}"
     text = render_template(
         "torch/gather.cu.j2",
         name=name,
         source=source,
         target=target,
-        word_in=word[source],
-        word_out=word[target],
+        word_in=WORDS[source],
+        word_out=WORDS[target],
     )
     return name, text
 
@@ -382,9 +386,8 @@ def transpose_source(dtype: str) -> tuple[str, str]:
     """The operator's layout transpose for tensors of ``dtype``: its name and source."""
     from .render import render_template
 
-    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype]
     name = f"transpose_{dtype}"
-    return name, render_template("torch/transpose.cu.j2", name=name, word=word)
+    return name, render_template("torch/transpose.cu.j2", name=name, word=WORDS[dtype])
 
 
 _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once imported
@@ -407,7 +410,7 @@ def cast_source(dtype: str, a: str, b: str) -> tuple[str, str]:
     from .render import render_template
 
     name = f"cast_{dtype}_{a}_{b}"
-    words = {"fp32": "float", dtype: "unsigned short"}
+    words = {"fp32": "float", dtype: WORDS[dtype]}
     text = render_template(
         "torch/cast.cu.j2",
         name=name,
@@ -415,7 +418,7 @@ def cast_source(dtype: str, a: str, b: str) -> tuple[str, str]:
         a=a,
         b=b,
         words=words,
-        ptx={"bf16": "bf16", "fp16": "f16"}[dtype],
+        ptx=PTX[dtype],
     )
     return name, text
 
@@ -449,13 +452,12 @@ def batchnorm_source(
 
     consts = f"{float(eps)!r}/{affine}/{running}".encode()
     tag = hashlib.sha1(consts).hexdigest()[:8]
-    word = {"fp32": "float", "bf16": "unsigned short", "fp16": "unsigned short"}[dtype]
     common = dict(
         dtype=dtype,
         C=C,
         threads=BN_THREADS,
-        word=word,
-        ptx={"bf16": "bf16", "fp16": "f16"}.get(dtype),
+        word=WORDS[dtype],
+        ptx=PTX.get(dtype),
         eps=repr(float(eps)),
         affine=affine,
         running=running,
