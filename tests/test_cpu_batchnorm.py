@@ -92,3 +92,24 @@ def test_convert_swaps_batch_norm_and_keeps_pytorchs_values_on_the_cpu():
         assert torch.equal(a, b)
     ours.eval(), base.eval()
     assert torch.equal(ours(x), base(x))
+
+
+def test_launch_steps_fill_each_steps_slots_and_launch_them_in_order(monkeypatch):
+    """The operator's shared launch path (batch norm's three launches a pass, and every
+    single ``launch_step``), with the driver's launch replaced by a recorder."""
+    pytest.importorskip("torch")
+    from specgen.runtime import _Step
+    from specgen.torch import _engine as E
+
+    launched = []
+    monkeypatch.setattr(E, "raw_stream", lambda index: 1000 + index)
+    monkeypatch.setattr(E, "_driver_launch", lambda: lambda *a: launched.append(a))
+    monkeypatch.setattr(E, "on_device", lambda index, fn, *args: fn(*args))
+    a = _Step(11, (2, 1, 1), (256, 1, 1), 0, [("t", 0), (None, 7), ("t", 0)])
+    b = _Step(22, (3, 4, 1), (32, 8, 1), 0, [("t", 0)])
+    E.launch_steps(3, (a, (0xA0, 0xA8)), (b, (0xB0,)))
+    assert [c[0] for c in launched] == [11, 22]
+    assert launched[0][1:7] == (2, 1, 1, 256, 1, 1) and launched[1][8] == 1003
+    assert list(a.slots) == [0xA0, 7, 0xA8] and list(b.slots) == [0xB0]
+    E.launch_step(b, 0, 0xC0)
+    assert launched[-1][0] == 22 and launched[-1][8] == 1000 and list(b.slots) == [0xC0]

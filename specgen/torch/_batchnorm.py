@@ -21,9 +21,8 @@ import struct
 import torch
 import torch.nn.functional as F
 
-from ..runtime import BN_THREADS, _driver_launch, _Step, batchnorm_shape, batchnorm_source
+from ..runtime import BN_THREADS, _Step, batchnorm_shape, batchnorm_source
 from . import _engine
-from ._engine import raw_stream
 
 STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
@@ -132,16 +131,6 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _launch(index: int, *calls) -> None:
-    """(step, addresses) launched in order on device ``index``'s current stream."""
-    stream, launch = raw_stream(index), _driver_launch()
-    with _engine._step_lock:  # the slots are shared
-        for step, addresses in calls:
-            for (i, _, _), at in zip(step.fill, addresses):
-                step.slots[i] = at
-            _engine.on_device(index, launch, *step.head, stream, step.params_at, 0)
-
-
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm over the batch's statistics: y, the running statistics updated in
     place; dx, dgamma and dbeta in the backward."""
@@ -155,7 +144,7 @@ class BatchNormFunction(torch.autograd.Function):
         saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
         y = empty_like(x)
         at = [0 if t is None else t.data_ptr() for t in (weight, bias, running_mean, running_var)]
-        _launch(
+        _engine.launch_steps(
             k.index,
             (k.stats, (x.data_ptr(), part)),
             (k.finalize, (part, x.data_ptr(), *at, saved, terms, _bits(momentum))),
@@ -188,7 +177,7 @@ class BatchNormFunction(torch.autograd.Function):
         dx = empty_like(x) if want_x else None
         if want_x:
             calls.append((k.dapply, (dy.data_ptr(), x.data_ptr(), terms, dx.data_ptr())))
-        _launch(k.index, *calls)
+        _engine.launch_steps(k.index, *calls)
         return dx, dw, db, None, None, None, None, None
 
 

@@ -220,10 +220,18 @@ _step_lock = threading.Lock()
 def launch_step(step: _Step, index: int, *addresses: int) -> None:
     """``step`` launched on device ``index``'s current stream at these addresses (in
     the order of its binding's roles)."""
+    launch_steps(index, (step, addresses))
+
+
+def launch_steps(index: int, *calls) -> None:
+    """Each (step, addresses) of ``calls`` launched in order on device ``index``'s
+    current stream, under one hold of the slots' lock."""
+    stream, launch = raw_stream(index), _driver_launch()
     with _step_lock:  # the slots are shared
-        for (i, _, _), at in zip(step.fill, addresses):
-            step.slots[i] = at
-        on_device(index, _driver_launch(), *step.head, raw_stream(index), step.params_at, 0)
+        for step, addresses in calls:
+            for (i, _, _), at in zip(step.fill, addresses):
+                step.slots[i] = at
+            on_device(index, launch, *step.head, stream, step.params_at, 0)
 
 
 _strides: dict[tuple, tuple] = {}  # (size, layout) -> its strides in that memory format
