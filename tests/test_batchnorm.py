@@ -71,7 +71,7 @@ def check(N, C, H, W, dtype, affine, running, momentum, seed, layout="nhwc"):
     for t in (x, w, b, x64, w64, b64):
         if t is not None:
             t.requires_grad_(True)
-    assert B._layout(x, w, b, rm, rv, True) == layout or H * W == 1
+    assert B.kernel_layout(x, w, b, rm, rv, True) == layout or H * W == 1
     y = sg.batch_norm(x, rm, rv, w, b, True, momentum, 1e-5)
     y64 = F.batch_norm(x64, rm64, rv64, w64, b64, True, momentum, 1e-5)
     assert y.dtype is x.dtype and y.stride() == x.stride()
@@ -155,7 +155,10 @@ def test_the_module_runs_our_kernels_in_training_and_pytorchs_elsewhere():
     close(ours.running_mean, ref.running_mean.double(), 1e-5, "running_mean")
     close(ours.running_var, ref.running_var.double(), 1e-5, "running_var")
     x = torch.randn(4, 64, 5, 5, device="cuda")[:, :, 1:]  # dense in neither format
-    assert not B.served(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, True)
+    assert (
+        B.kernel_layout(x, ours.weight, ours.bias, ours.running_mean, ours.running_var, True)
+        is None
+    )
     ref.load_state_dict(ours.state_dict())  # eval reads the running stats: the same ones
     ours.eval(), ref.eval()
     xl = x.contiguous(memory_format=torch.channels_last)

@@ -31,12 +31,7 @@ KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
 SUM_BLOCKS, WRITE_BLOCKS = 4, 8
 
 
-def served(x, weight, bias, running_mean, running_var, training: bool) -> bool:
-    """Whether specgen's kernels take this call of ``F.batch_norm``."""
-    return _layout(x, weight, bias, running_mean, running_var, training) is not None
-
-
-def _layout(x, weight, bias, running_mean, running_var, training: bool) -> str | None:
+def kernel_layout(x, weight, bias, running_mean, running_var, training: bool) -> str | None:
     """ "nhwc" or "nchw", the layout the kernels read x in, or None where they do not
     serve the call: channels_last where x is dense in it and a 16-byte copy divides the
     channels, else NCHW where x is contiguous."""
@@ -185,8 +180,8 @@ def batch_norm(
     x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5
 ):
     """``torch.nn.functional.batch_norm`` on specgen's kernels where they serve it
-    (``served``), else PyTorch's."""
-    layout = _layout(x, weight, bias, running_mean, running_var, training)
+    (``kernel_layout``), else PyTorch's."""
+    layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is None:
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     args = (x, weight, bias, running_mean, running_var, float(momentum), eps, layout)
