@@ -186,3 +186,25 @@ def test_a_captured_step_replays_with_new_inputs():
         w, b = layer.weight.double(), layer.bias.double()
         want = F.batch_norm(x.detach().double(), None, None, w, b, True)
         close(y, want, 1e-5 * (1 + want.abs()), f"replay {seed}")
+
+
+@pytest.mark.parametrize(
+    "fmt", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"]
+)
+def test_a_gradient_of_a_gradient_matches_float64(fmt):
+    """A backward with create_graph (a gradient penalty) gives gradients that autograd
+    differentiates again: dx's square summed, differentiated in x and the weights."""
+    x, dy = inputs(4, 32, 5, 5, "fp32", seed=7, fmt=fmt)
+    layer = sg.BatchNorm2d(32).cuda()
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+    x64, w64 = x.double().requires_grad_(True), layer.weight.detach().double().requires_grad_(True)
+    y64 = F.batch_norm(x64, None, None, w64, None, True)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double(), create_graph=True)
+    want = torch.autograd.grad(dx64.square().sum(), [x64, w64])
+    x.requires_grad_(True)
+    (dx,) = torch.autograd.grad(layer(x), x, dy, create_graph=True)
+    assert dx.grad_fn is not None, "dx is not differentiable"
+    got = torch.autograd.grad(dx.square().sum(), [x, layer.weight])
+    for g, w, what in zip(got, want, ("x", "weight")):
+        close(g, w, 1e-4 * w.abs().max().item(), f"d(penalty)/d{what}")

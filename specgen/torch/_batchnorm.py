@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..runtime import BN_THREADS, _Step, batchnorm_shape, batchnorm_source
 from . import _engine
+from ._ops import _apply_of
 
 STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
@@ -42,8 +43,9 @@ def kernel_layout(x, weight, bias, running_mean, running_var, training: bool) ->
     N, C, H, W = x.shape
     if N * H * W < 2 or C > MAX_CHANNELS:
         return None
+    device = x.get_device()
     for t in (weight, bias, running_mean, running_var):
-        if t is not None and (t.dtype is not torch.float32 or t.device != x.device):
+        if t is not None and (t.dtype is not torch.float32 or t.get_device() != device):
             return None
         if t is not None and (t.shape != (C,) or not t.is_contiguous()):
             return None
@@ -89,7 +91,7 @@ class Kernels:
         self.reduce = _Step(r, grid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
         self.dfinalize = _Step(df, cols, (32, 32, 1), 0, [(T, 0)] * 6 + tail)
         self.dapply = _Step(da, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
-        self.index, self.C = index, C
+        self.index, self.C, self.eps = index, C, eps
         # one fp32 allocation a pass: the forward's blocks' sums, then the saved
         # statistics (mean, 1/std) and y's terms (a, b, mean); the backward's sums, dx's
         # terms (a, k, b, mean), dgamma and dbeta
@@ -100,13 +102,13 @@ _kernels: dict[tuple, Kernels] = {}
 
 
 def kernels(x, layout: str, eps: float, affine: bool, running: bool) -> Kernels:
-    key = (x.device.index, layout, x.dtype, x.shape, float(eps), affine, running)
+    key = (x.get_device(), layout, x.dtype, x.shape, eps, affine, running)
     k = _kernels.get(key)
     if k is None:
         if len(_kernels) >= _engine.LAYERS_KEPT:
             _kernels.clear()
-        index, dtype = x.device.index, STORED[x.dtype]
-        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, eps, affine, running)
+        index, dtype = x.get_device(), STORED[x.dtype]
+        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, float(eps), affine, running)
     return k
 
 
@@ -128,52 +130,77 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
 
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm over the batch's statistics: y, the running statistics updated in
-    place; dx, dgamma and dbeta in the backward."""
+    place; dx, dgamma and dbeta in the backward.  The last argument is the call's
+    ``Kernels`` and momentum (``call``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, layout):
-        k = kernels(x, layout, eps, weight is not None, running_mean is not None)
+    def forward(ctx, x, weight, bias, running_mean, running_var, call):
+        k, momentum = call
         C, F4 = k.C, 4  # bytes an fp32
         scratch = empty(k.part + 5 * C, x)
         part = scratch.data_ptr()
         saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
         y = empty_like(x)
         at = [0 if t is None else t.data_ptr() for t in (weight, bias, running_mean, running_var)]
+        xa = x.data_ptr()
         _engine.launch_steps(
             k.index,
-            (k.stats, (x.data_ptr(), part)),
-            (k.finalize, (part, x.data_ptr(), *at, saved, terms, _bits(momentum))),
-            (k.apply, (x.data_ptr(), terms, y.data_ptr())),
+            (k.stats, (xa, part)),
+            (k.finalize, (part, xa, *at, saved, terms, momentum)),
+            (k.apply, (xa, terms, y.data_ptr())),
         )
-        ctx.save_for_backward(x, weight, scratch)
-        ctx.kernels = k
+        ctx.save_for_backward(x, weight)
+        ctx.kernels, ctx.scratch = k, scratch  # the statistics: no input's or output's
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight, scratch = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         k = ctx.kernels
+        if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
+            return (*_differentiable(ctx, x, weight, dy), None, None, None)
         if dy.stride() != x.stride() or dy.data_ptr() % 16:
             dy = torch.empty_like(x).copy_(dy)
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         C, F4 = k.C, 4
-        saved = scratch.data_ptr() + F4 * k.part
+        saved = ctx.scratch.data_ptr() + F4 * k.part
         grads = empty(k.part + 6 * C, x)
         part = grads.data_ptr()
         terms = part + F4 * k.part
         dw = grads[k.part + 4 * C : k.part + 5 * C] if want_w else None
         db = grads[k.part + 5 * C :] if want_b else None
-        at = [0 if t is None else t.data_ptr() for t in (weight, dw, db)]
+        dwa = part + F4 * (k.part + 4 * C) if want_w else 0
+        dba = part + F4 * (k.part + 5 * C) if want_b else 0
+        ya, xa, wa = dy.data_ptr(), x.data_ptr(), 0 if weight is None else weight.data_ptr()
         calls = [
-            (k.reduce, (dy.data_ptr(), x.data_ptr(), saved, part)),
-            (k.dfinalize, (part, at[0], saved, at[1], at[2], terms)),
+            (k.reduce, (ya, xa, saved, part)),
+            (k.dfinalize, (part, wa, saved, dwa, dba, terms)),
         ]
-        dx = empty_like(x) if want_x else None
+        dx = None
         if want_x:
-            calls.append((k.dapply, (dy.data_ptr(), x.data_ptr(), terms, dx.data_ptr())))
+            dx = empty_like(x)
+            calls.append((k.dapply, (ya, xa, terms, dx.data_ptr())))
         _engine.launch_steps(k.index, *calls)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None
+
+
+def _differentiable(ctx, x, weight, dy):
+    """dx, dgamma and dbeta as functions of x, the weights and dy that autograd can
+    differentiate again (a backward with ``create_graph``: gradient penalties), from
+    PyTorch's batch norm over the same batch statistics."""
+    want_x, want_w, want_b = ctx.needs_input_grad[:3]
+    wrt = [t for t, want in ((x, want_x), (weight, want_w)) if want]
+    found = []
+    if wrt:
+        y = F.batch_norm(x, None, None, weight, None, True, 0.0, ctx.kernels.eps)
+        found = list(torch.autograd.grad(y, wrt, dy, create_graph=True))
+    dx = found.pop(0) if want_x else None
+    dw = found.pop(0) if want_w else None
+    db = dy.sum((0, 2, 3), dtype=torch.float32) if want_b else None
+    return dx, dw, db
+
+
+_apply = _apply_of(BatchNormFunction)
 
 
 def batch_norm(
@@ -184,8 +211,8 @@ def batch_norm(
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is None:
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    args = (x, weight, bias, running_mean, running_var, float(momentum), eps, layout)
-    return BatchNormFunction.apply(*args)
+    k = kernels(x, layout, eps, weight is not None, running_mean is not None)
+    return _apply(x, weight, bias, running_mean, running_var, (k, _bits(momentum)))
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):
