@@ -178,17 +178,7 @@ def format_op_sums(rows: list[Row]) -> str:
 
 def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     """The median of ``reps`` timings of ``fn`` with CUDA events, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return alternated_ms({0: fn}, reps, warmup)[0]
 
 
 def _prepare(model, mode: Mode):
@@ -320,26 +310,53 @@ def _target(model, batch: int, image: int) -> tuple | None:
 
 def step_ms(base, batch: int, image: int, mode: Mode, convert, graph: bool, reps: int) -> dict:
     """The training step's median ms on cuDNN (``cudnn.benchmark`` on) and on specgen,
-    eager and, where ``graph``, captured as one CUDA graph and replayed."""
+    eager and, where ``graph``, captured as one CUDA graph and replayed.  The two
+    models' steps are timed in turn (``alternated_ms``): an eager step waits on the
+    host, whose speed drifts over seconds, and the drift then weighs on both alike."""
     x, t = _inputs(batch, image, mode, _target(base, batch, image), seed=1)
-    found = {}
+    runs = {}
     for who in ("cuDNN", "specgen"):
         m = _prepare(copy.deepcopy(base), mode)
         if who == "specgen":
             m = convert(m)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-        step = training_step(m, opt, x, t, mode)
-        found[(who, "eager")] = median_ms(step, reps=reps, warmup=3)
-        if graph:
+        runs[who] = (m, opt, training_step(m, opt, x, t, mode))
+    steps = {who: step for who, (_, _, step) in runs.items()}
+    found = {(who, "eager"): ms for who, ms in alternated_ms(steps, reps).items()}
+    if graph:
+        replays = {}
+        for who, (m, opt, step) in runs.items():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(3):
                     step()
             torch.cuda.current_stream().wait_stream(side)
-            found[(who, "graph")] = _graph_ms(m, opt, x, t, mode, reps)
-        del m, opt
+            captured = _captured(m, opt, x, t, mode)
+            if isinstance(captured, str):
+                found[(who, "graph")] = captured
+            else:
+                replays[who] = captured.replay
+        found.update({(who, "graph"): ms for who, ms in alternated_ms(replays, reps).items()})
     return found
+
+
+def alternated_ms(fns: dict, reps: int, warmup: int = 3) -> dict:
+    """Each function's median ms (CUDA events) over ``reps`` rounds, a round timing
+    every function once, in turn, after ``warmup`` calls of each."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {who: [] for who in fns}
+    for _ in range(reps):
+        for who, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[who].append(a.elapsed_time(b))
+    return {who: statistics.median(ts) for who, ts in times.items()}
 
 
 def format_steps(summary: list[tuple], graph: bool) -> str:
@@ -374,9 +391,9 @@ def format_steps(summary: list[tuple], graph: bool) -> str:
     return "\n".join(lines)
 
 
-def _graph_ms(m, opt, x, t, mode: Mode, reps: int) -> float | str:
-    """The step captured as one CUDA graph and replayed: its median ms, or why the
-    capture failed (one line), which the step table shows in its place."""
+def _captured(m, opt, x, t, mode: Mode):
+    """The step captured as one CUDA graph, or why the capture failed (one line), which
+    the step table shows in its place."""
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     try:
@@ -386,7 +403,7 @@ def _graph_ms(m, opt, x, t, mode: Mode, reps: int) -> float | str:
     except RuntimeError as e:  # PyTorch's CUDA errors: the capture's own, not the step's
         torch.cuda.synchronize()
         return str(e).splitlines()[0]
-    return median_ms(g.replay, reps=reps, warmup=3)
+    return g
 
 
 def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> None:
