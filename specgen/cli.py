@@ -1126,8 +1126,25 @@ SHOWN = 10  # the refused or failed items a many-problem tune names at its end
     default=True,
     help="specgen's run converts batch norm to specgen's kernels too (convert's default)",
 )
+@click.option(
+    "--fuse/--no-fuse",
+    default=True,
+    help="and fuses each batch norm with the ReLU after it (convert's default)",
+)
 def model(
-    name, batch, image, plan_only, modes, gpu, arch, reps, graph, layers, first_step, batchnorm
+    name,
+    batch,
+    image,
+    plan_only,
+    modes,
+    gpu,
+    arch,
+    reps,
+    graph,
+    layers,
+    first_step,
+    batchnorm,
+    fuse,
 ):
     """Run the torchvision model NAME (resnet50, vgg11, mobilenet_v2, ...) on specgen
     beside cuDNN: accuracy against float64, the training step, and a per-layer table
@@ -1171,6 +1188,7 @@ def model(
             lambda t: click.echo(t, err=True),
             first_step,
             batchnorm,
+            fuse,
         )
     except SpecError as e:
         fail(str(e))

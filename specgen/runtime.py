@@ -441,17 +441,35 @@ def batchnorm_shape(dtype: str, C: int) -> tuple[int, int, int]:
     return V, L, BN_THREADS // L
 
 
+ACTIVATIONS = ("relu", "relu6")  # what batch norm's kernels can apply to their output
+
+
 def batchnorm_source(
-    dtype: str, C: int, eps: float, affine: bool, running: bool, HW: int | None = None
+    dtype: str,
+    C: int,
+    eps: float,
+    affine: bool,
+    running: bool,
+    HW: int | None = None,
+    act: str | None = None,
+    residual: bool = False,
 ) -> tuple[str, str]:
     """The batch norm kernels' common name and CUDA source over ``C`` channels of
     ``dtype``, channels_last, or (``HW`` given) NCHW with planes of ``HW`` pixels:
     ``eps`` baked in, with or without affine terms and running statistics (their
-    momentum an argument: PyTorch's cumulative average changes it a step)."""
+    momentum an argument: PyTorch's cumulative average changes it a step).  With
+    ``residual`` a tensor of x's shape is added to the output, and ``act`` (one of
+    ``ACTIVATIONS``) applied last: y = act(batch norm of x + r), the backward's
+    gradient gated by the stored output."""
     from .render import render_template
 
+    if act is not None and act not in ACTIVATIONS:
+        raise SpecError(f"batch norm's kernels apply {' or '.join(ACTIVATIONS)}, not {act}")
     consts = f"{float(eps)!r}/{affine}/{running}".encode()
     tag = hashlib.sha1(consts).hexdigest()[:8]
+    extra = (f"_{act}" if act else "") + ("_add" if residual else "")
+    epilogue = "(x - mean) a + b" + (" + r" if residual else "")
+    gated = {None: "dy", "relu": "dy where y > 0, else 0", "relu6": "dy where 0 < y < 6, else 0"}
     common = dict(
         dtype=dtype,
         C=C,
@@ -461,12 +479,16 @@ def batchnorm_source(
         eps=repr(float(eps)),
         affine=affine,
         running=running,
+        act=act,
+        residual=residual,
+        epilogue=f"{act}({epilogue})" if act else epilogue,
+        gated=gated[act],
     )
     if HW is not None:
-        name = f"bn_{dtype}_c{C}_hw{HW}_{tag}"
+        name = f"bn_{dtype}_c{C}_hw{HW}{extra}_{tag}"
         return name, render_template("torch/batchnorm_nchw.cu.j2", name=name, HW=HW, **common)
     V, L, R = batchnorm_shape(dtype, C)
-    name = f"bn_{dtype}_c{C}_{tag}"
+    name = f"bn_{dtype}_c{C}{extra}_{tag}"
     text = render_template(
         "torch/batchnorm.cu.j2",
         name=name,

@@ -208,3 +208,76 @@ def test_a_gradient_of_a_gradient_matches_float64(fmt):
     got = torch.autograd.grad(dx.square().sum(), [x, layer.weight])
     for g, w, what in zip(got, want, ("x", "weight")):
         close(g, w, 1e-4 * w.abs().max().item(), f"d(penalty)/d{what}")
+
+
+ACT64 = {None: lambda v: v, "relu": torch.relu, "relu6": lambda v: v.clamp(0, 6)}
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("act,residual", [("relu", False), ("relu6", False), ("relu", True), (None, True)])  # fmt: skip
+def test_fused_activation_and_residual_match_float64(layout, dtype, act, residual):
+    """y = act(batch norm of x + r) from one kernel; the backward's dy gated by the
+    stored y as PyTorch's in-place activation gates it (the float64 reference takes the
+    same gate, which agrees with float64's own but where the value is within a
+    rounding of the activation's edges), and r's gradient the gated dy."""
+    N, C, H, W = 8, 64, 9, 9
+    fmt = LAYOUT[layout]
+    x, dy = inputs(N, C, H, W, dtype, 11, fmt)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    w = 1 + 0.5 * torch.randn(C, device="cuda", generator=g)
+    b = 2 * torch.randn(C, device="cuda", generator=g)  # relu6 cuts at both ends
+    rm, rv = torch.zeros(C, device="cuda"), torch.ones(C, device="cuda")
+    shape = dict(device="cuda", generator=g)
+    r = torch.randn(N, C, H, W, **shape).to(DT[dtype]).contiguous(memory_format=fmt)
+    x64, w64, b64, r64 = (t.double().clone().requires_grad_(True) for t in (x, w, b, r))
+    for t in (x, w, b, r):
+        t.requires_grad_(True)
+    y = sg.batch_norm(
+        x, rm, rv, w, b, True, 0.1, 1e-5, residual=r if residual else None, activation=act
+    )
+    assert y.stride() == x.stride()
+    pre64 = F.batch_norm(x64, None, None, w64, b64, True, 0.1, 1e-5) + (r64 if residual else 0)
+    y64 = ACT64[act](pre64)
+    close(y, y64.detach(), UNIT[dtype] * y64.detach().abs() + 2e-5 * (1 + y64.detach().abs()), "y")
+    y.backward(dy)
+    if act:  # the gate from our stored y; where float64's differs, the value is at an edge
+        yd = y.detach().double()
+        gate = (yd > 0) & (yd < 6) if act == "relu6" else yd > 0
+        edge = pre64.detach().abs().clamp_max((pre64.detach() - 6).abs())
+        own = (pre64 > 0) & (pre64 < 6) if act == "relu6" else pre64 > 0
+        assert (edge[gate != own] <= 2 * UNIT[dtype] * 6 + 1e-4).all()
+        g64 = dy.double() * gate
+    else:
+        g64 = dy.double()
+    pre64.backward(g64)
+    close(x.grad, x64.grad, UNIT[dtype] * x64.grad.abs() + 1e-4 * x64.grad.abs().max(), "dx")
+    var, mean = torch.var_mean(x64.detach(), (0, 2, 3), correction=0, keepdim=True)
+    xhat = (x64.detach() - mean) / (var + 1e-5).sqrt()
+    terms = (g64 * xhat).abs().sum((0, 2, 3)) + g64.abs().sum((0, 2, 3))
+    close(w.grad, w64.grad, SUMS * terms, "dgamma")
+    close(b.grad, b64.grad, SUMS * terms, "dbeta")
+    if residual:
+        close(r.grad, r64.grad, UNIT[dtype] * r64.grad.abs(), "dr")
+    else:
+        assert r.grad is None
+
+
+def test_a_fused_gradient_of_a_gradient_matches_float64():
+    """create_graph through batch norm with the shortcut added and the ReLU applied:
+    dx and dr differentiate again, as PyTorch's unfused ops do (fp32, fixed draws)."""
+    x, dy = inputs(4, 32, 5, 5, "fp32", seed=9)
+    r = torch.randn_like(x)
+    w = torch.rand(32, device="cuda") + 0.5
+    x64, w64, r64 = (t.double().requires_grad_(True) for t in (x, w, r))
+    pre64 = F.batch_norm(x64, None, None, w64, None, True) + r64
+    grads64 = torch.autograd.grad(torch.relu(pre64), (x64, r64), dy.double(), create_graph=True)
+    want = torch.autograd.grad(sum(g.square().sum() for g in grads64), (x64, w64))
+    x, w, r = (t.requires_grad_(True) for t in (x, w, r))
+    b = torch.zeros(32, device="cuda")
+    assert B.kernel_layout(x, w, b, None, None, True) == "nhwc"  # our kernels, not PyTorch's
+    y = sg.batch_norm(x, None, None, w, b, True, residual=r, activation="relu")
+    grads = torch.autograd.grad(y, (x, r), dy, create_graph=True)
+    got = torch.autograd.grad(sum(g.square().sum() for g in grads), (x, w))
+    for g, w_, what in zip(got, want, ("x", "weight")):
+        close(g, w_, 1e-4 * w_.abs().max().item(), f"d(penalty)/d{what}")

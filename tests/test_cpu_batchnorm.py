@@ -25,10 +25,12 @@ KERNELS = ("stats", "finalize", "apply", "reduce", "dfinalize", "dapply")
     affine=st.booleans(),
     running=st.booleans(),
     eps=st.sampled_from([1e-5, 1e-3, 0.0]),
+    act=st.sampled_from([None, "relu", "relu6"]),
+    residual=st.booleans(),
 )
-def test_every_kernel_compiles_without_spills(copies, dtype, affine, running, eps):
+def test_every_kernel_compiles_without_spills(copies, dtype, affine, running, eps, act, residual):
     V = 4 if dtype == "fp32" else 8
-    name, text = batchnorm_source(dtype, copies * V, eps, affine, running)
+    name, text = batchnorm_source(dtype, copies * V, eps, affine, running, None, act, residual)
     binary = compile_source(text, f"{name}_stats", "sm_90", cache=False)
     assert set(binary.resources) == {f"{name}_{k}" for k in KERNELS}
     for kernel, r in binary.resources.items():
@@ -43,10 +45,13 @@ def test_every_kernel_compiles_without_spills(copies, dtype, affine, running, ep
     HW=st.sampled_from([1, 7, 49, 196, 3136, 12544]),
     dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
     affine=st.booleans(),
+    act=st.sampled_from([None, "relu", "relu6"]),
+    residual=st.booleans(),
 )
-def test_every_nchw_kernel_compiles_without_spills(C, HW, dtype, affine):
-    name, text = batchnorm_source(dtype, C, 1e-5, affine, True, HW)
+def test_every_nchw_kernel_compiles_without_spills(C, HW, dtype, affine, act, residual):
+    name, text = batchnorm_source(dtype, C, 1e-5, affine, True, HW, act, residual)
     assert name.startswith(f"bn_{dtype}_c{C}_hw{HW}_") and f"#define HW {HW}" in text
+    assert (f"_{act}" in name) == bool(act) and ("_add_" in name) == residual
     binary = compile_source(text, f"{name}_stats", "sm_90", cache=False)
     assert set(binary.resources) == {f"{name}_{k}" for k in KERNELS}
     for kernel, r in binary.resources.items():
@@ -71,6 +76,8 @@ def test_the_source_bakes_the_channels_and_eps_and_names_them():
     assert "#define C 256" in a[1] and "1e-05f" in a[1] and "0.001f" in b[1]
     assert "running_mean[c] =" in a[1]
     assert "running_mean[c] =" not in batchnorm_source("bf16", 256, 1e-5, True, False)[1]
+    with pytest.raises(SpecError, match="relu or relu6, not gelu"):
+        batchnorm_source("bf16", 256, 1e-5, True, True, act="gelu")
 
 
 def test_convert_swaps_batch_norm_and_keeps_pytorchs_values_on_the_cpu():
@@ -113,3 +120,54 @@ def test_launch_steps_fill_each_steps_slots_and_launch_them_in_order(monkeypatch
     assert list(a.slots) == [0xA0, 7, 0xA8] and list(b.slots) == [0xB0]
     E.launch_step(b, 0, 0xC0)
     assert launched[-1][0] == 22 and launched[-1][8] == 1000 and list(b.slots) == [0xC0]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
+def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
+    """Each batch norm that a ReLU follows takes it (ResNet blocks: the shortcut's add
+    too), the activation's place passes its input on, and the model computes what it
+    did: on the CPU, PyTorch's batch norm and then the same activation, bit for bit,
+    in training and eval mode; state_dict, deepcopy and pickling as before."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    import io
+
+    import specgen.torch as sg
+    from specgen.torch._fuse import Fused
+
+    torch.manual_seed(0)
+    base = getattr(torchvision.models, name)(num_classes=10)
+    ours = sg.convert(copy.deepcopy(base))
+    fused = [m for m in ours.modules() if isinstance(m, sg.BatchNorm2d) and m.activation]
+    if name == "mobilenet_v2":  # 35 Conv2dNormActivation blocks end in ReLU6
+        assert len(fused) == 35 and {m.activation for m in fused} == {"relu6"}
+        assert sum(isinstance(m, Fused) for m in ours.modules()) == 35
+    else:  # every block's batch norms; the stem's ReLU is ResNet's own forward's
+        per_block = 2 if name == "resnet18" else 3
+        assert len(fused) == 8 * per_block if name == "resnet18" else 16 * per_block
+        assert {type(b).__name__ for b in ours.layer1} == {
+            "FusedBasicBlock" if name == "resnet18" else "FusedBottleneck"
+        }
+    assert "activation=" in repr(fused[0])
+    assert ours.state_dict().keys() == base.state_dict().keys()
+    x = torch.randn(2, 3, 64, 64)
+    for mode in ("train", "eval"):
+        getattr(ours, mode)(), getattr(base, mode)()
+        torch.manual_seed(1)  # the same dropout masks
+        got = ours(x)
+        torch.manual_seed(1)
+        assert torch.equal(got, base(x)), mode
+    again = torch.load(io.BytesIO(_saved(ours)), weights_only=False)
+    assert torch.equal(again(x), base(x)) and torch.equal(copy.deepcopy(ours)(x), base(x))
+    plain = sg.convert(copy.deepcopy(base), fuse=False)
+    assert not [m for m in plain.modules() if isinstance(m, sg.BatchNorm2d) and m.activation]
+
+
+def _saved(model) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    return buf.getvalue()

@@ -325,16 +325,23 @@ SPECGEN = {  # PyTorch's module -> ours
 }
 
 
-def convert(model: torch.nn.Module, batchnorm: bool = True) -> torch.nn.Module:
+def convert(model: torch.nn.Module, batchnorm: bool = True, fuse: bool = True) -> torch.nn.Module:
     """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
     model itself too) replaced in place by specgen's, sharing its parameters, and with
     ``batchnorm`` every ``torch.nn.BatchNorm2d`` too (its training-mode calls on
-    specgen's kernels, ``BatchNorm2d``); returns the model.
+    specgen's kernels, ``BatchNorm2d``); with ``fuse`` as well, each batch norm takes
+    the ReLU or ReLU6 after it where the model's structure shows it (an
+    ``nn.Sequential``; torchvision's ResNet blocks, their shortcut's add too:
+    ``_fuse``); returns the model.
     Its first call on CUDA tensors compiles the kernels of every convolution it will
     meet at once, a process a core, before running (as ``warmup`` does): one after
     another, as the layers meet them, they take minutes on a deep model."""
     table = {**SPECGEN, torch.nn.BatchNorm2d: BatchNorm2d} if batchnorm else SPECGEN
     converted = _convert(model, table)
+    if batchnorm and fuse:
+        from ._fuse import fuse as fused
+
+        converted = fused(converted)
     if converted is model and not hasattr(model, AHEAD):  # a container, not one layer
         setattr(model, AHEAD, model.register_forward_pre_hook(_compile_ahead))
     return converted

@@ -65,13 +65,26 @@ MAX_CHANNELS = 65535  # the NCHW kernels' grid y
 
 class Kernels:
     """The six launches of one problem (device, layout, dtype, channels, pixels, eps,
-    affine, running statistics), their arguments bound but the tensors'."""
+    affine, running statistics, the activation and whether a residual is added), their
+    arguments bound but the tensors'."""
 
-    def __init__(self, index: int, layout: str, x_size, dtype: str, eps: float, affine, running):
+    def __init__(
+        self,
+        index: int,
+        layout: str,
+        x_size,
+        dtype: str,
+        eps: float,
+        affine,
+        running,
+        act=None,
+        residual=False,
+    ):
         N, C, H, W = x_size
         P = N * H * W  # the values a channel
         nchw = layout == "nchw"
-        name, text = batchnorm_source(dtype, C, eps, affine, running, H * W if nchw else None)
+        HW = H * W if nchw else None
+        name, text = batchnorm_source(dtype, C, eps, affine, running, HW, act, residual)
         names = [f"{name}_{k}" for k in KERNELS]
         s, f, a, r, df, da = _engine.load_functions(index, names[0], text, names)
         sms = torch.cuda.get_device_properties(index).multi_processor_count
@@ -87,11 +100,13 @@ class Kernels:
         self.stats = _Step(s, grid, block, 0, [(T, 0), (T, 0), (None, P)])
         tail = [(None, P), (None, self.GX)]
         self.finalize = _Step(f, cols, (32, 32, 1), 0, [(T, 0)] * 8 + tail + [(T, 0)])
-        self.apply = _Step(a, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (None, P)])
-        self.reduce = _Step(r, grid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
+        # apply (x, terms, r, y), reduce (dy, x, y, saved, part), dapply (dy, x, y,
+        # terms, dx, dr): an address 0 where the kernel reads or writes no such tensor
+        self.apply = _Step(a, agrid, block, 0, [(T, 0)] * 4 + [(None, P)])
+        self.reduce = _Step(r, grid, block, 0, [(T, 0)] * 5 + [(None, P)])
         self.dfinalize = _Step(df, cols, (32, 32, 1), 0, [(T, 0)] * 6 + tail)
-        self.dapply = _Step(da, agrid, block, 0, [(T, 0), (T, 0), (T, 0), (T, 0), (None, P)])
-        self.index, self.C, self.eps = index, C, eps
+        self.dapply = _Step(da, agrid, block, 0, [(T, 0)] * 6 + [(None, P)])
+        self.index, self.C, self.eps, self.act = index, C, eps, act
         # one fp32 allocation a pass: the forward's blocks' sums, then the saved
         # statistics (mean, 1/std) and y's terms (a, b, mean); the backward's sums, dx's
         # terms (a, k, b, mean), dgamma and dbeta
@@ -101,14 +116,15 @@ class Kernels:
 _kernels: dict[tuple, Kernels] = {}
 
 
-def kernels(x, layout: str, eps: float, affine: bool, running: bool) -> Kernels:
-    key = (x.get_device(), layout, x.dtype, x.shape, eps, affine, running)
+def kernels(x, layout: str, eps: float, affine: bool, running: bool, act=None, residual=False):
+    key = (x.get_device(), layout, x.dtype, x.shape, eps, affine, running, act, residual)
     k = _kernels.get(key)
     if k is None:
         if len(_kernels) >= _engine.LAYERS_KEPT:
             _kernels.clear()
         index, dtype = x.get_device(), STORED[x.dtype]
-        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, float(eps), affine, running)
+        args = (float(eps), affine, running, act, residual)
+        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, *args)
     return k
 
 
@@ -129,12 +145,13 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
 
 
 class BatchNormFunction(torch.autograd.Function):
-    """Batch norm over the batch's statistics: y, the running statistics updated in
-    place; dx, dgamma and dbeta in the backward.  The last argument is the call's
-    ``Kernels`` and momentum (``call``)."""
+    """Batch norm over the batch's statistics, a residual added (``r``, or None) and the
+    activation applied where the kernels bake them in: y, the running statistics
+    updated in place; dx, dgamma, dbeta and the residual's gradient in the backward.
+    The last argument is the call's ``Kernels`` and momentum (``call``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, call):
+    def forward(ctx, x, weight, bias, running_mean, running_var, r, call):
         k, momentum = call
         C, F4 = k.C, 4  # bytes an fp32
         scratch = empty(k.part + 5 * C, x)
@@ -147,21 +164,28 @@ class BatchNormFunction(torch.autograd.Function):
             k.index,
             (k.stats, (xa, part)),
             (k.finalize, (part, xa, *at, saved, terms, momentum)),
-            (k.apply, (xa, terms, y.data_ptr())),
+            (k.apply, (xa, terms, 0 if r is None else r.data_ptr(), y.data_ptr())),
         )
-        ctx.save_for_backward(x, weight)
+        if k.act:  # the backward's gate reads the output, as PyTorch's in-place one does
+            ctx.save_for_backward(x, weight, y)
+        else:
+            ctx.save_for_backward(x, weight)
         ctx.kernels, ctx.scratch = k, scratch  # the statistics: no input's or output's
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        saved_tensors = ctx.saved_tensors
+        x, weight = saved_tensors[:2]
+        y = saved_tensors[2] if len(saved_tensors) > 2 else None
         k = ctx.kernels
         if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
-            return (*_differentiable(ctx, x, weight, dy), None, None, None)
+            dx, dw, db, dr = _differentiable(ctx, x, weight, y, dy)
+            return dx, dw, db, None, None, dr, None
         if dy.stride() != x.stride() or dy.data_ptr() % 16:
             dy = torch.empty_like(x).copy_(dy)
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
+        want_r = ctx.needs_input_grad[5]
         C, F4 = k.C, 4
         saved = ctx.scratch.data_ptr() + F4 * k.part
         grads = empty(k.part + 6 * C, x)
@@ -172,54 +196,106 @@ class BatchNormFunction(torch.autograd.Function):
         dwa = part + F4 * (k.part + 4 * C) if want_w else 0
         dba = part + F4 * (k.part + 5 * C) if want_b else 0
         ya, xa, wa = dy.data_ptr(), x.data_ptr(), 0 if weight is None else weight.data_ptr()
+        out = 0 if y is None else y.data_ptr()
         calls = [
-            (k.reduce, (ya, xa, saved, part)),
+            (k.reduce, (ya, xa, out, saved, part)),
             (k.dfinalize, (part, wa, saved, dwa, dba, terms)),
         ]
-        dx = None
-        if want_x:
-            dx = empty_like(x)
-            calls.append((k.dapply, (ya, xa, terms, dx.data_ptr())))
+        dx = empty_like(x) if want_x else None
+        # the residual's gradient: dy gated by the activation (the kernel writes it), or
+        # dy itself where there is none
+        dr = (empty_like(x) if k.act else dy) if want_r else None
+        if want_x or (want_r and k.act):
+            ends = [0 if t is None or t is dy else t.data_ptr() for t in (dx, dr)]
+            calls.append((k.dapply, (ya, xa, out, terms, *ends)))
         _engine.launch_steps(k.index, *calls)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, dr, None
 
 
-def _differentiable(ctx, x, weight, dy):
-    """dx, dgamma and dbeta as functions of x, the weights and dy that autograd can
-    differentiate again (a backward with ``create_graph``: gradient penalties), from
-    PyTorch's batch norm over the same batch statistics."""
+GATES = {  # an activation's gradient from its output, as PyTorch's in-place backward
+    "relu": lambda y: y > 0,
+    "relu6": lambda y: (y > 0) & (y < 6),
+}
+
+
+def _differentiable(ctx, x, weight, y, dy):
+    """dx, dgamma, dbeta and the residual's gradient as functions of x, the weights and
+    dy that autograd can differentiate again (a backward with ``create_graph``: gradient
+    penalties), from PyTorch's batch norm over the same batch statistics; dy gated by
+    the activation first, where there is one."""
     want_x, want_w, want_b = ctx.needs_input_grad[:3]
+    if y is not None:
+        dy = torch.where(GATES[ctx.kernels.act](y.detach()), dy, torch.zeros_like(dy))
     wrt = [t for t, want in ((x, want_x), (weight, want_w)) if want]
     found = []
     if wrt:
-        y = F.batch_norm(x, None, None, weight, None, True, 0.0, ctx.kernels.eps)
-        found = list(torch.autograd.grad(y, wrt, dy, create_graph=True))
+        norm = F.batch_norm(x, None, None, weight, None, True, 0.0, ctx.kernels.eps)
+        found = list(torch.autograd.grad(norm, wrt, dy, create_graph=True))
     dx = found.pop(0) if want_x else None
     dw = found.pop(0) if want_w else None
     db = dy.sum((0, 2, 3), dtype=torch.float32) if want_b else None
-    return dx, dw, db
+    return dx, dw, db, dy if ctx.needs_input_grad[5] else None
 
 
 _apply = _apply_of(BatchNormFunction)
 
+ACTIVATE = {  # PyTorch's own, where the kernels do not run
+    None: lambda y: y,
+    "relu": torch.relu,
+    "relu6": lambda y: F.hardtanh(y, 0.0, 6.0),
+}
+
 
 def batch_norm(
-    x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5
+    x,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+    *,
+    residual=None,
+    activation=None,
 ):
     """``torch.nn.functional.batch_norm`` on specgen's kernels where they serve it
-    (``kernel_layout``), else PyTorch's."""
+    (``kernel_layout``), else PyTorch's; with ``residual`` (a tensor of x's size) added
+    to its output and ``activation`` ("relu", "relu6" or None) applied after, in the
+    same kernel: act(batch_norm(x) + residual)."""
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
+    if layout is not None and residual is not None and not _alike(residual, x):
+        layout = None
     if layout is None:
-        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    k = kernels(x, layout, eps, weight is not None, running_mean is not None)
-    return _apply(x, weight, bias, running_mean, running_var, (k, _bits(momentum)))
+        y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        return ACTIVATE[activation](y if residual is None else y + residual)
+    affine, running = weight is not None, running_mean is not None
+    k = kernels(x, layout, eps, affine, running, activation, residual is not None)
+    return _apply(x, weight, bias, running_mean, running_var, residual, (k, _bits(momentum)))
+
+
+def _alike(r, x) -> bool:
+    """Whether the kernels read residual ``r`` as they read x: its size, dtype, device
+    and strides, and a 16-byte start."""
+    if r.dtype is not x.dtype or r.shape != x.shape or r.stride() != x.stride():
+        return False
+    return r.get_device() == x.get_device() and not r.data_ptr() % 16
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):
     """``torch.nn.BatchNorm2d`` (same constructor, parameters, buffers and state_dict)
-    whose training-mode calls run on specgen's kernels where they serve them."""
+    whose training-mode calls run on specgen's kernels where they serve them.  Where
+    ``convert`` fuses the activation that follows it (``activation``, "relu" or "relu6"),
+    it applies that too, after adding ``residual`` where a call passes one (a residual
+    block's shortcut): act(batch norm of input + residual), in eval mode as well."""
 
-    def forward(self, input):
+    activation = None  # set by convert where it fuses the activation after
+
+    def extra_repr(self):
+        fused = f", activation={self.activation}" if self.activation else ""
+        return super().extra_repr() + fused
+
+    def forward(self, input, residual=None):
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -237,4 +313,6 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
             training,
             factor,
             self.eps,
+            residual=residual,
+            activation=self.activation,
         )

@@ -488,11 +488,13 @@ def run(
     progress,
     first_too: bool = False,
     batchnorm: bool = True,
+    fuse: bool = True,
 ) -> None:
     """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
     training step and (``layers_too``) the per-layer table, printed through ``echo``;
     what it is doing through ``progress``.  The model is converted with batch norm on
-    specgen's kernels too where ``batchnorm`` (``specgen.torch.convert``'s)."""
+    specgen's kernels too where ``batchnorm``, fused with the ReLUs after them where
+    ``fuse`` (``specgen.torch.convert``'s)."""
     import specgen.torch as sg
 
     from ._engine import arch_of, gpu_name
@@ -504,8 +506,9 @@ def run(
     echo(
         f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}; "
         f"batch norm on {'specgen' if batchnorm else 'PyTorch'}'s kernels in specgen's run"
+        + (", fused with the ReLUs after it" if batchnorm and fuse else "")
     )
-    convert = functools.partial(sg.convert, batchnorm=batchnorm)
+    convert = functools.partial(sg.convert, batchnorm=batchnorm, fuse=fuse)
     summary = []
     for mode in modes:
         torch.backends.cudnn.allow_tf32 = mode.tf32

@@ -1,0 +1,63 @@
+"""Batch norm fused with what follows it (``convert(model, fuse=True)``): in an
+``nn.Sequential``, a ``BatchNorm2d`` followed by ``nn.ReLU`` or ``nn.ReLU6`` applies the
+activation itself, and the activation's place holds ``Fused``, which passes its input
+on; in torchvision's ResNet blocks, each batch norm before a ReLU applies it, and the
+block's last one adds the shortcut first (``FusedBasicBlock``, ``FusedBottleneck``).
+An activation on its own costs a pass over the tensor each way and an autograd node;
+fused, the batch norm's kernels apply it as they write y and gate dy as they read it.
+
+The parameters, buffers and state_dict stay as they were; eval mode, and the calls the
+kernels do not serve, run PyTorch's batch norm and then the same activation."""
+
+from __future__ import annotations
+
+import torch
+
+from ._batchnorm import BatchNorm2d
+
+ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.ReLU6: "relu6"}
+
+
+class Fused(torch.nn.Identity):
+    """The place of an activation the batch norm before it applies: passes its input on."""
+
+    def __init__(self, activation: torch.nn.Module):
+        super().__init__()
+        self.was = repr(activation)
+
+    def extra_repr(self):
+        return f"{self.was}, applied by the batch norm before it"
+
+
+def fuse(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its batch norms fused with the activations after them, where its
+    structure shows them (module docstring); in place, and returned."""
+    blocks = _resnet_blocks()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Sequential):
+            _fuse_sequence(m)
+        fused = blocks.get(type(m))
+        if fused is not None and fused.fits(m):
+            fused.take(m)
+    return model
+
+
+def _fuse_sequence(seq: torch.nn.Sequential) -> None:
+    names = list(seq._modules)
+    for a, b in zip(names, names[1:]):
+        bn, act = seq._modules[a], seq._modules[b]
+        if type(bn) is BatchNorm2d and bn.activation is None and type(act) in ACTIVATIONS:
+            bn.activation = ACTIVATIONS[type(act)]
+            seq._modules[b] = Fused(act)
+
+
+def _resnet_blocks() -> dict:
+    """torchvision's ResNet block classes -> their fused forms, where torchvision is
+    installed (``_resnet``, imported only then)."""
+    try:
+        from torchvision.models import resnet
+    except ImportError:
+        return {}
+    from . import _resnet
+
+    return {resnet.BasicBlock: _resnet.FusedBasicBlock, resnet.Bottleneck: _resnet.FusedBottleneck}
