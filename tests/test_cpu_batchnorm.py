@@ -139,15 +139,17 @@ def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
     base = getattr(torchvision.models, name)(num_classes=10)
     ours = sg.convert(copy.deepcopy(base))
     fused = [m for m in ours.modules() if isinstance(m, sg.BatchNorm2d) and m.activation]
+    kinds = {type(m).__name__ for m in ours.modules()}
     if name == "mobilenet_v2":  # 35 Conv2dNormActivation blocks end in ReLU6
         assert len(fused) == 35 and {m.activation for m in fused} == {"relu6"}
         assert sum(isinstance(m, Fused) for m in ours.modules()) == 35
-    else:  # every block's batch norms; the stem's ReLU is ResNet's own forward's
-        per_block = 2 if name == "resnet18" else 3
-        assert len(fused) == 8 * per_block if name == "resnet18" else 16 * per_block
-        assert {type(b).__name__ for b in ours.layer1} == {
-            "FusedBasicBlock" if name == "resnet18" else "FusedBottleneck"
-        }
+        shortcut = [m for m in ours.modules() if type(m).__name__ == "FusedInvertedResidual"]
+        assert len(shortcut) == 10 and all(m.use_res_connect for m in shortcut)
+    else:  # the stem's batch norm and every block's
+        blocks = 8 * 2 if name == "resnet18" else 16 * 3
+        assert len(fused) == 1 + blocks and type(ours).__name__ == "FusedResNet"
+        assert ("FusedBasicBlock" if name == "resnet18" else "FusedBottleneck") in kinds
+        assert "BasicBlock" not in kinds and "Bottleneck" not in kinds
     assert "activation=" in repr(fused[0])
     assert ours.state_dict().keys() == base.state_dict().keys()
     x = torch.randn(2, 3, 64, 64)

@@ -1,8 +1,9 @@
 """Batch norm fused with what follows it (``convert(model, fuse=True)``): in an
 ``nn.Sequential``, a ``BatchNorm2d`` followed by ``nn.ReLU`` or ``nn.ReLU6`` applies the
 activation itself, and the activation's place holds ``Fused``, which passes its input
-on; in torchvision's ResNet blocks, each batch norm before a ReLU applies it, and the
-block's last one adds the shortcut first (``FusedBasicBlock``, ``FusedBottleneck``).
+on; in torchvision's ResNet (its stem and blocks) each batch norm before a ReLU applies
+it, a block's last one adding the shortcut first, and MobileNetV2's inverted residual
+blocks' last batch norm adds their shortcut (``_torchvision``).
 An activation on its own costs a pass over the tensor each way and an autograd node;
 fused, the batch norm's kernels apply it as they write y and gate dy as they read it.
 
@@ -32,7 +33,7 @@ class Fused(torch.nn.Identity):
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its batch norms fused with the activations after them, where its
     structure shows them (module docstring); in place, and returned."""
-    blocks = _resnet_blocks()
+    blocks = _torchvision_blocks()
     for m in model.modules():
         if isinstance(m, torch.nn.Sequential):
             _fuse_sequence(m)
@@ -51,13 +52,18 @@ def _fuse_sequence(seq: torch.nn.Sequential) -> None:
             seq._modules[b] = Fused(act)
 
 
-def _resnet_blocks() -> dict:
-    """torchvision's ResNet block classes -> their fused forms, where torchvision is
-    installed (``_resnet``, imported only then)."""
+def _torchvision_blocks() -> dict:
+    """torchvision's block classes -> their fused forms, where torchvision is installed
+    (``_torchvision``, imported only then)."""
     try:
-        from torchvision.models import resnet
+        from torchvision.models import mobilenetv2, resnet
     except ImportError:
         return {}
-    from . import _resnet
+    from . import _torchvision as T
 
-    return {resnet.BasicBlock: _resnet.FusedBasicBlock, resnet.Bottleneck: _resnet.FusedBottleneck}
+    return {
+        resnet.ResNet: T.FusedResNet,
+        resnet.BasicBlock: T.FusedBasicBlock,
+        resnet.Bottleneck: T.FusedBottleneck,
+        mobilenetv2.InvertedResidual: T.FusedInvertedResidual,
+    }

@@ -1,0 +1,82 @@
+"""torchvision's blocks with their batch norms fused (``_fuse``): the same modules,
+parameters and state_dict, a forward that hands each ReLU to the batch norm before it
+and a residual block's shortcut to its last batch norm.  Imported only where
+torchvision is."""
+
+from __future__ import annotations
+
+import torch
+from torchvision.models import mobilenetv2, resnet
+
+from ._batchnorm import BatchNorm2d
+
+
+class _Fusing:
+    relu_norms: tuple[str, ...] = ()  # the batch norms a ReLU follows
+
+    @classmethod
+    def fits(cls, block) -> bool:
+        """Whether ``block`` has the form the fused forward assumes: specgen's batch
+        norms with no activation of their own, and a ReLU."""
+        norms = [getattr(block, n, None) for n in cls.relu_norms]
+        if not all(_plain(bn) for bn in norms):
+            return False
+        return type(getattr(block, "relu", None)) is torch.nn.ReLU
+
+    @classmethod
+    def take(cls, block) -> None:
+        """``block`` turned into this class in place, its batch norms given the ReLU."""
+        for n in cls.relu_norms:
+            getattr(block, n).activation = "relu"
+        block.__class__ = cls
+
+
+def _plain(bn) -> bool:
+    return type(bn) is BatchNorm2d and bn.activation is None
+
+
+class FusedResNet(_Fusing, resnet.ResNet):
+    """The stem's ReLU in its batch norm."""
+
+    relu_norms = ("bn1",)
+
+    def _forward_impl(self, x):
+        x = self.maxpool(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class FusedBasicBlock(_Fusing, resnet.BasicBlock):
+    relu_norms = ("bn1", "bn2")
+
+    def forward(self, x):
+        out = self.conv2(self.bn1(self.conv1(x)))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.bn2(out, identity)
+
+
+class FusedBottleneck(_Fusing, resnet.Bottleneck):
+    relu_norms = ("bn1", "bn2", "bn3")
+
+    def forward(self, x):
+        out = self.conv3(self.bn2(self.conv2(self.bn1(self.conv1(x)))))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.bn3(out, identity)
+
+
+class FusedInvertedResidual(mobilenetv2.InvertedResidual):
+    """The shortcut added by the last batch norm (which no activation follows)."""
+
+    @classmethod
+    def fits(cls, block) -> bool:
+        return block.use_res_connect and _plain(block.conv[-1])
+
+    @classmethod
+    def take(cls, block) -> None:
+        block.__class__ = cls
+
+    def forward(self, x):
+        out = x
+        for m in list(self.conv)[:-1]:
+            out = m(out)
+        return self.conv[-1](out, x)
