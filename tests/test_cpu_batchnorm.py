@@ -173,3 +173,39 @@ def _saved(model) -> bytes:
     buf = io.BytesIO()
     torch.save(model, buf)
     return buf.getvalue()
+
+
+def test_fusion_leaves_a_shared_batch_norm_and_refuses_an_unknown_activation():
+    """A batch norm met in two places, one with no ReLU after it, keeps no activation of
+    its own; PyTorch's shared one becomes a module a place sharing its parameters (the
+    ReLU's place fused); each model computes what it did; batch_norm names what it
+    takes."""
+    torch = pytest.importorskip("torch")
+    import specgen.torch as sg
+
+    torch.manual_seed(0)
+
+    def net(bn):
+        return torch.nn.Sequential(
+            torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), bn, torch.nn.ReLU()),
+            torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3), bn),
+            torch.nn.Sequential(
+                torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU6()
+            ),
+        )
+
+    x = torch.randn(2, 3, 12, 12)
+    base = net(torch.nn.BatchNorm2d(8))
+    ours = sg.convert(copy.deepcopy(base))
+    assert ours[0][1].weight is ours[1][1].weight and ours[0][1] is not ours[1][1]
+    assert ours[0][1].activation == "relu" and ours[1][1].activation is None
+    assert ours[2][1].activation == "relu6" and type(ours[2][2]).__name__ == "Fused"
+    assert torch.equal(ours(x), base(x))
+    mine = net(sg.BatchNorm2d(8))  # specgen's module, shared as it is
+    plain = copy.deepcopy(mine)
+    sg.convert(mine)
+    assert mine[0][1] is mine[1][1] and mine[0][1].activation is None
+    assert type(mine[0][2]) is torch.nn.ReLU and mine[2][1].activation == "relu6"
+    assert torch.equal(mine(x), plain(x))
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6' or None"):
+        sg.batch_norm(x, None, None, training=True, activation="gelu")

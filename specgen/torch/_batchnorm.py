@@ -263,6 +263,8 @@ def batch_norm(
     (``kernel_layout``), else PyTorch's; with ``residual`` (a tensor of x's size) added
     to its output and ``activation`` ("relu", "relu6" or None) applied after, in the
     same kernel: act(batch_norm(x) + residual)."""
+    if activation not in ACTIVATE:
+        raise ValueError(f"activation must be 'relu', 'relu6' or None, got {activation!r}")
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is not None and residual is not None and not _alike(residual, x):
         layout = None

@@ -12,6 +12,8 @@ kernels do not serve, run PyTorch's batch norm and then the same activation."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from ._batchnorm import BatchNorm2d
@@ -34,22 +36,27 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its batch norms fused with the activations after them, where its
     structure shows them (module docstring); in place, and returned."""
     blocks = _torchvision_blocks()
+    uses = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    shared = {i for i, n in uses.items() if n > 1}  # a module met twice is left as it is
     for m in model.modules():
+        if id(m) in shared:
+            continue
         if isinstance(m, torch.nn.Sequential):
-            _fuse_sequence(m)
+            _fuse_sequence(m, shared)
         fused = blocks.get(type(m))
-        if fused is not None and fused.fits(m):
+        if fused is not None and fused.fits(m) and not fused.shares(m, shared):
             fused.take(m)
     return model
 
 
-def _fuse_sequence(seq: torch.nn.Sequential) -> None:
+def _fuse_sequence(seq: torch.nn.Sequential, shared: set) -> None:
     names = list(seq._modules)
     for a, b in zip(names, names[1:]):
         bn, act = seq._modules[a], seq._modules[b]
         if type(bn) is BatchNorm2d and bn.activation is None and type(act) in ACTIVATIONS:
-            bn.activation = ACTIVATIONS[type(act)]
-            seq._modules[b] = Fused(act)
+            if id(bn) not in shared:
+                bn.activation = ACTIVATIONS[type(act)]
+                seq._modules[b] = Fused(act)
 
 
 def _torchvision_blocks() -> dict:

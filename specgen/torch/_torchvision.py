@@ -24,6 +24,11 @@ class _Fusing:
         return type(getattr(block, "relu", None)) is torch.nn.ReLU
 
     @classmethod
+    def shares(cls, block, shared: set) -> bool:
+        """Whether a batch norm the fused forward changes is met elsewhere too."""
+        return any(id(getattr(block, n)) in shared for n in cls.relu_norms)
+
+    @classmethod
     def take(cls, block) -> None:
         """``block`` turned into this class in place, its batch norms given the ReLU."""
         for n in cls.relu_norms:
@@ -70,6 +75,10 @@ class FusedInvertedResidual(mobilenetv2.InvertedResidual):
     @classmethod
     def fits(cls, block) -> bool:
         return block.use_res_connect and _plain(block.conv[-1])
+
+    @classmethod
+    def shares(cls, block, shared: set) -> bool:
+        return id(block.conv[-1]) in shared
 
     @classmethod
     def take(cls, block) -> None:
