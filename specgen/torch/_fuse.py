@@ -12,6 +12,7 @@ kernels do not serve, run PyTorch's batch norm and then the same activation."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import torch
@@ -60,12 +61,12 @@ def _fuse_sequence(seq: torch.nn.Sequential, shared: set) -> None:
 
 
 def _torchvision_blocks() -> dict:
-    """torchvision's block classes -> their fused forms, where torchvision is installed
-    (``_torchvision``, imported only then)."""
-    try:
-        from torchvision.models import mobilenetv2, resnet
-    except ImportError:
+    """torchvision's block classes -> their fused forms, where torchvision's models are
+    imported already (a model of theirs is: ``_torchvision`` is imported only then)."""
+    if "torchvision.models.resnet" not in sys.modules:
         return {}
+    from torchvision.models import mobilenetv2, resnet
+
     from . import _torchvision as T
 
     return {
