@@ -1161,13 +1161,17 @@ def model(
     batch, image = batch or default_batch, image or default_image
     try:
         _check_arch(arch)
-        found = m.layers_of(m.build(name), name, batch, image)
+        net = m.build(name)
+        found = m.layers_of(net, name, batch, image)
         if plan_only:
             gpu = gpu or "NVIDIA H200"
             click.echo(
                 f"{name}, batch {batch}, {image}x{image}: {len(found)} conv calls; "
                 f"the picks for {gpu} ({arch})"
             )
+            from .torch import convert
+
+            click.echo(m.batch_norms(net, lambda n: convert(n, batchnorm=batchnorm, fuse=fuse)))
             for mode in chosen:
                 click.echo(
                     f"\n{mode.name} ({mode.dtype.value}, {mode.layout.value}"

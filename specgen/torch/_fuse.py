@@ -75,3 +75,21 @@ def _torchvision_blocks() -> dict:
         resnet.Bottleneck: T.FusedBottleneck,
         mobilenetv2.InvertedResidual: T.FusedInvertedResidual,
     }
+
+
+def describe(model: torch.nn.Module) -> str:
+    """What ``convert`` made of a model's batch norms, in a line: how many run on
+    specgen's kernels, how many apply the activation after them, and how many add a
+    residual block's shortcut."""
+    norms = [m for m in model.modules() if isinstance(m, BatchNorm2d)]
+    if not norms:
+        return "batch norm: PyTorch's" if _has_batch_norm(model) else "no batch norm"
+    fused = sum(m.activation is not None for m in norms)
+    shortcuts = sum(getattr(type(m), "adds_shortcut", False) for m in model.modules())
+    line = f"batch norm: {len(norms)} on specgen's kernels, "
+    line += f"{fused} with the activation after them" if fused else "none fused"
+    return line + (f", {shortcuts} adding a shortcut" if shortcuts else "")
+
+
+def _has_batch_norm(model) -> bool:
+    return any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())

@@ -13,6 +13,7 @@ from ._batchnorm import BatchNorm2d
 
 class _Fusing:
     relu_norms: tuple[str, ...] = ()  # the batch norms a ReLU follows
+    adds_shortcut = True  # the last batch norm adds the block's shortcut
 
     @classmethod
     def fits(cls, block) -> bool:
@@ -44,6 +45,7 @@ class FusedResNet(_Fusing, resnet.ResNet):
     """The stem's ReLU in its batch norm."""
 
     relu_norms = ("bn1",)
+    adds_shortcut = False
 
     def _forward_impl(self, x):
         x = self.maxpool(self.bn1(self.conv1(x)))
@@ -71,6 +73,8 @@ class FusedBottleneck(_Fusing, resnet.Bottleneck):
 
 class FusedInvertedResidual(mobilenetv2.InvertedResidual):
     """The shortcut added by the last batch norm (which no activation follows)."""
+
+    adds_shortcut = True
 
     @classmethod
     def fits(cls, block) -> bool:

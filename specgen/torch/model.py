@@ -115,6 +115,14 @@ def build_sizes(name: str):
         return build(name)
 
 
+def batch_norms(net, convert) -> str:
+    """What ``convert`` makes of ``net``'s batch norms, in a line (``_fuse.describe``),
+    from a copy converted on the CPU."""
+    from ._fuse import describe
+
+    return describe(convert(copy.deepcopy(net).cpu()))
+
+
 def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
     """``conv_layers`` of ``net`` on ``batch`` images of ``image`` pixels a side, or a
     SpecError where the model's own forward pass refuses them: inception_v3's auxiliary
@@ -503,12 +511,11 @@ def run(
     base = build(name)
     layers = layers_of(base, name, batch, image)
     gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
+    convert = functools.partial(sg.convert, batchnorm=batchnorm, fuse=fuse)
     echo(
         f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}; "
-        f"batch norm on {'specgen' if batchnorm else 'PyTorch'}'s kernels in specgen's run"
-        + (", fused with the ReLUs after it" if batchnorm and fuse else "")
+        f"in specgen's run {batch_norms(base, convert)}"
     )
-    convert = functools.partial(sg.convert, batchnorm=batchnorm, fuse=fuse)
     summary = []
     for mode in modes:
         torch.backends.cudnn.allow_tf32 = mode.tf32
