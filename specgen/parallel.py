@@ -8,6 +8,7 @@ import sys
 import threading
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import click
 
@@ -16,6 +17,16 @@ from .errors import SpecError
 from .plan import make_plan
 from .render import render
 from .strategies.wsplit import with_fp32_grads
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kernel source of the operator's own to fill the cache with (batch norm's): its
+    first function's name and its text, compiled for the arch as given.  It stands in
+    an item's place of the shape, with None for the variant."""
+
+    name: str
+    text: str
 
 
 def _plan(shape, variant, grads32: str = ""):
@@ -27,6 +38,12 @@ def _plan(shape, variant, grads32: str = ""):
 
 
 def _compile_one(shape, variant, arch, grads32: str = ""):
+    if isinstance(shape, Source):
+        try:
+            compile_source(shape.text, shape.name, arch)
+            return shape.name, None
+        except RuntimeError as e:
+            return shape.name, str(e)
     plan = _plan(shape, variant, grads32)
     try:
         compile_source(render(plan), plan.name, plan.target(arch))
@@ -38,6 +55,11 @@ def _compile_one(shape, variant, arch, grads32: str = ""):
 def _in_cache(results, arch, shape, variant, grads32: str = "") -> bool:
     """Whether the variant's kernel is in the disk cache already (noted in
     ``results``); one the planner refuses is left to ``_compile_one`` to report."""
+    if isinstance(shape, Source):
+        if cached(shape.text, arch):
+            results[shape.name] = None
+            return True
+        return False
     try:
         plan = _plan(shape, variant, grads32)
         if not cached(render(plan), plan.target(arch)):
@@ -132,7 +154,8 @@ def _pool(processes: int):
 
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant) or (shape, variant, grads32) (the
-    wgrad the operator runs for fp32 weights, ``_plan``); returns name -> error or None.
+    wgrad the operator runs for fp32 weights, ``_plan``), or (``Source``, None); returns
+    name -> error or None.
     With no writable cache there is nothing to fill: each variant compiles when used.
     Interrupted (Ctrl-C, or SIGTERM through the CLI), it ends its workers at once rather
     than finish the queue; every cache entry is whole (written, then renamed)."""

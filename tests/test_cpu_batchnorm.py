@@ -209,3 +209,34 @@ def test_fusion_leaves_a_shared_batch_norm_and_refuses_an_unknown_activation():
     assert torch.equal(mine(x), plain(x))
     with pytest.raises(ValueError, match="activation must be 'relu', 'relu6' or None"):
         sg.batch_norm(x, None, None, training=True, activation="gelu")
+
+
+def test_a_trace_names_the_batch_norm_kernels_a_first_call_compiles_ahead(tmp_path, monkeypatch):
+    """One trace on the meta device finds the batch norm kernels the model's pass will
+    load (each source once: resnet18's 20 batch norms in channels_last fp32 are 11
+    kernel sets, by width and fused form), and the compile pool puts them in the disk
+    cache under the names and texts the operator loads them by."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    import specgen.torch as sg
+    from specgen.compile import cached
+    from specgen.parallel import Source, precompile
+    from specgen.torch._trace import traced
+    from specgen.torch.model import build
+
+    model = sg.convert(build("resnet18")).to(memory_format=torch.channels_last)
+    x = torch.empty(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    layers, norms = traced(model, x)
+    assert len(layers) == 20 and len(norms) == 11
+    names = [n for n, _ in norms]
+    assert len(set(names)) == 11 and all(n.startswith("bn_fp32_c") for n in names)
+    forms = [("_relu_add_" in n, "_relu_" in n and "_add_" not in n) for n in names]
+    assert forms.count((True, False)) == 4 and forms.count((False, True)) == 4  # by width
+    cast = [n for n, _ in traced(model, x, cast=torch.bfloat16)[1]]  # autocast's dtype
+    assert len(cast) == 11 and all(n.startswith("bn_bf16_c") for n in cast)
+    assert traced(model.eval(), x)[1] == []  # eval mode: PyTorch's batch norm
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    picked = norms[:2]
+    results = precompile([(Source(n, t), None) for n, t in picked], "sm_90", 2)
+    assert results == {n: None for n, _ in picked}
+    assert all(cached(t, "sm_90") for _, t in picked) and not cached(norms[2][1], "sm_90")

@@ -34,27 +34,43 @@ SUM_BLOCKS, WRITE_BLOCKS = 4, 8
 
 def kernel_layout(x, weight, bias, running_mean, running_var, training: bool) -> str | None:
     """ "nhwc" or "nchw", the layout the kernels read x in, or None where they do not
-    serve the call: channels_last where x is dense in it and a 16-byte copy divides the
-    channels, else NCHW where x is contiguous."""
-    if not training or not x.is_cuda or x.dim() != 4 or x.dtype not in STORED:
+    serve the call: channels_last where x is dense in it, a 16-byte copy divides the
+    channels and x starts on 16 bytes, else NCHW where x is contiguous
+    (``planned_layout``), on one CUDA device in training mode outside torch.compile's
+    tracing."""
+    if not training or not x.is_cuda or torch.compiler.is_compiling():
         return None
-    if torch.compiler.is_compiling():
+    device = x.get_device()
+    for t in (weight, bias, running_mean, running_var):
+        if t is not None and t.get_device() != device:
+            return None
+    layout = planned_layout(x, weight, bias, running_mean, running_var)
+    if layout == "nhwc" and x.data_ptr() % 16:
+        return "nchw" if x.is_contiguous() else None
+    return layout
+
+
+def planned_layout(x, weight, bias, running_mean, running_var, dtype=None) -> str | None:
+    """``kernel_layout``'s decision from sizes, dtypes and strides alone (a trace on the
+    meta device takes it too, where x's ``dtype`` may be autocast's rather than its
+    own): None where the sizes, the dtypes or the forms of the parameters and
+    statistics are not the kernels'."""
+    dtype = dtype or x.dtype
+    if x.dim() != 4 or dtype not in STORED:
         return None
     N, C, H, W = x.shape
     if N * H * W < 2 or C > MAX_CHANNELS:
         return None
-    device = x.get_device()
     for t in (weight, bias, running_mean, running_var):
-        if t is not None and (t.dtype is not torch.float32 or t.get_device() != device):
+        if t is not None and (t.dtype is not torch.float32 or t.shape != (C,)):
             return None
-        if t is not None and (t.shape != (C,) or not t.is_contiguous()):
+        if t is not None and not t.is_contiguous():
             return None
     if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
         return None
-    copy = 4 if x.dtype is torch.float32 else 8
+    copy = 4 if dtype is torch.float32 else 8
     if x.is_contiguous(memory_format=torch.channels_last) and not C % copy:
-        if not x.data_ptr() % 16:
-            return "nhwc"
+        return "nhwc"
     if x.is_contiguous():
         return "nchw"
     return None
@@ -282,6 +298,25 @@ def _alike(r, x) -> bool:
     if r.dtype is not x.dtype or r.shape != x.shape or r.stride() != x.stride():
         return False
     return r.get_device() == x.get_device() and not r.data_ptr() % 16
+
+
+def planned_source(m, x, residual, dtype=None) -> tuple[str, str] | None:
+    """The name and source of the kernels module ``m`` (specgen's, in training mode)
+    will load for input x and ``residual`` (sizes and strides; meta tensors serve) of
+    ``dtype`` (by default x's): what a model's first call compiles ahead.  None where
+    PyTorch's batch norm will run it."""
+    dtype = dtype or x.dtype
+    tracked = m.track_running_stats and m.running_mean is not None
+    rm, rv = (m.running_mean, m.running_var) if tracked else (None, None)
+    layout = planned_layout(x, m.weight, m.bias, rm, rv, dtype) if m.training else None
+    if residual is not None and (residual.shape != x.shape or residual.stride() != x.stride()):
+        return None
+    if layout is None:
+        return None
+    N, C, H, W = x.shape
+    HW = H * W if layout == "nchw" else None
+    args = (float(m.eps), m.weight is not None, rm is not None, HW, m.activation)
+    return batchnorm_source(STORED[dtype], C, *args, residual is not None)
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):

@@ -12,7 +12,7 @@ import torch
 
 from ..choose import choose, computed_problem
 from ..errors import SpecError
-from ..parallel import precompile
+from ..parallel import Source, precompile
 from ..shapes import DType, Op, TensorLayout
 from ._args import arguments
 
@@ -97,9 +97,29 @@ def conv_layers(model, *example) -> list[ConvLayer]:
     forward pass of ``model`` on ``example``, in order (a layer called twice is listed
     twice; a transposed one as its adjoint convolution), traced on the meta device
     (``on_meta``)."""
+    return traced(model, *example)[0]
+
+
+def traced(model, *example, cast=None) -> tuple[list[ConvLayer], list[tuple[str, str]]]:
+    """``conv_layers``, and the (name, source) of the batch norm kernels the same pass
+    will load (specgen's ``BatchNorm2d`` in training mode, ``_batchnorm.planned_source``),
+    each once, from one trace on the meta device.  ``cast``: autocast's dtype, which the
+    trace does not apply (meta tensors are no CUDA tensors): the batch norms of an fp32
+    trace then read the convolutions' outputs in it."""
+    from ._batchnorm import BatchNorm2d, planned_source
     from ._engine import DTYPES, layout_of
 
     found: list[ConvLayer] = []
+    norms: dict[str, str] = {}
+
+    def norm_hook(m, args, kwargs):
+        residual = args[1] if len(args) > 1 else kwargs.get("residual")
+        x = args[0]
+        dtype = cast if cast is not None and x.dtype is torch.float32 else None
+        source = planned_source(m, x, residual, dtype)
+        if source is not None:
+            norms.setdefault(*source)
+
     names = {m: n for n, m in model.named_modules()}
 
     def hook(m, args):
@@ -131,12 +151,17 @@ def conv_layers(model, *example) -> list[ConvLayer]:
 
     kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, kinds)]
+    handles += [
+        m.register_forward_pre_hook(norm_hook, with_kwargs=True)
+        for m in model.modules()
+        if isinstance(m, BatchNorm2d)
+    ]
     try:
         on_meta(model, *example)
     finally:
         for h in handles:
             h.remove()
-    return found
+    return found, list(norms.items())
 
 
 def _transposed_layer(m, args, name, stride, pads, dilation) -> list[ConvLayer]:
@@ -234,8 +259,9 @@ def dw_orders(model, autocast: bool) -> dict[str, str]:
 def precompile_model(
     model, example, backward: bool = True, index: int | None = None, autotune: bool = False
 ) -> int:
-    """Compile the kernels of every convolution ``model`` meets on ``example`` at once,
-    one process a core, as the operator will pick them on the example's device now
+    """Compile the kernels of every convolution ``model`` meets on ``example``, and of
+    every batch norm of specgen's it runs in training mode, at once, one process a
+    core, as the operator will pick them on the example's device now
     (its dtype, or autocast's where it is on; its memory format; tf32 as cuDNN may):
     the operator's first calls then find them in the disk cache instead of compiling
     one after another.  ``index``: the device, where not the example's.  Returns how
@@ -254,12 +280,12 @@ def precompile_model(
         if x is None:
             return 0
         index = x.device.index
+    cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     try:
-        layers = conv_layers(model, *example)
+        layers, norms = traced(model, *example, cast=cast)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, SpecError) as e:
         log.info("specgen: the model was not traced ahead (%s); kernels compile as met", e)
         return 0
-    cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     mode = Mode("as called", DTYPES.get(cast), None, allow_tf32())
     gpu, arch = gpu_name(index), arch_of(index)
     rows = plan_rows(layers, mode, gpu, arch, backward)
@@ -272,10 +298,12 @@ def precompile_model(
     def pick_of(r):
         return (*r.pick, orders.get(r.layer, "")) if r.op == Op.WGRAD.value else r.pick
 
+    sources = [(Source(name, text), None) for name, text in norms]  # batch norm's
     if not autotune:
-        picks = [pick_of(r) for r in rows if r.pick]
+        picks = [pick_of(r) for r in rows if r.pick] + sources
         precompile(picks, arch, os.cpu_count() or 1, f"compiling {len(picks)} kernels")
         return len(picks)
+    precompile(sources, arch, os.cpu_count() or 1, f"compiling {len(sources)} batch norms")
     items = []
     for r in rows:
         if r.pick:
