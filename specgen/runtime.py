@@ -483,6 +483,7 @@ def batchnorm_source(
         residual=residual,
         epilogue=f"{act}({epilogue})" if act else epilogue,
         gated=gated[act],
+        columns=(C + 31) // 32,  # the statistics' and terms' blocks, 32 channels each
     )
     if HW is not None:
         name = f"bn_{dtype}_c{C}_hw{HW}{extra}_{tag}"
@@ -497,7 +498,6 @@ def batchnorm_source(
         R=R,
         CT=L * V,
         GY=C // (L * V),
-        width=4 if dtype == "fp32" else 2,
         **common,
     )
     return name, text

@@ -40,21 +40,19 @@ def kernel_layout(x, weight, bias, running_mean, running_var, training: bool) ->
     tracing."""
     if not training or not x.is_cuda or torch.compiler.is_compiling():
         return None
-    device = x.get_device()
-    for t in (weight, bias, running_mean, running_var):
-        if t is not None and t.get_device() != device:
-            return None
-    layout = planned_layout(x, weight, bias, running_mean, running_var)
+    layout = planned_layout(x, weight, bias, running_mean, running_var, device=x.get_device())
     if layout == "nhwc" and x.data_ptr() % 16:
         return "nchw" if x.is_contiguous() else None
     return layout
 
 
-def planned_layout(x, weight, bias, running_mean, running_var, dtype=None) -> str | None:
-    """``kernel_layout``'s decision from sizes, dtypes and strides alone (a trace on the
-    meta device takes it too, where x's ``dtype`` may be autocast's rather than its
-    own): None where the sizes, the dtypes or the forms of the parameters and
-    statistics are not the kernels'."""
+def planned_layout(
+    x, weight, bias, running_mean, running_var, dtype=None, device=None
+) -> str | None:
+    """``kernel_layout``'s decision from sizes, dtypes and strides (a trace on the meta
+    device takes it too, where x's ``dtype`` may be autocast's rather than its own):
+    None where the sizes, the dtypes or the forms of the parameters and statistics are
+    not the kernels', or (``device`` given) one of them lies on another device."""
     dtype = dtype or x.dtype
     if x.dim() != 4 or dtype not in STORED:
         return None
@@ -64,7 +62,7 @@ def planned_layout(x, weight, bias, running_mean, running_var, dtype=None) -> st
     for t in (weight, bias, running_mean, running_var):
         if t is not None and (t.dtype is not torch.float32 or t.shape != (C,)):
             return None
-        if t is not None and not t.is_contiguous():
+        if t is not None and (not t.is_contiguous() or device not in (None, t.get_device())):
             return None
     if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
         return None
@@ -99,8 +97,7 @@ class Kernels:
         N, C, H, W = x_size
         P = N * H * W  # the values a channel
         nchw = layout == "nchw"
-        HW = H * W if nchw else None
-        name, text = batchnorm_source(dtype, C, eps, affine, running, HW, act, residual)
+        name, text = source(layout, x_size, dtype, eps, affine, running, act, residual)
         names = [f"{name}_{k}" for k in KERNELS]
         s, f, a, r, df, da = _engine.load_functions(index, names[0], text, names)
         sms = torch.cuda.get_device_properties(index).multi_processor_count
@@ -127,6 +124,14 @@ class Kernels:
         # statistics (mean, 1/std) and y's terms (a, b, mean); the backward's sums, dx's
         # terms (a, k, b, mean), dgamma and dbeta
         self.part = 2 * C * self.GX
+
+
+def source(layout: str, x_size, dtype: str, eps, affine, running, act, residual):
+    """The name and text of one problem's kernels (``Kernels``' arguments but the
+    device): what ``Kernels`` loads and a first call compiles ahead (``planned_form``)."""
+    N, C, H, W = x_size
+    HW = H * W if layout == "nchw" else None
+    return batchnorm_source(dtype, C, float(eps), affine, running, HW, act, residual)
 
 
 _kernels: dict[tuple, Kernels] = {}
@@ -300,8 +305,8 @@ def _alike(r, x) -> bool:
     return r.get_device() == x.get_device() and not r.data_ptr() % 16
 
 
-def planned_source(m, x, residual, dtype=None) -> tuple[str, str] | None:
-    """The name and source of the kernels module ``m`` (specgen's, in training mode)
+def planned_form(m, x, residual, dtype=None) -> tuple | None:
+    """``source``'s arguments for the kernels module ``m`` (specgen's, in training mode)
     will load for input x and ``residual`` (sizes and strides; meta tensors serve) of
     ``dtype`` (by default x's): what a model's first call compiles ahead.  None where
     PyTorch's batch norm will run it."""
@@ -309,14 +314,20 @@ def planned_source(m, x, residual, dtype=None) -> tuple[str, str] | None:
     tracked = m.track_running_stats and m.running_mean is not None
     rm, rv = (m.running_mean, m.running_var) if tracked else (None, None)
     layout = planned_layout(x, m.weight, m.bias, rm, rv, dtype) if m.training else None
-    if residual is not None and (residual.shape != x.shape or residual.stride() != x.stride()):
+    unlike = residual is not None and (residual.shape, residual.stride()) != (x.shape, x.stride())
+    if layout is None or unlike:  # a residual the kernels cannot read: PyTorch's path
         return None
-    if layout is None:
-        return None
-    N, C, H, W = x.shape
-    HW = H * W if layout == "nchw" else None
-    args = (float(m.eps), m.weight is not None, rm is not None, HW, m.activation)
-    return batchnorm_source(STORED[dtype], C, *args, residual is not None)
+    affine, running = m.weight is not None, rm is not None
+    return (
+        layout,
+        tuple(x.shape),
+        STORED[dtype],
+        m.eps,
+        affine,
+        running,
+        m.activation,
+        residual is not None,
+    )
 
 
 class BatchNorm2d(torch.nn.BatchNorm2d):

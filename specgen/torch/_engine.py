@@ -745,10 +745,7 @@ def _load_gather(index: int, source: str, target: str) -> int:
 def _load(index: int, name: str, text: str) -> int:
     """The function ``name`` of CUDA source ``text``, compiled and loaded on device
     ``index`` once (its module kept for the process's life)."""
-    func = _loaded.get((index, name))
-    if func is None:
-        func = _loaded[(index, name)] = _compile_and_load(index, name, text)
-    return func
+    return load_functions(index, name, text, (name,))[0]
 
 
 _loaded: dict[tuple, int] = {}  # (device, function name) -> the function
@@ -764,8 +761,8 @@ def load_functions(index: int, name: str, text: str, names: tuple) -> tuple:
     return found
 
 
-def _compile_and_load(index: int, name: str, text: str, names: tuple = ()):
-    """The function ``name`` of ``text`` (or, ``names`` given, those functions)."""
+def _compile_and_load(index: int, name: str, text: str, names: tuple) -> tuple:
+    """The functions ``names`` of ``text`` (``name`` its first)."""
     import cupy
 
     from ..compile import compile_source
@@ -775,9 +772,7 @@ def _compile_and_load(index: int, name: str, text: str, names: tuple = ()):
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
         _modules.append(module)  # the functions live as long as their module
-        if names:
-            return tuple(module.get_function(n).ptr for n in names)
-        return module.get_function(name).ptr
+        return tuple(module.get_function(n).ptr for n in names)
 
 
 _modules: list = []

@@ -102,23 +102,23 @@ def conv_layers(model, *example) -> list[ConvLayer]:
 
 def traced(model, *example, cast=None) -> tuple[list[ConvLayer], list[tuple[str, str]]]:
     """``conv_layers``, and the (name, source) of the batch norm kernels the same pass
-    will load (specgen's ``BatchNorm2d`` in training mode, ``_batchnorm.planned_source``),
+    will load (specgen's ``BatchNorm2d`` in training mode, ``_batchnorm.planned_form``),
     each once, from one trace on the meta device.  ``cast``: autocast's dtype, which the
     trace does not apply (meta tensors are no CUDA tensors): the batch norms of an fp32
     trace then read the convolutions' outputs in it."""
-    from ._batchnorm import BatchNorm2d, planned_source
+    from ._batchnorm import BatchNorm2d, planned_form, source
     from ._engine import DTYPES, layout_of
 
     found: list[ConvLayer] = []
-    norms: dict[str, str] = {}
+    forms: dict[tuple, None] = {}  # each batch norm problem once, in order
 
     def norm_hook(m, args, kwargs):
         residual = args[1] if len(args) > 1 else kwargs.get("residual")
         x = args[0]
         dtype = cast if cast is not None and x.dtype is torch.float32 else None
-        source = planned_source(m, x, residual, dtype)
-        if source is not None:
-            norms.setdefault(*source)
+        form = planned_form(m, x, residual, dtype)
+        if form is not None:
+            forms[form] = None
 
     names = {m: n for n, m in model.named_modules()}
 
@@ -161,6 +161,7 @@ def traced(model, *example, cast=None) -> tuple[list[ConvLayer], list[tuple[str,
     finally:
         for h in handles:
             h.remove()
+    norms = dict(source(*form) for form in forms)  # one set a source (NHWC: any plane size)
     return found, list(norms.items())
 
 
