@@ -191,7 +191,7 @@ def test_the_first_steps_run_in_fresh_processes_cold_then_warm():
         cache = env["SPECGEN_CACHE_DIR"]
         seen.append((args[-1], cache, sorted(os.listdir(cache))))
         open(os.path.join(cache, f"run{len(seen)}"), "w").close()  # what a run leaves
-        return json.dumps(dict(import_s=1.0, first_s=2.0 * len(seen), second_s=0.01))
+        return json.dumps(dict(import_s=1.0, setup_s=0.5, first_s=2.0 * len(seen), second_s=0.01))
 
     found = m.first_steps("unet", 4, 32, m.MODES["bf16"], child=child)
     assert [engine for engine, _, _ in seen] == ["cudnn", "specgen", "specgen"]
@@ -199,7 +199,8 @@ def test_the_first_steps_run_in_fresh_processes_cold_then_warm():
     assert seen[1][2] == ["run1"] and seen[2][2] == ["run1", "run2"]  # cold, then warm
     assert [r["first_s"] for r in found.values()] == [2.0, 4.0, 6.0]
     table = m.format_first_steps({("bf16", who): r for who, r in found.items()})
-    assert "cold <= cuDNN + 20 s" in table and "specgen, warm cache" in table
+    assert "cold <= cuDNN's + 20 s" in table and "specgen, warm cache" in table
+    assert table.splitlines()[-1].split()[-4:] == ["1.00", "0.50", "6.00", "0.010"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
@@ -224,6 +225,7 @@ def test_the_first_step_child_reports_one_json_line(monkeypatch, capsys):
         report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert report["engine"] == engine and report["mode"] == "fp32"
         assert report["first_s"] > 0 and report["second_s"] > 0 and report["import_s"] >= 0
+        assert report["setup_s"] > 0
 
 
 @needs_torchvision
