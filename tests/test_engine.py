@@ -144,3 +144,31 @@ def test_dy_is_moved_once_for_dgrad_and_wgrad_where_both_compute_in_the_other_la
     assert (out is dy) is not moved
     cl = dy.contiguous(memory_format=torch.channels_last)
     assert (E.shared_dy(Both(), cl, bias=True) is cl) is moved
+
+
+@pytest.mark.parametrize("op", [Op.FPROP, Op.DGRAD])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype, layout", [(DType.FP32, "nchw"), (DType.BF16, "nhwc")])
+def test_storage_offsets_read_the_packed_order_from_either_memory_format(op, groups, dtype, layout):
+    """Read at ``storage_offsets``, a weight tensor's storage (contiguous or
+    channels_last) gives the weights in the order the kernel's packing puts them
+    (``_packed_ids``: PyTorch's own order, ckkm or mrsc, dgrad's flip and swap too)."""
+    from types import SimpleNamespace
+
+    from specgen.choose import choose
+    from specgen.plan import make_plan
+
+    p = ConvProblem(
+        batch=2, C=8, M=16, H=9, W=7, R=3, S=2, pads=(1, 1, 0, 1), groups=groups,
+        dtype=dtype, layout=TensorLayout(layout), op=op,
+    )  # fmt: skip
+    plan = make_plan(p, choose(p, "NVIDIA H200", False, "sm_90").variant)
+    k = SimpleNamespace(problem=p, conv=SimpleNamespace(plan=plan, shape=p))
+    ids = E._packed_ids(k.conv)
+    w = torch.randn(E.w_shape(p), dtype=torch.float64)
+    for form in (torch.contiguous_format, torch.channels_last):
+        stored = w.contiguous(memory_format=form)
+        flat = torch.as_strided(stored, (stored.numel(),), (1,))  # the storage in order
+        at = torch.as_tensor(E.storage_offsets(k, stored.stride()))
+        want = w.reshape(-1) if ids is None else w.reshape(-1)[torch.as_tensor(ids)]
+        assert torch.equal(flat[at], want)
