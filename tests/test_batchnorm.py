@@ -137,20 +137,22 @@ def test_drawn_batch_norms_match_float64(
     check(N, C, H, W, dtype, affine, running, momentum, seed, layout)
 
 
-def test_the_module_runs_our_kernels_in_training_and_pytorchs_elsewhere():
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_the_module_runs_our_kernels_in_training_and_pytorchs_elsewhere(momentum):
     """BatchNorm2d in training mode updates num_batches_tracked and the running stats as
-    PyTorch's does, on the cumulative average too (momentum None); in eval mode and on
-    tensors dense in neither memory format it is PyTorch's batch norm, bit for bit."""
+    PyTorch's does, in either memory format (the finalize kernel counts the batch), on
+    the cumulative average too (momentum None); in eval mode and on tensors dense in
+    neither memory format it is PyTorch's batch norm, bit for bit."""
     torch.manual_seed(0)
-    ref = torch.nn.BatchNorm2d(64, momentum=None).cuda()
-    ours = sg.convert(torch.nn.Sequential(torch.nn.BatchNorm2d(64, momentum=None).cuda()))[0]
+    ref = torch.nn.BatchNorm2d(64, momentum=momentum).cuda()
+    ours = sg.convert(torch.nn.Sequential(torch.nn.BatchNorm2d(64, momentum=momentum).cuda()))[0]
     assert type(ours) is sg.BatchNorm2d
     for step in range(3):
-        x = (3 + torch.randn(8, 64, 6, 6, device="cuda")).contiguous(
-            memory_format=torch.channels_last
-        )
+        form = torch.contiguous_format if step == 1 else torch.channels_last
+        x = (3 + torch.randn(8, 64, 6, 6, device="cuda")).contiguous(memory_format=form)
         want = ref(x).double()
         close(ours(x), want, 1e-5 * (1 + want.abs()), f"y, step {step}")
+    assert ours.num_batches_tracked.dtype is torch.int64
     assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 3
     close(ours.running_mean, ref.running_mean.double(), 1e-5, "running_mean")
     close(ours.running_var, ref.running_var.double(), 1e-5, "running_var")
@@ -165,6 +167,7 @@ def test_the_module_runs_our_kernels_in_training_and_pytorchs_elsewhere():
     assert torch.equal(ours(xl), ref(xl)) and torch.equal(ours(x), ref(x))
     ours.train(), ref.train()
     assert torch.equal(ours(x), ref(x))  # training, but not dense: PyTorch's
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 4
 
 
 def test_a_captured_step_replays_with_new_inputs():

@@ -112,7 +112,7 @@ class Kernels:
         T = "t"  # a tensor's address, given at each launch
         self.stats = _Step(s, grid, block, 0, [(T, 0), (T, 0), (None, P)])
         tail = [(None, P), (None, self.GX)]
-        self.finalize = _Step(f, cols, (32, 32, 1), 0, [(T, 0)] * 8 + tail + [(T, 0)])
+        self.finalize = _Step(f, cols, (32, 32, 1), 0, [(T, 0)] * 8 + tail + [(T, 0)] * 2)
         # apply (x, terms, r, y), reduce (dy, x, y, saved, part), dapply (dy, x, y,
         # terms, dx, dr): an address 0 where the kernel reads or writes no such tensor
         self.apply = _Step(a, agrid, block, 0, [(T, 0)] * 4 + [(None, P)])
@@ -169,11 +169,12 @@ class BatchNormFunction(torch.autograd.Function):
     """Batch norm over the batch's statistics, a residual added (``r``, or None) and the
     activation applied where the kernels bake them in: y, the running statistics
     updated in place; dx, dgamma, dbeta and the residual's gradient in the backward.
-    The last argument is the call's ``Kernels`` and momentum (``call``)."""
+    The last argument is the call's ``Kernels``, momentum and the address of the count
+    its finalize adds 1 to, or 0 (``batch_norm``)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, r, call):
-        k, momentum = call
+        k, momentum, batches = call
         C, F4 = k.C, 4  # bytes an fp32
         scratch = empty(k.part + 5 * C, x)
         part = scratch.data_ptr()
@@ -184,7 +185,7 @@ class BatchNormFunction(torch.autograd.Function):
         _engine.launch_steps(
             k.index,
             (k.stats, (xa, part)),
-            (k.finalize, (part, xa, *at, saved, terms, momentum)),
+            (k.finalize, (part, xa, *at, saved, terms, momentum, batches)),
             (k.apply, (xa, terms, 0 if r is None else r.data_ptr(), y.data_ptr())),
         )
         if k.act:  # the backward's gate reads the output, as PyTorch's in-place one does
@@ -279,22 +280,37 @@ def batch_norm(
     *,
     residual=None,
     activation=None,
+    num_batches_tracked=None,
 ):
     """``torch.nn.functional.batch_norm`` on specgen's kernels where they serve it
     (``kernel_layout``), else PyTorch's; with ``residual`` (a tensor of x's size) added
     to its output and ``activation`` ("relu", "relu6" or None) applied after, in the
-    same kernel: act(batch_norm(x) + residual)."""
+    same kernel: act(batch_norm(x) + residual).  ``num_batches_tracked`` (a module's
+    count, or None): 1 is added to it, by the kernel that updates the running
+    statistics where it serves the call (a launch fewer a call)."""
     if activation not in ACTIVATE:
         raise ValueError(f"activation must be 'relu', 'relu6' or None, got {activation!r}")
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is not None and residual is not None and not _alike(residual, x):
         layout = None
+    counted = 0
+    if num_batches_tracked is not None:
+        if layout is not None and running_mean is not None and _counts(num_batches_tracked, x):
+            counted = num_batches_tracked.data_ptr()
+        else:
+            num_batches_tracked.add_(1)
     if layout is None:
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
         return ACTIVATE[activation](y if residual is None else y + residual)
     affine, running = weight is not None, running_mean is not None
     k = kernels(x, layout, eps, affine, running, activation, residual is not None)
-    return _apply(x, weight, bias, running_mean, running_var, residual, (k, _bits(momentum)))
+    call = (k, _bits(momentum), counted)
+    return _apply(x, weight, bias, running_mean, running_var, residual, call)
+
+
+def _counts(n, x) -> bool:
+    """Whether the kernels can add to count ``n``: one int64 on x's device."""
+    return n.dtype is torch.int64 and n.numel() == 1 and n.get_device() == x.get_device()
 
 
 def _alike(r, x) -> bool:
@@ -346,10 +362,13 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
     def forward(self, input, residual=None):
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
+        count = None  # the count batch_norm adds 1 to, in its kernel where it can
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # the cumulative average, as PyTorch's
+            if self.momentum is None:  # the cumulative average, as PyTorch's: the count read
+                self.num_batches_tracked.add_(1)
                 factor = 1.0 / float(self.num_batches_tracked)
+            else:
+                count = self.num_batches_tracked
         training = self.training or (self.running_mean is None and self.running_var is None)
         tracked = not self.training or self.track_running_stats
         return batch_norm(
@@ -363,4 +382,5 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
             self.eps,
             residual=residual,
             activation=self.activation,
+            num_batches_tracked=count,
         )
