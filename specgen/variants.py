@@ -203,6 +203,20 @@ def param(default, codec: Codec, help: str):
     return dataclasses.field(default=default, metadata=dict(codec=codec, help=help))
 
 
+def first_planned(candidates, plan, refused: str) -> "Variant":
+    """The first of ``candidates`` (variants, the preferred first) that ``plan`` accepts
+    (a ``fit``'s search): else the first one's refusal, which says why, or ``refused``
+    where there was no candidate."""
+    error = None
+    for v in candidates:
+        try:
+            plan(v)
+            return v
+        except SpecError as e:
+            error = error or e
+    raise error or SpecError(refused)
+
+
 # ---- the variant ----
 
 

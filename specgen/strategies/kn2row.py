@@ -26,7 +26,7 @@ from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, shape_context, y_args
 from ..shapes import ConvProblem, DType, Feature, TensorLayout
 from ..tensors import Role
-from ..variants import EPILOGUE, Count, Precision, Variant, param
+from ..variants import EPILOGUE, Count, Precision, Variant, first_planned, param
 from .mma import ROUNDING
 from .tcgemm import MAX_ACCUMULATORS, STAGE_LIMIT, VECTOR
 
@@ -73,17 +73,12 @@ class Kn2row(Variant):
         0.024 ms; warps of 64 pixels 0.025, bands of 4 or 16 rows 0.026, chunks of 64
         channels 0.028); shorter bands, or warps of 64 pixels, where the image is wide
         enough that these take more than 16 warps or more shared memory than there is."""
-        error = None
-        for rows in dict.fromkeys(min(r, problem.Ho) for r in (seed.rows, 4, 2, 1)):
-            for per_warp in (32, 64):
-                warps = ceil_div(band_pixels(problem, rows), per_warp)
-                v = replace(seed, rows=rows, warps=warps, chunk=32)
-                try:
-                    plan_kn2row(problem, v)
-                    return v
-                except SpecError as e:
-                    error = error or e
-        raise error
+        candidates = (
+            replace(seed, rows=rows, warps=ceil_div(band_pixels(problem, rows), per_warp), chunk=32)
+            for rows in dict.fromkeys(min(r, problem.Ho) for r in (seed.rows, 4, 2, 1))
+            for per_warp in (32, 64)
+        )
+        return first_planned(candidates, lambda v: plan_kn2row(problem, v), "kn2row: no band fits")
 
     @classmethod
     def space(cls, problem, precision):

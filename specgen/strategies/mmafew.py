@@ -38,7 +38,7 @@ from ..plan.common import (
     smem_blocks,
 )
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
-from ..variants import EPILOGUE, Count, Precision, Variant, param
+from ..variants import EPILOGUE, Count, Precision, Variant, first_planned, param
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT
 
@@ -83,19 +83,17 @@ class Mmafew(Variant):
     def fit(cls, problem, seed):
         """Tiles as wide as the output rows (up to 128 columns) and 4-8 warps of two m16
         tiles each, else of one or three; else 2-3 warps."""
-        error = None
-        for least in (4, 2):
-            for cols, per_warp, rows in product(_widths(problem), (2, 1, 3), range(1, 9)):
-                tiles = rows * cols // 16
-                if tiles % per_warp or not least <= tiles // per_warp <= 8:
-                    continue
-                v = replace(seed, rows=rows, cols=cols, warps=tiles // per_warp)
-                try:
-                    plan_mmafew(problem, v)
-                    return v
-                except SpecError as e:
-                    error = error or e
-        raise error or SpecError(f"mmafew: no tile of {problem.Wo} output columns fits")
+        candidates = (
+            replace(seed, rows=rows, cols=cols, warps=rows * cols // 16 // per_warp)
+            for least in (4, 2)
+            for cols, per_warp, rows in product(_widths(problem), (2, 1, 3), range(1, 9))
+            if (rows * cols // 16) % per_warp == 0 and least <= rows * cols // 16 // per_warp <= 8
+        )
+        return first_planned(
+            candidates,
+            lambda v: plan_mmafew(problem, v),
+            f"mmafew: no tile of {problem.Wo} output columns fits",
+        )
 
     @classmethod
     def space(cls, problem, precision):

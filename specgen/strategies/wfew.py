@@ -26,7 +26,7 @@ from itertools import product
 from ..errors import SpecError
 from ..plan.common import Plan, Size, ceil_div
 from ..shapes import ConvProblem, Feature, Op
-from ..variants import Count, Precision, Variant, param
+from ..variants import Count, Precision, Variant, first_planned, param
 from .mma import ROUNDING
 from .mmafew import MAX_WARPS, check_few, launch_blocks, patch_layout
 from .tcgemm import STAGE_LIMIT
@@ -80,20 +80,15 @@ class Wfew(Variant):
         """Tiles of 128 output pixels (32 columns or the rows' width; else 64, 32, 16),
         the maps in one warp a window row where the sums fit (two or four else; the fewest
         that give a block 4 warps or more first), and a block an SM."""
-        error = None
         whole = ceil_div(problem.Wo, 16) * 16
         shares = sorted((1, 2, 4), key=lambda m: (problem.R * m < 4, m))
-        for pixels, cols, mapsplit in product(
-            (128, 64, 32, 16), dict.fromkeys((min(32, whole), 16)), shares
-        ):
-            rows = max(1, pixels // cols)
-            v = replace(seed, rows=rows, cols=cols, mapsplit=mapsplit, splits=132)
-            try:
-                plan_wfew(problem, v)
-                return v
-            except SpecError as e:
-                error = error or e
-        raise error
+        candidates = (
+            replace(seed, rows=max(1, pixels // cols), cols=cols, mapsplit=mapsplit, splits=132)
+            for pixels, cols, mapsplit in product(
+                (128, 64, 32, 16), dict.fromkeys((min(32, whole), 16)), shares
+            )
+        )
+        return first_planned(candidates, lambda v: plan_wfew(problem, v), "wfew: no tile fits")
 
     @classmethod
     def space(cls, problem, precision):
