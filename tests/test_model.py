@@ -228,6 +228,52 @@ def test_the_first_step_child_reports_one_json_line(monkeypatch, capsys):
         assert report["setup_s"] > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
+def test_a_run_stopped_while_timing_layers_has_printed_its_steps(monkeypatch):
+    """The steps of a mode are printed before its layers are timed, the long part: a
+    run stopped there (a time limit's SIGTERM, Ctrl-C) keeps them; a whole run of two
+    modes prints each mode's, then both together.  The GPU's parts stubbed: the
+    built-in U-Net planned on the CPU."""
+    import torch
+
+    from specgen.torch import _engine
+    from specgen.torch import model as m
+
+    err = {"cuDNN": (1e-5, 2e-2), "specgen": (1.4e-5, 1.9e-2)}
+    times = {("cuDNN", "eager"): 3.0, ("specgen", "eager"): 2.0}
+    monkeypatch.setattr(_engine, "gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(_engine, "arch_of", lambda index: "sm_90")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(m, "precompile", lambda *args: {})
+    monkeypatch.setattr(m, "accuracy", lambda *args: err)
+    monkeypatch.setattr(m, "step_ms", lambda *args: times)
+    timed = []
+
+    def layer_times(layers, rows, mode, sg):
+        if mode.name == "tf32":
+            raise KeyboardInterrupt  # stopped while timing the second mode's layers
+        for r in rows:
+            r.specgen_ms, r.cudnn_ms = 1.0, 1.5
+        timed.append(mode.name)
+
+    monkeypatch.setattr(m, "layer_times", layer_times)
+    out = []
+    modes = [m.MODES["fp32"], m.MODES["tf32"]]
+    with pytest.raises(KeyboardInterrupt):
+        m.run("unet", 2, 32, modes, 5, False, True, out.append, lambda text: None)
+    steps = [i for i, text in enumerate(out) if "training step" in text]
+    assert timed == ["fp32"] and len(steps) == 2  # fp32's and tf32's, before the stop
+    assert "tf32" in out[-1] and "1.50x" in out[-1]
+    out.clear()
+    monkeypatch.setattr(m, "layer_times", lambda layers, rows, mode, sg: None)
+    m.run("unet", 2, 32, modes, 5, False, True, out.append, lambda text: None)
+    steps = [text for text in out if "training step" in text]
+    assert len(steps) == 3 and "fp32" in steps[-1] and "tf32" in steps[-1]
+    out.clear()
+    m.run("unet", 2, 32, modes[:1], 5, False, True, out.append, lambda text: None)
+    assert len([text for text in out if "training step" in text]) == 1
+
+
 @needs_torchvision
 def test_the_layer_table_is_summed_by_op():
     """Below the per-layer table: each op's problems, the two sums, their ratio and how

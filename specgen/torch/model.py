@@ -177,7 +177,8 @@ def format_op_sums(rows: list[Row]) -> str:
         mine = [r for r in timed if op in (r.op, "all")]
         ours, theirs = sum(r.specgen_ms for r in mine), sum(r.cudnn_ms for r in mine)
         slow = sum(r.cudnn_ms < 0.8 * r.specgen_ms for r in mine)
-        lines.append([op, len(mine), f"{ours:.3f}", f"{theirs:.3f}", f"{theirs / ours:.2f}x", slow])
+        ratio = f"{theirs / ours:.2f}x" if ours else "-"  # "all" of no timed row
+        lines.append([op, len(mine), f"{ours:.3f}", f"{theirs:.3f}", ratio, slow])
     return _columns(lines)
 
 
@@ -500,9 +501,12 @@ def run(
 ) -> None:
     """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
     training step and (``layers_too``) the per-layer table, printed through ``echo``;
-    what it is doing through ``progress``.  The model is converted with batch norm on
-    specgen's kernels too where ``batchnorm``, fused with the ReLUs after them where
-    ``fuse`` (``specgen.torch.convert``'s)."""
+    what it is doing through ``progress``.  With the layers, each mode's step is
+    printed before its layers are timed (the long part: a run stopped there keeps its
+    steps), and the steps of every mode together at the end where there are several.
+    The model is converted with batch norm on specgen's kernels too where
+    ``batchnorm``, fused with the ReLUs after them where ``fuse``
+    (``specgen.torch.convert``'s)."""
     import specgen.torch as sg
 
     from ._engine import arch_of, gpu_name
@@ -531,6 +535,7 @@ def run(
         t = step_ms(base, batch, image, mode, convert, graph, reps)
         summary.append((mode, err, t))
         if layers_too:
+            echo("\n" + format_steps(summary[-1:], graph))
             progress(f"[{mode.name}] {len(rows)} layer ops timed alone")
             layer_times(layers, rows, mode, sg)
             echo(
@@ -540,7 +545,8 @@ def run(
             echo(format_rows(rows, timed=True))
             echo("\nsummed by op:")
             echo(format_op_sums(rows))
-    echo("\n" + format_steps(summary, graph))
+    if not layers_too or len(summary) > 1:
+        echo("\n" + format_steps(summary, graph))
     if first_too:
         found = {}
         for mode in modes:
