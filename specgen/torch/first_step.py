@@ -62,11 +62,5 @@ def main(argv: list[str], start: float | None = None) -> None:
     print(json.dumps(dict(report, first_s=times[0], second_s=times[1])))
 
 
-# the process as ``first_steps`` starts it: its clock from before any import
-LAUNCH = (
-    "import time; start = time.perf_counter(); import sys; "
-    "from specgen.torch.first_step import main; main(sys.argv[1:], start)"
-)
-
 if __name__ == "__main__":
     main(sys.argv[1:])
