@@ -5,7 +5,6 @@ and what ``specgen.torch.warmup`` compiles at once before a model's first call."
 from __future__ import annotations
 
 import functools
-
 import logging
 import os
 from dataclasses import dataclass
