@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from ..errors import SpecError
 from . import _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
-from ._batchnorm import BatchNorm2d, batch_norm
 from ._args import transposed as _transposed
+from ._batchnorm import BatchNorm2d, batch_norm
 from ._engine import autotune, autotuning
 
 __all__ = [
