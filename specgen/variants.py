@@ -206,15 +206,18 @@ def param(default, codec: Codec, help: str):
 def first_planned(candidates, plan, refused: str) -> "Variant":
     """The first of ``candidates`` (variants, the preferred first) that ``plan`` accepts
     (a ``fit``'s search): else the first one's refusal, which says why, or ``refused``
-    where there was no candidate."""
-    error = None
+    where there was no candidate.  The refusal is kept as its message: an exception
+    kept past its handler holds its traceback's frames, and through them the caller's
+    (an autograd backward's, with its graph), in a cycle that only the garbage
+    collector frees."""
+    why = None
     for v in candidates:
         try:
             plan(v)
             return v
         except SpecError as e:
-            error = error or e
-    raise error or SpecError(refused)
+            why = why or str(e)
+    raise SpecError(why or refused)
 
 
 # ---- the variant ----

@@ -575,3 +575,32 @@ def test_a_layer_tuned_at_two_batches_takes_the_winner_at_the_nearest():
     assert tuned_at == {1: 32, 32: 32, 40: 32, 48: 64, 64: 64, 512: 64}
     assert picks[32].variant.name != picks[64].variant.name
     assert f"at B={picks[64].batch}" in picks[64].why
+
+
+def test_choosing_a_kernel_leaves_nothing_for_the_garbage_collector():
+    """A fit that passes over refused candidates keeps no exception: one kept past its
+    handler holds its frames and its callers' in a cycle, and the operator chooses in
+    an autograd backward, whose graph then outlives the step until a collection.  A
+    CUDA graph captured meanwhile accumulates into nodes of the eager stream and
+    fails (shufflenet_v2's capture, one run in two, on the H200)."""
+    import gc
+
+    specs = [
+        "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc",  # mmafew
+        "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc,op=wgrad",  # wfew
+        "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc",  # kn2row
+        "C=24,M=58,H=56,W=56,K=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "C=116,M=116,H=28,W=28,K=3,pad=1,groups=116,dtype=bf16,layout=nhwc,op=dgrad",
+        "C=64,M=64,H=56,W=56,K=3,pad=1",
+    ]
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for spec in specs:
+            make_plan(p := parse_shape(spec), choose(p, H200, True).variant)
+        gc.collect()
+        kept = [type(o).__name__ for o in gc.garbage if isinstance(o, BaseException)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert kept == []

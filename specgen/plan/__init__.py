@@ -86,15 +86,16 @@ def _pads(pads) -> str:
 
 
 def first_planned(shape: ConvProblem, candidates: Iterable[Variant]) -> Variant:
-    """The first candidate the planner accepts; the last one's error if none is."""
-    error = SpecError("no candidate to plan")
+    """The first candidate the planner accepts; the last one's error if none is (its
+    message: ``variants.first_planned`` says why)."""
+    why = "no candidate to plan"
     for v in candidates:
         try:
             make_plan(shape, v)
             return v
         except SpecError as e:
-            error = e
-    raise error
+            why = str(e)
+    raise SpecError(why)
 
 
 # Band heights a search tries one by one from the top: every preset's whole image (the

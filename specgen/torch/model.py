@@ -405,12 +405,17 @@ def _captured(m, opt, x, t, mode: Mode):
     the step table shows in its place."""
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
+    # a capture that fails leaves the device's random generator in its capturing state,
+    # where its next draw (the layer table's inputs) raises: its state before, put back
+    rng = torch.cuda.default_generators[torch.cuda.current_device()]
+    before = rng.clone_state()
     try:
         with torch.cuda.graph(g):
             _forward_backward(m, x, t, mode)
             opt.step()
     except RuntimeError as e:  # PyTorch's CUDA errors: the capture's own, not the step's
         torch.cuda.synchronize()
+        rng.graphsafe_set_state(before)
         return str(e).splitlines()[0]
     return g
 
