@@ -31,6 +31,13 @@ from ptx import ptx_of
 # The autoencoder's first and last layers as autocast runs them (B=128 in the model).
 ENC1 = "C=3,M=256,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
 DEC3 = "C=256,M=3,H=32,W=32,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+# shufflenet_v2_x1_0's 1x1 layers whose rows are more than the default's threads hold
+# (B=32 in the model): their wgrads went to wband's CUDA cores in NCHW at 1.77 ms
+# against cuDNN's 0.02 (H200, 2026-11-29)
+SHUFFLE = [
+    f"C={c},M={m},H={h},W={h},K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad"
+    for c, m, h in [(24, 58, 56), (116, 116, 28), (116, 116, 14)]
+]
 
 
 @pytest.mark.parametrize("spec", [ENC1, DEC3])
@@ -98,6 +105,22 @@ def test_limits_are_one_line_refusals(spec, name, words):
 # ---- GPU tier ----
 
 
+@pytest.mark.parametrize("spec", SHUFFLE)
+def test_rows_too_wide_for_the_threads_take_more_warps_or_smaller_tiles(spec):
+    """Where one output row's gathers or registers are more than a thread holds, the
+    default takes more warps, then halves its larger tile, rather than refuse: the
+    operator computes these wgrads on tensor cores in place, and they compile without
+    spilling."""
+    from specgen.choose import computed_problem
+
+    p = parse_shape(spec)
+    computed = computed_problem(p, "NVIDIA H200", False, "sm_90")
+    v = planned(computed, allow_tf32=False).variant
+    assert computed.layout is p.layout and v.key == "tcwhalo", v.name
+    plan = make_plan(p, v)
+    assert compile_source(render(plan), plan.name, plan.target("sm_90")).spills == 0
+
+
 @st.composite
 def few_channel_problems(draw):
     """wgrad of channels-last 16-bit layers with few channels or few maps per group (or
@@ -136,7 +159,7 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [ENC1, DEC3])
+@pytest.mark.parametrize("spec", [ENC1, DEC3, *SHUFFLE])
 def test_three_channel_layers_at_the_models_batch(spec):
     """The long reduction (131072 pixels a weight) where the error shows."""
     from specgen.runtime import device_arch

@@ -109,6 +109,7 @@ class Tcwhalo(Variant):
             or _gathers(problem, bm, bc, (wm, wc), rows) > GATHERS
         ):
             rows -= 1
+        bm, bc, wm, wc = _held(problem, bm, bc, wm, wc, rows)
         # one block per SM where two do not fit (registers or shared memory), then one
         # wave of blocks: a second wave would pay the ring's start again
         threads = 32 * wm * wc
@@ -150,6 +151,36 @@ class Tcwhalo(Variant):
                             )
                         )
         return list(dict.fromkeys(out))
+
+
+def _held(p, bm: int, bc: int, wm: int, wc: int, rows: int) -> tuple:
+    """(bm, bc, wm, wc) whose threads hold a chunk of ``rows`` rows: at most GATHERS
+    gathered elements and REGISTERS registers.  Where even one row is too much for them
+    (shufflenet_v2's 1x1 layers of 58 and 116 channels and maps over rows of 56, 28 and
+    14 pixels), more warps, up to eight, then the larger tile halved."""
+
+    def over():
+        warps = (wm, wc)
+        return (
+            _gathers(p, bm, bc, warps, rows) > GATHERS
+            or _registers(p, bm, bc, warps, rows) > REGISTERS
+        )
+
+    while over():
+        if wm * wc < WARPS and bm // wm >= 32:
+            wm *= 2
+        elif wm * wc < WARPS and bc // wc >= 16:
+            wc *= 2
+        elif bm > MAPS_TILES[0] and (bm >= bc or bc == CHANNEL_TILES[0]):
+            bm //= 2
+            wm = min(WARPS // wc, bm // 16)
+        elif bc > CHANNEL_TILES[0]:
+            bc //= 2
+            wc = min(WARPS, bc // 8)
+            wm = min(WARPS // wc, bm // 16)
+        else:
+            break  # the plan names what a thread would hold
+    return bm, bc, wm, wc
 
 
 def _own(p):
