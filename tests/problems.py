@@ -260,7 +260,27 @@ def depthwise_problems(draw, largest: int = 15):
     forward view at stride 1, the gather past it), channel counts that take 16-, 8-
     and 4-byte words."""
     C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
-    R, S = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    return _nhwc_layer(draw, C, C, C, largest, taps=7)
+
+
+@st.composite
+def narrow_group_problems(draw, largest: int = 13):
+    """Grouped layers of a few channels a group in channels-last (ResNeXt's): 1 to 8
+    channels and 1 to 16 maps a group, stride, dilation, every padding form, rectangular
+    windows, bias and ReLU, the three dtypes, forward and dgrad (the forward view at
+    stride 1, the gather past it)."""
+    cg = draw(st.sampled_from([1, 2, 4, 8, 12]))
+    mg = draw(st.sampled_from([1, 2, 4, 8, 12, 16]))
+    groups = draw(st.sampled_from([2, 3, 4, 8]))
+    return _nhwc_layer(draw, groups * cg, groups * mg, groups, largest, taps=5)
+
+
+def _nhwc_layer(draw, C, M, groups, largest, taps):
+    """A drawn channels-last layer of these channels and groups: a window of 1 to
+    ``taps`` a side, dilation, an image of up to ``largest`` a side, stride, every
+    padding form within the window's reach, the three dtypes, fprop or dgrad, bias and
+    ReLU on half the forward passes."""
+    R, S = draw(st.integers(1, taps)), draw(st.integers(1, taps))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
     W = draw(st.integers(dil[1] * (S - 1) + 1, largest))
@@ -269,8 +289,8 @@ def depthwise_problems(draw, largest: int = 15):
     reach = (dil[0] * (R - 1), dil[1] * (S - 1))
     pads = [draw(st.integers(0, reach[i // 2])) for i in range(4)]
     spec = (
-        f"C={C},M={C},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
-        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={C},"
+        f"C={C},M={M},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
         f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout=nhwc,op={op}"
     )
     if op == "fprop" and draw(st.booleans()):

@@ -16,7 +16,16 @@ the forward convolution of dy with the flipped windows (``ConvProblem.dgrad_view
 depthwise again; at a larger stride each dx pixel gathers the dy pixels whose taps
 reach it, with no inserted zeros: a run starts at a multiple of the stride, so which
 of its outputs a tap reaches is known to the planner, and only the row's phase is
-tested at run time."""
+tested at run time.
+
+Narrow groups (ResNeXt's 3x3 layers of 4 or 8 channels a group, whose GEMMs leave a
+tensor-core tile's maps mostly empty): a thread's ``vec`` maps lie in one group, and at
+each input pixel it loads the group's channels in one word (4 to 16 bytes) and adds
+each one's products into all its maps' sums; a window row's weights are [tap][channel
+of the group][map], the maps adjacent (``ckkm``).  Dgrad at stride 1 runs so on its
+forward view; the gather past it takes a thread's dx channels in one group and loads
+the group's dy maps in one word, the weights [map][row][tap][channel of the group]
+(``mrsc.fp32``), a tap's channels adjacent."""
 
 from __future__ import annotations
 
@@ -54,14 +63,45 @@ def depthwise(p) -> bool:
     return p.groups == p.C == p.M
 
 
+def sides(p) -> tuple[int, int, int, int]:
+    """(channels written, of them a group's, channels read, of them a group's): the
+    forward pass writes maps from channels, the gather dx's channels from dy's maps."""
+    if gathers(p):
+        return p.C, p.Cg, p.M, p.Mg
+    return p.M, p.Mg, p.C, p.Cg
+
+
+def narrow_groups(p) -> bool:
+    """Groups of a few channels (not depthwise) that a thread loads in one word at a
+    pixel (``group_word``): dwlane's grouped form."""
+    return p.groups > 1 and not depthwise(p) and group_word(p) is not None
+
+
+def group_word(p) -> dict | None:
+    """How a group's channels read load at a pixel (``channel_words``): 4, 8 or 16
+    bytes of them; None where they are not such a word (fp32's 1, 2 or 4 channels,
+    16-bit's 2, 4 or 8)."""
+    widths = (1, 2, 4) if p.dtype is DType.FP32 else (2, 4, 8)
+    read = sides(p)[3]
+    return channel_words(p.dtype, read) if read in widths else None
+
+
+def served_words(p) -> int:
+    """What a thread's channel vector must divide: a depthwise layer's channels, a
+    grouped one's channels written a group (a thread's lie in one group)."""
+    written, group, _, _ = sides(p)
+    return group if narrow_groups(p) else written
+
+
 @dataclass(frozen=True, kw_only=True)
 class Dwlane(Variant):
     key = "dwlane"
     templates = ("direct/dwlane.cu.j2",)
     family = "direct"
     description = (
-        "depthwise layers in channels-last: a thread takes adjacent channels of a run of "
-        "outputs, a warp whole words at consecutive addresses, fp32 sums"
+        "depthwise layers and groups of a few channels in channels-last: a thread takes "
+        "adjacent channels (maps of one group) of a run of outputs, a warp whole words at "
+        "consecutive addresses, fp32 sums"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
 
@@ -87,22 +127,28 @@ class Dwlane(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The widest channel vector C allows, runs of up to 4 outputs (fewer where the
-        window is wide), 128 threads a block."""
+        """The widest channel vector C (a group's maps) allows whose sums and window row
+        fit the registers, runs of up to 4 outputs (fewer where the window is wide), 128
+        threads a block."""
         p = problem
-        vec = next((v for v in vector_widths(p.dtype) if p.C % v == 0), None)
-        if vec is None:
-            raise SpecError(f"dwlane takes channels in pairs at least: C={p.C} is odd")
-        step = run_step(p)
+        cg, step = group_channels(p), run_step(p)
+        fits = [v for v in vector_widths(p.dtype) if served_words(p) % v == 0]
+        if not fits:
+            what = "a group's maps" if narrow_groups(p) else "C"
+            raise SpecError(
+                f"dwlane takes channels in pairs at least: {what}={served_words(p)} is odd"
+            )
+        # the widest vector whose sums and window row fit (the plan says why where none does)
+        vec = next((v for v in fits if kept(v, step, p.S, cg) <= MAX_KEPT), fits[-1])
         pixels = max(step, 4 // step * step)
-        while pixels > step and kept(vec, pixels, p.S) > MAX_KEPT:
+        while pixels > step and kept(vec, pixels, p.S, cg) > MAX_KEPT:
             pixels -= step
         return replace(seed, vec=vec, pixels=min(pixels, out_width(p)), threads=128)
 
     @classmethod
     def space(cls, problem, precision):
         base = cls.default(problem, precision)
-        widths = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
+        widths = [v for v in vector_widths(problem.dtype) if served_words(problem) % v == 0]
         step = run_step(problem)
         out = []
         for vec in widths[:2]:
@@ -129,9 +175,16 @@ def run_step(p) -> int:
     return p.stride[1] if gathers(p) else 1
 
 
-def kept(vec: int, pixels: int, S: int) -> int:
-    """fp32 values a thread keeps at once: its sums and one window row's weights."""
-    return vec * (pixels + S)
+def kept(vec: int, pixels: int, S: int, Cg: int = 1) -> int:
+    """fp32 values a thread keeps at once: its sums and one window row's weights (of
+    each of a group's ``Cg`` channels)."""
+    return vec * (pixels + S * Cg)
+
+
+def group_channels(p) -> int:
+    """The channels a thread reads at a pixel for each one it writes: a narrow group's,
+    else one (depthwise)."""
+    return sides(p)[3] if narrow_groups(p) else 1
 
 
 def columns(p, pixels: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -158,10 +211,12 @@ def plan_dwlane(p, v) -> Plan:
             "dwlane reads channels-last tensors (adjacent channels a thread): use "
             "layout=nhwc in the shape spec, or --strategy tiled for NCHW"
         )
-    if not depthwise(p):
+    grouped = narrow_groups(p)
+    if not depthwise(p) and not grouped:
         raise SpecError(
-            f"dwlane computes depthwise layers (groups = C = M); groups={p.groups}, "
-            f"C={p.C}, M={p.M}: use --strategy tcgemm or tiled"
+            f"dwlane computes depthwise layers (groups = C = M) and groups of a few "
+            f"channels (a 4- to 16-byte word of them); groups={p.groups}, C={p.C}, "
+            f"M={p.M}: use --strategy tcgemm or tiled"
         )
     widths = vector_widths(p.dtype)
     if v.vec not in widths:
@@ -169,8 +224,14 @@ def plan_dwlane(p, v) -> Plan:
             f"dwlane v{v.vec}: a thread takes {', '.join(map(str, widths))} channels of "
             f"{p.dtype.value} (16, 8 or 4 bytes)"
         )
-    if p.C % v.vec:
-        raise SpecError(f"dwlane v{v.vec}: C={p.C} is no multiple of it; choose --vec 2")
+    written, out_g, read, in_g = sides(p)
+    if grouped and out_g % v.vec:
+        raise SpecError(
+            f"dwlane v{v.vec}: a thread's channels lie in one group; the {out_g} it writes "
+            "a group are no multiple of them: choose a --vec that divides them"
+        )
+    if written % v.vec:
+        raise SpecError(f"dwlane v{v.vec}: C={written} is no multiple of it; choose --vec 2")
     if not 1 <= v.pixels <= MAX_PIXELS:
         raise SpecError(f"dwlane p{v.pixels}: a run is 1 to {MAX_PIXELS} outputs")
     if v.pixels > out_width(p):
@@ -183,10 +244,12 @@ def plan_dwlane(p, v) -> Plan:
             f"dwlane p{v.pixels}: dgrad's runs are multiples of the column stride "
             f"{run_step(p)}; choose --pixels {run_step(p) * max(1, v.pixels // run_step(p))}"
         )
-    if kept(v.vec, v.pixels, p.S) > MAX_KEPT:
+    cg = group_channels(p)
+    if kept(v.vec, v.pixels, p.S, cg) > MAX_KEPT:
         raise SpecError(
-            f"dwlane v{v.vec} p{v.pixels}: {kept(v.vec, v.pixels, p.S)} sums and weights a "
-            f"thread for a {p.S}-wide window, over {MAX_KEPT}; choose fewer --pixels"
+            f"dwlane v{v.vec} p{v.pixels}: {kept(v.vec, v.pixels, p.S, cg)} sums and weights "
+            f"a thread for a {p.S}-wide window{f' of {cg} channels' if grouped else ''}, "
+            f"over {MAX_KEPT}; choose fewer --pixels{' or a narrower --vec' if grouped else ''}"
         )
     if v.threads not in THREADS:
         raise SpecError(f"dwlane t{v.threads}: threads per block must be one of {THREADS}")
@@ -196,7 +259,7 @@ def plan_dwlane(p, v) -> Plan:
     out_h, out_w = (p.H, p.W) if gather else (p.Ho, p.Wo)
     in_h, in_w = (p.Ho, p.Wo) if gather else (p.H, p.W)
     per_row = ceil_div(out_w, v.pixels)
-    vectors = p.C // v.vec
+    vectors = written // v.vec
     units = out_h * per_row * vectors
     (dh, _), (pt, _, pl, _) = p.dil, p.pads
     ctx = dict(
@@ -222,9 +285,35 @@ def plan_dwlane(p, v) -> Plan:
         in_h=in_h,
         in_w=in_w,
         ragged=out_w % v.pixels != 0,
-        x_image=in_h * in_w * p.C,
-        in_row=in_w * p.C,
-        out_row=out_w * p.C,
+        x_image=in_h * in_w * read,
+        in_row=in_w * read,
+        in_C=read,
+        out_row=out_w * written,
+        out_C=written,
+        grouped=grouped,
+        out_g=out_g,
+        in_g=in_g,
+        # a group's channels read at a pixel: one load of this word (grouped)
+        group=group_word(p) if grouped else None,
+        # grouped: where the thread's weights start, from its first channel written c0
+        # (ckkm's [channel][row][tap][map] forward, the gather's [map][row][tap][channel
+        # of the group], mrsc) ...
+        w_base=f"c0 / {out_g} * {p.Mg * p.R * p.S * p.Cg} + c0 % {out_g}" if gather else "c0",
+        # ... and each window row's: (tap s, the group's channel read i, first channel
+        # written q, offset from the start, floats 4, 2 or 1)
+        g_loads=(
+            [
+                [
+                    (s, i, q, ((i * p.R + r) * p.S + s) * (p.Cg if gather else p.M) + q, n)
+                    for s in range(p.S)
+                    for i in range(in_g)
+                    for q, n in ((q, min(4, v.vec - q)) for q in range(0, v.vec, 4))
+                ]
+                for r in range(p.R)
+            ]
+            if grouped
+            else None
+        ),
         # the gather's first dy column of a run: the run's first dx column / sw
         iw_per_run=v.pixels // p.stride[1] if per_row > 1 else 0,
         in_rows_span=p.stride[0] * in_h,  # the gather's row numerators below this divide in
@@ -261,7 +350,7 @@ def plan_dwlane(p, v) -> Plan:
         ),
         Size(
             "registers",
-            f"{v.pixels * v.vec} sums + {p.S * v.vec} weights",
+            f"{v.pixels * v.vec} sums + {p.S * cg * v.vec} weights",
             f"a window row's weights at a time; {len(ctx['cols'])} input columns a row",
         ),
         Size(
@@ -288,7 +377,7 @@ def plan_dwlane(p, v) -> Plan:
         static_smem=0,
         dynamic_smem=0,
         const_bytes=0,
-        weight_format="ckkm",
+        weight_format="mrsc.fp32" if grouped and gather else "ckkm",
         sizes=sizes,
         context=ctx,
     )
