@@ -211,6 +211,20 @@ def test_fusion_leaves_a_shared_batch_norm_and_refuses_an_unknown_activation():
         sg.batch_norm(x, None, None, training=True, activation="gelu")
 
 
+def test_the_operator_knows_each_activation_the_kernels_apply():
+    """One table names the activations for the operator: the kernels' own names, in
+    their order, each with the module it fuses and PyTorch's function for the calls
+    the kernels do not take (which match the modules' outputs)."""
+    torch = pytest.importorskip("torch")
+    from specgen import runtime
+    from specgen.torch._batchnorm import ACTIVATIONS
+
+    assert tuple(ACTIVATIONS) == runtime.ACTIVATIONS
+    x = torch.randn(64) * 8
+    for module, function in ACTIVATIONS.values():
+        assert torch.equal(function(x), module()(x))
+
+
 def test_a_trace_names_the_batch_norm_kernels_a_first_call_compiles_ahead(tmp_path, monkeypatch):
     """One trace on the meta device finds the batch norm kernels the model's pass will
     load (each source once: resnet18's 20 batch norms in channels_last fp32 are 11

@@ -261,10 +261,12 @@ def _differentiable(ctx, x, weight, y, dy):
 
 _apply = _apply_of(BatchNormFunction)
 
-ACTIVATE = {  # PyTorch's own, where the kernels do not run
-    None: lambda y: y,
-    "relu": torch.relu,
-    "relu6": lambda y: F.hardtanh(y, 0.0, 6.0),
+# The activations the kernels apply after a batch norm (``runtime.ACTIVATIONS``, in its
+# order), each with the module it stands for after one (``_fuse``) and PyTorch's own
+# function, which applies it where the kernels do not run.
+ACTIVATIONS = {
+    "relu": (torch.nn.ReLU, torch.relu),
+    "relu6": (torch.nn.ReLU6, lambda y: F.hardtanh(y, 0.0, 6.0)),
 }
 
 
@@ -288,8 +290,9 @@ def batch_norm(
     same kernel: act(batch_norm(x) + residual).  ``num_batches_tracked`` (a module's
     count, or None): 1 is added to it, by the kernel that updates the running
     statistics where it serves the call (a launch fewer a call)."""
-    if activation not in ACTIVATE:
-        raise ValueError(f"activation must be 'relu', 'relu6' or None, got {activation!r}")
+    if activation is not None and activation not in ACTIVATIONS:
+        names = ", ".join(map(repr, ACTIVATIONS))
+        raise ValueError(f"activation must be {names} or None, got {activation!r}")
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is not None and residual is not None and not _alike(residual, x):
         layout = None
@@ -301,7 +304,8 @@ def batch_norm(
             num_batches_tracked.add_(1)
     if layout is None:
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-        return ACTIVATE[activation](y if residual is None else y + residual)
+        y = y if residual is None else y + residual
+        return y if activation is None else ACTIVATIONS[activation][1](y)
     affine, running = weight is not None, running_mean is not None
     k = kernels(x, layout, eps, affine, running, activation, residual is not None)
     call = (k, _bits(momentum), counted)

@@ -17,9 +17,9 @@ from collections import Counter
 
 import torch
 
-from ._batchnorm import BatchNorm2d
+from ._batchnorm import ACTIVATIONS, BatchNorm2d
 
-ACTIVATIONS = {torch.nn.ReLU: "relu", torch.nn.ReLU6: "relu6"}
+NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "relu"
 
 
 class Fused(torch.nn.Identity):
@@ -54,9 +54,9 @@ def _fuse_sequence(seq: torch.nn.Sequential, shared: set) -> None:
     names = list(seq._modules)
     for a, b in zip(names, names[1:]):
         bn, act = seq._modules[a], seq._modules[b]
-        if type(bn) is BatchNorm2d and bn.activation is None and type(act) in ACTIVATIONS:
+        if type(bn) is BatchNorm2d and bn.activation is None and type(act) in NAMES:
             if id(bn) not in shared:
-                bn.activation = ACTIVATIONS[type(act)]
+                bn.activation = NAMES[type(act)]
                 seq._modules[b] = Fused(act)
 
 
