@@ -193,6 +193,9 @@ def main() -> None:
     dist.all_gather_object(gathered, report)
     if rank == 0:
         print(json.dumps(dict(report, ranks=gathered)))
+    # the DDP wrappers hold the process group: dropped first, so that it ends here and
+    # not in the interpreter's exit, where its threads may outlive what they wait on
+    runs.clear()
     dist.destroy_process_group()
 
 
