@@ -167,8 +167,8 @@ def traced(model, *example, cast=None) -> tuple[list[ConvLayer], list[tuple[str,
             h.remove()
         for m in sized:
             del m.forward
-    norms = dict(source(*form) for form in forms)  # one set a source (NHWC: any plane size)
-    return found, list(norms.items())
+    sources = dict(source(*form) for form in forms)  # one set a source (NHWC: any plane size)
+    return found, list(sources.items())
 
 
 def _sized_like(m, input, residual=None):
