@@ -254,6 +254,27 @@ def tma_problems(draw):
 
 
 @st.composite
+def flat_tma_problems(draw):
+    """1x1 layers at stride 1 without padding, whose tma box is the tile's run of the
+    batch's pixels (``tcgemm.flat_pixels``): maps of any size (7x7, 28x28, odd sides),
+    so that a tile ends inside an output row and past the batch; groups, channels past
+    the chunk, maps past the tile, bias and relu, the three dtypes; forward and dgrad."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec = 4 if dtype == "fp32" else 8
+    cg = vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 160 // vec))
+    H, W = draw(st.sampled_from([1, 3, 7, 14, 28])), draw(st.sampled_from([1, 5, 7, 14, 28]))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K=1,groups={groups},dtype={dtype},layout=nhwc"
+    )
+    op = draw(st.sampled_from(["fprop", "fprop", "dgrad"]))
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    return parse_shape(spec + f",op={op}")
+
+
+@st.composite
 def depthwise_problems(draw, largest: int = 15):
     """Depthwise layers in channels-last: stride, dilation, every padding form,
     rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the

@@ -15,6 +15,7 @@ from problems import (
     assert_one_line_refusal,
     default_and_drawn,
     that_plan,
+    flat_tma_problems,
     tma_problems,
     verify_on_the_gpu,
     wgmma_problems,
@@ -289,20 +290,27 @@ def _load(x, p, v, plan, lr, ls, lc, p0, n0, grp, images):
     xmap, wmap = plan.launches[0].maps
     c = plan.context
     n, oh0 = p0 // (p.Ho * p.Wo), p0 % (p.Ho * p.Wo) // p.Wo
-    xs = box_load(
-        x[0], xmap, (lc, grp, ls * c["dw"] - c["pl"], oh0 + lr * c["dh"] - c["pt"], n), images
-    )
+    if c["flat"]:  # a 1x1 layer's rows of the batch's pixels
+        xs = box_load(x[0], xmap, (lc, grp, 0, 0, p0), images)
+    else:
+        at = (lc, grp, ls * c["dw"] - c["pl"], oh0 + lr * c["dh"] - c["pt"], n)
+        xs = box_load(x[0], xmap, at, images)
     ws = box_load(x[1], wmap, (lc, lr * p.S + ls, n0, grp))
     return xs, ws
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(p=tma_problems(), images=st.integers(1, 3), pick=st.integers(0, 10**6))
+@given(
+    p=st.one_of(tma_problems(), flat_tma_problems()),
+    images=st.integers(1, 3),
+    pick=st.integers(0, 10**6),
+)
 def test_tma_boxes_hold_the_tiles_operands(p, images, pick):
     """A NumPy replay of the copy unit: for a drawn problem and tile, each chunk's x box
     holds the tile's pixels in order at that tap (zeros in the padding, past the batch
     and past the group's channels) and its w box the tile's maps' weights there (zeros
-    past the group's maps and channels), as the implicit GEMM's operands are defined."""
+    past the group's maps and channels), as the implicit GEMM's operands are defined.
+    1x1 layers at stride 1, unpadded, take any tile: its pixels as the batch's rows."""
     import numpy as np
 
     variants = tma_variants(p)
@@ -362,6 +370,35 @@ def test_tma_compiles_to_bulk_tensor_copies_under_mbarriers():
 
 
 @pytest.mark.parametrize(
+    "spec",
+    [
+        # resnext50's and resnet50's 1x1 layers, whose tiles end inside an output row
+        "C=256,M=512,H=28,W=28,K=1,dtype=bf16,layout=nhwc",
+        "C=512,M=1024,H=14,W=14,K=1,dtype=bf16,layout=nhwc,op=dgrad",
+        "C=1024,M=2048,H=7,W=7,K=1,dtype=bf16,layout=nhwc",
+        "C=256,M=128,H=56,W=56,K=1,dtype=fp32,layout=nhwc",
+    ],
+)
+def test_a_1x1_layer_takes_the_tma_feed_in_any_pixel_tile(spec):
+    """A 1x1 layer at stride 1 without padding reads x at the output's own pixel: its
+    TMA box is the tile's run of the batch's pixels, so tiles of 128 and 256 pixels that
+    end inside a 28-, 14- or 7-pixel row take the feed (whole rows refused them, and
+    every warp copied instead).  Each compiles for sm_90a with no spills and
+    unserialized wgmma, its x box one chunk by the tile's pixels."""
+    p = parse_shape(spec)
+    q = Wgmma.problem_for(p)
+    for bn, bm in ((128, 128), (256, 128)):
+        name = f"wgmma_b{bn}x{bm}_p4_q1_gr_tma_{MATH[q.dtype].value}"
+        plan = make_plan(q, parse_variant_name(name))
+        xmap, wmap = plan.launches[0].maps
+        assert plan.context["flat"] and xmap.box == (plan.context["CHUNK"], 1, 1, 1, bn)
+        assert xmap.sized(3) == (q.Cg, q.groups, 1, 1, 3 * q.H * q.W)
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (name, binary.resources)
+    assert Wgmma.default(q, MATH[q.dtype]).feed is Feed.TMA
+
+
+@pytest.mark.parametrize(
     "spec, name, words",
     [
         (AE_ENC2_BF16 + ",stride=2", "wgmma_b128x128_p4_q2_gr_tma_bf16", "stride 1"),
@@ -414,7 +451,11 @@ def test_the_launcher_points_each_map_at_its_encoding(monkeypatch):
     suppress_health_check=list(HealthCheck),
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
-@given(p=tma_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+@given(
+    p=st.one_of(tma_problems(), flat_tma_problems()),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+)
 def test_tma_on_drawn_problems_on_the_gpu(p, batch, pick):
     """The TMA feed against the float64 reference on drawn problems, forward and through
     dgrad's view: boxes past the batch and the image, channels past the chunk, maps past

@@ -158,6 +158,14 @@ def affine(const: int, **terms: int) -> str:
     return text + (f" + {const}" if const > 0 else f" - {-const}" if const < 0 else "")
 
 
+def flat_pixels(p) -> bool:
+    """Whether a 1x1 window at stride 1 without padding reads x at the output's own
+    pixel: x and y (dy and x, for wgrad) are then rows of the batch's pixels in one
+    order, [pixels][C], and a tile or unit may be any run of consecutive pixels rather
+    than whole output rows (``wgwtma``'s 64-pixel units, ``wgmma``'s TMA boxes)."""
+    return p.R == p.S == 1 and p.stride == (1, 1) and p.pads == (0, 0, 0, 0)
+
+
 def gemm_view(problem: ConvProblem) -> ConvProblem:
     """The forward problem whose sizes the GEMM takes: the problem itself, or for a
     strided dgrad (computed in phases) the convolution of dy (channels M, an Ho x Wo

@@ -17,7 +17,9 @@ inflight - 1``).  Three ways to feed them (``--feed``):
   from tensor maps the runtime encodes for the tensors' addresses (``specgen.tma``).
   The copy unit writes the swizzle and the zeros of the padding itself, and an mbarrier
   a stage completes when the boxes' bytes have landed; the consumer warps retire each
-  stage at another.  It needs stride 1 and a tile of whole output rows.  On the H200 it
+  stage at another.  It needs stride 1 and a tile of whole output rows, but for a 1x1
+  layer without padding, whose x is the batch's pixels as rows: there the box is the
+  tile's run of them, wherever the output rows end (``tcgemm.flat_pixels``).  On the H200 it
   took the wide layers' bf16 forward from 0.035/0.038 ms to 0.031/0.034 (ae-enc2/ae-dec2)
   and their tf32 forward from 0.066/0.071 to 0.058/0.062: the consumers issue nothing
   but the multiplies and their waits.
@@ -84,7 +86,7 @@ from ..variants import (
     param,
 )
 from .mma import ROUNDING
-from .tcgemm import MATH, STAGE_LIMIT, VECTOR, gemm_view, k_walk, phases_of
+from .tcgemm import MATH, STAGE_LIMIT, VECTOR, flat_pixels, gemm_view, k_walk, phases_of
 
 CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
 SMS = 132  # the H200's SMs, for sizing the grid
@@ -303,8 +305,24 @@ def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, Ten
     channels by the tile's whole output rows (or whole images) at one tap, so that the
     box's rows are the tile's pixels in order and the copy unit zero-fills the padding;
     w as [groups][M/g][R*S][C/g] with a box of a chunk's channels by the tile's maps at
-    one tap.  SpecError where the tile is not whole rows or the stride is not 1."""
+    one tap.  A 1x1 layer at stride 1 without padding (``flat_pixels``) reads x as
+    [the batch's pixels][1][1][groups][C/g] instead, its box the tile's pixels whatever
+    rows they fall in.  SpecError where the tile is not whole rows or the stride is not 1."""
     HoWo, Wo = p.Ho * p.Wo, p.Wo
+    e = p.dtype.bytes
+    rs = p.R * p.S
+    w = TensorMap(
+        Role.W,
+        e,
+        (p.Cg, rs, p.Mg, p.groups),
+        (p.Cg * e, rs * p.Cg * e, p.Mg * rs * p.Cg * e),
+        (chunk, 1, bm, 1),
+    )
+    if flat_pixels(p):  # the copy unit zero-fills the pixels past the batch
+        strides = (p.Cg * e, p.C * e, p.C * e, p.C * e)
+        box = (chunk, 1, 1, 1, bn)
+        x = TensorMap(Role.X, e, (p.Cg, p.groups, 1, 1, None), strides, box, image_elems=HoWo)
+        return x, w
     if p.stride != (1, 1):
         raise SpecError(
             f"wgmma tma copies a tap's box of whole rows, which needs stride 1, not "
@@ -322,21 +340,12 @@ def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, Ten
         )
     if max(box_rows) > 256:
         raise SpecError(f"wgmma tma: a box of {box_rows} pixels is over 256 along one axis")
-    e = p.dtype.bytes
     x = TensorMap(
         Role.X,
         e,
         (p.Cg, p.groups, p.W, p.H, None),
         (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
         (chunk, 1, *box_rows),
-    )
-    rs = p.R * p.S
-    w = TensorMap(
-        Role.W,
-        e,
-        (p.Cg, rs, p.Mg, p.groups),
-        (p.Cg * e, rs * p.Cg * e, p.Mg * rs * p.Cg * e),
-        (chunk, 1, bm, 1),
     )
     return x, w
 
@@ -488,6 +497,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         copiers=copiers,
         producer=producer,
         tma=tma,
+        flat=tma and flat_pixels(p),  # x's box: the tile's pixels, from the batch's rows
         persistent=v.persistent,
         staging_at=staging_at,
         bars_at=bars_at,

@@ -55,7 +55,7 @@ from ..tensors import Role
 from ..tma import BOX_LIMIT, STEP_LIMIT, TensorMap
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
-from .tcgemm import MATH, STAGE_LIMIT
+from .tcgemm import MATH, STAGE_LIMIT, flat_pixels
 from .tcwgrad import slice_kernel, slice_sums
 
 CHUNK = 64  # pixels a stage: four k16 steps
@@ -234,14 +234,6 @@ def pruned(p, rects) -> bool:
     all taps', and where db rides along, one tap sees every pixel."""
     small = kept_pixels(rects) <= PRUNE_KEPT * p.R * p.S * p.Ho * p.Wo
     return small and (full_tap(p, rects) is not None or not p.bias)
-
-
-def flat_pixels(p) -> bool:
-    """Whether ``wgwtma``'s unit is 64 consecutive pixels of the batch: a 1x1 window at
-    stride 1 without padding reads x at dy's own pixel, so both tensors are rows of the
-    batch's pixels in one order, and no band of whole output rows (whose last k step
-    runs past the band: 15 of 64 rows on 7x7 maps, 8 on 14x14) is needed."""
-    return p.R == p.S == 1 and p.stride == (1, 1) and p.pads == (0, 0, 0, 0)
 
 
 def flat_maps(p) -> tuple[TensorMap, TensorMap]:
