@@ -19,6 +19,7 @@ from specgen.runtime import pack_weights, to_bits16
 from specgen.shapes import PRESETS, DType, Op, TensorLayout, parse_shape
 from specgen.variants import Precision
 from specgen.strategies import Tcgemm, Tcwgrad, default_set, parse_variant_name
+from specgen.strategies.tcgemm import MATH
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
 
@@ -212,6 +213,48 @@ def tc_problems(draw):
         return p
     except SpecError:
         assume(False)
+
+
+@pytest.mark.parametrize(
+    "spec, kt",
+    [
+        # resnext50's grouped 3x3 layers: 8 channels a group (3 chunks of 32, not 9) ...
+        ("C=256,M=256,H=56,W=56,K=3,pad=1,stride=2,groups=32,dtype=bf16,layout=nhwc", 3),
+        ("C=256,M=256,H=28,W=28,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc,op=dgrad", 3),
+        # ... 16 (5, not 9), and 32: whole chunks, a tap each as before
+        ("C=512,M=512,H=14,W=14,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc", 5),
+        ("C=1024,M=1024,H=7,W=7,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc", 9),
+        # fp32 in tf32: chunks of 16, 24 channels a group over 5x5 taps, 38 chunks, not 50
+        ("C=96,M=64,H=9,W=9,K=5,pad=2,groups=4,dtype=fp32,layout=nhwc", 38),
+    ],
+)
+def test_a_groups_channels_short_of_a_chunk_are_walked_flat(spec, kt):
+    """Where a group's channels do not fill whole chunks, the k walk runs over (r, s, c)
+    as one run, a chunk spanning taps, instead of a tap a chunk zero-filled past them.
+    The walk as the kernel takes it (element kc + vec * unit of the run, tap k / Cg)
+    covers every (tap, channel) once in kt chunks, and the kernel compiles for sm_90
+    without spills.  A strided dgrad keeps its per-phase tap walk."""
+    p = parse_shape(spec)
+    v = Tcgemm.default(Tcgemm.problem_for(p), MATH[p.dtype])
+    plan = make_plan(p, v)
+    c, q = plan.context, Tcgemm.problem_for(p)
+    flat = q.Cg % c["BK"] != 0
+    assert c["flat_k"] == flat and c["kt"] == kt, (c["kt"], c["BK"])
+    if flat:
+        rsc, seen = q.R * q.S * q.Cg, []
+        for kc in range(0, kt * c["BK"], c["BK"]):
+            for unit in range(c["per_row"]):
+                k = kc + unit * c["vec"]
+                if k < rsc:  # else zero-filled
+                    t, ch = divmod(k, q.Cg)
+                    seen += [(t, ch + e) for e in range(c["vec"])]
+        assert sorted(seen) == [(t, ch) for t in range(q.R * q.S) for ch in range(q.Cg)]
+    binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, (spec, plan.name, binary.resources)
+    strided = parse_shape(
+        "C=256,M=256,H=56,W=56,K=3,pad=1,stride=2,groups=32,dtype=bf16,layout=nhwc,op=dgrad"
+    )
+    assert not make_plan(strided, Tcgemm.default(strided, MATH[strided.dtype])).context["flat_k"]
 
 
 @pytest.mark.gpu

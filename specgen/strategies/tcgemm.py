@@ -7,6 +7,10 @@ as it lies), the columns m the group's maps, and the reduction k = (r, s, c) wal
 tap by tap, BK channels at a time.  With NHWC x a row's BK channels of one tap are
 contiguous, so every operand element reaches shared memory in 16-byte ``cp.async``
 copies (a zero-fill where the window leaves the image), ``stages`` chunks in flight.
+Where a group's channels do not fill whole chunks (ResNeXt's 8 and 16 against 32),
+k runs over (r, s, c) as one sequence instead, a chunk spanning taps: a thread's
+16-byte unit at element k reads tap k / (C/g), and only the walk's last chunk is
+zero-filled past its end (a 3x3 window of 8 channels takes 3 chunks, not 9).
 The shared tiles are XOR-swizzled in 16-byte units so that ``ldmatrix`` reads eight
 rows of one k column without a bank conflict; the warps multiply on ``mma.sync``
 m16n8k16 in fp16 or bf16 with fp32 sums, and the epilogue (bias, activation, rounding
@@ -280,9 +284,19 @@ def phases_of(p: ConvProblem, chunks_per_tap: int) -> list[dict]:
     return sorted(out, key=lambda ph: (-ph["RT"], ph["a"], -ph["ST"]))
 
 
-def k_walk(p: ConvProblem, kt: int, chunk: int, phased: bool) -> Size:
+def k_walk(p: ConvProblem, kt: int, chunk: int, phased: bool, flat: bool = False) -> Size:
     """The plan's line for the k walk of a GEMM over (r, s, c) in chunks of ``chunk``
-    channels of one tap (``kt`` of them, the longest phase's where ``phased``)."""
+    channels of one tap (``kt`` of them, the longest phase's where ``phased``), or
+    (``flat``) of ``chunk`` consecutive elements of the walk, a chunk spanning taps."""
+    if flat:
+        rsc = p.R * p.S * p.Cg
+        return Size(
+            "k walk",
+            f"{kt} chunks of {chunk} of the {rsc} (r, s, c)",
+            f"the group's {p.Cg} channels of {p.R}x{p.S} taps in one run, {chunk // p.Cg or 1}"
+            f" tap(s) a chunk where {p.Cg} channels are fewer than a chunk"
+            + (f"; the last zero-filled past {rsc}" if rsc % chunk else ""),
+        )
     taps = "a phase's taps" if phased else f"{p.R}x{p.S} taps"
     return Size(
         "k walk",
@@ -380,6 +394,12 @@ def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
     chunks_per_tap = ceil_div(p.Cg, v.chunk)
     phases = phases_of(problem, chunks_per_tap)
     phased = problem.op is Op.DGRAD
+    # A group's channels that do not fill whole chunks (ResNeXt's 8 and 16 of 32) are
+    # walked as one run over (r, s, c), a chunk spanning taps, rather than a tap a chunk
+    # zero-filled past them: a 3x3 window of 8 channels is 3 chunks of 32, not 9.
+    flat = not phased and p.Cg % v.chunk != 0
+    if flat:
+        phases = [dict(phases[0], kt=ceil_div(p.R * p.S * p.Cg, v.chunk))]
     kt = max(ph["kt"] for ph in phases)  # the longest walk of a pixel's sums
     map_tiles = ceil_div(p.Mg, bn)
     ctx = shape_context(p)
@@ -422,7 +442,8 @@ def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
         map_tiles=map_tiles,
         rsc=p.R * p.S * p.Cg,
         guard_maps=p.Mg % bn != 0,
-        guard_chans=p.Cg % v.chunk != 0,
+        guard_chans=p.Cg % v.chunk != 0 and not flat,
+        flat_k=flat,
         pair_store=p.M % 2 == 0 and p.Mg % 2 == 0,
         min_blocks=max(1, 256 // threads),
         precision_note=(
@@ -462,7 +483,7 @@ def plan_tcgemm(problem: ConvProblem, v: Tcgemm) -> Plan:
             f"{warps} warps as {wm_count}x{wn_count}, each {warp_m}x{warp_n}: "
             f"{fm} m16 x {fn} n8 fragments, {fm * fn * 4} fp32 sums per thread",
         ),
-        k_walk(p, kt, v.chunk, phased),
+        k_walk(p, kt, v.chunk, phased, flat),
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
