@@ -4,6 +4,7 @@ its limits (CPU tier), and its numbers on drawn problems and the networks' layer
 tier)."""
 
 from dataclasses import replace
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -42,11 +43,31 @@ LAYERS = [
 ]
 
 
+def _emitted_runs(c) -> list[dict]:
+    """The runs of a row as the template emits them (``pieces``): a looped piece once a
+    first output ``wl``, its offsets (text) evaluated there."""
+    out = []
+    for piece in c["pieces"]:
+        for wl in range(piece["w0"], piece["w0"] + piece["times"] * piece["count"], piece["count"]):
+            at = dict(wl=wl)
+            if piece["times"] > 1:
+                at["xo"] = eval(piece["xo"], {}, at)
+            loads = [(q, eval(where, {}, at)) for q, where in piece["loads"]]
+            dy_ats = [eval(where, {}, at) for where in piece["dy_ats"]]
+            assert eval(piece["dy_at"], {}, at) == dy_ats[0]
+            out.append(
+                dict(w0=wl, count=piece["count"], loads=loads, fmas=piece["fmas"], dy_ats=dy_ats)
+            )
+    return out
+
+
 def _replay_wlane(p, x, dy, plan):
     """dw (and db) the way the wlane kernel computes them: channel tiles and slices of
-    the (image, row) walk as launched, each run's planned loads and products, the
-    slices' rows, the reduce adding them in order."""
+    the (image, row) walk as launched, each run's loads and products as the template
+    emits them, the slices' rows, the reduce adding them in order."""
     c = plan.context
+    runs = _emitted_runs(c)
+    assert [r["w0"] for r in runs] == [r["w0"] for r in c["runs"]]
     B = x.shape[0]
     threads, splits = c["threads"], c["splits"]
     ws = np.full((splits, c["row"]), np.nan)
@@ -59,7 +80,8 @@ def _replay_wlane(p, x, dy, plan):
             dbacc = np.zeros(p.Mg)
             for orow in range(k * per, min(rows, k * per + per)):
                 n, ho = divmod(orow, p.Ho)
-                for run in c["runs"]:
+                for run in runs:
+                    assert run["dy_ats"] == [(run["w0"] + j) * p.M for j in range(run["count"])]
                     d = dy[n, m0 : m0 + p.Mg, ho, run["w0"] : run["w0"] + run["count"]].T
                     for r, hi_at in c["tap_rows"]:
                         hi = ho * c["sh"] + hi_at
@@ -103,6 +125,60 @@ def test_wlane_replay_gives_the_weight_gradient(p):
     dw, db = _replay_wlane(p, x, dy, plan)
     np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(p=problem_specs(largest=40), pixels=st.integers(1, 3))
+def test_a_rows_middle_as_one_loop_replays_to_the_weight_gradient(p, pixels):
+    """Every row looped where two whole runs stay off its padding (the bound on a row's
+    unrolled products taken to 0): the loop's offsets, evaluated at each of its first
+    outputs, give dw and db."""
+    from specgen.strategies import wlane
+
+    p = replace(p.with_op(Op.WGRAD), layout=TensorLayout.NHWC, bias=True)
+    v = replace(Wlane.default(p, Wlane().precision), pixels=min(pixels, p.Wo))
+    with patch.object(wlane, "UNROLLED_ROW_MAX", 0):
+        try:
+            plan = make_plan(p, v)
+        except SpecError:
+            assume(False)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, p.C, p.H, p.W))
+    dy = rng.standard_normal((2, p.M, p.Ho, p.Wo))
+    dw, db = _replay_wlane(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
+# Rows whose unrolled products pass UNROLLED_ROW_MAX: convnext_tiny's widest depthwise
+# wgrad, maps of two a group under a strided, dilated, unequally padded window, and
+# a depthwise one without a bias (channel words)
+WIDE_ROWS = [
+    "C=96,M=96,H=56,W=56,K=7,pad=3,groups=96,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=48,M=96,H=21,W=99,K=5,pad=1x3,stride=2,dil=2,groups=48,bias=1,layout=nhwc,op=wgrad",
+    "C=64,M=64,H=30,W=64,K=7,pad=3,groups=64,dtype=fp16,layout=nhwc,op=wgrad",
+]
+
+
+@pytest.mark.parametrize("spec", WIDE_ROWS)
+def test_a_wide_rows_middle_is_one_loop_that_compiles_without_spills(spec):
+    """The tune space's members loop over the middle of the row (two runs or more) and
+    compile for sm_90 without spills, from a shorter source than the row unrolled
+    whole."""
+    from specgen.strategies import wlane
+
+    p = parse_shape(spec)
+    assert p.Mg * p.Wo * p.R * p.S > wlane.UNROLLED_ROW_MAX
+    for v in [Wlane.default(p, Precision.FP32), Wlane.space(p, Precision.FP32)[-1]]:
+        plan = make_plan(p, v)
+        assert plan.context["looped"] >= 2, v.name
+        source = render(plan)
+        assert "for (int wl = " in source
+        binary = compile_source(source, plan.name, plan.target("sm_90"))
+        assert binary.spills == 0, (plan.name, binary.resources)
+        with patch.object(wlane, "UNROLLED_ROW_MAX", 1 << 30):
+            unrolled = render(make_plan(p, v))
+        assert "for (int wl = " not in unrolled and len(source) < len(unrolled), v.name
 
 
 def depthwise_wgrads():
@@ -234,6 +310,15 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
     except SpecError:
         assume(False)
     verify_on_the_gpu(p, default_and_drawn(p, Wlane, Precision.FP32, pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", WIDE_ROWS)
+def test_a_wide_rows_loop_on_the_gpu(spec):
+    """The untuned pick and the tune space's last member (a word of channels where the
+    layer takes words), their rows' middles looped, against float64 at batch 3."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, [Wlane.default(p, Precision.FP32), Wlane.space(p, Precision.FP32)[-1]], 3)
 
 
 @pytest.mark.gpu

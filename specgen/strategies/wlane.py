@@ -7,7 +7,8 @@ values (one broadcast).  Each thread keeps the sums of its channel for every map
 group and every tap (maps x R x S in registers) over its slice of the (image, output
 row) walk; a row is cut into runs of ``pixels`` adjacent outputs, unrolled with literal
 offsets, so that the x values under a run's window are loaded once per tap row and
-feed maps x S x pixels FMAs.  Loads that fall in the padding are not emitted.  The
+feed maps x S x pixels FMAs.  Loads that fall in the padding are not emitted.  A wide
+row's middle runs, which read no padding, are one loop (``UNROLLED_ROW_MAX``).  The
 slices' partial sums are added in order by the kernel wband and wsplit use
 (``backward/reduce.j2``), so the result is deterministic; db rides along, kept by the
 first channel of each group.
@@ -38,6 +39,12 @@ from .wsplit import per_slice, sums_context
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 MAX_ACCUMULATORS = 64  # maps x R x S sums a thread keeps (db's beside them)
 MAX_RUN_VALUES = 32  # dy values of a run held at once (maps x pixels)
+# The products a row's code holds unrolled (maps x channels a thread x outputs x taps)
+# past which the runs of its middle, those whose window stays off the padding, are one
+# loop: convnext_tiny's 96-channel 56x56 7x7 depthwise wgrad, 2744 of them, took NVRTC
+# 39-41 s to compile unrolled (one core; its 28x28 one, 1372, 8-10 s).  Every shipped
+# wlane winner's rows hold at most 2016.
+UNROLLED_ROW_MAX = 2048
 THREADS = (32, 64, 128, 256)
 
 
@@ -136,6 +143,61 @@ def row_runs(p, pixels: int) -> list[dict]:
     return out
 
 
+def middle_runs(p, runs: list[dict]) -> tuple[int, int] | None:
+    """The first and the count of a row's longest stretch of whole runs that read no
+    padding (two or more), where the row's unrolled products pass
+    ``UNROLLED_ROW_MAX``; else None.  Such runs differ only by where they start: one
+    loop emits them."""
+    if p.Mg * p.Wo * p.R * p.S <= UNROLLED_ROW_MAX:
+        return None
+    whole = [len(r["fmas"]) == runs[0]["count"] * p.S for r in runs]
+    best = None
+    i = 0
+    while i < len(runs):
+        j = i
+        while j < len(runs) and whole[j] and runs[j]["count"] == runs[0]["count"]:
+            j += 1
+        if j - i >= 2 and (best is None or j - i > best[1]):
+            best = (i, j - i)
+        i = j + 1 if j == i else j
+    return best
+
+
+def row_pieces(p, runs: list[dict], middle: tuple[int, int] | None) -> list[dict]:
+    """What the template emits for a row: each run with its offsets as literals, but
+    ``middle``'s runs as one piece of ``times`` iterations whose offsets follow the
+    loop's first output ``wl`` (x's first pixel ``xo``).  Offsets are text: the dy
+    value of output j (``dy_at`` + j * M; ``dy_ats`` one a j) and each load's x."""
+    out = []
+    for i, run in enumerate(runs):
+        if middle and middle[0] < i < sum(middle):
+            continue
+        if middle and i == middle[0]:
+            out.append(
+                dict(
+                    run,
+                    times=middle[1],
+                    stop=run["w0"] + middle[1] * run["count"],
+                    xo=f"wl * {p.stride[1] * p.C} - {p.pads[2] * p.C}",
+                    dy_at=f"wl * {p.M}",
+                    dy_ats=[f"wl * {p.M} + {j * p.M}" for j in range(run["count"])],
+                    loads=[(q, f"xo + {q * p.C}") for q, _ in run["loads"]],
+                )
+            )
+            continue
+        dy_ats = [str(run["dy_at"] + j * p.M) for j in range(run["count"])]
+        out.append(
+            dict(
+                run,
+                times=1,
+                dy_at=str(run["dy_at"]),
+                dy_ats=dy_ats,
+                loads=[(q, str(at)) for q, at in run["loads"]],
+            )
+        )
+    return out
+
+
 def plan_wlane(p, v: Wlane) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NHWC:
@@ -184,6 +246,8 @@ def plan_wlane(p, v: Wlane) -> Plan:
     workspace = 4 * v.splits * row
     dw, sw = p.dil[1], p.stride[1]
     nx = (v.pixels - 1) * sw + (p.S - 1) * dw + 1
+    runs = row_runs(p, v.pixels)
+    middle = middle_runs(p, runs)
     name = v.kernel_name(p)
     launches = (
         Launch(
@@ -200,7 +264,9 @@ def plan_wlane(p, v: Wlane) -> Plan:
     ctx.update(
         threads=v.threads,
         **launch_bounds(v.threads, one_per_sm_first=False),
-        runs=row_runs(p, v.pixels),
+        runs=runs,
+        pieces=row_pieces(p, runs, middle),
+        looped=middle[1] if middle else 0,
         # tap row r reads input row ho * sh + r * dh - pt
         tap_rows=[(r, r * p.dil[0] - p.pads[0]) for r in range(p.R)],
         x_row=p.W * p.C,
