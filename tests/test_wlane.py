@@ -106,6 +106,16 @@ def _replay_wlane(p, x, dy, plan):
     return dw, sums[c["weights"] :]
 
 
+def _assert_replays(p, plan):
+    """The replay of ``plan`` on fresh random x and dy gives dw and db as float64 does."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, p.C, p.H, p.W))
+    dy = rng.standard_normal((2, p.M, p.Ho, p.Wo))
+    dw, db = _replay_wlane(p, x, dy, plan)
+    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(p=problem_specs(largest=8))
 def test_wlane_replay_gives_the_weight_gradient(p):
@@ -119,12 +129,7 @@ def test_wlane_replay_gives_the_weight_gradient(p):
         plan = make_plan(p, Wlane.default(p, Wlane().precision))
     except SpecError:
         assume(False)  # maps x taps past its registers, say; drawn again
-    rng = np.random.default_rng()
-    x = rng.standard_normal((2, p.C, p.H, p.W))
-    dy = rng.standard_normal((2, p.M, p.Ho, p.Wo))
-    dw, db = _replay_wlane(p, x, dy, plan)
-    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
-    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+    _assert_replays(p, plan)
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -142,12 +147,7 @@ def test_a_rows_middle_as_one_loop_replays_to_the_weight_gradient(p, pixels):
             plan = make_plan(p, v)
         except SpecError:
             assume(False)
-    rng = np.random.default_rng()
-    x = rng.standard_normal((2, p.C, p.H, p.W))
-    dy = rng.standard_normal((2, p.M, p.Ho, p.Wo))
-    dw, db = _replay_wlane(p, x, dy, plan)
-    np.testing.assert_allclose(dw, conv2d_wgrad(x, dy, p), rtol=1e-11, atol=1e-11)
-    np.testing.assert_allclose(db, bias_grad(dy), rtol=1e-11, atol=1e-11)
+    _assert_replays(p, plan)
 
 
 # Rows whose unrolled products pass UNROLLED_ROW_MAX: convnext_tiny's widest depthwise
