@@ -313,8 +313,10 @@ def connect(scheduler: str | None, workers: int, gpus: list[str] = ()):
         except (OSError, TimeoutError) as e:
             raise SpecError(f"no Dask scheduler answers at {scheduler}: {e}") from None
 
-    def worker(env, **options):
+    def worker(env, preload=(), **options):
         options = dict(nthreads=1, memory_limit=0, silence_logs=logging.WARNING, env=env, **options)
+        # the group's signals are the tune's process's (``cluster_worker``)
+        options["preload"] = ["specgen.cluster_worker", *preload]
         return {"cls": Nanny, "options": options}
 
     # Compile processes see no GPU where GPU workers have them: a card is its worker's.

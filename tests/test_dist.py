@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -649,6 +650,85 @@ def test_an_embedded_clusters_workers_are_quieted_before_it_stops():
     client.close = closing
     dist.disconnect(client)
     assert levels and list(levels[0].values()) == [logging.CRITICAL]
+
+
+def test_an_embedded_clusters_workers_leave_the_groups_signals_to_the_tune():
+    """Every worker of the embedded cluster ignores SIGINT and SIGTERM: a terminal's
+    Ctrl-C and ``timeout``'s SIGTERM reach the whole process group, and the tune's own
+    process ends the run and closes the cluster (``cluster_worker``)."""
+    import signal
+
+    client = dist.connect(None, 2)
+    try:
+        found = client.run(lambda: [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)])
+    finally:
+        dist.disconnect(client)
+    assert len(found) == 2
+    assert all(got == [signal.SIG_IGN, signal.SIG_IGN] for got in found.values()), found
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs process groups")
+def test_ctrl_c_mid_compile_ends_a_tune_in_one_line(tmp_path):
+    """SIGINT to the process group of a tune whose compile phase is under way (two
+    embedded workers): one line and status 130 at once, no log of lost workers or
+    restarts, every record written whole, and no process of the group left."""
+    f = tmp_path / "p.txt"
+    f.write_text("\n".join(SPECS) + "\n")
+    db = tmp_path / "cache" / "tune.jsonl"
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "specgen", "tune", "--problems", str(f), "--budget", "12"]
+    cmd += ["--compile-only", "--workers", "2"]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        # as from a terminal: a job started in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (db.exists() and db.stat().st_size):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        assert db.exists(), "no compile recorded"
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:  # whatever failed above, nothing of this test keeps running
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "error: interrupted", err
+    for word in ("ERROR", "WARNING", "Traceback", "Restarting"):
+        assert word not in err, err
+    assert took < 10.0, took  # 0.8 s on an idle 2-core machine
+    records = [json.loads(line) for line in db.read_text().splitlines()]
+    assert records and all(r["kind"] == "compiled" for r in records)
+    deadline = time.monotonic() + 10
+    while _running_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running_in_group(proc.pid), "a worker outlived the tune"
+
+
+def _running_in_group(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` not yet ended (a zombie waiting for the init
+    process to collect it has ended); empty where Linux's /proc is not there to say."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue  # ended as it was read
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
 
 
 def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(monkeypatch):
