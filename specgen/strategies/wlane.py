@@ -39,7 +39,7 @@ from .wsplit import per_slice, sums_context
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 MAX_ACCUMULATORS = 64  # maps x R x S sums a thread keeps (db's beside them)
 MAX_RUN_VALUES = 32  # dy values of a run held at once (maps x pixels)
-# The products a row's code holds unrolled (maps x channels a thread x outputs x taps)
+# The products a row's code holds unrolled (maps x outputs x taps, a word's channels aside)
 # past which the runs of its middle, those whose window stays off the padding, are one
 # loop: convnext_tiny's 96-channel 56x56 7x7 depthwise wgrad, 2744 of them, took NVRTC
 # 39-41 s to compile unrolled on one core of a CPU and 75 s in a bench on an H200's
