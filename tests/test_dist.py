@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,6 +23,7 @@ pytest.importorskip("distributed")
 
 from distributed import Client, LocalCluster  # noqa: E402
 
+from procs import running_in_group, specgen_job  # noqa: E402
 from specgen import dist, tunedb  # noqa: E402
 from specgen.cli import main  # noqa: E402
 from specgen.errors import SpecError  # noqa: E402
@@ -676,18 +676,8 @@ def test_ctrl_c_mid_compile_ends_a_tune_in_one_line(tmp_path):
     f.write_text("\n".join(SPECS) + "\n")
     db = tmp_path / "cache" / "tune.jsonl"
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "specgen", "tune", "--problems", str(f), "--budget", "12"]
-    cmd += ["--compile-only", "--workers", "2"]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        # as from a terminal: a job started in the background inherits SIGINT ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
+    args = ["tune", "--problems", str(f), "--budget", "12", "--compile-only", "--workers", "2"]
+    with specgen_job(args, env) as proc:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (db.exists() and db.stat().st_size):
             assert proc.poll() is None, proc.communicate()
@@ -697,12 +687,6 @@ def test_ctrl_c_mid_compile_ends_a_tune_in_one_line(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         took = time.monotonic() - start
-    finally:  # whatever failed above, nothing of this test keeps running
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
     err = err.decode()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "error: interrupted", err
@@ -712,23 +696,9 @@ def test_ctrl_c_mid_compile_ends_a_tune_in_one_line(tmp_path):
     records = [json.loads(line) for line in db.read_text().splitlines()]
     assert records and all(r["kind"] == "compiled" for r in records)
     deadline = time.monotonic() + 10
-    while _running_in_group(proc.pid) and time.monotonic() < deadline:
+    while running_in_group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _running_in_group(proc.pid), "a worker outlived the tune"
-
-
-def _running_in_group(pgid: int) -> list[int]:
-    """The processes of group ``pgid`` not yet ended (a zombie waiting for the init
-    process to collect it has ended); empty where Linux's /proc is not there to say."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue  # ended as it was read
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+    assert not running_in_group(proc.pid), "a worker outlived the tune"
 
 
 def test_a_16_bit_channels_last_wgrad_is_timed_as_the_operator_writes_its_grads(monkeypatch):

@@ -338,32 +338,14 @@ def test_a_signal_mid_compile_ends_every_worker_at_once(tmp_path, how):
     """verify of every variant of layer2's ops with an empty cache compiles for 20 s or
     more on two workers; a signal once they run ends specgen and its workers at once,
     with one line and the shell's status, and leaves no temporary file in the cache."""
-    import signal
-    import subprocess
-    import sys
+    from procs import specgen_job
 
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path / "cache"))
     # every variant of layer2's ops: 45, where their default sets, four now, compiled in
     # 2 s and the signal could come after the compile had ended
-    cmd = [sys.executable, "-m", "specgen", "verify", "--shape", "layer2", "--op", "all"]
-    cmd += ["--all", "--jobs", "2"]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        # as from a terminal: a job started in the background inherits SIGINT ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
+    args = ["verify", "--shape", "layer2", "--op", "all", "--all", "--jobs", "2"]
+    with specgen_job(args, env) as proc:
         _signal_and_check(proc, how, tmp_path)
-    finally:  # whatever failed above, nothing of this test keeps running
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def _signal_and_check(proc, how, tmp_path):
