@@ -11,7 +11,7 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def specgen_job(args: list[str], env: dict):
-    """``python -m specgen ARGS`` in a session of its own, its stdout and stderr piped;
+    """``python -m specgen ARGS`` in a process group of its own, its output piped;
     on leaving, whatever happened, the whole group is killed and the process reaped."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "specgen", *args],
