@@ -187,6 +187,29 @@ def group_channels(p) -> int:
     return sides(p)[3] if narrow_groups(p) else 1
 
 
+def window_row_loads(p, v, r: int, grouped: bool) -> list[tuple[str, int, str, int]]:
+    """Window row r's weights of a thread, loaded 4, 2 or 1 floats at a time: (the
+    registers' row ``wr[s]``, or ``wr[s][i]`` for a narrow group's channel read i; its
+    first float q; the address; the floats).  Depthwise ([row][tap][channel], ckkm) from
+    ``w`` at the thread's first channel c0; grouped from its weights ``wg``, the forward
+    pass's [channel read][row][tap][map] (ckkm) and the gather's [map][row][tap][channel
+    of the group] (mrsc), the thread's adjacent."""
+    runs = [(q, min(4, v.vec - q)) for q in range(0, v.vec, 4)]
+    if not grouped:
+        return [
+            (f"wr[{s}]", q, f"w + {(r * p.S + s) * p.C + q} + c0", n)
+            for s in range(p.S)
+            for q, n in runs
+        ]
+    stride = p.Cg if gathers(p) else p.M  # between adjacent taps' weights
+    return [
+        (f"wr[{s}][{i}]", q, f"wg + {((i * p.R + r) * p.S + s) * stride + q}", n)
+        for s in range(p.S)
+        for i in range(sides(p)[3])
+        for q, n in runs
+    ]
+
+
 def columns(p, pixels: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """A run's input columns of one window row, each as (its offset from the run's
     first, the (output, tap) pairs that read it), in order.  Forward: output j's tap s
@@ -297,35 +320,14 @@ def plan_dwlane(p, v) -> Plan:
         group=group_word(p) if grouped else None,
         # grouped: where the thread's weights start, from its first channel written c0
         # (ckkm's [channel][row][tap][map] forward, the gather's [map][row][tap][channel
-        # of the group], mrsc) ...
+        # of the group], mrsc)
         w_base=f"c0 / {out_g} * {p.Mg * p.R * p.S * p.Cg} + c0 % {out_g}" if gather else "c0",
-        # ... and each window row's: (tap s, the group's channel read i, first channel
-        # written q, offset from the start, floats 4, 2 or 1)
-        g_loads=(
-            [
-                [
-                    (s, i, q, ((i * p.R + r) * p.S + s) * (p.Cg if gather else p.M) + q, n)
-                    for s in range(p.S)
-                    for i in range(in_g)
-                    for q, n in ((q, min(4, v.vec - q)) for q in range(0, v.vec, 4))
-                ]
-                for r in range(p.R)
-            ]
-            if grouped
-            else None
-        ),
         # the gather's first dy column of a run: the run's first dx column / sw
         iw_per_run=v.pixels // p.stride[1] if per_row > 1 else 0,
         in_rows_span=p.stride[0] * in_h,  # the gather's row numerators below this divide in
-        # each window row's weight loads: (tap s, first channel q, offset, floats 4, 2 or 1)
-        w_loads=[
-            [
-                (s, q, (r * p.S + s) * p.C + q, min(4, v.vec - q))
-                for s in range(p.S)
-                for q in range(0, v.vec, 4)
-            ]
-            for r in range(p.R)
-        ],
+        # each window row's weight loads: (the registers' row, its first float q, the
+        # address, floats 4, 2 or 1)
+        w_loads=[window_row_loads(p, v, r, grouped) for r in range(p.R)],
         # a thread's channels at a pixel: one load and one store of this type
         **channel_words(p.dtype, v.vec),
         elem={DType.FP16: "f16", DType.BF16: "bf16"}.get(p.dtype, ""),
