@@ -26,6 +26,7 @@ copies, H200)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
@@ -151,16 +152,14 @@ def middle_runs(p, runs: list[dict]) -> tuple[int, int] | None:
     loop emits them."""
     if p.Mg * p.Wo * p.R * p.S <= UNROLLED_ROW_MAX:
         return None
-    whole = [len(r["fmas"]) == runs[0]["count"] * p.S for r in runs]
-    best = None
-    i = 0
-    while i < len(runs):
-        j = i
-        while j < len(runs) and whole[j] and runs[j]["count"] == runs[0]["count"]:
-            j += 1
-        if j - i >= 2 and (best is None or j - i > best[1]):
-            best = (i, j - i)
-        i = j + 1 if j == i else j
+    full = runs[0]["count"]
+    whole = [r["count"] == full and len(r["fmas"]) == full * p.S for r in runs]
+    best, at = None, 0
+    for is_whole, stretch in itertools.groupby(whole):
+        n = len(list(stretch))
+        if is_whole and n >= 2 and (best is None or n > best[1]):
+            best = (at, n)
+        at += n
     return best
 
 
