@@ -222,11 +222,12 @@ def wgmma_problems(draw, ops=("fprop", "fprop", "dgrad"), least_stride=1):
 
 
 @st.composite
-def tma_problems(draw):
+def tma_problems(draw, heights=(1, 2, 4, 8, 16), widths=(2, 4, 8, 16, 32)):
     """Problems whose output rows the tma boxes take whole: stride 1, the output
-    Ho x Wo a power-of-two grid, any window, dilation and padding that give it; groups,
-    channels past the chunk, maps past the tile, bias and relu, the three dtypes;
-    forward and dgrad (whose forward view has the same grid)."""
+    Ho x Wo a grid of ``heights`` by ``widths`` (powers of two by default, whose rows
+    the power-of-two pixel tiles hold), any window, dilation and padding that give it;
+    groups, channels past the chunk, maps past the tile, bias and relu, the three
+    dtypes; forward and dgrad (whose forward view has the same grid)."""
     groups = draw(st.sampled_from([1, 1, 2]))
     dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
     vec = 4 if dtype == "fp32" else 8
@@ -234,7 +235,7 @@ def tma_problems(draw):
     mg = vec * draw(st.integers(1, 160 // vec))
     R, S = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 3]))
     dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    Ho, Wo = draw(st.sampled_from([1, 2, 4, 8, 16])), draw(st.sampled_from([2, 4, 8, 16, 32]))
+    Ho, Wo = draw(st.sampled_from(heights)), draw(st.sampled_from(widths))
     pads = [draw(st.integers(0, 2)) for _ in range(4)]
     H, W = Ho - pads[0] - pads[1] + dh * (R - 1), Wo - pads[2] - pads[3] + dw * (S - 1)
     assume(H >= 1 and W >= 1)
@@ -251,6 +252,13 @@ def tma_problems(draw):
         return p
     except SpecError:
         assume(False)
+
+
+def row_tma_problems():
+    """``tma_problems`` on grids whose rows no power-of-two tile holds whole: 7 to 28
+    rows of 12 to 56 pixels (``wgmma.row_tiles``: 112 pixels on 28x28 maps, 112 and 224
+    on 56x56 ones, the networks' sizes)."""
+    return tma_problems(heights=(4, 7, 8, 14, 28), widths=(12, 14, 24, 28, 40, 56))
 
 
 @st.composite

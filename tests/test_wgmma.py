@@ -16,6 +16,7 @@ from problems import (
     default_and_drawn,
     that_plan,
     flat_tma_problems,
+    row_tma_problems,
     tma_problems,
     verify_on_the_gpu,
     wgmma_problems,
@@ -28,7 +29,7 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgmma import Feed
+from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -311,11 +312,24 @@ def test_tma_boxes_hold_the_tiles_operands(p, images, pick):
     and past the group's channels) and its w box the tile's maps' weights there (zeros
     past the group's maps and channels), as the implicit GEMM's operands are defined.
     1x1 layers at stride 1, unpadded, take any tile: its pixels as the batch's rows."""
-    import numpy as np
-
     variants = tma_variants(p)
     assume(variants)
-    v = variants[pick % len(variants)]
+    _assert_boxes_hold_the_operands(p, variants[pick % len(variants)], images, pick)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=row_tma_problems(), images=st.integers(1, 3), pick=st.integers(0, 10**6))
+def test_tma_row_tiles_hold_the_tiles_operands(p, images, pick):
+    """The same replay for the tiles of whole rows that no power-of-two tile is (112 or
+    224 pixels of 14-, 28- or 56-pixel rows, say)."""
+    variants = [v for v in tma_variants(p) if v.blocktile[0] not in PIXEL_TILES]
+    assume(variants)
+    _assert_boxes_hold_the_operands(p, variants[pick % len(variants)], images, pick)
+
+
+def _assert_boxes_hold_the_operands(p, v, images, pick):
+    import numpy as np
+
     p = Wgmma.problem_for(p)  # the forward problem the kernel computes
     plan = make_plan(p, v)
     bn, bm = v.blocktile
@@ -442,6 +456,76 @@ def test_the_launcher_points_each_map_at_its_encoding(monkeypatch):
     assert calls == [(Role.X, (1 << 20) + 4096, 5), (Role.X, (1 << 21) + 4096, 5)]
     assert launched[0] == launched[1] != launched[2] and launched[0] % 64 == 0
     assert st_.slots[0] == 1 << 24
+
+
+# vgg11's and resnet's 3x3 layers on 56x56 and 28x28 maps, and a 112x112 one
+ROW_TILE_LAYERS = [
+    "C=256,M=256,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc",
+    "C=512,M=512,H=28,W=28,K=3,pad=1,dtype=bf16,layout=nhwc,op=dgrad",
+    "C=64,M=128,H=112,W=112,K=3,pad=1,bias=1,act=relu,dtype=fp16,layout=nhwc",
+    "C=128,M=128,H=56,W=56,K=3,pad=1,layout=nhwc",
+]
+
+
+@pytest.mark.parametrize("spec", ROW_TILE_LAYERS)
+def test_the_networks_maps_take_tma_in_tiles_of_whole_rows(spec):
+    """Where no power-of-two tile is whole rows of the map, the tune space holds tma in
+    tiles that are (112 pixels on 28x28 maps, 112 and 224 on 56x56 and 112x112 ones),
+    and each compiles without spills or a serialized wgmma."""
+    p = parse_shape(spec)
+    q = Wgmma.problem_for(p)
+    tiles = row_tiles(q)
+    assert tiles and all(q.Ho * q.Wo % bn == 0 or bn % (q.Ho * q.Wo) == 0 for bn in tiles)
+    assert all(bn % q.Wo == 0 and bn % 8 == 0 and bn not in PIXEL_TILES for bn in tiles)
+    rows = [v for v in Wgmma.space(q, MATH[p.dtype]) if v.blocktile[0] in tiles]
+    assert rows and all(v.feed is Feed.TMA for v in rows)
+    for v in rows:
+        binary = compiled(make_plan(p, v))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=row_tma_problems(), pick=st.integers(0, 10**6))
+def test_drawn_row_tiles_compile_without_spills(p, pick):
+    """A drawn tile of whole rows (any multiple of 8 pixels: the sums' registers are
+    listed to the wgmma in runs of 16 and 8 that need not fill the last) compiles for
+    sm_90a without spills or a serialized wgmma."""
+    variants = [v for v in tma_variants(p) if v.blocktile[0] not in PIXEL_TILES]
+    assume(variants)
+    v = variants[pick % len(variants)]
+    binary = compiled(make_plan(p, v))
+    assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
+def test_a_tile_that_is_not_a_power_of_two_takes_tma_alone():
+    """112 pixels are whole rows of a 56-pixel map, but every warp's copies (sy, ws) and
+    tiles that are not whole rows keep to 64, 128, 192 and 256 pixels."""
+    p = parse_shape("C=256,M=256,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc")
+    make_plan(p, parse_variant_name("wgmma_b112x128_p4_q1_gr_tma_bf16", p))
+    for name, words in (
+        ("wgmma_b112x128_p4_q1_gr_sy_bf16", "with --feed tma"),
+        ("wgmma_b120x128_p4_q1_gr_tma_bf16", "not whole rows"),
+        ("wgmma_b116x128_p4_q1_gr_tma_bf16", "one of 64, 128, 192, 256"),
+    ):
+        with pytest.raises(SpecError, match=words):
+            make_plan(p, parse_variant_name(name, p))
+
+
+@pytest.mark.gpu
+@settings(max_examples=20, **GPU_DRAWS)
+@given(p=row_tma_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_tma_row_tiles_on_drawn_problems_on_the_gpu(p, batch, pick):
+    """The tiles of whole rows that are no power of two against the float64 reference,
+    in wgmma and in wgdsm's slices: boxes past the batch, channels past the chunk, maps
+    past the tile, groups, bias and relu, forward and through dgrad's view."""
+    from specgen.strategies import Wgdsm
+
+    variants = [v for v in tma_variants(p) if v.blocktile[0] not in PIXEL_TILES]
+    assume(variants)
+    sliced = Wgdsm.space(Wgdsm.problem_for(p), MATH[p.dtype])
+    sliced = that_plan(p, [v for v in sliced if v.blocktile[0] not in PIXEL_TILES])
+    picked = [variants[pick % len(variants)], *sliced[pick % max(1, len(sliced)) :][:1]]
+    verify_on_the_gpu(p, picked, batch)
 
 
 @pytest.mark.gpu

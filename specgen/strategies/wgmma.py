@@ -19,7 +19,9 @@ inflight - 1``).  Three ways to feed them (``--feed``):
   a stage completes when the boxes' bytes have landed; the consumer warps retire each
   stage at another.  It needs stride 1 and a tile of whole output rows, but for a 1x1
   layer without padding, whose x is the batch's pixels as rows: there the box is the
-  tile's run of them, wherever the output rows end (``tcgemm.flat_pixels``).  On the H200 it
+  tile's run of them, wherever the output rows end (``tcgemm.flat_pixels``).  Where no
+  power-of-two tile is whole rows (the networks' 56x56 and 28x28 maps), the tune space
+  holds tiles that are: 112 or 224 pixels (``row_tiles``).  On the H200 it
   took the wide layers' bf16 forward from 0.035/0.038 ms to 0.031/0.034 (ae-enc2/ae-dec2)
   and their tf32 forward from 0.066/0.071 to 0.058/0.062: the consumers issue nothing
   but the multiplies and their waits.
@@ -92,6 +94,10 @@ CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 c
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
+# The tma feed's other tiles: whole output rows (or images) of the map that none of
+# PIXEL_TILES is, 64 to 256 pixels in steps of wgmma's 8: 112 and 224 pixels on 56x56
+# maps, 112 on 28x28 ones.  Its copies are the boxes, so nothing asks a power of two.
+ROW_TILES_KEPT = 2  # the widest this many go into the tune space
 
 
 class Feed(enum.Enum):
@@ -228,7 +234,39 @@ class Wgmma(Variant):
                         precision=precision,
                     )
                 )
+        if not phased:  # tma's whole-row tiles where the map's rows fit none of the above
+            for bn in row_tiles(problem)[-ROW_TILES_KEPT:]:
+                for bm, stages, inflight in ((128, 3, 1), (128, 4, 2), (64, 6, 1)):
+                    out.append(
+                        cls(
+                            blocktile=(bn, bm),
+                            stages=stages,
+                            inflight=inflight,
+                            feed=Feed.TMA,
+                            precision=precision,
+                        )
+                    )
         return out
+
+
+def row_tiles(problem: ConvProblem) -> list[int]:
+    """The pixel tiles beyond ``PIXEL_TILES`` whose tma boxes are whole output rows of
+    one image (or whole images) of ``problem``'s GEMM, narrowest first; none for a 1x1
+    layer whose box is any run of the batch's pixels (``flat_pixels``)."""
+    p = gemm_view(problem)
+    if flat_pixels(p):
+        return []
+    chunk = CHUNK_BYTES // p.dtype.bytes
+    out = []
+    for bn in range(64, 257, 8):
+        if bn in PIXEL_TILES:
+            continue
+        try:
+            _boxes(p, bn, 64, chunk)
+        except (SpecError, ValueError):
+            continue
+        out.append(bn)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,10 +412,11 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
             f"a multiple of {vec}; use --strategy tcgemm"
         )
     bn, bm = v.blocktile
-    if bn not in PIXEL_TILES:
+    if bn not in PIXEL_TILES and not (v.feed is Feed.TMA and bn % 8 == 0 and 64 <= bn <= 256):
         raise SpecError(
             f"wgmma b{bn}x{bm}: a block's pixels are wgmma's N, one of "
-            f"{', '.join(map(str, PIXEL_TILES))}"
+            f"{', '.join(map(str, PIXEL_TILES))} (with --feed tma, any multiple of 8 from 64 "
+            "to 256 that is whole output rows)"
         )
     if bm % 64 or not 64 <= bm <= 256:
         raise SpecError(
