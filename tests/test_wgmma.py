@@ -497,6 +497,19 @@ def test_drawn_row_tiles_compile_without_spills(p, pick):
     assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
 
 
+@pytest.mark.parametrize("spec", ["H=8,W=17", "H=12,W=12"])
+def test_a_row_tile_past_two_blocks_registers_takes_one_block_an_sm(spec):
+    """Under ``__launch_bounds__(288, 2)`` ptxas gives a thread 96 registers (the SM's file
+    over warps counted in pairs): too few for the 68 or 72 sums of a 136- or 144-pixel
+    tile and their wgmma.  Such a tile plans one block an SM and compiles (it failed in
+    ptxas on the GPU tier)."""
+    p = parse_shape(f"C=96,M=128,{spec},K=3,pad=1,groups=2,bias=1,act=relu,layout=nhwc")
+    bn = p.H * p.W
+    plan = make_plan(p, parse_variant_name(f"wgmma_b{bn}x128_p3_q1_gr_tma_tf32", p))
+    assert plan.context["per_sm"] == 1
+    assert compiled(plan).spills == 0
+
+
 def test_a_tile_that_is_not_a_power_of_two_takes_tma_alone():
     """112 pixels are whole rows of a 56-pixel map, but every warp's copies (sy, ws) and
     tiles that are not whole rows keep to 64, 128, 192 and 256 pixels."""

@@ -249,6 +249,14 @@ class Wgmma(Variant):
         return out
 
 
+def _bound(threads: int, per_sm: int) -> int:
+    """The registers a thread gets from ptxas under ``__launch_bounds__(threads, per_sm)``:
+    the SM's file over the blocks' warps, counted in pairs, in steps of 8 (a block of 288
+    threads, two an SM, gets 96)."""
+    warps = ceil_div(threads, 64) * 2
+    return REGISTERS // (per_sm * warps * 32) // 8 * 8
+
+
 def row_tiles(problem: ConvProblem) -> list[int]:
     """The pixel tiles beyond ``PIXEL_TILES`` whose tma boxes are whole output rows of
     one image (or whole images) of ``problem``'s GEMM, narrowest first; none for a 1x1
@@ -500,7 +508,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
     # other's multiplies); the bounds hold ptxas to the registers that takes.
     if tma:  # a producer warp beside the consumers: count their registers
-        two = 2 * threads * (nacc + 40) <= REGISTERS
+        two = 2 * threads * (nacc + 40) <= REGISTERS and nacc + 32 <= _bound(threads, 2)
     else:
         two = nacc <= 64 and threads <= 256
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and two else 1
