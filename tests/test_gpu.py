@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from specgen.parallel import precompile
 from specgen.shapes import PRESETS, Act, DType, Op, parse_shape, square
 from specgen.strategies import default_set
+from specgen.tunedb import locked
 from specgen.plan import make_plan
 from specgen.tensors import Role
 from specgen.verify import draw_trial, judge_trial, verify_variant
@@ -34,7 +35,12 @@ def arch():
 
 @pytest.fixture(scope="module")
 def compiled(arch):
-    return precompile(CASES, arch, jobs=os.cpu_count() or 1)
+    # Under pytest-xdist each worker would compile every case at once with every core:
+    # on a cold cache the 16 workers of the tier's part 1 spent 480 s so (H200 host, 16
+    # cores), where the whole part took 33 s on a warm one.  The first worker to hold
+    # the lock compiles; the rest then find the cache warm.
+    with locked(f"the presets' default sets on {arch}"):
+        return precompile(CASES, arch, jobs=os.cpu_count() or 1)
 
 
 def verify_default_set(problem, batch, arch):
