@@ -29,7 +29,7 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles
+from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles, thread_registers
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -195,6 +195,7 @@ def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not
         (AE_ENC2_BF16, "wgmma_b256x128_p4_q3_gr_ws_bf16", "one or two"),
         (AE_ENC2_BF16, "wgmma_b128x128_p4_q2_pe_ws_bf16", "persistent form"),
         (AE_ENC2_BF16, "wgmma_b256x128_p3_q1_pe_sy_bf16", "registers"),
+        (AE_ENC2_BF16, "wgmma_b256x192_p4_q1_gr_tma_bf16", "over the 128 that 416"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -495,6 +496,31 @@ def test_drawn_row_tiles_compile_without_spills(p, pick):
     v = variants[pick % len(variants)]
     binary = compiled(make_plan(p, v))
     assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
+PROBE = """extern "C" __global__ void __launch_bounds__(%d, %d) k(float* a, const float* b)
+{
+    float v[200];
+#pragma unroll
+    for (int i = 0; i < 200; i++) v[i] = b[threadIdx.x * 200 + i];
+#pragma unroll
+    for (int i = 0; i < 200; i++) v[i] = v[i] * v[(i * 7 + 1) %% 200] + 1.0f;
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < 200; i++) s += v[i] * v[199 - i];
+    a[threadIdx.x] = s;
+}"""
+
+
+@pytest.mark.parametrize("threads,per_sm", [(288, 2), (416, 1), (160, 2), (544, 1), (224, 2)])
+def test_the_register_bound_is_ptxas_own(threads, per_sm):
+    """A kernel that wants every register it can get is held by ptxas to what ``thread_registers``
+    says ``__launch_bounds__(threads, per_sm)`` leaves a thread (a quarter of the SM's
+    file over every fourth warp), the bound the plan sizes its sums by."""
+    from specgen.compile import compile_source
+
+    binary = compile_source(PROBE % (threads, per_sm), "k", "sm_90a")
+    assert binary.resources["k"].registers == thread_registers(threads, per_sm)
 
 
 @pytest.mark.parametrize("spec", ["H=8,W=17", "H=12,W=12"])

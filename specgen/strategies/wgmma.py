@@ -249,12 +249,13 @@ class Wgmma(Variant):
         return out
 
 
-def _bound(threads: int, per_sm: int) -> int:
-    """The registers a thread gets from ptxas under ``__launch_bounds__(threads, per_sm)``:
-    the SM's file over the blocks' warps, counted in pairs, in steps of 8 (a block of 288
-    threads, two an SM, gets 96)."""
-    warps = ceil_div(threads, 64) * 2
-    return REGISTERS // (per_sm * warps * 32) // 8 * 8
+def thread_registers(threads: int, per_sm: int) -> int:
+    """The registers a thread gets from ptxas under ``__launch_bounds__(threads, per_sm)``.
+    An SM's file is four quarters of 16384, each holding every fourth warp, so a thread
+    gets a quarter over its share of the warps, rounded up, in steps of 8, at most 255:
+    288 threads two an SM get 96, 416 one an SM 128 (as ptxas reports on sm_90a)."""
+    warps = ceil_div(per_sm * ceil_div(threads, 32), 4)
+    return min(255, REGISTERS // 4 // (warps * 32) // 8 * 8)
 
 
 def row_tiles(problem: ConvProblem) -> list[int]:
@@ -461,7 +462,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     copiers = 1 if tma else 128 if producer else consumers
     threads = consumers + (32 if tma else 128 if producer else 0)
     nacc = bn // 2  # fp32 sums per thread: 64 x bn over 128 threads
-    budget = min(255, REGISTERS // threads // 8 * 8)
+    budget = thread_registers(threads, 1)
     # Registers, as ptxas allotted them on sm_90a: the sums and about 30 more in a thread
     # that multiplies; five per pixel row and two per map row in a thread that copies.
     copying = 0 if tma else 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
@@ -471,8 +472,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     if need > budget:
         raise SpecError(
             f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}_{v.feed.value}: "
-            f"{warpgroups} warpgroup(s) of "
-            f"{nacc} fp32 sums a thread and {bn * 8 // copiers} pixel rows to copy need about "
+            f"{warpgroups} warpgroup(s) of {nacc} fp32 sums a thread"
+            f"{'' if tma else f' and {bn * 8 // copiers} pixel rows to copy'} need about "
             f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
             "pixels or more maps"
         )
@@ -508,7 +509,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
     # other's multiplies); the bounds hold ptxas to the registers that takes.
     if tma:  # a producer warp beside the consumers: count their registers
-        two = 2 * threads * (nacc + 40) <= REGISTERS and nacc + 32 <= _bound(threads, 2)
+        two = 2 * threads * (nacc + 40) <= REGISTERS and nacc + 32 <= thread_registers(threads, 2)
     else:
         two = nacc <= 64 and threads <= 256
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and two else 1
