@@ -226,9 +226,10 @@ def test_the_planner_puts_narrow_groups_on_dwlane(spec):
 
 
 @pytest.mark.gpu
-@settings(max_examples=30, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=16, **GPU_DRAWS)
 @given(p=depthwise_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: the
     vector loads and stores of each width, the zero padding on every side, the last
     run of a row cut short, the epilogue, dgrad's flipped windows."""
@@ -237,9 +238,10 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
 
 
 @pytest.mark.gpu
-@settings(max_examples=30, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=16, **GPU_DRAWS)
 @given(p=narrow_group_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_narrow_groups_on_the_gpu(p, batch, pick):
+def test_drawn_narrow_groups_on_the_gpu(shard, p, batch, pick):
     """Grouped layers against the float64 reference: a group's channels loaded in one
     word, every channel's products in every map's sums, the thread's maps in one group,
     stride-1 dgrad's forward view with its weights transposed per group, the strided

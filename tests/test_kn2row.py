@@ -197,14 +197,15 @@ def test_the_shift_add_model_is_the_convolution(spec):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
 @settings(
-    max_examples=25,
+    max_examples=13,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
 @given(p=kn2row_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: bands
     past the image's last row, pixels past the band's last warp, columns past the taps x
     maps, channels past the chunk, and the window's zeros on every side."""

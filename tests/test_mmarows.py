@@ -244,9 +244,10 @@ def test_the_lane_model_is_the_convolution(spec, images):
 
 
 @pytest.mark.gpu
-@settings(max_examples=25, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=13, **GPU_DRAWS)
 @given(p=mmarows_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: odd
     batches (a block's second image missing), widths that leave the last warp's columns
     idle, stages past the last row, the window's zeros on every side."""

@@ -206,9 +206,10 @@ def test_drawn_defaults_compile_without_spills(p):
 
 
 @pytest.mark.gpu
-@settings(max_examples=25, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=13, **GPU_DRAWS)
 @given(p=nchw_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space, in fp32 or tf32 math, against the
     float64 reference: the halo's zero-fill at every edge, strided and dilated taps,
     maps and channels past the group, rows past the image in the last chunk, empty

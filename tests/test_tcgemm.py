@@ -258,14 +258,15 @@ def test_a_groups_channels_short_of_a_chunk_are_walked_flat(spec, kt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
 @settings(
-    max_examples=25,
+    max_examples=13,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
 @given(p=tc_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: the tails of every tile (pixels past the batch, maps past the group,
     channels past the chunk) and the window's zero-fill."""

@@ -144,9 +144,10 @@ def few_channel_problems(draw):
 
 
 @pytest.mark.gpu
-@settings(max_examples=25, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=13, **GPU_DRAWS)
 @given(p=few_channel_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: the
     halo's zero-fill at every edge, the element-wise gathers, maps and channels past
     the group, rows past the image in the last chunk, empty slices."""

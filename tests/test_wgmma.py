@@ -220,14 +220,15 @@ def test_the_plan_names_its_architecture():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
 @settings(
-    max_examples=20,
+    max_examples=11,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
 @given(p=wgmma_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default variant and one drawn from tune's space, against the float64
     reference: pixels past the batch, maps past the tile, channels past the chunk,
     the window's zero-fill, and the staged epilogue's bias and relu."""
@@ -236,13 +237,14 @@ def test_drawn_problems_on_the_gpu(p, batch, pick):
 
 
 @pytest.mark.gpu
-@settings(max_examples=20, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=11, **GPU_DRAWS)
 @given(
     p=wgmma_problems(ops=("dgrad",), least_stride=2),
     batch=st.integers(1, 5),
     pick=st.integers(0, 10**6),
 )
-def test_drawn_strided_dgrads_on_the_gpu(p, batch, pick):
+def test_drawn_strided_dgrads_on_the_gpu(shard, p, batch, pick):
     """A strided dgrad's phases (blockIdx.z) cover dx once: phases of different pixel
     counts and taps, phases that no tap reaches (their dx written as zeros), images
     smaller than the stride in one axis."""

@@ -320,9 +320,10 @@ def test_drawn_defaults_compile_without_spills(p):
 
 
 @pytest.mark.gpu
-@settings(max_examples=30, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=16, **GPU_DRAWS)
 @given(p=depthwise_wgrads(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_drawn_problems_on_the_gpu(p, batch, pick):
+def test_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """The default and one variant of tune's space against the float64 reference: words
     of each width and dtype, the padding on every side, runs cut short, slices with no
     rows at a small batch."""
