@@ -203,12 +203,13 @@ def param(default, codec: Codec, help: str):
     return dataclasses.field(default=default, metadata=dict(codec=codec, help=help))
 
 
-def first_planned(candidates, plan, refused: str) -> "Variant":
+def first_planned(candidates, plan, refused: str, last: bool = False) -> "Variant":
     """The first of ``candidates`` (variants, the preferred first) that ``plan`` accepts
-    (a ``fit``'s search): else the first one's refusal, which says why, or ``refused``
-    where there was no candidate.  The refusal is kept as its message: an exception
-    kept past its handler holds its traceback's frames, and through them the caller's
-    (an autograd backward's, with its graph), in a cycle that only the garbage
+    (a ``fit``'s search): else the first one's refusal, which says why (the last one's,
+    ``last``: a ladder of tiles, whose smallest meets the shape's own limits), or
+    ``refused`` where there was no candidate.  The refusal is kept as its message: an
+    exception kept past its handler holds its traceback's frames, and through them the
+    caller's (an autograd backward's, with its graph), in a cycle that only the garbage
     collector frees."""
     why = None
     for v in candidates:
@@ -216,7 +217,7 @@ def first_planned(candidates, plan, refused: str) -> "Variant":
             plan(v)
             return v
         except SpecError as e:
-            why = why or str(e)
+            why = str(e) if last or why is None else why
     raise SpecError(why or refused)
 
 

@@ -13,6 +13,7 @@ from typing import Iterable
 from ..errors import SpecError
 from ..shapes import ConvProblem
 from ..tensors import Role
+from .. import variants
 from ..variants import Variant, strategy_table
 from .common import Launch, Plan, Size, check_grid, check_launch_bounds, check_threads
 
@@ -86,16 +87,10 @@ def _pads(pads) -> str:
 
 
 def first_planned(shape: ConvProblem, candidates: Iterable[Variant]) -> Variant:
-    """The first candidate the planner accepts; the last one's error if none is (its
-    message: ``variants.first_planned`` says why)."""
-    why = "no candidate to plan"
-    for v in candidates:
-        try:
-            make_plan(shape, v)
-            return v
-        except SpecError as e:
-            why = str(e)
-    raise SpecError(why)
+    """The first candidate the planner accepts; the last one's refusal if none is."""
+    return variants.first_planned(
+        candidates, lambda v: make_plan(shape, v), "no candidate to plan", last=True
+    )
 
 
 # Band heights a search tries one by one from the top: every preset's whole image (the
