@@ -508,9 +508,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
 
     # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
     # other's multiplies); the bounds hold ptxas to the registers that takes.
-    if tma:  # a producer warp beside the consumers: count their registers, and leave
-        # the sums 32 more under ptxas's bound (a tile's 72 sums and its wgmma took 98)
-        two = 2 * threads * (nacc + 40) <= REGISTERS and nacc + 32 <= thread_registers(threads, 2)
+    if tma:  # a producer warp beside the consumers: under ptxas's bound for two blocks,
+        # the sums and 32 more (a tile's 72 sums and its wgmma took 98)
+        two = nacc + 32 <= thread_registers(threads, 2)
     else:
         two = nacc <= 64 and threads <= 256
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and two else 1
