@@ -26,6 +26,7 @@ MAP_BYTES = 128  # sizeof(CUtensorMap), aligned to 64 bytes
 RANK_LIMIT = 5
 BOX_LIMIT = 256  # elements of a box along any dimension
 STEP_LIMIT = 8  # a traversal stride
+CORNER_LIMIT = (-128, 127)  # an im2col map's corners, rank 4 (8 bits each)
 MAPS_KEPT = 64  # encoded addresses a bound map keeps (past these, it starts over)
 
 
@@ -113,6 +114,86 @@ def box_load(tensor: np.ndarray, m: TensorMap, coords, images: int = 1) -> np.nd
     return out.reshape(-1, m.box[0])
 
 
+@dataclass(frozen=True)
+class Im2colMap:
+    """An im2col tensor map over ``role``'s NHWC tensor: ``dims`` (C, W, H, images) in
+    elements, innermost first, the images ``None`` (the launch's count); ``strides`` in
+    bytes for W, H and the images.  One copy takes ``pixels`` consecutive positions of
+    a filter's corner, walking W, then H, then the images, each position ``channels``
+    elements from channel c on, at a tap's offset within the filter.  The corner's
+    positions in an image run from ``lower`` to the dimension's last index plus
+    ``upper`` (W, H), ``steps`` apart: the convolution's output pixels.  Where a
+    position's tap lies outside the tensor, its elements are zeros."""
+
+    role: Role
+    element_bytes: int
+    dims: tuple
+    strides: tuple[int, ...]
+    lower: tuple[int, int]
+    upper: tuple[int, int]
+    channels: int
+    pixels: int
+    steps: tuple[int, int] = (1, 1)
+    swizzle: int = 128
+
+    def __post_init__(self):
+        if len(self.dims) != 4 or len(self.strides) != 3:
+            raise ValueError(f"an im2col map here is (C, W, H, images): {self}")
+        if any(s % 16 for s in self.strides):
+            raise ValueError(f"tensor map strides {self.strides} are not multiples of 16")
+        if not 1 <= self.pixels <= BOX_LIMIT or not 1 <= self.channels <= BOX_LIMIT:
+            raise ValueError(f"im2col copy of {self.pixels} pixels x {self.channels} channels")
+        if self.swizzle and self.channels * self.element_bytes > self.swizzle:
+            raise ValueError(f"a pixel's {self.channels} channels exceed the swizzle span")
+        if any(not CORNER_LIMIT[0] <= c <= CORNER_LIMIT[1] for c in self.lower + self.upper):
+            raise ValueError(f"im2col corners {self.lower}, {self.upper} out of {CORNER_LIMIT}")
+        if any(not 1 <= t <= STEP_LIMIT for t in self.steps):
+            raise ValueError(f"im2col steps {self.steps}: 1 to {STEP_LIMIT}")
+
+    def sized(self, images: int) -> tuple[int, ...]:
+        return tuple(images if d is None else d for d in self.dims)
+
+    @property
+    def positions(self) -> tuple[int, int]:
+        """The filter corner's positions along W and H in one image."""
+        return tuple(
+            (d - 1 + hi - lo) // t + 1
+            for d, lo, hi, t in zip(self.dims[1:3], self.lower, self.upper, self.steps)
+        )
+
+    @property
+    def box_bytes(self) -> int:
+        return self.pixels * self.channels * self.element_bytes
+
+    def with_role(self, role: Role) -> "Im2colMap":
+        return replace(self, role=role)
+
+
+def im2col_load(tensor: np.ndarray, m: Im2colMap, coords, offsets, images: int = 1):
+    """What one im2col copy puts in shared memory, before the swizzle: from the corner
+    at ``coords`` (c, w, h, image; w and h a position of the filter's corner, which may
+    lie in the padding), ``m.pixels`` positions in order, each a row of ``m.channels``
+    elements of ``tensor`` (flat, NHWC) at the tap ``offsets`` (w, h) within the filter;
+    zeros where the tap leaves the tensor or the positions pass the last image."""
+    C, W, H, N = m.sized(images)
+    (pw, ph), (tw, th) = m.positions, m.steps
+    c, w, h, n = coords
+    first = (n * ph + (h - m.lower[1]) // th) * pw + (w - m.lower[0]) // tw
+    q = first + np.arange(m.pixels)
+    img, i, j = q // (ph * pw), q // pw % ph, q % pw
+    hh = m.lower[1] + th * i + offsets[1]
+    ww = m.lower[0] + tw * j + offsets[0]
+    cc = c + np.arange(m.channels)
+    inside = ((img < N) & (hh >= 0) & (hh < H) & (ww >= 0) & (ww < W))[:, None] & (cc < C)
+    e = m.element_bytes
+    flat = (img * (m.strides[2] // e) + hh * (m.strides[1] // e) + ww * (m.strides[0] // e))[
+        :, None
+    ] + cc[None, :]
+    out = np.zeros((m.pixels, m.channels), dtype=tensor.dtype)
+    out[inside] = tensor[flat[inside]]
+    return out
+
+
 class BoundMap:
     """One launch's tensor map: encoded for each address it is given, the encodings
     kept (with the aligned host address of each), so that a repeated launch over the
@@ -140,23 +221,24 @@ def _aligned_address(buf) -> int:
 _driver: list = []
 
 
-def _encode_function():
+def _encode_function(name: str = "cuTensorMapEncodeTiled"):
     if not _driver:
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
+            _driver.append(ctypes.CDLL("libcuda.so.1"))
         except OSError as e:
             raise SpecError(f"tensor maps need the CUDA driver (libcuda.so.1): {e}") from None
-        f = lib.cuTensorMapEncodeTiled
-        f.restype = ctypes.c_int
-        _driver.append(f)
-    return _driver[0]
+    f = getattr(_driver[0], name)
+    f.restype = ctypes.c_int
+    return f
 
 
-def encode(m: TensorMap, ptr: int, images: int):
+def encode(m: TensorMap | Im2colMap, ptr: int, images: int):
     """The driver's encoding of ``m`` for a tensor at ``ptr``: a buffer holding the 128
     bytes at a 64-byte boundary (``_aligned_address``)."""
     if ptr % 16:
         raise SpecError(f"a tensor map needs its tensor on a 16-byte boundary, got {ptr:#x}")
+    if isinstance(m, Im2colMap):
+        return _encode_im2col(m, ptr, images)
     rank = len(m.dims)
     dims = (ctypes.c_uint64 * rank)(*m.sized(images))
     strides = (ctypes.c_uint64 * max(rank - 1, 1))(*m.strides)
@@ -181,5 +263,38 @@ def encode(m: TensorMap, ptr: int, images: int):
         raise SpecError(
             f"cuTensorMapEncodeTiled refused the map of {m.role.value} (CUresult {status}): "
             f"dims {m.sized(images)}, strides {m.strides}, box {m.box}, steps {m.traversal}"
+        )
+    return buf
+
+
+def _encode_im2col(m: Im2colMap, ptr: int, images: int):
+    dims = (ctypes.c_uint64 * 4)(*m.sized(images))
+    strides = (ctypes.c_uint64 * 3)(*m.strides)
+    lower = (ctypes.c_int * 2)(*m.lower)
+    upper = (ctypes.c_int * 2)(*m.upper)
+    steps = (ctypes.c_uint32 * 4)(1, *m.steps, 1)
+    buf = (ctypes.c_ubyte * (MAP_BYTES + 64))()
+    status = _encode_function("cuTensorMapEncodeIm2col")(
+        ctypes.c_void_p(_aligned_address(buf)),
+        ctypes.c_int(DATA_TYPES[m.element_bytes]),
+        ctypes.c_uint32(4),
+        ctypes.c_void_p(ptr),
+        dims,
+        strides,
+        lower,
+        upper,
+        ctypes.c_uint32(m.channels),
+        ctypes.c_uint32(m.pixels),
+        steps,
+        ctypes.c_int(0),  # no interleave
+        ctypes.c_int(SWIZZLES[m.swizzle]),
+        ctypes.c_int(L2_PROMOTION_256B),
+        ctypes.c_int(0),  # out-of-bounds elements read as zeros
+    )
+    if status:
+        raise SpecError(
+            f"cuTensorMapEncodeIm2col refused the map of {m.role.value} (CUresult {status}): "
+            f"dims {m.sized(images)}, strides {m.strides}, corners {m.lower} {m.upper}, "
+            f"{m.pixels} pixels x {m.channels} channels, steps {m.steps}"
         )
     return buf

@@ -254,6 +254,37 @@ def tma_problems(draw, heights=(1, 2, 4, 8, 16), widths=(2, 4, 8, 16, 32)):
         assume(False)
 
 
+@st.composite
+def i2c_problems(draw):
+    """Problems for x's copy in im2col mode: maps of any size (odd sides, a tile's
+    pixels ending inside rows and images), stride 1 to 3, dilation, every padding
+    form; groups whose channels are whole chunks, channels past the chunk, maps past
+    the tile, bias and relu, the three dtypes; forward and stride-1 dgrad."""
+    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    vec, chunk = (4, 32) if dtype == "fp32" else (8, 64)
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg = chunk * draw(st.integers(1, 2)) if groups > 1 else vec * draw(st.integers(1, 160 // vec))
+    mg = vec * draw(st.integers(1, 160 // vec))
+    R, S = draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([1, 3, 7]))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    H, W = draw(st.integers(3, 30)), draw(st.integers(3, 30))
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
+        f"stride={sh}x{sw},dil={dh}x{dw},groups={groups},dtype={dtype},layout=nhwc"
+    )
+    op = "dgrad" if (sh, sw) == (1, 1) and draw(st.booleans()) else "fprop"
+    if op == "fprop" and draw(st.booleans()):
+        spec += ",bias=1,act=relu"
+    try:
+        p = parse_shape(spec + f",op={op}")
+        Wgmma.problem_for(p)
+        return p
+    except SpecError:
+        assume(False)
+
+
 def row_tma_problems():
     """``tma_problems`` on grids whose rows no power-of-two tile holds whole: 7 to 28
     rows of 12 to 56 pixels (``wgmma.row_tiles``: 112 pixels on 28x28 maps, 112 and 224

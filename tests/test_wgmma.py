@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    i2c_problems,
     DRAWN_COMPILES,
     GPU_DRAWS,
     assert_one_line_refusal,
@@ -31,7 +32,7 @@ from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
 from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles, thread_registers
 from specgen.tensors import Role
-from specgen.tma import box_load
+from specgen.tma import box_load, im2col_load
 from specgen.variants import Precision
 
 AE_ENC2_BF16 = "C=256,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc"
@@ -294,7 +295,10 @@ def _load(x, p, v, plan, lr, ls, lc, p0, n0, grp, images):
     xmap, wmap = plan.launches[0].maps
     c = plan.context
     n, oh0 = p0 // (p.Ho * p.Wo), p0 % (p.Ho * p.Wo) // p.Wo
-    if c["flat"]:  # a 1x1 layer's rows of the batch's pixels
+    if c["im2col"]:  # the window's corner at the tile's first pixel, the tap its offset
+        corner = (grp * p.Cg + lc, p0 % p.Wo * c["sw"] - c["pl"], oh0 * c["sh"] - c["pt"], n)
+        xs = im2col_load(x[0], xmap, corner, (ls * c["dw"], lr * c["dh"]), images)
+    elif c["flat"]:  # a 1x1 layer's rows of the batch's pixels
         xs = box_load(x[0], xmap, (lc, grp, 0, 0, p0), images)
     else:
         at = (lc, grp, ls * c["dw"] - c["pl"], oh0 + lr * c["dh"] - c["pt"], n)
@@ -330,6 +334,24 @@ def test_tma_row_tiles_hold_the_tiles_operands(p, images, pick):
     _assert_boxes_hold_the_operands(p, variants[pick % len(variants)], images, pick)
 
 
+def i2c_variants(p) -> list:
+    """The i2c members of the tune space that plan for p."""
+    space = Wgmma.space(Wgmma.problem_for(p), MATH[p.dtype])
+    return that_plan(p, [v for v in space if v.feed is Feed.I2C])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=i2c_problems(), images=st.integers(1, 3), pick=st.integers(0, 10**6))
+def test_i2c_copies_hold_the_tiles_operands(p, images, pick):
+    """The replay for x copied in im2col mode (``tma.im2col_load``, the copy unit's walk
+    of the filter corner's positions): any map, stride, dilation and padding, tiles that
+    end inside a row and inside an image, past the batch; each chunk holds the tile's
+    pixels at that tap, zeros in the padding and past the channels."""
+    variants = i2c_variants(p)
+    assume(variants)
+    _assert_boxes_hold_the_operands(p, variants[pick % len(variants)], images, pick)
+
+
 def _assert_boxes_hold_the_operands(p, v, images, pick):
     import numpy as np
 
@@ -345,7 +367,7 @@ def _assert_boxes_hold_the_operands(p, v, images, pick):
     p0 = bn * rng.integers(0, -(-pixels // bn))
     n0 = bm * rng.integers(0, -(-p.Mg // bm))
     grp = int(rng.integers(0, p.groups))
-    (dh, dw), (pt, _, pl, _) = p.dil, p.pads
+    (dh, dw), (pt, _, pl, _), (sh, sw) = p.dil, p.pads, p.stride
     for lr in range(p.R):
         for ls in range(p.S):
             for lc in range(0, p.Cg, chunk):
@@ -355,7 +377,7 @@ def _assert_boxes_hold_the_operands(p, v, images, pick):
                 for i in range(bn):
                     q = p0 + i
                     n, oh, ow = q // (p.Ho * p.Wo), q % (p.Ho * p.Wo) // p.Wo, q % p.Wo
-                    ih, iw = oh + lr * dh - pt, ow + ls * dw - pl
+                    ih, iw = oh * sh + lr * dh - pt, ow * sw + ls * dw - pl
                     if n < images and 0 <= ih < p.H and 0 <= iw < p.W:
                         cs = slice(grp * p.Cg + lc, grp * p.Cg + min(lc + chunk, p.Cg))
                         want_x[i, : cs.stop - cs.start] = x[n, ih, iw, cs]
@@ -588,3 +610,51 @@ def test_tma_on_drawn_problems_on_the_gpu(p, batch, pick):
     variants = tma_variants(p)
     assume(variants)
     verify_on_the_gpu(p, [variants[pick % len(variants)]], batch)
+
+
+I2C_LAYERS = [  # resnet50's and vgg11's 3x3 layers that no tma box of whole rows takes
+    "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc",
+    "C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc",
+    "C=128,M=128,H=56,W=56,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc",
+    "C=512,M=512,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc",
+    "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc,op=dgrad",
+    "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=fp32,layout=nhwc",
+]
+
+
+@pytest.mark.parametrize("spec", I2C_LAYERS)
+def test_the_networks_small_maps_take_i2c_and_compile(spec):
+    """Where no box of whole rows fits (14x14 and 7x7 maps, stride 2), the tune space
+    holds x's copy in im2col mode, and each such tile compiles for sm_90a without
+    spills or a serialized wgmma."""
+    p = parse_shape(spec)
+    variants = i2c_variants(p)
+    assert len(variants) >= 6
+    for v in variants:
+        binary = compiled(make_plan(p, v))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
+@pytest.mark.gpu
+@settings(max_examples=20, **GPU_DRAWS)
+@given(p=i2c_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_i2c_on_drawn_problems_on_the_gpu(p, batch, pick):
+    """x copied in im2col mode against the float64 reference, in wgmma and in wgdsm's
+    slices: any map, stride, dilation and padding, tiles across rows, images and the
+    batch's end, groups, bias and relu, forward and stride-1 dgrad."""
+    from specgen.strategies import Wgdsm
+
+    variants = i2c_variants(p)
+    assume(variants)
+    sliced = Wgdsm.space(Wgdsm.problem_for(p), MATH[p.dtype])
+    sliced = that_plan(p, [v for v in sliced if v.feed is Feed.I2C])
+    picked = [variants[pick % len(variants)], *sliced[pick % max(1, len(sliced)) :][:1]]
+    verify_on_the_gpu(p, picked, batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", I2C_LAYERS)
+def test_i2c_on_the_networks_layers_on_the_gpu(spec):
+    """Every i2c tile of the networks' small-map layers against float64, 3 images."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, i2c_variants(p), 3)

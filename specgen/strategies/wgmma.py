@@ -9,7 +9,7 @@ layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 6
 channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers, laid
 out in the 128-byte swizzle that the operand descriptors name, zero-filled at the
 padding.  The multiplies of ``inflight`` chunks run at once (``wgmma.wait_group
-inflight - 1``).  Three ways to feed them (``--feed``):
+inflight - 1``).  Four ways to feed them (``--feed``):
 
 * ``tma`` (the default where it applies): one thread of a producer warp issues two
   ``cp.async.bulk.tensor`` copies a chunk, a box of x (the tile's pixels at one tap:
@@ -25,6 +25,15 @@ inflight - 1``).  Three ways to feed them (``--feed``):
   took the wide layers' bf16 forward from 0.035/0.038 ms to 0.031/0.034 (ae-enc2/ae-dec2)
   and their tf32 forward from 0.066/0.071 to 0.058/0.062: the consumers issue nothing
   but the multiplies and their waits.
+* ``i2c``: ``tma`` with x's copy in the copy unit's im2col mode (``tma.Im2colMap``): the
+  map names the window's reach (its corner's positions in an image run from minus the
+  padding to the last output pixel's, ``stride`` apart), and one copy takes the tile's
+  pixels from its first, walking output rows and images as the GEMM numbers them, each
+  at the tap's offset within the filter, zeros where the tap falls in the padding or
+  past the batch.  So any tile on any map at any stride: the 14x14 and 7x7 maps and the
+  strided layers whose rows no box of whole rows takes.  Not for a strided dgrad (its
+  phases are no convolution's windows) nor for groups whose channels end inside a
+  chunk (the copy would read the next group's).
 * ``sy``: every warp copies with 16-byte ``cp.async``, and the block meets at one
   barrier a chunk; a stage is refilled ``inflight`` chunks after its multiply was
   issued, so ``stages - inflight`` chunks of copies fly ahead.  Any stride and tile.
@@ -75,7 +84,7 @@ from ..errors import SpecError
 from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
-from ..tma import TensorMap
+from ..tma import Im2colMap, TensorMap
 from ..variants import (
     EPILOGUE,
     GEOMETRY,
@@ -98,6 +107,16 @@ PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 ke
 # PIXEL_TILES is, 64 to 256 pixels in steps of wgmma's 8: 112 and 224 pixels on 56x56
 # maps, 112 on 28x28 ones.  Its copies are the boxes, so nothing asks a power of two.
 ROW_TILES_KEPT = 2  # the widest this many go into the tune space
+# i2c's tiles in the tune space (pixels, maps, stages): im2col copies take any tile
+I2C_TILES = (
+    (256, 128, 3),
+    (256, 128, 4),
+    (128, 128, 4),
+    (128, 128, 6),
+    (192, 128, 4),
+    (128, 64, 6),
+    (128, 256, 4),
+)
 
 
 class Feed(enum.Enum):
@@ -106,6 +125,7 @@ class Feed(enum.Enum):
     SY = "sy"  # every warp copies with cp.async, a barrier a chunk
     WS = "ws"  # a producer warpgroup copies with cp.async, under mbarriers
     TMA = "tma"  # a producer thread issues two TMA copies a chunk, under mbarriers
+    I2C = "i2c"  # the same, x's copy in the TMA unit's im2col mode: any tile, any stride
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +167,8 @@ class Wgmma(Variant):
         Choice(Feed, "feed"),
         "wgmma: every warp copies and the block syncs on each chunk (sy); a producer "
         "warpgroup copies under mbarriers (ws); a producer thread's TMA copies, a box of "
-        "each operand a chunk, under mbarriers (tma)",
+        "each operand a chunk, under mbarriers (tma); the same with x's copy in the TMA "
+        "unit's im2col mode, the tile's pixels wherever they lie (i2c)",
     )
 
     def plan(self, problem):
@@ -234,6 +255,18 @@ class Wgmma(Variant):
                         precision=precision,
                     )
                 )
+        if not phased and not flat_pixels(gemm_view(problem)):  # x's copy in im2col mode
+            for bn, bm, stages in I2C_TILES:
+                for inflight in (1, 2):
+                    out.append(
+                        cls(
+                            blocktile=(bn, bm),
+                            stages=stages,
+                            inflight=inflight,
+                            feed=Feed.I2C,
+                            precision=precision,
+                        )
+                    )
         if not phased:  # tma's whole-row tiles where the map's rows fit none of the above
             for bn in row_tiles(problem)[-ROW_TILES_KEPT:]:
                 for bm, stages, inflight in ((128, 3, 1), (128, 4, 2), (64, 6, 1)):
@@ -310,7 +343,8 @@ class Wgdsm(Wgmma):
         columns divide into them."""
         out = []
         for v in Wgmma.space(problem, precision):
-            if v.persistent or v.feed is Feed.WS or (v.feed is Feed.TMA and v.inflight > 1):
+            copied = v.feed in (Feed.TMA, Feed.I2C)
+            if v.persistent or v.feed is Feed.WS or (copied and v.inflight > 1):
                 continue
             own = {f.name: getattr(v, f.name) for f in fields(v)}
             for kslices in (2, 4, 8):
@@ -347,14 +381,18 @@ def _math_of(p: ConvProblem, v: Wgmma) -> None:
         )
 
 
-def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, TensorMap]:
+def _boxes(
+    p: ConvProblem, bn: int, bm: int, chunk: int, im2col: bool = False
+) -> tuple[TensorMap | Im2colMap, TensorMap]:
     """The tensor maps of ``tma``: x as [N][H][W][groups][C/g] with a box of a chunk's
     channels by the tile's whole output rows (or whole images) at one tap, so that the
     box's rows are the tile's pixels in order and the copy unit zero-fills the padding;
     w as [groups][M/g][R*S][C/g] with a box of a chunk's channels by the tile's maps at
     one tap.  A 1x1 layer at stride 1 without padding (``flat_pixels``) reads x as
     [the batch's pixels][1][1][groups][C/g] instead, its box the tile's pixels whatever
-    rows they fall in.  SpecError where the tile is not whole rows or the stride is not 1."""
+    rows they fall in.  SpecError where the tile is not whole rows or the stride is not 1.
+    ``im2col``: x as [N][H][W][C] in the copy unit's im2col mode instead, the tile's
+    pixels from its first (any tile, any stride), their window at a tap's offset."""
     HoWo, Wo = p.Ho * p.Wo, p.Wo
     e = p.dtype.bytes
     rs = p.R * p.S
@@ -365,6 +403,23 @@ def _boxes(p: ConvProblem, bn: int, bm: int, chunk: int) -> tuple[TensorMap, Ten
         (p.Cg * e, rs * p.Cg * e, p.Mg * rs * p.Cg * e),
         (chunk, 1, bm, 1),
     )
+    if im2col:  # the corner's positions are the output pixels, lower to upper, stride apart
+        (pt, _, pl, _), (sh, sw) = p.pads, p.stride
+        try:
+            x = Im2colMap(
+                Role.X,
+                e,
+                (p.C, p.W, p.H, None),
+                (p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
+                lower=(-pl, -pt),
+                upper=((p.Wo - 1) * sw - pl - (p.W - 1), (p.Ho - 1) * sh - pt - (p.H - 1)),
+                channels=chunk,
+                pixels=bn,
+                steps=(sw, sh),
+            )
+        except ValueError as err:
+            raise SpecError(f"wgmma i2c: {err}; choose --feed sy") from None
+        return x, w
     if flat_pixels(p):  # the copy unit zero-fills the pixels past the batch
         strides = (p.Cg * e, p.C * e, p.C * e, p.C * e)
         box = (chunk, 1, 1, 1, bn)
@@ -432,7 +487,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma b{bn}x{bm}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256 maps"
         )
     producer = v.feed is not Feed.SY
-    tma = v.feed is Feed.TMA
+    im2col = v.feed is Feed.I2C
+    tma = v.feed is Feed.TMA or im2col  # a producer thread's TMA copies
     if v.persistent and producer:
         raise SpecError(
             f"wgmma pe_{v.feed.value}: the persistent form copies with every warp; choose sy "
@@ -450,12 +506,27 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
                 f"wgdsm b{bn}x{bm} k{kslices}: 2 to 8 slices (a portable cluster), each adding "
                 f"whole 8-pixel columns of the tile: a divisor of {bn // 8}"
             )
+    if im2col and (phased or flat_pixels(p) or (p.groups > 1 and p.Cg % chunk)):
+        raise SpecError(
+            "wgmma i2c copies x in im2col mode: "
+            + (
+                "a strided dgrad's phases are no convolution's windows; choose --feed sy"
+                if phased
+                else (
+                    "a 1x1 layer at stride 1 without padding takes tma's box of the "
+                    "batch's pixels; choose --feed tma"
+                    if flat_pixels(p)
+                    else f"a copy of {chunk} channels would run past a group's {p.Cg}; choose "
+                    "--feed sy"
+                )
+            )
+        )
     if phased and (producer or v.persistent):
         raise SpecError(
             f"wgmma's strided dgrad (a GEMM a stride phase) is copied by every warp, a tile "
             f"a block: choose --feed sy{'' if not v.persistent else ' without pe'}"
         )
-    boxes = _boxes(p, bn, bm, chunk) if tma else None
+    boxes = _boxes(p, bn, bm, chunk, im2col) if tma else None
     warpgroups = bm // 64
     consumers = 128 * warpgroups  # threads that multiply and store
     # threads that copy: all, a producer warpgroup, or one thread of a producer warp
@@ -546,7 +617,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         copiers=copiers,
         producer=producer,
         tma=tma,
-        flat=tma and flat_pixels(p),  # x's box: the tile's pixels, from the batch's rows
+        flat=tma and not im2col and flat_pixels(p),  # x's box: the batch's rows of pixels
+        im2col=im2col,  # x's copy in im2col mode: the tile's pixels from its first one
         persistent=v.persistent,
         staging_at=staging_at,
         bars_at=bars_at,
@@ -603,6 +675,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
                 Feed.SY: "; every warp copies",
                 Feed.WS: "; a producer warpgroup copies",
                 Feed.TMA: "; a producer thread issues TMA copies",
+                Feed.I2C: "; a producer thread issues TMA copies, x's in im2col mode",
             }[v.feed],
         ),
         k_walk(p, kt, chunk, phased),
@@ -615,8 +688,13 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         (
             Size(
                 "copies",
-                f"2 TMA boxes a chunk: x {'x'.join(map(str, boxes[0].box))}, "
-                f"w {'x'.join(map(str, boxes[1].box))}",
+                "2 TMA boxes a chunk: x "
+                + (
+                    f"{bn} pixels x {chunk} channels in im2col mode"
+                    if im2col
+                    else "x".join(map(str, boxes[0].box))
+                )
+                + f", w {'x'.join(map(str, boxes[1].box))}",
                 "cp.async.bulk.tensor from tensor maps, zero-filled outside the image and "
                 "past the channels by the copy unit, laid out in the 128B swizzle; "
                 "mbarriers count the bytes landed, the consumer warps retire each stage",
