@@ -1,8 +1,10 @@
 """Tensor maps for Hopper's tensor memory accelerator (TMA): what a plan asks for (the
 tensor's dims and strides, the box one ``cp.async.bulk.tensor`` copies, the swizzle it
-lays the box out in), their encoding through the driver (``cuTensorMapEncodeTiled``,
-called through ctypes so that no CuPy build has to expose it), and a NumPy model of a
-box load that the CPU tier checks the plans' coordinates with.
+lays the box out in; or, in im2col mode, the window a filter's corner walks and the
+pixels and channels one copy takes), their encoding through the driver
+(``cuTensorMapEncodeTiled``, ``cuTensorMapEncodeIm2col``, called through ctypes so that
+no CuPy build has to expose them), and NumPy models of both loads that the CPU tier
+checks the plans' coordinates with.
 
 A tensor map holds the tensor's address, so a launch needs one per address its tensor
 lies at: ``BoundMap`` encodes one the first time it meets an address and keeps it."""
