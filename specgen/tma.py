@@ -239,23 +239,33 @@ def encode(m: TensorMap | Im2colMap, ptr: int, images: int):
     bytes at a 64-byte boundary (``_aligned_address``)."""
     if ptr % 16:
         raise SpecError(f"a tensor map needs its tensor on a 16-byte boundary, got {ptr:#x}")
-    if isinstance(m, Im2colMap):
-        return _encode_im2col(m, ptr, images)
     rank = len(m.dims)
-    dims = (ctypes.c_uint64 * rank)(*m.sized(images))
-    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*m.strides)
-    box = (ctypes.c_uint32 * rank)(*m.box)
-    steps = (ctypes.c_uint32 * rank)(*m.traversal)
+    if isinstance(m, Im2colMap):
+        name = "cuTensorMapEncodeIm2col"
+        geometry = (
+            (ctypes.c_int * 2)(*m.lower),
+            (ctypes.c_int * 2)(*m.upper),
+            ctypes.c_uint32(m.channels),
+            ctypes.c_uint32(m.pixels),
+            (ctypes.c_uint32 * rank)(1, *m.steps, 1),
+        )
+        said = (
+            f"corners {m.lower} {m.upper}, {m.pixels} pixels x {m.channels} channels, "
+            f"steps {m.steps}"
+        )
+    else:
+        name = "cuTensorMapEncodeTiled"
+        geometry = ((ctypes.c_uint32 * rank)(*m.box), (ctypes.c_uint32 * rank)(*m.traversal))
+        said = f"box {m.box}, steps {m.traversal}"
     buf = (ctypes.c_ubyte * (MAP_BYTES + 64))()
-    status = _encode_function()(
+    status = _encode_function(name)(
         ctypes.c_void_p(_aligned_address(buf)),
         ctypes.c_int(DATA_TYPES[m.element_bytes]),
         ctypes.c_uint32(rank),
         ctypes.c_void_p(ptr),
-        dims,
-        strides,
-        box,
-        steps,
+        (ctypes.c_uint64 * rank)(*m.sized(images)),
+        (ctypes.c_uint64 * max(rank - 1, 1))(*m.strides),
+        *geometry,
         ctypes.c_int(0),  # no interleave
         ctypes.c_int(SWIZZLES[m.swizzle]),
         ctypes.c_int(L2_PROMOTION_256B),
@@ -263,40 +273,7 @@ def encode(m: TensorMap | Im2colMap, ptr: int, images: int):
     )
     if status:
         raise SpecError(
-            f"cuTensorMapEncodeTiled refused the map of {m.role.value} (CUresult {status}): "
-            f"dims {m.sized(images)}, strides {m.strides}, box {m.box}, steps {m.traversal}"
-        )
-    return buf
-
-
-def _encode_im2col(m: Im2colMap, ptr: int, images: int):
-    dims = (ctypes.c_uint64 * 4)(*m.sized(images))
-    strides = (ctypes.c_uint64 * 3)(*m.strides)
-    lower = (ctypes.c_int * 2)(*m.lower)
-    upper = (ctypes.c_int * 2)(*m.upper)
-    steps = (ctypes.c_uint32 * 4)(1, *m.steps, 1)
-    buf = (ctypes.c_ubyte * (MAP_BYTES + 64))()
-    status = _encode_function("cuTensorMapEncodeIm2col")(
-        ctypes.c_void_p(_aligned_address(buf)),
-        ctypes.c_int(DATA_TYPES[m.element_bytes]),
-        ctypes.c_uint32(4),
-        ctypes.c_void_p(ptr),
-        dims,
-        strides,
-        lower,
-        upper,
-        ctypes.c_uint32(m.channels),
-        ctypes.c_uint32(m.pixels),
-        steps,
-        ctypes.c_int(0),  # no interleave
-        ctypes.c_int(SWIZZLES[m.swizzle]),
-        ctypes.c_int(L2_PROMOTION_256B),
-        ctypes.c_int(0),  # out-of-bounds elements read as zeros
-    )
-    if status:
-        raise SpecError(
-            f"cuTensorMapEncodeIm2col refused the map of {m.role.value} (CUresult {status}): "
-            f"dims {m.sized(images)}, strides {m.strides}, corners {m.lower} {m.upper}, "
-            f"{m.pixels} pixels x {m.channels} channels, steps {m.steps}"
+            f"{name} refused the map of {m.role.value} (CUresult {status}): "
+            f"dims {m.sized(images)}, strides {m.strides}, {said}"
         )
     return buf

@@ -658,3 +658,74 @@ def test_i2c_on_the_networks_layers_on_the_gpu(spec):
     """Every i2c tile of the networks' small-map layers against float64, 3 images."""
     p = parse_shape(spec)
     verify_on_the_gpu(p, i2c_variants(p), 3)
+
+
+def _driver_arguments(monkeypatch, m, images):
+    """The arguments ``tma.encode`` gives the driver for ``m``, arrays as lists."""
+    from specgen import tma
+
+    seen = {}
+
+    def driver(name="cuTensorMapEncodeTiled"):
+        def call(*args):
+            seen[name] = [
+                list(a) if hasattr(a, "_length_") else getattr(a, "value", a) for a in args
+            ]
+            return 0
+
+        return call
+
+    monkeypatch.setattr(tma, "_encode_function", driver)
+    tma.encode(m, 1 << 20, images)
+    ((name, args),) = seen.items()
+    return name, args[1:]  # past the map's own address
+
+
+def test_the_driver_gets_each_map_innermost_first(monkeypatch):
+    """cuTensorMapEncodeTiled and cuTensorMapEncodeIm2col get the maps' numbers in their
+    order: data type, rank, address, dims (the images counted), strides, then the box
+    and traversal; or the corners, channels, pixels and the steps (1 for C and the
+    images); then no interleave, the 128-byte swizzle, 256-byte L2 promotion, zeros."""
+    from specgen import tma
+
+    tiled = tma.TensorMap(
+        Role.X, 2, (64, 1, 16, 16, None), (128, 128, 2048, 32768), (64, 1, 8, 2, 1)
+    )
+    name, args = _driver_arguments(monkeypatch, tiled, 5)
+    assert name == "cuTensorMapEncodeTiled"
+    assert args == [
+        1,
+        5,
+        1 << 20,
+        [64, 1, 16, 16, 5],
+        [128, 128, 2048, 32768],
+        [64, 1, 8, 2, 1],
+        [1, 1, 1, 1, 1],
+        0,
+        3,
+        3,
+        0,
+    ]
+    p = parse_shape("C=96,M=64,H=13,W=11,K=3x5,pad=1x1x2x2,stride=2x3,layout=nhwc,dtype=bf16")
+    xmap = (
+        make_plan(p, parse_variant_name("wgmma_b128x64_p6_q1_gr_i2c_bf16", p)).launches[0].maps[0]
+    )
+    name, args = _driver_arguments(monkeypatch, xmap, 3)
+    assert name == "cuTensorMapEncodeIm2col"
+    upper_w, upper_h = (p.Wo - 1) * 3 - 2 - 10, (p.Ho - 1) * 2 - 1 - 12
+    assert args == [
+        1,
+        4,
+        1 << 20,
+        [96, 11, 13, 3],
+        [192, 11 * 192, 13 * 11 * 192],
+        [-2, -1],
+        [upper_w, upper_h],
+        64,
+        128,
+        [1, 3, 2, 1],
+        0,
+        3,
+        3,
+        0,
+    ]

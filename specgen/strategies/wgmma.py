@@ -255,30 +255,20 @@ class Wgmma(Variant):
                         precision=precision,
                     )
                 )
-        if not phased and not flat_pixels(gemm_view(problem)):  # x's copy in im2col mode
-            for bn, bm, stages in I2C_TILES:
-                for inflight in (1, 2):
-                    out.append(
-                        cls(
-                            blocktile=(bn, bm),
-                            stages=stages,
-                            inflight=inflight,
-                            feed=Feed.I2C,
-                            precision=precision,
-                        )
-                    )
-        if not phased:  # tma's whole-row tiles where the map's rows fit none of the above
-            for bn in row_tiles(problem)[-ROW_TILES_KEPT:]:
-                for bm, stages, inflight in ((128, 3, 1), (128, 4, 2), (64, 6, 1)):
-                    out.append(
-                        cls(
-                            blocktile=(bn, bm),
-                            stages=stages,
-                            inflight=inflight,
-                            feed=Feed.TMA,
-                            precision=precision,
-                        )
-                    )
+        if not phased:
+            # tma's whole-row tiles where the map's rows fit none of the above; then x's
+            # copy in im2col mode, which takes any tile (but a 1x1 layer's flat box)
+            more = [
+                (bn, bm, stages, inflight, Feed.TMA)
+                for bn in row_tiles(problem)[-ROW_TILES_KEPT:]
+                for bm, stages, inflight in ((128, 3, 1), (128, 4, 2), (64, 6, 1))
+            ]
+            if not flat_pixels(gemm_view(problem)):
+                more += [(*tile, inflight, Feed.I2C) for tile in I2C_TILES for inflight in (1, 2)]
+            out += [
+                cls(blocktile=(bn, bm), stages=st, inflight=q, feed=feed, precision=precision)
+                for bn, bm, st, q, feed in more
+            ]
         return out
 
 
