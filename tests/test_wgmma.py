@@ -197,6 +197,10 @@ def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not
         (AE_ENC2_BF16, "wgmma_b128x128_p4_q2_pe_ws_bf16", "persistent form"),
         (AE_ENC2_BF16, "wgmma_b256x128_p3_q1_pe_sy_bf16", "registers"),
         (AE_ENC2_BF16, "wgmma_b256x192_p4_q1_gr_tma_bf16", "over the 128 that 416"),
+        (AE_ENC2_BF16 + ",stride=2,op=dgrad", "wgmma_b128x128_p4_q1_gr_i2c_bf16", "phases"),
+        (AE_ENC2_BF16.replace("K=3,pad=1", "K=1"), "wgmma_b128x128_p4_q1_gr_i2c_bf16", "tma"),
+        (AE_ENC2_BF16 + ",groups=8", "wgmma_b128x128_p4_q1_gr_i2c_bf16", "past a group's 32"),
+        (AE_ENC2_BF16.replace("pad=1", "pad=130"), "wgmma_b128x64_p6_q1_gr_i2c_bf16", "corners"),
     ],
 )
 def test_limits_are_one_line_refusals(spec, name, words):
@@ -636,9 +640,10 @@ def test_the_networks_small_maps_take_i2c_and_compile(spec):
 
 
 @pytest.mark.gpu
-@settings(max_examples=20, **GPU_DRAWS)
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=11, **GPU_DRAWS)
 @given(p=i2c_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
-def test_i2c_on_drawn_problems_on_the_gpu(p, batch, pick):
+def test_i2c_on_drawn_problems_on_the_gpu(shard, p, batch, pick):
     """x copied in im2col mode against the float64 reference, in wgmma and in wgdsm's
     slices: any map, stride, dilation and padding, tiles across rows, images and the
     batch's end, groups, bias and relu, forward and stride-1 dgrad."""
