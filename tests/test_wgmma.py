@@ -450,7 +450,7 @@ def test_a_1x1_layer_takes_the_tma_feed_in_any_pixel_tile(spec):
             "wgmma_b64x64_p4_q2_gr_tma_bf16",
             "whole output rows",
         ),
-        (AE_ENC2_BF16, "wgmma_b128x128_p4_q2_pe_tma_bf16", "persistent"),
+        (AE_ENC2_BF16, "wgmma_b256x128_p3_q2_pe_tma_bf16", "registers"),
     ],
 )
 def test_tma_refusals_are_one_line(spec, name, words):
@@ -508,7 +508,7 @@ def test_the_networks_maps_take_tma_in_tiles_of_whole_rows(spec):
     assert all(bn % q.Wo == 0 and bn % 8 == 0 and bn not in PIXEL_TILES for bn in tiles)
     rows = [v for v in Wgmma.space(q, MATH[p.dtype]) if v.blocktile[0] in tiles]
     assert rows and all(v.feed is Feed.TMA for v in rows)
-    for v in rows:
+    for v in that_plan(p, rows):  # a persistent 224-pixel tile is refused its registers
         binary = compiled(make_plan(p, v))
         assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
 
@@ -734,3 +734,56 @@ def test_the_driver_gets_each_map_innermost_first(monkeypatch):
         3,
         0,
     ]
+
+
+# Persistent tma and i2c: problems of more tiles than a grid of resident blocks (132 SMs
+# on the H200), so that each block walks several, at the batch given.
+PERSISTENT_CASES = [
+    ("C=64,M=256,H=64,W=64,K=3,pad=1,dtype=bf16,layout=nhwc", "b128x128_p4_q2_pe_i2c", 8),
+    (
+        "C=64,M=128,H=64,W=64,K=3,pad=1,stride=2,bias=1,act=relu,dtype=fp16,layout=nhwc",
+        "b128x64_p6_q2_pe_i2c",
+        16,
+    ),
+    (
+        "C=64,M=128,H=32,W=32,K=3,pad=1,bias=1,act=relu,dtype=bf16,layout=nhwc",
+        "b128x64_p6_q2_pe_tma",
+        40,
+    ),
+    ("C=64,M=128,H=32,W=32,K=3,pad=1,dtype=bf16,layout=nhwc", "b256x64_p4_q2_pe_tma", 40),
+    ("C=64,M=128,H=32,W=32,K=3,pad=1,layout=nhwc", "b128x64_p6_q2_pe_i2c", 20),
+    ("C=128,M=256,H=28,W=28,K=3,pad=1,groups=2,dtype=bf16,layout=nhwc", "b128x64_p6_q2_pe_i2c", 24),
+    ("C=96,M=64,H=30,W=30,K=3,pad=1,dtype=bf16,layout=nhwc,op=dgrad", "b128x128_p4_q2_pe_i2c", 40),
+    ("C=128,M=128,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc", "b112x128_p4_q2_pe_tma", 6),
+]
+
+
+def _persistent(spec, tile):
+    p = parse_shape(spec)
+    precision = {"bf16": "bf16", "fp16": "fp16"}.get(p.dtype.value, "tf32")
+    return p, parse_variant_name(f"wgmma_{tile}_{precision}", p)
+
+
+@pytest.mark.parametrize("spec,tile,batch", PERSISTENT_CASES)
+def test_persistent_tma_compiles_without_spills(spec, tile, batch):
+    """The persistent form with the tma and i2c feeds (the sums staged after the ring, the
+    producer walking the block's tiles ahead of the consumers) compiles for sm_90a with
+    no spills and unserialized wgmma, and plans a grid of tiles past its blocks."""
+    p, v = _persistent(spec, tile)
+    plan = make_plan(p, v)
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+    bn, bm = v.blocktile
+    q = Wgmma.problem_for(p)
+    tiles = -(-batch * q.Ho * q.Wo // bn) * -(-q.Mg // bm) * q.groups
+    assert tiles > 132 * plan.context["per_sm"], (v.name, tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,tile,batch", PERSISTENT_CASES)
+def test_persistent_tma_walks_several_tiles_a_block_on_the_gpu(spec, tile, batch):
+    """Against float64: each block's walk over several tiles, the chunk count running on
+    across them (the ring's phases), the last chunk of a tile given back after its wait,
+    the next tile's chunks copied while the staged sums go out."""
+    p, v = _persistent(spec, tile)
+    verify_on_the_gpu(p, [v], batch)

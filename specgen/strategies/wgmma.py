@@ -50,6 +50,14 @@ epilogue rounds pairs, and the compile test reads ptxas's report for that.  The 
 (bias, activation, rounding) stages the tile through shared memory as [pixel][map] rows
 and stores it in 16-byte pieces along the maps, as NHWC y lies.
 
+``pe`` (persistent): a block for each resident slot walks the tiles.  With ``sy`` the
+next tile's first chunks are issued while this one's staged rows go out.  With ``tma``
+and ``i2c`` the producer thread counts the block's chunks across its tiles (the ring's
+stages and phases run on), and copies the next tile's while the consumers stage and
+store this one's sums in a buffer of their own after the ring; the consumers give
+back a tile's last chunk after their final wait.  ptxas then holds 288 threads to 168
+registers, so the widest such tiles of 128 maps are 128 pixels (192 spilled).
+
 fp32 NHWC tensors are multiplied in tf32: a 128-byte row holds 32 fp32 channels and an
 m64nNk8 tf32 step reads 32 bytes of it, as a k16 step does, so the ring, swizzle and
 descriptors are the same; the sums are stored whole.  The tensor cores read the fp32
@@ -107,6 +115,9 @@ PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 ke
 # PIXEL_TILES is, 64 to 256 pixels in steps of wgmma's 8: 112 and 224 pixels on 56x56
 # maps, 112 on 28x28 ones.  Its copies are the boxes, so nothing asks a power of two.
 ROW_TILES_KEPT = 2  # the widest this many go into the tune space
+# tma's persistent tiles in the tune space beside the row tiles' (pixels, maps, stages):
+# the staged sums lie after the ring, and ptxas holds 288 threads to 168 registers
+PERSISTENT_TMA_TILES = ((128, 128, 4), (128, 64, 6), (256, 64, 4))
 # i2c's tiles in the tune space (pixels, maps, stages): im2col copies take any tile
 I2C_TILES = (
     (256, 128, 3),
@@ -257,17 +268,29 @@ class Wgmma(Variant):
                 )
         if not phased:
             # tma's whole-row tiles where the map's rows fit none of the above; then x's
-            # copy in im2col mode, which takes any tile (but a 1x1 layer's flat box)
+            # copy in im2col mode, which takes any tile (but a 1x1 layer's flat box); then
+            # the persistent form of each feed's two chunks in flight
             more = [
-                (bn, bm, stages, inflight, Feed.TMA)
+                (bn, bm, stages, inflight, Feed.TMA, False)
                 for bn in row_tiles(problem)[-ROW_TILES_KEPT:]
                 for bm, stages, inflight in ((128, 3, 1), (128, 4, 2), (64, 6, 1))
             ]
             if not flat_pixels(gemm_view(problem)):
-                more += [(*tile, inflight, Feed.I2C) for tile in I2C_TILES for inflight in (1, 2)]
+                more += [
+                    (*tile, inflight, Feed.I2C, False) for tile in I2C_TILES for inflight in (1, 2)
+                ]
+            more += [(*m[:5], True) for m in more if m[3] == 2]
+            more += [(bn, bm, st, 2, Feed.TMA, True) for bn, bm, st in PERSISTENT_TMA_TILES]
             out += [
-                cls(blocktile=(bn, bm), stages=st, inflight=q, feed=feed, precision=precision)
-                for bn, bm, st, q, feed in more
+                cls(
+                    blocktile=(bn, bm),
+                    stages=st,
+                    inflight=q,
+                    persistent=pe,
+                    feed=feed,
+                    precision=precision,
+                )
+                for bn, bm, st, q, feed, pe in more
             ]
         return out
 
@@ -479,10 +502,10 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     producer = v.feed is not Feed.SY
     im2col = v.feed is Feed.I2C
     tma = v.feed is Feed.TMA or im2col  # a producer thread's TMA copies
-    if v.persistent and producer:
+    if v.persistent and v.feed is Feed.WS:
         raise SpecError(
-            f"wgmma pe_{v.feed.value}: the persistent form copies with every warp; choose sy "
-            f"with pe, or gr with {v.feed.value}"
+            "wgmma pe_ws: the persistent form copies with every warp or by TMA; choose sy, "
+            "tma or i2c with pe, or gr with ws"
         )
     kslices = getattr(v, "kslices", 1)  # wgdsm's
     if kslices > 1:
@@ -529,7 +552,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     copying = 0 if tma else 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
     need = max(nacc + 30, copying) if producer else nacc + copying + 10
     if v.persistent:
-        need += 45  # the walk over tiles keeps the copy state live beside the sums (ptxas)
+        # the walk over tiles keeps the copy state (sy) or the tile's place and the
+        # epilogue's (tma) live beside the sums (ptxas: a 192-pixel tma tile spilled)
+        need += 45
     if need > budget:
         raise SpecError(
             f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}_{v.feed.value}: "
