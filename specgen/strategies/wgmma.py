@@ -231,20 +231,21 @@ class Wgmma(Variant):
         """The tiles and stages below with each feed, persistent or not; a strided
         dgrad's with ``sy`` one tile a block only."""
         phased = problem.op is Op.DGRAD
-        out = []
-        for bn, bm, stages in (
-            (256, 128, 3),
-            (256, 128, 4),
-            (128, 128, 3),
-            (128, 128, 4),
-            (128, 128, 6),
-            (192, 128, 4),
-            (128, 64, 4),
-            (128, 64, 6),
-            (64, 128, 8),
-            (128, 256, 4),
-            (192, 192, 4),
-        ):
+        members = [
+            (bn, bm, stages, inflight, feed, persistent)
+            for bn, bm, stages in (
+                (256, 128, 3),
+                (256, 128, 4),
+                (128, 128, 3),
+                (128, 128, 4),
+                (128, 128, 6),
+                (192, 128, 4),
+                (128, 64, 4),
+                (128, 64, 6),
+                (64, 128, 8),
+                (128, 256, 4),
+                (192, 192, 4),
+            )
             for inflight, persistent, feed in (
                 (1, False, Feed.SY),
                 (2, False, Feed.SY),
@@ -253,19 +254,9 @@ class Wgmma(Variant):
                 (2, False, Feed.WS),
                 (1, False, Feed.TMA),
                 (2, False, Feed.TMA),
-            ):
-                if phased and (persistent or feed is not Feed.SY):
-                    continue
-                out.append(
-                    cls(
-                        blocktile=(bn, bm),
-                        stages=stages,
-                        inflight=inflight,
-                        persistent=persistent,
-                        feed=feed,
-                        precision=precision,
-                    )
-                )
+            )
+            if not (phased and (persistent or feed is not Feed.SY))
+        ]
         if not phased:
             # tma's whole-row tiles where the map's rows fit none of the above; then x's
             # copy in im2col mode, which takes any tile (but a 1x1 layer's flat box); then
@@ -281,18 +272,18 @@ class Wgmma(Variant):
                 ]
             more += [(*m[:5], True) for m in more if m[3] == 2]
             more += [(bn, bm, st, 2, Feed.TMA, True) for bn, bm, st in PERSISTENT_TMA_TILES]
-            out += [
-                cls(
-                    blocktile=(bn, bm),
-                    stages=st,
-                    inflight=q,
-                    persistent=pe,
-                    feed=feed,
-                    precision=precision,
-                )
-                for bn, bm, st, q, feed, pe in more
-            ]
-        return out
+            members += more
+        return [
+            cls(
+                blocktile=(bn, bm),
+                stages=st,
+                inflight=q,
+                persistent=pe,
+                feed=feed,
+                precision=precision,
+            )
+            for bn, bm, st, q, feed, pe in members
+        ]
 
 
 def thread_registers(threads: int, per_sm: int) -> int:
