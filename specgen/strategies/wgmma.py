@@ -187,8 +187,8 @@ class Wgmma(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The tensors' own math; the TMA feed where its boxes take the tile (else
-        every warp copies); 64 maps a warpgroup, as many warpgroups as the group's
+        """The tensors' own math; the TMA feed where its boxes take the tile (else x
+        copied in im2col mode, else every warp copies); 64 maps a warpgroup, as many warpgroups as the group's
         maps fill (up to two), and the widest pixel tile that fits the registers and
         whose grid fills the SMs' waves within 10% of the best."""
         _math_of(problem, seed)
@@ -203,8 +203,9 @@ class Wgmma(Variant):
             return blocks / (ceil_div(blocks, SMS) * SMS)
 
         # The seed's feed where some tile takes it; TMA's boxes need whole output rows
-        # and stride 1, and where no tile gives them every warp copies instead.
-        feeds = [seed.feed] + ([Feed.SY] if seed.feed is Feed.TMA else [])
+        # and stride 1, and where no tile gives them x is copied in im2col mode (any
+        # tile, any stride), else by every warp.
+        feeds = [seed.feed] + ([Feed.I2C, Feed.SY] if seed.feed is Feed.TMA else [])
         for feed in feeds:
             seed = replace(seed, feed=feed)
             fits = []
