@@ -28,6 +28,9 @@ BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
 # A template that defines its launch bounds under this macro offers a second choice,
 # which the compile step takes when the first one spills.
 ALT_BOUNDS = "SPECGEN_ALT_BOUNDS"
+# ...and under this one a third, a plain register cap (``__maxnreg__``), tried when the
+# second spills too.
+REGISTER_CAP = "SPECGEN_REGISTER_CAP"
 
 
 @dataclass(frozen=True)
@@ -281,8 +284,10 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
     """Compile (or fetch from the cache) and return the cubin with its resource report.
 
     When the source offers a second choice of launch bounds (``ALT_BOUNDS``) and the
-    first spills, it is compiled again with the second, and the one with fewer spilled
-    bytes is kept: the cache holds the outcome, so the retry is paid once."""
+    first spills, it is compiled again with the second, and where that spills too and
+    the source offers a register cap (``REGISTER_CAP``), with the cap; the one with the
+    fewest spilled bytes is kept: the cache holds the outcome, so the retries are paid
+    once."""
     supported_arch(arch)
     key = cache_key(source, arch)
     path = _entry_path(source, arch)
@@ -290,9 +295,12 @@ def compile_source(source: str, name: str, arch: str = DEFAULT_ARCH, cache: bool
         return hit
     cubin, log = _nvrtc_compile(source, name, arch)
     binary = Binary(cubin, arch, parse_resources(log), key, log)
-    if binary.spills and f"#ifndef {ALT_BOUNDS}" in source:
-        cubin, log = _nvrtc_compile(source, name, arch, (ALT_BOUNDS,))
-        alt = Binary(cubin, arch, parse_resources(log), key, log, (ALT_BOUNDS,))
+    choices = [(ALT_BOUNDS, f"#ifndef {ALT_BOUNDS}"), (REGISTER_CAP, f"#ifdef {REGISTER_CAP}")]
+    for define, offered in choices:
+        if not binary.spills or offered not in source:
+            continue
+        cubin, log = _nvrtc_compile(source, name, arch, (define,))
+        alt = Binary(cubin, arch, parse_resources(log), key, log, (define,))
         if alt.spills < binary.spills:
             binary = alt
     if cache:

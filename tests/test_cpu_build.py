@@ -197,6 +197,25 @@ def test_spilling_launch_bounds_fall_back_to_the_alternative(tmp_path, monkeypat
     assert fixed.defines == () and fixed.spills > 0
 
 
+def test_a_register_cap_is_the_third_choice(tmp_path, monkeypatch):
+    """Where both bounds spill, a source offering a register cap is compiled under it
+    too, and the cap is kept where it spills least; where the second bound does not
+    spill, the cap is never tried."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+
+    def offering(second):
+        return _register_hungry(
+            "#ifdef SPECGEN_REGISTER_CAP\n#define BOUNDS __maxnreg__(200)\n#else\n"
+            "#ifndef SPECGEN_ALT_BOUNDS\n#define BOUNDS __launch_bounds__(1024, 2)\n"
+            f"#else\n#define BOUNDS __launch_bounds__({second})\n#endif\n#endif"
+        )
+
+    b = compile_source(offering("1024, 1"), "k")
+    assert b.defines == ("SPECGEN_REGISTER_CAP",) and b.spills == 0, b.resources
+    b = compile_source(offering("128, 1"), "k")
+    assert b.defines == ("SPECGEN_ALT_BOUNDS",) and b.spills == 0, b.resources
+
+
 def test_every_compile_reports_resources_even_a_repeated_one(tmp_path, monkeypatch):
     """NVRTC's own cache (12.9+) answers a program it has seen with an empty log; a
     source differing only in comments compiles to the same PTX.  Each compile, the
@@ -282,6 +301,10 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # direct's fit at x2 m2 with global weights: 162 weights and 90 pixel loads a
         # channel of a 9x9 window, 24 bytes at 255 registers (GPU tier draw, 2026-11-24)
         ("C=13,M=30,H=22,W=18,K=9,pad=3,bias=1,dtype=bf16", "default direct"),
+        # 16-bit mmapersist at 224 threads: 36 bytes under its first bound, 8 at one
+        # block an SM (255 registers); its third choice caps registers at 192 (GPU tier
+        # draw, 2026-11-29)
+        ("C=8,M=16,H=21,W=34,K=7,pad=0,bias=1,act=relu,dtype=fp16", "default mmapersist"),
         # direct's fit at x4 m4: 144 constant weights over 12 spread columns for 9 under
         # the channel loop, 72 bytes (GPU tier draw, 2026-11-24, NVRTC 13 and 12.9)
         (

@@ -30,7 +30,8 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles, thread_registers
+from specgen.plan.common import thread_registers
+from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles
 from specgen.tensors import Role
 from specgen.tma import box_load, im2col_load
 from specgen.variants import Precision

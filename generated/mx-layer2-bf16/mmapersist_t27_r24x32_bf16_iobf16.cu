@@ -143,12 +143,18 @@ __device__ __forceinline__ void spread(unsigned short* __restrict__ even, unsign
 }
 
 // 384, 2: the 24 accumulators of 2 x 3 fragments, two blocks an SM.
-// ptxas caps registers by the launch bounds; specgen compiles with the first and, if
-// that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
+// ptxas caps registers by the launch bounds; specgen compiles with the first, if that
+// spills with SPECGEN_ALT_BOUNDS defined, and if that spills too with
+// SPECGEN_REGISTER_CAP: a plain cap, under which ptxas hoists fewer loads than at 255
+// (specgen/compile.py).
+#ifdef SPECGEN_REGISTER_CAP
+#define BOUNDS __maxnreg__(168)
+#else
 #ifndef SPECGEN_ALT_BOUNDS
 #define BOUNDS __launch_bounds__(384, 2)
 #else
 #define BOUNDS __launch_bounds__(384, 1)
+#endif
 #endif
 extern "C" __global__ void BOUNDS
 mmapersist_t27_r24x32_bf16_iobf16(const unsigned short* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ y, int batch)

@@ -253,6 +253,15 @@ def launch_bounds(threads: int, one_per_sm_first: bool = True) -> dict:
     return dict(launch_bounds=first, launch_bounds_alt=second)
 
 
+def thread_registers(threads: int, per_sm: int) -> int:
+    """The registers a thread gets from ptxas under ``__launch_bounds__(threads, per_sm)``.
+    An SM's file is four quarters of 16384, each holding every fourth warp, so a thread
+    gets a quarter over its share of the warps, rounded up, in steps of 8, at most 255:
+    288 threads two an SM get 96, 416 one an SM 128 (as ptxas reports on sm_90a)."""
+    warps = ceil_div(per_sm * ceil_div(threads, 32), 4)
+    return min(255, REGISTER_FILE // 4 // (warps * 32) // 8 * 8)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

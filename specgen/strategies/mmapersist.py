@@ -47,6 +47,7 @@ from ..plan.common import (
     ceil_div,
     launch_bounds,
     shape_context,
+    thread_registers,
 )
 
 MAX_ACCUMULATORS = 64  # fp32 accumulators per thread: P pixel tiles x NT map tiles x 4
@@ -58,6 +59,11 @@ MIN_WARPS = 8
 FULL_UNROLL_STEPS = 28
 FRAGMENT16 = (Precision.FP16, Precision.BF16)  # m16n8k16 from 16-bit tensors
 BLOCKS16 = 2  # blocks an SM the 16-bit kernel is sized for
+# The 16-bit kernel's third choice where both bounds spill: at 255 registers ptxas
+# hoisted loads until it spilled 8 bytes, at 128 36 (C=8 M=16 21x34 K=7 with a bias,
+# fp16, 224 threads; GPU tier's draw, NVRTC 12.9 and 13, 2026-11-29); capped anywhere
+# from 144 to 232 it spilled none.
+REGISTER_CAP16 = 192
 
 
 def own_dtype16(key: str, shape: ConvProblem, precision: Precision, planning: bool) -> None:
@@ -498,6 +504,7 @@ def plan_mmapersist16(shape: ConvProblem, v: Variant) -> Plan:
         # 96 registers and spilled 8 bytes (C=11 M=3 34x40 K=5 fp16, 320 threads, a
         # GPU-tier draw), with one block an SM it took 120 and spilled none.
         launch_bounds_alt=f"{threads}, 1",
+        register_cap=min(REGISTER_CAP16, thread_registers(threads, 1)),
         pixels=pixels,
         tiles=tiles,
         bands_per_image=bands_per_image,

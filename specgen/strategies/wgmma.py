@@ -89,7 +89,16 @@ import enum
 from dataclasses import dataclass, fields, replace
 
 from ..errors import SpecError
-from ..plan.common import SM_SHARED, Launch, Plan, Size, ceil_div, shape_context, y_args
+from ..plan.common import (
+    SM_SHARED,
+    Launch,
+    Plan,
+    Size,
+    ceil_div,
+    shape_context,
+    thread_registers,
+    y_args,
+)
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..tma import Im2colMap, TensorMap
@@ -285,15 +294,6 @@ class Wgmma(Variant):
             )
             for bn, bm, st, q, feed, pe in members
         ]
-
-
-def thread_registers(threads: int, per_sm: int) -> int:
-    """The registers a thread gets from ptxas under ``__launch_bounds__(threads, per_sm)``.
-    An SM's file is four quarters of 16384, each holding every fourth warp, so a thread
-    gets a quarter over its share of the warps, rounded up, in steps of 8, at most 255:
-    288 threads two an SM get 96, 416 one an SM 128 (as ptxas reports on sm_90a)."""
-    warps = ceil_div(per_sm * ceil_div(threads, 32), 4)
-    return min(255, REGISTERS // 4 // (warps * 32) // 8 * 8)
 
 
 def row_tiles(problem: ConvProblem) -> list[int]:
