@@ -305,6 +305,12 @@ def test_drawn_problems_compile_for_sm90_without_spills(p):
         # block an SM (255 registers); its third choice caps registers at 192 (GPU tier
         # draw, 2026-11-29)
         ("C=8,M=16,H=21,W=34,K=7,pad=0,bias=1,act=relu,dtype=fp16", "default mmapersist"),
+        # direct's fit at x2 m3 took its spread-pixel rules for an unrolled channel loop,
+        # which 392 loads kept: 16 bytes at 255 registers (GPU tier draw, 2026-11-29)
+        (
+            "C=16,M=12,H=19,W=25,K=7,pad=1,stride=1x2,dil=1x3,groups=4,bias=1,layout=nhwc",
+            "default direct",
+        ),
         # direct's fit at x4 m4: 144 constant weights over 12 spread columns for 9 under
         # the channel loop, 72 bytes (GPU tier draw, 2026-11-24, NVRTC 13 and 12.9)
         (

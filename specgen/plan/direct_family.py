@@ -178,7 +178,11 @@ def default_coarsening(
         # NHWC, x2 m5: 180 weights over 12 columns for 7, 72 B spilled under NVRTC 13;
         # GPU tier, 2026-11-24).
         spread = len(footprint(shape, (cx, 1, cm))[1]) / (cx + shape.S - 1)
-        looped = shape.Cg * cm * kk * cx > DEFAULT_FMAS
+        # The channel loop as ``complete`` will keep it: for the FMAs or for the loads
+        # (C=16 groups=4 M=12 K=7 stride 1x2 dil 1x3 at x2 m3: 392 loads kept the loop,
+        # the spread rules below went unasked, and ptxas spilled 16 B at 255 registers;
+        # GPU tier's draw, NVRTC 13, 2026-11-29).
+        looped = not unrolls(shape, replace(v, coarsening=(cx, 1, cm)))
         if spread > 1 and looped and cm * kk * spread > GLOBAL_WEIGHTS_PER_CHANNEL:
             return False
         # Four columns of a 7x7 window under a kept channel loop spilled at 255
@@ -207,13 +211,17 @@ def complete(
     """Fill in what depends on the shape: weight placement (constant memory when the
     weights fit, unless the caller chose), unrolling of the channel loop."""
     v = replace(v, weights=default_weights(shape, weights))
-    if unroll is None:
-        cx, cy, cm = v.coarsening
-        channels = shape.Cg // v.channel_splits
-        body = channels * shape.R * shape.S * cx * cy * cm
-        unroll = channels <= UNROLL_CHANNELS_MAX and body <= DEFAULT_FMAS
-        if unroll:  # the body is small: its loads too
-            rows, cols = footprint(shape, v.coarsening)
-            most = UNROLL_LOADS if v.staging is not None else DIRECT_UNROLL_LOADS
-            unroll = channels * len(rows) * len(cols) <= most
-    return replace(v, unroll=unroll)
+    return replace(v, unroll=unrolls(shape, v) if unroll is None else unroll)
+
+
+def unrolls(shape: ConvProblem, v: DirectFamily) -> bool:
+    """Whether the default unrolls v's channel loop: few channels, a small body, and
+    few loads in it."""
+    cx, cy, cm = v.coarsening
+    channels = shape.Cg // v.channel_splits
+    body = channels * shape.R * shape.S * cx * cy * cm
+    if channels > UNROLL_CHANNELS_MAX or body > DEFAULT_FMAS:
+        return False
+    rows, cols = footprint(shape, v.coarsening)
+    most = UNROLL_LOADS if v.staging is not None else DIRECT_UNROLL_LOADS
+    return channels * len(rows) * len(cols) <= most
