@@ -17,6 +17,10 @@
 # one GPU: the compiles and the float64 references, most of a test's time, overlap.
 # Parts 1-4 at once took 510-530 s on an nvidia-h200 (16 cores, 5 workers each and 3
 # for part 2, 2026-11-29); the operator's part and verify then need a call of their own.
+# On an nvidia-h200-x2 the whole tier fits one call: PART="1 3 4" with CUDA_VISIBLE_DEVICES=0
+# beside PART="2 op" then PART=verify with CUDA_VISIBLE_DEVICES=1, 16 workers each, took
+# 340 and 391-424 s from a cold cache (2026-11-29; part 1 184-188 s, 3 270 s, 4 332 s, 2 330-349
+# s, op 304-307 s, verify 54-67 s).
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # keep a caller's (carried wheels)
 OUT=${OUT:-out}
 mkdir -p "$OUT"
