@@ -197,9 +197,9 @@ class Wgmma(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The tensors' own math; the TMA feed where its boxes take the tile (else x
-        copied in im2col mode, else every warp copies); 64 maps a warpgroup, as many warpgroups as the group's
-        maps fill (up to two), and the widest pixel tile that fits the registers and
-        whose grid fills the SMs' waves within 10% of the best."""
+        copied in im2col mode, else every warp copies); 64 maps a warpgroup, as many
+        warpgroups as the group's maps fill (up to two), and the widest pixel tile that
+        fits the registers and whose grid fills the SMs' waves within 10% of the best."""
         _math_of(problem, seed)
         g = gemm_view(problem)  # a strided dgrad's GEMM: dy's channels into dx's maps
         phases = phases_of(problem, 1)
