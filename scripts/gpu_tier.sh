@@ -10,6 +10,8 @@
 #   PART=op the PyTorch operator's tests (tests/test_torch.py, tests/test_batchnorm.py)
 #   PART=verify  specgen verify --all-shapes --op all --all (every preset's default sets)
 #   PART="1 2 3 4"  several parts at once on the one GPU, WORKERS (default 16) split among them
+#   PART=two    the whole tier over two GPUs: parts 1 3 4 on the first, parts 2 and op then
+#               verify on the second, WORKERS (default 16) on each
 #   (none)  all of the above but verify in one run
 #
 # Each part fits one 10-minute device call; LIMIT (seconds, default 560) bounds it.
@@ -17,13 +19,23 @@
 # one GPU: the compiles and the float64 references, most of a test's time, overlap.
 # Parts 1-4 at once took 510-530 s on an nvidia-h200 (16 cores, 5 workers each and 3
 # for part 2, 2026-11-29); the operator's part and verify then need a call of their own.
-# On an nvidia-h200-x2 the whole tier fits one call: PART="1 3 4" with CUDA_VISIBLE_DEVICES=0
-# beside PART="2 op" then PART=verify with CUDA_VISIBLE_DEVICES=1, 16 workers each, took
-# 340 and 391-424 s from a cold cache (2026-11-29; part 1 184-188 s, 3 270 s, 4 332 s, 2 330-349
-# s, op 304-307 s, verify 54-67 s).
+# On an nvidia-h200-x2 (32 cores) PART=two fits one call: its two GPUs' halves took 340
+# and 391-424 s from a cold cache (2026-11-29; part 1 184-188 s, 3 270 s, 4 332 s, 2
+# 330-349 s, op 304-307 s, verify 54-67 s).
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # keep a caller's (carried wheels)
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+if [ "${PART:-}" = two ]; then  # a half of the tier on each of two GPUs, LIMIT each
+    (CUDA_VISIBLE_DEVICES=0 PART="1 3 4" bash "$0" > "$OUT/gpu-tier-gpu0.txt" 2>&1) &
+    start=$(date +%s)
+    CUDA_VISIBLE_DEVICES=1 PART="2 op" bash "$0" > "$OUT/gpu-tier-gpu1.txt" 2>&1
+    left=$(( ${LIMIT:-560} - ($(date +%s) - start) ))
+    [ $left -gt 30 ] && CUDA_VISIBLE_DEVICES=1 PART=verify LIMIT=$left bash "$0" \
+        >> "$OUT/gpu-tier-gpu1.txt" 2>&1
+    wait
+    cat "$OUT/gpu-tier-gpu0.txt" "$OUT/gpu-tier-gpu1.txt"
+    exit 0
+fi
 PARTS=(${PART//,/ })
 if [ ${#PARTS[@]} -gt 1 ]; then  # each part in a process of its own, side by side
     share=$(( (${WORKERS:-16} + ${#PARTS[@]} - 1) / ${#PARTS[@]} ))
