@@ -377,6 +377,22 @@ def _fewest_slices(problem: ConvProblem, v: Wgmma) -> int:
     return next((k for k in options if tiles * k >= SMS), options[-1])
 
 
+def _im2col_serves(p: ConvProblem, phased: bool, chunk: int) -> None:
+    """Refuse, in one line, a GEMM whose x the im2col copy cannot take."""
+    if phased:
+        why = "a strided dgrad's phases are no convolution's windows; choose --feed sy"
+    elif flat_pixels(p):
+        why = (
+            "a 1x1 layer at stride 1 without padding takes tma's box of the batch's "
+            "pixels; choose --feed tma"
+        )
+    elif p.groups > 1 and p.Cg % chunk:
+        why = f"a copy of {chunk} channels would run past a group's {p.Cg}; choose --feed sy"
+    else:
+        return
+    raise SpecError(f"wgmma i2c copies x in im2col mode: {why}")
+
+
 def _math_of(p: ConvProblem, v: Wgmma) -> None:
     want = MATH[p.dtype]
     if v.precision is not want:
@@ -511,21 +527,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
                 f"wgdsm b{bn}x{bm} k{kslices}: 2 to 8 slices (a portable cluster), each adding "
                 f"whole 8-pixel columns of the tile: a divisor of {bn // 8}"
             )
-    if im2col and (phased or flat_pixels(p) or (p.groups > 1 and p.Cg % chunk)):
-        raise SpecError(
-            "wgmma i2c copies x in im2col mode: "
-            + (
-                "a strided dgrad's phases are no convolution's windows; choose --feed sy"
-                if phased
-                else (
-                    "a 1x1 layer at stride 1 without padding takes tma's box of the "
-                    "batch's pixels; choose --feed tma"
-                    if flat_pixels(p)
-                    else f"a copy of {chunk} channels would run past a group's {p.Cg}; choose "
-                    "--feed sy"
-                )
-            )
-        )
+    if im2col:
+        _im2col_serves(p, phased, chunk)
     if phased and (producer or v.persistent):
         raise SpecError(
             f"wgmma's strided dgrad (a GEMM a stride phase) is copied by every warp, a tile "
