@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from problems import GPU_DRAWS, default_and_drawn, tiled_wgrads, verify_on_the_gpu
+from problems import (
+    GPU_DRAWS,
+    default_and_drawn,
+    parsed_or_rejected,
+    tiled_wgrads,
+    verify_on_the_gpu,
+)
 from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
@@ -17,7 +23,15 @@ from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
-from specgen.strategies.wgwgrad import Wgwdsm, Wgwgrad, Wgwtma, slices_for, tap_rects
+from specgen.strategies.wgwgrad import (
+    Wgwdsm,
+    Wgwgrad,
+    Wgwhalo,
+    Wgwtma,
+    halo_rows,
+    slices_for,
+    tap_rects,
+)
 from specgen.tensors import Role
 from specgen.tma import box_load
 from specgen.variants import Precision
@@ -593,3 +607,194 @@ def test_the_tune_times_a_16_bit_wgrad_as_the_operator_writes_its_grads():
         assert not t.verified and t.ms > 0, (v.name, t.verified)
     win, med, *_ = retime(p, variants, xs, w, bias)
     assert win in variants and all(med[v] > 0 for v in variants)
+
+
+# ---- wgwhalo: every tap of a tile from one band of x's rows ----
+
+# resnet's and vgg's 3x3 layers from 7x7 to 56x56 maps (one band of 7 rows padded to 9, 4
+# rows of 14 padded to 16 with the last band past the image, 2 rows of 28, one of 56);
+# dilation 2 in fp16; a 2x3 window unequally padded, with groups
+HALO_LAYERS = [
+    ("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwhalo_b64x64_p4_s2_bf16"),
+    (
+        "C=256,M=256,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p4_s4_bf16",
+    ),
+    (
+        "C=128,M=128,H=28,W=28,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p6_s8_bf16",
+    ),
+    ("C=64,M=64,H=56,W=56,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "wgwhalo_b64x64_p3_s1_bf16"),
+    (
+        "C=64,M=128,H=13,W=11,K=3,pad=2,dil=2,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p4_s4_fp16",
+    ),
+    (
+        "C=128,M=128,H=9,W=12,K=2x3,pad=0x1x2x0,groups=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p3_s2_bf16",
+    ),
+]
+
+
+@st.composite
+def halo_wgrads(draw):
+    """Problems wgwhalo serves: stride 1, no bias, windows up to 3x3 of two taps or more,
+    64-wide tiles of maps and channels, maps up to 30 rows and 40 columns (bands of
+    one row to whole small images), dilation, every padding, groups, both 16-bit dtypes."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg, mg = 64 * draw(st.integers(1, 2)), 64 * draw(st.integers(1, 2))
+    R, S = draw(st.sampled_from([(3, 3), (3, 3), (2, 2), (1, 3), (3, 1), (2, 3)]))
+    H, W = draw(st.integers(R, 30)), draw(st.integers(S, 40))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
+    dtype = draw(st.sampled_from(["bf16", "fp16"]))
+    return parsed_or_rejected(
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
+        f"dil={dil[0]}x{dil[1]},groups={groups},dtype={dtype},layout=nhwc,op=wgrad"
+    )
+
+
+@pytest.mark.parametrize("spec,name", HALO_LAYERS)
+def test_wgwhalo_compiles_unserialized_with_a_warpgroup_a_window_row(spec, name):
+    """No spills, the multiplies not serialized; a warpgroup a row of the window and the
+    producer warp; dw stored by the one kernel, fp32 under grads32 too; two boxes a chunk."""
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name(name))
+    (main,) = plan.launches
+    assert main.block == (128 * p.R + 32, 1, 1) and plan.workspace_bytes == 0
+    assert [m.role for m in main.maps] == [Role.DY, Role.X]
+    for form in (plan, with_fp32_grads(plan, "mrsc")):
+        binary = compiled(form)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    assert ptx_of(plan).count("cp.async.bulk.tensor.5d") == 2
+
+
+@pytest.mark.parametrize("spec,name", HALO_LAYERS)
+def test_wgwhalo_rows_at_each_taps_shift_sum_to_the_weight_gradient(spec, name):
+    """A NumPy replay of the copy unit and the taps' descriptors: over every band of the
+    batch, dy's padded rows against x's rows from each tap's shift (the rows no box writes
+    zero) add up to the float64 wgrad of a 64 x 64 tile, for every tap."""
+    import numpy as np
+
+    from specgen.reference import conv2d_wgrad
+
+    p = parse_shape(spec)
+    plan = make_plan(p, parse_variant_name(name))
+    c = plan.context
+    rows, ksteps, xrows, xread = halo_rows(p)
+    src = render(plan)
+    pt, pl = p.pads[0], p.pads[2]
+    assert f"m0 + 64 * k, {p.groups - 1 and 'grp' or 0}, 0, h0, n0);" in src
+    assert f"c0 + 64 * k, {p.groups - 1 and 'grp' or 0}, -{pl}, h0 - {pt}, n0);" in src
+    images = 2
+    rng = np.random.default_rng()
+    x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros
+    dy = rng.standard_normal((images, p.Ho, p.Wo, p.M)) + 2.0
+    want = conv2d_wgrad(x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2), p)
+    grp = p.groups - 1
+    m0, c0 = p.Mg - 64, p.Cg - 64  # the group's last tile
+    dymap, xmap = plan.launches[0].maps
+    got = np.zeros((p.R, p.S, 64, 64))
+    for u in range(images * c["bands"]):
+        n0, h0 = divmod(u, c["bands"])
+        h0 *= c["hb"]
+        a = np.zeros((16 * ksteps, 64))
+        a[:rows] = box_load(dy.reshape(-1), dymap, (m0, grp, 0, h0, n0), images)
+        b = np.zeros((xread, 64))
+        b[:xrows] = box_load(x.reshape(-1), xmap, (c0, grp, -pl, h0 - pt, n0), images)
+        for r in range(p.R):
+            for s in range(p.S):
+                at = r * c["row_shift"] + s * p.dil[1]
+                got[r, s] += a.T @ b[at : at + 16 * ksteps]
+    ref = want[grp * p.Mg + m0 : grp * p.Mg + m0 + 64, c0 : c0 + 64].transpose(2, 3, 0, 1)
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-9), np.abs(got - ref).max()
+
+
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        ("C=64,M=64,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad", "stride 2"),
+        ("C=64,M=64,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad", "a bias"),
+        ("C=64,M=64,H=14,W=14,K=5,pad=2,dtype=bf16,layout=nhwc,op=wgrad", "up to 3 x 3"),
+        ("C=64,M=64,H=70,W=70,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "72 positions"),
+    ],
+)
+def test_wgwhalo_refuses_what_its_rows_cannot_take(spec, words):
+    with pytest.raises(SpecError) as e:
+        make_plan(parse_shape(spec), parse_variant_name("wgwhalo_b64x64_p4_s2_bf16"))
+    assert words in str(e.value) and "wgwdsm" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_wgwhalo_space_and_fit_keep_the_64_tile_and_a_portable_cluster():
+    """The space: the 64 x 64 tile, three stage counts at most, slices 1, 2, 4 and 8, each
+    member planning; the fit fills the SMs (resnet50's 7x7 layer at B=32: 64 tiles, two
+    slices); a tile that does not divide a group's maps is no member."""
+    p = parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    space = Wgwhalo.space(p, Precision.BF16)
+    assert {v.blocktile for v in space} == {(64, 64)} and len(space) >= 8
+    assert {v.splits for v in space} == {1, 2, 4, 8}
+    for v in space:
+        make_plan(p, v)
+    assert Wgwhalo.default(replace(p, batch=32), Precision.BF16).splits == 2
+    narrow = parse_shape("C=96,M=64,H=7,W=7,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    assert Wgwhalo.space(narrow, Precision.BF16) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,name", HALO_LAYERS)
+def test_wgwhalo_layers_on_the_gpu(spec, name):
+    """Each layer's kernel against the float64 reference at a batch that leaves slices
+    past the batch's bands."""
+    verify_on_the_gpu(parse_shape(spec), [parse_variant_name(name)], 3)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, **GPU_DRAWS)
+@given(p=halo_wgrads(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_wgwhalo_drawn_problems_on_the_gpu(p, batch, pick):
+    """wgwhalo's default and a drawn member of its space on drawn problems: bands of one
+    row to whole images, the padded positions past a row, dilation, groups."""
+    verify_on_the_gpu(p, default_and_drawn(p, Wgwhalo, MATH[p.dtype], pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
+def test_wgwhalo_writes_the_operators_fp32_grads(monkeypatch, weights):
+    """The PyTorch operator under autocast with fp32 weights: wgwhalo's dw is fp32 in the
+    weights' memory format, every element written, and within fp32 rounding of wgwdsm's
+    (the same bf16 products, summed in another order)."""
+    torch = pytest.importorskip("torch")
+    import specgen.torch as sg
+    from specgen.choose import Choice
+    from specgen.torch import _engine as E
+
+    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, device="cuda")
+    if weights == "channels_last":
+        w = w.contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    grads = {}
+    for name in ("wgwdsm_b64x128_p4_s4_bf16", "wgwhalo_b64x64_p4_s4_bf16"):
+        monkeypatch.setattr(E, "_kernels", {})
+        real = E.choose
+
+        def pick(p, *args, name=name, real=real):
+            if p.op is not Op.WGRAD:
+                return real(p, *args)
+            return Choice(parse_variant_name(name), "planned", "test")
+
+        monkeypatch.setattr(E, "choose", pick)
+        x16 = x.to(torch.bfloat16)
+        w1 = w.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = sg.conv2d(x16, w1, padding=1)
+        (grads[name[:6]],) = torch.autograd.grad(y, [w1], dy)
+        monkeypatch.setattr(E, "choose", real)
+    dw0, dw1 = grads["wgwdsm"], grads["wgwhal"]
+    assert dw1.dtype == torch.float32
+    fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
+    assert dw1.is_contiguous(memory_format=fmt)
+    assert not dw1.isnan().any()
+    assert torch.allclose(dw1, dw0, rtol=1e-4, atol=1e-3 * dw0.abs().max().item())

@@ -41,7 +41,7 @@ from .wgemm import Wgemm
 from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
-from .wgwgrad import Wgwdsm, Wgwgrad, Wgwtma
+from .wgwgrad import Wgwdsm, Wgwgrad, Wgwhalo, Wgwtma
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -81,6 +81,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgwgrad,
     Wgwtma,
     Wgwdsm,
+    Wgwhalo,
     Wgnchw,
     Tcwgrad,
     Tcwhalo,
