@@ -540,6 +540,46 @@ def test_wgwdsm_drawn_problems_on_the_gpu(p, batch, pick):
     verify_on_the_gpu(p, default_and_drawn(p, Wgwdsm, MATH[p.dtype], pick), batch)
 
 
+def _autocast_tensors(weights: str):
+    """x, fp32 weights (in ``weights``' memory format), bias and dy of a 128-channel 3x3
+    layer over 14x14 maps, B=3, channels-last activations."""
+    import torch
+
+    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, device="cuda")
+    if weights == "channels_last":
+        w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(128, device="cuda")
+    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    return x, w, b, dy
+
+
+def _autocast_grads(monkeypatch, name: str, x, w, b, dy) -> tuple:
+    """The operator's dw (and db, where ``b`` is given) under bf16 autocast, its wgrad
+    run on the kernel ``name``."""
+    import torch
+
+    import specgen.torch as sg
+    from specgen.choose import Choice
+    from specgen.torch import _engine as E
+
+    monkeypatch.setattr(E, "_kernels", {})
+    real = E.choose
+
+    def pick(p, *args):
+        if p.op is not Op.WGRAD:
+            return real(p, *args)
+        return Choice(parse_variant_name(name), "planned", "test")
+
+    monkeypatch.setattr(E, "choose", pick)
+    leaves = [w.clone().requires_grad_()] + ([] if b is None else [b.clone().requires_grad_()])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = sg.conv2d(x.to(torch.bfloat16).requires_grad_(), *leaves, padding=1)
+    grads = torch.autograd.grad(y, leaves, dy)
+    monkeypatch.setattr(E, "choose", real)
+    return grads
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
 def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypatch, weights):
@@ -548,33 +588,11 @@ def test_wgwdsm_writes_the_operators_fp32_grads_as_wgwtmas_second_pass(monkeypat
     wgwtma of the same tile and slices, whose second pass adds the same sums in the
     same order."""
     torch = pytest.importorskip("torch")
-    import specgen.torch as sg
-    from specgen.choose import Choice
-    from specgen.torch import _engine as E
-
-    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
-    w = torch.randn(128, 128, 3, 3, device="cuda")
-    if weights == "channels_last":
-        w = w.contiguous(memory_format=torch.channels_last)
-    b = torch.randn(128, device="cuda")
-    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
-    grads = {}
-    for key in ("wgwtma", "wgwdsm"):
-        monkeypatch.setattr(E, "_kernels", {})
-        real = E.choose
-
-        def pick(p, *args, key=key, real=real):
-            if p.op is not Op.WGRAD:
-                return real(p, *args)
-            return Choice(parse_variant_name(f"{key}_b64x128_p4_s4_bf16"), "planned", "test")
-
-        monkeypatch.setattr(E, "choose", pick)
-        x16 = x.to(torch.bfloat16).requires_grad_()
-        w1, b1 = w.clone().requires_grad_(), b.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = sg.conv2d(x16, w1, b1, padding=1)
-        grads[key] = torch.autograd.grad(y, [w1, b1], dy)
-        monkeypatch.setattr(E, "choose", real)
+    tensors = _autocast_tensors(weights)
+    grads = {
+        key: _autocast_grads(monkeypatch, f"{key}_b64x128_p4_s4_bf16", *tensors)
+        for key in ("wgwtma", "wgwdsm")
+    }
     (dw0, db0), (dw1, db1) = grads["wgwtma"], grads["wgwdsm"]
     assert dw1.dtype == db1.dtype == torch.float32
     fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
@@ -766,33 +784,9 @@ def test_wgwhalo_writes_the_operators_fp32_grads(monkeypatch, weights):
     weights' memory format, every element written, and within fp32 rounding of wgwdsm's
     (the same bf16 products, summed in another order)."""
     torch = pytest.importorskip("torch")
-    import specgen.torch as sg
-    from specgen.choose import Choice
-    from specgen.torch import _engine as E
-
-    x = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
-    w = torch.randn(128, 128, 3, 3, device="cuda")
-    if weights == "channels_last":
-        w = w.contiguous(memory_format=torch.channels_last)
-    dy = torch.randn(3, 128, 14, 14, device="cuda").to(memory_format=torch.channels_last)
-    grads = {}
-    for name in ("wgwdsm_b64x128_p4_s4_bf16", "wgwhalo_b64x64_p4_s4_bf16"):
-        monkeypatch.setattr(E, "_kernels", {})
-        real = E.choose
-
-        def pick(p, *args, name=name, real=real):
-            if p.op is not Op.WGRAD:
-                return real(p, *args)
-            return Choice(parse_variant_name(name), "planned", "test")
-
-        monkeypatch.setattr(E, "choose", pick)
-        x16 = x.to(torch.bfloat16)
-        w1 = w.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = sg.conv2d(x16, w1, padding=1)
-        (grads[name[:6]],) = torch.autograd.grad(y, [w1], dy)
-        monkeypatch.setattr(E, "choose", real)
-    dw0, dw1 = grads["wgwdsm"], grads["wgwhal"]
+    x, w, _, dy = _autocast_tensors(weights)
+    (dw0,) = _autocast_grads(monkeypatch, "wgwdsm_b64x128_p4_s4_bf16", x, w, None, dy)
+    (dw1,) = _autocast_grads(monkeypatch, "wgwhalo_b64x64_p4_s4_bf16", x, w, None, dy)
     assert dw1.dtype == torch.float32
     fmt = torch.channels_last if weights == "channels_last" else torch.contiguous_format
     assert dw1.is_contiguous(memory_format=fmt)

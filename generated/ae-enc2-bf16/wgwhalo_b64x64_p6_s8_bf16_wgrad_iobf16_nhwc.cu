@@ -208,7 +208,7 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     const unsigned full = base + 147456u;        // stage s landed: full + 8s
     const unsigned empty = full + 48u;  // stage s retired by every consumer warp
     // Rows the copies never write but the taps read, zero in every stage: dy's 54..63
-    // (past the band) and x's 90..103 (past the rows under it).
+    // (past the band) and x's 90..103 (past the rows under the band).
     for (int i = tid; i < 1152; i += 416) {
         const int s = i / 192, k = i % 192 / 8, u = i % 8;
         const unsigned at = k < 10 ? a_base + s * 8192u + swizzle(54 + k, u)
