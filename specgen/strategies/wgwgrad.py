@@ -55,8 +55,10 @@ memory once a chunk instead of once a tap, and no tap's rows are copied twice.  
 shifted starts leave the 1024-byte lines of the swizzle; the tensor cores swizzle by the
 address bits as the copy unit wrote them, so the descriptor stays the plain one.  The
 padded positions cost multiplies by zero (a 7x7 map's band of 63 positions holds 49
-pixels).  On resnet50's 3x3 wgrad of 7x7 maps (C=M=512, B=32, H200) it took 0.0279 ms
-against wgwdsm's 0.0317 (cuDNN 0.0214); at B=64, 0.0395 against wgwgrad's 0.0608.
+pixels).  On resnet50's 3x3 wgrad of 7x7 maps (C=M=512, B=32, H200) it took 0.0218 ms in
+its tune against wgwdsm's 0.0315 (cuDNN 0.0232 in that run); at B=64, 0.0325 against
+wgwgrad's 0.0612 (cuDNN 0.0318).  On 14x14 maps and wider, where a cluster of up to 8
+blocks exchanges each block's 147 KB of sums, the one-tap kernels stay faster.
 """
 
 from __future__ import annotations
