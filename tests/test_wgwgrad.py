@@ -28,7 +28,7 @@ from specgen.strategies.wgwgrad import (
     Wgwgrad,
     Wgwhalo,
     Wgwtma,
-    halo_rows,
+    halo_layout,
     slices_for,
     tap_rects,
 )
@@ -651,31 +651,53 @@ HALO_LAYERS = [
         "C=128,M=128,H=9,W=12,K=2x3,pad=0x1x2x0,groups=2,dtype=bf16,layout=nhwc,op=wgrad",
         "wgwhalo_b64x64_p3_s2_bf16",
     ),
+    # strided: resnet50's layer4.0.conv2 and resnet18's layer4.0.conv1 (four phases of x,
+    # taken every other row and column), stride 2x1 with dilation, stride 3 in fp16
+    (
+        "C=512,M=512,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p3_s2_bf16",
+    ),
+    (
+        "C=256,M=512,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p4_s4_bf16",
+    ),
+    (
+        "C=64,M=64,H=13,W=10,K=3,pad=2x1x1x2,stride=2x1,dil=2,dtype=bf16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p3_s2_bf16",
+    ),
+    (
+        "C=64,M=128,H=20,W=17,K=3,pad=1,stride=3,dtype=fp16,layout=nhwc,op=wgrad",
+        "wgwhalo_b64x64_p3_s1_fp16",
+    ),
 ]
 
 
 @st.composite
 def halo_wgrads(draw):
-    """Problems wgwhalo serves: stride 1, no bias, windows up to 3x3 of two taps or more,
-    64-wide tiles of maps and channels, maps up to 30 rows and 40 columns (bands of
-    one row to whole small images), dilation, every padding, groups, both 16-bit dtypes."""
+    """Problems wgwhalo serves: no bias, windows up to 3x3 of two taps or more, 64-wide
+    tiles of maps and channels, maps up to 30 rows and 40 columns (bands of one row to
+    whole small images), strides 1 and 2 (up to four phases of x), dilation, every
+    padding, groups, both 16-bit dtypes."""
     groups = draw(st.sampled_from([1, 1, 2]))
     cg, mg = 64 * draw(st.integers(1, 2)), 64 * draw(st.integers(1, 2))
     R, S = draw(st.sampled_from([(3, 3), (3, 3), (2, 2), (1, 3), (3, 1), (2, 3)]))
     H, W = draw(st.integers(R, 30)), draw(st.integers(S, 40))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pads = "x".join(str(draw(st.integers(0, 2))) for _ in range(4))
     dtype = draw(st.sampled_from(["bf16", "fp16"]))
     return parsed_or_rejected(
         f"C={groups * cg},M={groups * mg},H={H},W={W},K={R}x{S},pad={pads},"
-        f"dil={dil[0]}x{dil[1]},groups={groups},dtype={dtype},layout=nhwc,op=wgrad"
+        f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
+        f"dtype={dtype},layout=nhwc,op=wgrad"
     )
 
 
 @pytest.mark.parametrize("spec,name", HALO_LAYERS)
 def test_wgwhalo_compiles_unserialized_with_a_warpgroup_a_window_row(spec, name):
     """No spills, the multiplies not serialized; a warpgroup a row of the window and the
-    producer warp; dw stored by the one kernel, fp32 under grads32 too; two boxes a chunk."""
+    producer warp; dw stored by the one kernel, fp32 under grads32 too; a box of dy and
+    one of x per stride phase a chunk."""
     from specgen.strategies.wsplit import with_fp32_grads
 
     p = parse_shape(spec)
@@ -686,46 +708,51 @@ def test_wgwhalo_compiles_unserialized_with_a_warpgroup_a_window_row(spec, name)
     for form in (plan, with_fp32_grads(plan, "mrsc")):
         binary = compiled(form)
         assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
-    assert ptx_of(plan).count("cp.async.bulk.tensor.5d") == 2
+    assert ptx_of(plan).count("cp.async.bulk.tensor.5d") == 1 + len(halo_layout(p).phases)
 
 
 @pytest.mark.parametrize("spec,name", HALO_LAYERS)
 def test_wgwhalo_rows_at_each_taps_shift_sum_to_the_weight_gradient(spec, name):
     """A NumPy replay of the copy unit and the taps' descriptors: over every band of the
-    batch, dy's padded rows against x's rows from each tap's shift (the rows no box writes
-    zero) add up to the float64 wgrad of a 64 x 64 tile, for every tap."""
+    batch, dy's padded rows against x's rows of each tap's stride phase from the tap's
+    shift (the rows no box writes zero) add up to the float64 wgrad of a 64 x 64 tile,
+    for every tap."""
     import numpy as np
 
     from specgen.reference import conv2d_wgrad
 
     p = parse_shape(spec)
     plan = make_plan(p, parse_variant_name(name))
-    c = plan.context
-    rows, ksteps, xrows, xread = halo_rows(p)
+    h = halo_layout(p)
+    sh = p.stride[0]
+    grp = p.groups - 1
     src = render(plan)
-    pt, pl = p.pads[0], p.pads[2]
-    assert f"m0 + 64 * k, {p.groups - 1 and 'grp' or 0}, 0, h0, n0);" in src
-    assert f"c0 + 64 * k, {p.groups - 1 and 'grp' or 0}, -{pl}, h0 - {pt}, n0);" in src
+    at_group = "grp" if p.groups > 1 else "0"
+    assert f"m0 + 64 * k, {at_group}, 0, h0, n0);" in src
+    assert src.count("&xmap, bar, c0,") == len(h.phases)
     images = 2
     rng = np.random.default_rng()
     x = rng.standard_normal((images, p.H, p.W, p.C)) + 2.0  # NHWC, no zeros
     dy = rng.standard_normal((images, p.Ho, p.Wo, p.M)) + 2.0
     want = conv2d_wgrad(x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2), p)
-    grp = p.groups - 1
     m0, c0 = p.Mg - 64, p.Cg - 64  # the group's last tile
     dymap, xmap = plan.launches[0].maps
     got = np.zeros((p.R, p.S, 64, 64))
-    for u in range(images * c["bands"]):
-        n0, h0 = divmod(u, c["bands"])
-        h0 *= c["hb"]
-        a = np.zeros((16 * ksteps, 64))
-        a[:rows] = box_load(dy.reshape(-1), dymap, (m0, grp, 0, h0, n0), images)
-        b = np.zeros((xread, 64))
-        b[:xrows] = box_load(x.reshape(-1), xmap, (c0, grp, -pl, h0 - pt, n0), images)
+    for u in range(images * h.bands):
+        n0, band = divmod(u, h.bands)
+        h0 = band * h.hb
+        a = np.zeros((16 * h.ksteps, 64))
+        a[: h.rows] = box_load(dy.reshape(-1), dymap, (m0, grp, 0, h0, n0), images)
+        phases = []
+        for col, row in h.phases:
+            b = np.zeros((h.xread, 64))
+            corner = (c0, grp, col, sh * h0 + row, n0)
+            b[: h.xrows] = box_load(x.reshape(-1), xmap, corner, images)
+            phases.append(b)
         for r in range(p.R):
             for s in range(p.S):
-                at = r * c["row_shift"] + s * p.dil[1]
-                got[r, s] += a.T @ b[at : at + 16 * ksteps]
+                b, at = phases[h.phase_of[r][s]], h.shifts[r][s]
+                got[r, s] += a.T @ b[at : at + 16 * h.ksteps]
     ref = want[grp * p.Mg + m0 : grp * p.Mg + m0 + 64, c0 : c0 + 64].transpose(2, 3, 0, 1)
     assert np.allclose(got, ref, rtol=1e-12, atol=1e-9), np.abs(got - ref).max()
 
@@ -733,7 +760,10 @@ def test_wgwhalo_rows_at_each_taps_shift_sum_to_the_weight_gradient(spec, name):
 @pytest.mark.parametrize(
     "spec,words",
     [
-        ("C=64,M=64,H=14,W=14,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=wgrad", "stride 2"),
+        (
+            "C=64,M=64,H=16,W=270,K=3,pad=1,stride=8,dtype=bf16,layout=nhwc,op=wgrad",
+            "past the copy unit's 256",
+        ),
         ("C=64,M=64,H=14,W=14,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad", "a bias"),
         ("C=64,M=64,H=14,W=14,K=5,pad=2,dtype=bf16,layout=nhwc,op=wgrad", "up to 3 x 3"),
         ("C=64,M=64,H=70,W=70,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", "72 positions"),
@@ -773,7 +803,8 @@ def test_wgwhalo_layers_on_the_gpu(spec, name):
 @given(p=halo_wgrads(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
 def test_wgwhalo_drawn_problems_on_the_gpu(p, batch, pick):
     """wgwhalo's default and a drawn member of its space on drawn problems: bands of one
-    row to whole images, the padded positions past a row, dilation, groups."""
+    row to whole images, the padded positions past a row, stride phases, dilation,
+    groups."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgwhalo, MATH[p.dtype], pick), batch)
 
 

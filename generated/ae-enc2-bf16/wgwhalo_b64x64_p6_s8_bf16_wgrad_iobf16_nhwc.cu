@@ -4,13 +4,13 @@
 // Shape    ae-enc2-bf16: C=256 M=128 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc op=wgrad
 //          bf16 x[B][16][16][256] * dy[B][16][16][128] -> dw[128][256][3][3], summed over the batch (nhwc), fp32 sums, B at launch
 // Variant  wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc
-//          wgwdsm with every tap of a window of up to 3x3 in one block (sm_90a): a chunk is a band of output rows padded to the window's span, x's rows under it (the halo) copied once and each tap's operand the same rows from a shifted descriptor; a warpgroup a window row
+//          wgwdsm with every tap of a window of up to 3x3 in one block (sm_90a): a chunk is a band of output rows padded to the window's span, x's rows under it (the halo) copied once a stride phase and each tap's operand its phase's rows from a shifted descriptor; a warpgroup a window row
 //          precision bf16: x and dy rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
 //   GEMM          128 x 2304 x (B*256)           maps x (r, s, c) columns of im2col(x) x every output pixel of the batch
 //   block tile    64 maps x 64 channels of all 9 taps 3 warpgroup(s) of m64n64k16, one a window row: 3 taps x 32 fp32 sums per thread
-//   __shared__    148576 B (dynamic)             6 stages x (64 rows of dy's 64 maps + 104 rows of x's 64 channels: the band's 3 output rows padded to 18 and the window's rows under them) x 128 B, 128B-swizzled; 96 B of mbarriers; 1024 B of slack to align the ring
+//   __shared__    148576 B (dynamic)             6 stages x (64 rows of dy's 64 maps + 1 x 104 rows of x's 64 channels, a buffer per stride phase: the band's 3 output rows padded to 18 and the taps' rows under them) x 128 B, 128B-swizzled; 96 B of mbarriers; 1024 B of slack to align the ring
 //   grid          4 x 2 x 8                      channel tiles x map tiles x slices of the batch's pixels (contiguous, chunk-aligned)
 //   cluster       8 block(s) along z, a slice of the batch's pixels each each block's 64 x 64 fp32 sums in its shared memory; block q adds channels 8q.. of the tile of all 8 in rank order through distributed shared memory and stores them in dw
 // Kernel   wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc: block 416x1x1, grid (4, 2, 8), 148576 B dynamic shared memory (opt-in)
@@ -208,11 +208,12 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     const unsigned full = base + 147456u;        // stage s landed: full + 8s
     const unsigned empty = full + 48u;  // stage s retired by every consumer warp
     // Rows the copies never write but the taps read, zero in every stage: dy's 54..63
-    // (past the band) and x's 90..103 (past the rows under the band).
+    // (past the band) and x's 90..103 of each phase's buffer (past the rows its box takes).
     for (int i = tid; i < 1152; i += 416) {
         const int s = i / 192, k = i % 192 / 8, u = i % 8;
+        const int ph = (k - 10) / 14, r = 90 + (k - 10) % 14;
         const unsigned at = k < 10 ? a_base + s * 8192u + swizzle(54 + k, u)
-                                    : b_base + s * 13312u + swizzle(80 + k, u);
+                                    : b_base + s * 13312u + ph * 13312u + swizzle(r, u);
         *reinterpret_cast<uint4*>(smem_raw + (at - raw)) = make_uint4(0u, 0u, 0u, 0u);
     }
     if (tid == 0) {
@@ -229,8 +230,8 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     if (wg == 3) {
         // The producer: one thread puts unit begin + kt into stage kt % 6 once the
         // consumers retired what it held: a box of dy (the band's rows, 18 positions each) and
-        // one of x (the rows under the band and the window's 2 more, from column -1).
-        // The copy unit zero-fills what lies outside the image: dy's positions past 16, x's padding.
+        // per stride phase one of x (the input rows under the band's taps of that phase). The copy unit zero-fills what lies outside the image: dy's
+        // positions past 16, x's padding.
         if (lane == 0) {
 #pragma unroll 1
             for (int kt = 0; kt < chunks; ++kt) {
@@ -244,9 +245,7 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
 #pragma unroll
                 for (int k = 0; k < 1; ++k)
                     tma_load5(a_base + stage * 8192u + k * 8192u, &dymap, bar, m0 + 64 * k, 0, 0, h0, n0);
-#pragma unroll
-                for (int k = 0; k < 1; ++k)
-                    tma_load5(b_base + stage * 13312u + k * 8192u, &xmap, bar, c0 + 64 * k, 0, -1, h0 - 1, n0);
+                tma_load5(b_base + stage * 13312u, &xmap, bar, c0, 0, -1, h0 - 1, n0);
             }
         }
     } else {  // the consumers
@@ -254,20 +253,24 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     for (int i = 0; i < 96; ++i)
         acc[i] = 0.0f;
     const unsigned a_wg = a_base;  // every warpgroup's 64 maps
-    const unsigned b_wg = b_base + wg * 2304u;  // x's rows at window row wg's shift
+    // Tap (wg, s)'s x rows in a stage: its stride phase's buffer, from the tap's shift on.
+    unsigned x_tap[3];
+    x_tap[0] = wg == 0 ? 0u : wg == 1 ? 2304u : 4608u;
+    x_tap[1] = wg == 0 ? 128u : wg == 1 ? 2432u : 4736u;
+    x_tap[2] = wg == 0 ? 256u : wg == 1 ? 2560u : 4864u;
 #pragma unroll 1
     for (int kt = 0; kt < chunks; ++kt) {
         const int stage = kt % 6;
         bar_wait(full + 8 * stage, (kt / 6) & 1);
         const unsigned a_at = a_wg + stage * 8192u;
-        const unsigned b_at = b_wg + stage * 13312u;
+        const unsigned b_at = b_base + stage * 13312u;
         pin<96>(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // 16 positions a step: two groups of 8 rows
 #pragma unroll
-            for (int s = 0; s < 3; ++s)  // tap s of the row: x's rows 1s further on
-                wgmma_step(acc + s * 32, operand(a_at + kk * 2048, 8192), operand(b_at + (kk * 16 + s * 1) * 128, 13312));
+            for (int s = 0; s < 3; ++s)  // tap s of the row: its x rows, kk * 16 further on
+                wgmma_step(acc + s * 32, operand(a_at + kk * 2048, 8192), operand(b_at + x_tap[s] + kk * 2048, 13312));
         wgmma_commit();
         wgmma_wait<0>();
         pin<96>(acc);

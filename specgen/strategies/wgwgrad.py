@@ -55,10 +55,14 @@ memory once a chunk instead of once a tap, and no tap's rows are copied twice.  
 shifted starts leave the 1024-byte lines of the swizzle; the tensor cores swizzle by the
 address bits as the copy unit wrote them, so the descriptor stays the plain one.  The
 padded positions cost multiplies by zero (a 7x7 map's band of 63 positions holds 49
-pixels).  On resnet50's 3x3 wgrad of 7x7 maps (C=M=512, B=32, H200) it took 0.0218 ms in
-its tune against wgwdsm's 0.0315 (cuDNN 0.0232 in that run); at B=64, 0.0325 against
-wgwgrad's 0.0612 (cuDNN 0.0318).  On 14x14 maps and wider, where a cluster of up to 8
-blocks exchanges each block's 147 KB of sums, the one-tap kernels stay faster.
+pixels).  At a stride, the taps' input offsets fall in stride phases (at stride 2, the
+window's outer rows read odd input rows and its middle one even rows): x is copied as
+one box per phase, taken every stride rows and columns by the copy unit, and each tap
+reads its phase's buffer from its own shift.  On resnet50's 3x3 wgrad of 7x7 maps
+(C=M=512, B=32, H200) it took 0.0218 ms in its tune against wgwdsm's 0.0315 (cuDNN 0.0232
+in that run); at B=64, 0.0325 against wgwgrad's 0.0612 (cuDNN 0.0318).  On 14x14 maps and
+wider, where a cluster of up to 8 blocks exchanges each block's 147 KB of sums, the
+one-tap kernels stay faster.
 """
 
 from __future__ import annotations
@@ -188,6 +192,7 @@ class Wgwhalo(Wgwdsm):
     serves = frozenset(
         {
             Feature.RECT,
+            Feature.STRIDE,
             Feature.DILATION,
             Feature.UNEQUAL_PAD,
             Feature.WIDE_PAD,
@@ -199,8 +204,8 @@ class Wgwhalo(Wgwdsm):
     description = (
         "wgwdsm with every tap of a window of up to 3x3 in one block (sm_90a): a chunk is a "
         "band of output rows padded to the window's span, x's rows under it (the halo) "
-        "copied once and each tap's operand the same rows from a shifted descriptor; a "
-        "warpgroup a window row"
+        "copied once a stride phase and each tap's operand its phase's rows from a shifted "
+        "descriptor; a warpgroup a window row"
     )
 
     @classmethod
@@ -211,7 +216,10 @@ class Wgwhalo(Wgwdsm):
         _math_of(p, seed)
         stages = max(2, min(6, _halo_stages(p)))
         tiles = (p.Cg // BLOCK) * (p.Mg // BLOCK) * p.groups
-        chunks = p.batch * halo_bands(p)[2] if p.Wo + (p.S - 1) * p.dil[1] <= CHUNK else 1
+        try:
+            chunks = p.batch * halo_layout(p).bands
+        except SpecError:  # the plan says why
+            chunks = 1
         splits = slices_for(SMS, max(tiles, 1), chunks)
         splits = max(s for s in CLUSTER_SLICES if s <= splits)
         return replace(seed, blocktile=(BLOCK, BLOCK), stages=stages, splits=splits)
@@ -232,46 +240,101 @@ class Wgwhalo(Wgwdsm):
         ]
 
 
-def halo_bands(p) -> tuple[int, int, int]:
-    """``wgwhalo``'s unit of the reduction: (Wp, hb, bands), a band of hb output rows of one
-    image, each padded to Wp = Wo + (S - 1) * dilation positions (the window's span, so
-    that a tap's input pixel is the band's position moved by a constant), hb * Wp at most
-    ``CHUNK``; SpecError where a padded row is longer."""
-    Wp = p.Wo + (p.S - 1) * p.dil[1]
+@dataclass(frozen=True)
+class HaloLayout:
+    """``wgwhalo``'s chunk: a band of ``hb`` output rows of one image (``bands`` an image),
+    each padded to ``Wp`` positions, ``rows`` of dy read in ``ksteps`` k steps; x's rows in
+    one buffer per stride phase (``phases``: the corner of its box, column and row
+    offset from the band's first input row), ``xrows`` of them written by the copy unit
+    and ``xread`` read by the taps; tap (r, s) reads its phase's buffer from row
+    ``shifts[r][s]`` on (``phase_of[r][s]``)."""
+
+    Wp: int
+    hb: int
+    bands: int
+    rows: int
+    ksteps: int
+    xrows: int
+    xread: int
+    phases: tuple
+    phase_of: tuple
+    shifts: tuple
+
+    @property
+    def box_rows(self) -> int:
+        """x's box: the band's rows and the farthest phase's shift, in taken rows."""
+        return self.xrows // self.Wp
+
+
+def _axis_phases(taps: int, dil: int, pad: int, stride: int):
+    """Along one axis: each tap's input offset (tap * dil - pad) as stride * q + phase;
+    the distinct phases in order of first use with the least q of each; each tap's phase
+    index and its q less its phase's least."""
+    offsets = [k * dil - pad for k in range(taps)]
+    order = list(dict.fromkeys(o % stride for o in offsets))
+    least = {ph: min(o // stride for o in offsets if o % stride == ph) for ph in order}
+    starts = [stride * least[ph] + ph for ph in order]  # each phase's first input offset
+    index = [order.index(o % stride) for o in offsets]
+    moved = [o // stride - least[o % stride] for o in offsets]
+    return starts, index, moved
+
+
+def halo_layout(p) -> HaloLayout:
+    """``wgwhalo``'s chunk for problem ``p``.  Tap (r, s) of output pixel (i, j) reads x at
+    row sh i + r dh - pt and column sw j + s dw - pl; writing each offset as the stride
+    times q plus a phase, the taps of one phase read one box of x taken at the stride
+    (the copy unit's traversal step), tap (r, s) moved q - q0 rows and columns into it.
+    Rows padded to Wp = Wo + the farthest column move make that a constant shift of the
+    buffer's rows: (q_r - q0) Wp + (q_s - q0).  SpecError where a padded row is longer
+    than a chunk."""
+    (sh, sw), (dh, dw), (pt, _, pl, _) = p.stride, p.dil, p.pads
+    row_starts, row_phase, row_moved = _axis_phases(p.R, dh, pt, sh)
+    col_starts, col_phase, col_moved = _axis_phases(p.S, dw, pl, sw)
+    Wp = p.Wo + max(col_moved)
     if Wp > CHUNK:
         raise SpecError(
             f"wgwhalo copies bands of output rows padded to the window's span, {Wp} "
             f"positions, over the {CHUNK} of a chunk; use --strategy wgwdsm"
         )
     hb = min(p.Ho, CHUNK // Wp)
-    return Wp, hb, ceil_div(p.Ho, hb)
-
-
-def halo_rows(p) -> tuple[int, int, int, int]:
-    """``wgwhalo``'s shared-memory rows a chunk: (dy's rows, the k steps that read them,
-    x's rows the copy unit writes, x's rows the taps read: the last k step's at the
-    farthest tap's shift, to a whole 8-row group)."""
-    Wp, hb, _ = halo_bands(p)
     rows = hb * Wp
     ksteps = ceil_div(rows, 16)
-    xrows = (hb + (p.R - 1) * p.dil[0]) * Wp
-    shift = (p.R - 1) * p.dil[0] * Wp + (p.S - 1) * p.dil[1]
-    return rows, ksteps, xrows, ceil_div(16 * ksteps + shift, 8) * 8
+    xrows = (hb + max(row_moved)) * Wp
+    shift = max(row_moved) * Wp + max(col_moved)
+    ncols = len(col_starts)
+    return HaloLayout(
+        Wp=Wp,
+        hb=hb,
+        bands=ceil_div(p.Ho, hb),
+        rows=rows,
+        ksteps=ksteps,
+        xrows=xrows,
+        xread=ceil_div(16 * ksteps + shift, 8) * 8,
+        phases=tuple((c, r) for r in row_starts for c in col_starts),
+        phase_of=tuple(
+            tuple(row_phase[r] * ncols + col_phase[s] for s in range(p.S)) for r in range(p.R)
+        ),
+        shifts=tuple(
+            tuple(row_moved[r] * Wp + col_moved[s] for s in range(p.S)) for r in range(p.R)
+        ),
+    )
 
 
 def _halo_stages(p) -> int:
-    """The most chunks whose ring fits (dy's block, x's rows) with the alignment slack."""
+    """The most chunks whose ring fits (dy's block, x's rows of every phase) with the
+    alignment slack."""
     try:
-        x_bytes = halo_rows(p)[3] * 128
+        h = halo_layout(p)
     except SpecError:
         return 0
-    return (STAGE_LIMIT - 1024) // (BLOCK_BYTES + x_bytes)
+    return (STAGE_LIMIT - 1024) // (BLOCK_BYTES + len(h.phases) * h.xread * 128)
 
 
 def halo_limits(p, v) -> None:
-    """What ``wgwhalo`` takes beyond what it serves (no stride: x's rows move by a tap's
-    offset; no db): windows of up to 3 x 3 taps (a warpgroup a row of them, 32 sums a tap
-    a thread), the 64 x 64 tile, x's box within the copy unit's 256 rows."""
+    """What ``wgwhalo`` takes beyond what it serves (no db): windows of up to 3 x 3 taps (a
+    warpgroup a row of them, 32 sums a tap a thread), the 64 x 64 tile, x's box within
+    the copy unit's 256 elements a side (the stride times the taken rows and columns) and
+    its step of 8."""
     if not (p.R <= 3 and p.S <= 3 and p.R * p.S > 1):
         raise SpecError(
             f"wgwhalo keeps every tap of a window of up to 3 x 3 in registers, not "
@@ -282,34 +345,38 @@ def halo_limits(p, v) -> None:
             f"wgwhalo b{v.blocktile[0]}x{v.blocktile[1]}: a tile is 64 maps x 64 channels "
             "of every tap; choose b64x64"
         )
-    _, hb, _ = halo_bands(p)
-    if hb + (p.R - 1) * p.dil[0] > BOX_LIMIT:
+    h = halo_layout(p)
+    sh, sw = p.stride
+    if max(sh, sw) > STEP_LIMIT or sh * h.box_rows > BOX_LIMIT or sw * h.Wp > BOX_LIMIT:
         raise SpecError(
-            f"wgwhalo: x's box of {hb + (p.R - 1) * p.dil[0]} rows is past the copy unit's "
-            f"{BOX_LIMIT}; use --strategy wgwdsm"
+            f"wgwhalo: x's box of {sh * h.box_rows} x {sw * h.Wp} input rows and columns at "
+            f"stride {sh}x{sw} is past the copy unit's {BOX_LIMIT} a side or step of "
+            f"{STEP_LIMIT}; use --strategy wgwdsm"
         )
 
 
 def halo_maps(p) -> tuple[TensorMap, TensorMap]:
     """``wgwhalo``'s tensor maps: dy as [N][Ho][Wo][groups][M/g], its box 64 maps by a band's
     padded rows (the copy unit zero-fills the columns past Wo), and x as
-    [N][H][W][groups][C/g], its box 64 channels by the rows under the band (the window's
-    rows more) at the same padded width."""
+    [N][H][W][groups][C/g], its box 64 channels by the rows under the band (and the
+    farthest tap's) at the same padded width, taken at the stride."""
     e = p.dtype.bytes
-    Wp, hb, _ = halo_bands(p)
+    h = halo_layout(p)
+    sh, sw = p.stride
     dy = TensorMap(
         Role.DY,
         e,
         (p.Mg, p.groups, p.Wo, p.Ho, None),
         (p.Mg * e, p.M * e, p.Wo * p.M * e, p.Ho * p.Wo * p.M * e),
-        (BLOCK, 1, Wp, hb, 1),
+        (BLOCK, 1, h.Wp, h.hb, 1),
     )
     x = TensorMap(
         Role.X,
         e,
         (p.Cg, p.groups, p.W, p.H, None),
         (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
-        (BLOCK, 1, Wp, hb + (p.R - 1) * p.dil[0], 1),
+        (BLOCK, 1, sw * h.Wp, sh * h.box_rows, 1),
+        steps=(1, 1, sw, sh, 1) if (sh, sw) != (1, 1) else (),
     )
     return dy, x
 
@@ -645,10 +712,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     # wgwhalo: a warpgroup a row of the window's taps over the tile's 64 maps, x's rows
     # of a chunk read at each tap's shift
     taps = p.R * p.S if halo else 1  # the taps of a block's tile
-    if halo:
-        Wp, hb, bands = halo_bands(p)
-        _, _, xrows, xread = halo_rows(p)
-        b_stage = xread * 128
+    if halo:  # x's rows in one buffer per stride phase
+        h = halo_layout(p)
+        b_stage = len(h.phases) * h.xread * 128
     ring = v.stages * (a_stage + b_stage)
     warpgroups = p.R if halo else bm // BLOCK
     threads = 128 * warpgroups + (32 if tma else 0)  # wgwtma: and a producer warp
@@ -741,22 +807,27 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     else:
         main = slice_kernel(name, threads, grid, smem)
     if halo:
-        rows, ksteps, _, _ = halo_rows(p)
         ctx.update(
             nb=1,
-            hb=hb,
-            bands=bands,
+            hb=h.hb,
+            bands=h.bands,
             Wo=p.Wo,
-            Wp=Wp,
-            rows=rows,
-            ksteps=ksteps,
-            tail_rows=16 * ksteps - rows,
-            xrows=xrows,
-            xread=xread,
-            x_tail=xread - xrows,
-            row_shift=p.dil[0] * Wp,
+            Wp=h.Wp,
+            rows=h.rows,
+            ksteps=h.ksteps,
+            tail_rows=16 * h.ksteps - h.rows,
+            xrows=h.xrows,
+            xread=h.xread,
+            x_tail=h.xread - h.xrows,
+            phases=h.phases,
+            phase_bytes=h.xread * 128,
+            # each tap's x rows: its phase's buffer, from the tap's shift on (bytes)
+            tap_at=[
+                [(ph * h.xread + at) * 128 for ph, at in zip(phs, ats)]
+                for phs, ats in zip(h.phase_of, h.shifts)
+            ],
             bars_at=bars_at,
-            stage_bytes=(bm * rows + bn * xrows) * 2,
+            stage_bytes=(bm * h.rows + bn * h.xrows * len(h.phases)) * 2,
             flat=False,
         )
         main = replace(main, maps=halo_maps(p))
@@ -784,9 +855,10 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             f"{bn // 2} fp32 sums per thread",
         )
         ring_text = (
-            f"{v.stages} stages x (64 rows of dy's {bm} maps + {xread} rows of x's {bn} "
-            f"channels: the band's {hb} output rows padded to {Wp} and the window's rows "
-            "under them) x 128 B, 128B-swizzled"
+            f"{v.stages} stages x (64 rows of dy's {bm} maps + {len(h.phases)} x {h.xread} "
+            f"rows of x's {bn} channels, a buffer per stride phase: the band's {h.hb} "
+            f"output rows padded to {h.Wp} and the taps' rows under them) x 128 B, "
+            "128B-swizzled"
         )
     else:
         tile = Size(
