@@ -492,3 +492,35 @@ def test_wgrads_second_pass_writes_fp32_grads_in_the_weights_format(spec, grads3
         stats, problems = check_resources(wide, binary)
         assert not problems and stats["spills"] == 0, (v.name, problems)
     assert served, f"no tensor-core wgrad in {spec}'s default set"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "C=512,M=2048,H=7,W=7,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+        "C=64,M=96,H=9,W=9,K=1,pad=0,bias=1,groups=2,dtype=fp16,layout=nhwc,op=wgrad",
+    ],
+)
+def test_a_one_tap_wgrad_writes_both_fp32_orders_as_one(spec):
+    """A 1x1 window's dw is [M][C/g] in either memory format of the weights, so the
+    operator's fp32 grads in PyTorch's contiguous order render as the channels_last
+    order's, whose channel pairs go in 8-byte stores (the operator reads a 1x1 layer's
+    weights as contiguous); a 3x3 window's two orders stay two sources."""
+    from specgen.shapes import parse_shape
+    from specgen.strategies.wsplit import with_fp32_grads
+
+    p = parse_shape(spec)
+    wide = [make_plan(p, v) for v in default_set(p)]
+    wide = [(with_fp32_grads(plan, "mcrs"), plan) for plan in wide]
+    wide = [(w, plan) for w, plan in wide if w is not None]
+    assert wide, f"no tensor-core wgrad in {spec}'s default set"
+    for w, plan in wide:
+        assert w.context["grads32"] == "mrsc"
+        assert render(w) == render(with_fp32_grads(plan, "mrsc"))
+    p3 = parse_shape(spec.replace("K=1,pad=0", "K=3,pad=1"))
+    plan = next(
+        plan
+        for plan in (make_plan(p3, v) for v in default_set(p3))
+        if with_fp32_grads(plan, "mcrs")
+    )
+    assert render(with_fp32_grads(plan, "mcrs")) != render(with_fp32_grads(plan, "mrsc"))

@@ -124,11 +124,17 @@ def with_fp32_grads(plan, grads32: str):
     as ``grads32``: "mcrs", PyTorch's contiguous [M][C/g][R][S], or "mrsc", its
     channels_last [M][R][S][C/g]; None where that pass is not ``backward/tc_sums.j2``.
     The PyTorch operator's, under autocast: the fp32 parameters take the sums as they
-    are, with no rounding to 16 bits and no cast or copy after."""
+    are, with no rounding to 16 bits and no cast or copy after.  A window of one tap
+    lays both orders out alike, [M][C/g], and is written as "mrsc", whose adjacent
+    channels go in one 8-byte store: a 1x1 layer's weights read as contiguous to the
+    operator, and resnet50's 1x1 wgrads of 7x7 maps took 0.0142 ms with mcrs's scalar
+    stores against 0.0118 (H200, 2026-11-30)."""
     if grads32 not in ("mcrs", "mrsc"):
         raise ValueError(f"grads32 is 'mcrs' or 'mrsc', got {grads32!r}")
     if plan.shape.op is not Op.WGRAD or plan.context.get("second_pass") != TC_SUMS:
         return None
+    if plan.shape.R * plan.shape.S == 1:
+        grads32 = "mrsc"
     return replace(plan, context=dict(plan.context, grads32=grads32))
 
 
