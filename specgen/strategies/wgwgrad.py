@@ -60,9 +60,10 @@ window's outer rows read odd input rows and its middle one even rows): x is copi
 one box per phase, taken every stride rows and columns by the copy unit, and each tap
 reads its phase's buffer from its own shift.  On resnet50's 3x3 wgrad of 7x7 maps
 (C=M=512, B=32, H200) it took 0.0218 ms in its tune against wgwdsm's 0.0315 (cuDNN 0.0232
-in that run); at B=64, 0.0325 against wgwgrad's 0.0612 (cuDNN 0.0318).  On 14x14 maps and
-wider, where a cluster of up to 8 blocks exchanges each block's 147 KB of sums, the
-one-tap kernels stay faster.
+in that run); at B=64, 0.0325 against wgwgrad's 0.0612 (cuDNN 0.0318).  At stride 2 onto
+7x7 maps, 0.0227 against wgwdsm's 0.0323 (C=M=512, B=32; cuDNN 0.0215).  On 14x14 output
+maps and wider, where a cluster of up to 8 blocks exchanges each block's 147 KB of sums,
+the one-tap kernels stay faster.
 """
 
 from __future__ import annotations
