@@ -17,6 +17,7 @@ from problems import (
     assert_one_line_refusal,
     default_and_drawn,
     parsed_or_rejected,
+    planned_space,
     verify_on_the_gpu,
 )
 from specgen.choose import planned
@@ -342,3 +343,30 @@ def test_seven_by_seven_layers_at_a_long_reduction(name):
 @given(p=narrow_problems())
 def test_drawn_defaults_compile_without_spills(p):
     assert_compiles_without_spills(p, lambda: Wstrip.default(p, _precision(p)))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [  # drawn problems whose strips of 4 rows spilled (12 warps a block, 168 registers)
+        "C=12,M=8,H=20,W=19,K=9,pad=7,bias=1,dtype=bf16,op=wgrad",
+        "C=12,M=16,H=14,W=12,K=8,pad=2,bias=1,dtype=bf16,op=wgrad",
+    ],
+)
+def test_the_space_leaves_out_strips_of_half_the_window(spec):
+    """Tune's space has no strip of half the window's rows or fewer (the two that
+    spilled among them), and of what plans, the shortest strips of the tallest band
+    compile for sm_90 without spilling."""
+    p = parse_shape(spec)
+    space = planned_space(p, Wstrip, _precision(p))
+    assert space and all(2 * v.regtile[1] > p.K for v in Wstrip.space(p, _precision(p)))
+    tallest = max(v.tile for v in space)
+    shortest = min(v.regtile[1] for v in space if v.tile == tallest)
+    for v in space:
+        if (
+            v.tile == tallest
+            and v.regtile[1] == shortest
+            and v.splits == min(u.splits for u in space)
+        ):
+            plan = make_plan(p, v)
+            binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+            assert binary.spills == 0, (v.name, binary.resources)

@@ -102,12 +102,15 @@ class Wstrip(Variant):
     @classmethod
     def space(cls, problem, precision):
         """1-3 map tiles a warp, strips of 4 to 12 dy rows, bands of Ho/k rows, one to
-        three blocks an SM."""
+        three blocks an SM.  A strip of r rows loads r + K - 1 input rows; strips no
+        taller than half the window (2r <= K), whose outputs are a third of the rows they
+        load or fewer, are left out: with 12 warps a block, capped at 168 registers, two
+        such spilled on drawn problems (K=9 and K=8, strips of 4 rows; NVRTC 12, sm_90)."""
         bands = sorted({ceil_div(problem.Ho, k) for k in (1, 2, 3, 4)}, reverse=True)
         return [
             cls(tile=b, regtile=(8 * nt, r), splits=SMS * k, precision=precision)
             for nt, r, b, k in itertools.product((1, 2, 3), (4, 6, 8, 10, 12), bands, (1, 2, 3))
-            if r <= b
+            if r <= b and 2 * r > problem.K
         ]
 
 
