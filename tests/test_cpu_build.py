@@ -524,3 +524,47 @@ def test_a_one_tap_wgrad_writes_both_fp32_orders_as_one(spec):
         if with_fp32_grads(plan, "mcrs")
     )
     assert render(with_fp32_grads(plan, "mcrs")) != render(with_fp32_grads(plan, "mrsc"))
+
+
+@pytest.mark.parametrize(
+    "spec, splits, ways",
+    [
+        ("C=5,M=6,H=9,W=9,K=3,pad=1,bias=1,op=wgrad", 63, 1),
+        ("C=5,M=6,H=9,W=9,K=3,pad=1,bias=1,op=wgrad", 64, 32),
+        ("C=64,M=64,H=9,W=9,K=3,pad=1,op=wgrad", 1056, 1),
+        ("C=16,M=24,H=9,W=9,K=3,pad=1,bias=1,dtype=bf16,layout=nhwc,op=wgrad", 132, 16),
+        ("C=16,M=16,H=9,W=9,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad", 66, 16),
+    ],
+)
+def test_the_second_pass_shares_a_column_among_its_ways(spec, splits, ways):
+    """A slice row of many slices and few sums is added by several warps a column, as
+    many as keep the pass within ``SUM_THREADS`` threads: the launch's block is 32
+    columns of ``slice_ways`` warps (or 256 columns of one thread), its grid covers the
+    row, the kernel's launch bounds and shared sums match that block, each way's slices
+    are counted out, and it compiles for sm_90 without spills."""
+    from dataclasses import replace
+
+    from specgen.shapes import parse_shape
+    from specgen.strategies.tcwgrad import Tcwgrad
+    from specgen.strategies.wsplit import SUM_THREADS, Wsplit, slice_ways
+
+    p = parse_shape(spec)
+    if p.layout.value == "nchw":
+        v = replace(Wsplit.default(p, Precision.FP32), splits=splits)
+    else:
+        v = replace(Tcwgrad.default(p, Precision.BF16), splits=splits)
+    plan = make_plan(p, v)
+    row = p.weight_count + (p.M if p.bias else 0)
+    assert slice_ways(splits, row) == ways
+    assert ways == 1 or row * ways <= SUM_THREADS < (row * 2 * ways if ways < 32 else 1 << 62)
+    (second,) = [launch for launch in plan.launches if launch.kernel.endswith("_reduce")]
+    columns = 256 if ways == 1 else 32
+    assert second.block == (columns * ways, 1, 1)
+    assert second.grid[0] == -(-row // columns)
+    src = render(plan)
+    kernel = src[src.index(f"__launch_bounds__({columns * ways})\n{plan.name}_reduce(") :]
+    assert (f"part[{ways}][32]" in kernel) == (ways > 1)
+    if ways > 1:
+        assert f"i < {-(-splits // ways)}; ++i" in kernel
+    binary = compile_source(src, plan.name, plan.target("sm_90"))
+    assert binary.spills == 0, binary.resources

@@ -15,7 +15,7 @@
 //   grid          2 x 1 x 66                     channel tiles x map tiles x slices of the batch's 16 chunks an image
 //   workspace     1824768 B                      66 slices x 6912 fp32 partial sums; the reduce kernel adds them in order
 // Kernel   tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc: block 256x1x1, grid (2, 1, 66), 147456 B dynamic shared memory (opt-in)
-// Kernel   tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (27, 1, 1)
+// Kernel   tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (216, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -305,17 +305,31 @@ tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc(const unsigned short* __re
         }
 }
 
-// ws[0..65][j] added in order, j < 6912: column (r, s, c) of map m to
+// ws[0..65][j] added in a fixed order, j < 6912: column (r, s, c) of map m to
 // dw[m][c][r][s].
 extern "C" __global__ void __launch_bounds__(256)
 tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 6912)
-        return;
+    // 8 warps share 32 columns: warp w adds slices w, w + 8, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 66; ++k)
-        s += ws[(size_t)k * 6912 + j];
+    if (j < 6912) {
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int k = way + i * 8;
+            if (k < 66)
+                s += ws[(size_t)k * 6912 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 6912)
+        return;
+    for (int w = 1; w < 8; ++w)
+        s += part[w][lane];
     const int m = j / 2304, col = j % 2304;
     dw[m * 2304 + col % 256 * 9 + col / 256] = float_to_bf16(s);
 }

@@ -13,7 +13,7 @@
 //   run           8 adjacent outputs             10 x loads a tap row and 24 dy loads feed 216 FMAs
 //   workspace     7299072 B                      264 slices x 6912 sums; the second kernel adds the slices in order
 // Kernel   wlane_t64_p8_s264_v1_fp32_wgrad_iobf16_nhwc: block 64x1x1, grid (4, 264, 1)
-// Kernel   wlane_t64_p8_s264_v1_fp32_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (27, 1, 1)
+// Kernel   wlane_t64_p8_s264_v1_fp32_wgrad_iobf16_nhwc_reduce: block 256x1x1, grid (216, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -615,15 +615,27 @@ wlane_t64_p8_s264_v1_fp32_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
                 out[((m0 + m) * 256 + ci) * 9 + r * 3 + s] = acc[m][r][s];
 }
 
-// ws[0..263][j] added in order, j < 6912: dw[3][256][3][3].
+// ws[0..263][j] added in a fixed order, j < 6912: dw[3][256][3][3].
 extern "C" __global__ void __launch_bounds__(256)
 wlane_t64_p8_s264_v1_fp32_wgrad_iobf16_nhwc_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 6912)
-        return;
+    // 8 warps share 32 columns: warp w adds slices w, w + 8, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 264; ++k)
-        s += ws[(size_t)k * 6912 + j];
+    if (j < 6912) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 8) * 6912 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 6912)
+        return;
+    for (int w = 1; w < 8; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

@@ -15,7 +15,7 @@
 //   grid          1 x 4 x 66                     channel tiles x map tiles x slices of the batch's 32 chunks an image
 //   workspace     1824768 B                      66 slices x 6912 fp32 partial sums; the reduce kernel adds them in order
 // Kernel   tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad: block 64x1x1, grid (1, 4, 66), 52736 B dynamic shared memory (opt-in)
-// Kernel   tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
+// Kernel   tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad_reduce: block 256x1x1, grid (216, 1, 1)
 
 // fp32 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -370,17 +370,31 @@ tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad(const float* __restrict__ x, const floa
         }
 }
 
-// ws[0..65][j] added in order, j < 6912: column (r, s, c) of map m to
+// ws[0..65][j] added in a fixed order, j < 6912: column (r, s, c) of map m to
 // dw[m][c][r][s].
 extern "C" __global__ void __launch_bounds__(256)
 tc3wgrad_b64x8_w2x1_r1_p4_s66_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 6912)
-        return;
+    // 8 warps share 32 columns: warp w adds slices w, w + 8, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 66; ++k)
-        s += ws[(size_t)k * 6912 + j];
+    if (j < 6912) {
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int k = way + i * 8;
+            if (k < 66)
+                s += ws[(size_t)k * 6912 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 6912)
+        return;
+    for (int w = 1; w < 8; ++w)
+        s += part[w][lane];
     const int m = j / 27, col = j % 27;
     dw[m * 27 + col % 3 * 9 + col / 3] = s;
 }

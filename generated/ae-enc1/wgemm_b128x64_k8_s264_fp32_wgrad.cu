@@ -14,7 +14,7 @@
 //   grid          1 x 2 x 264                    column tiles x map tiles x slices of the batch (slice k: images k, k+264, ...)
 //   workspace     7299072 B                      264 slices x 6912 partial sums; the second kernel adds the slices in order
 // Kernel   wgemm_b128x64_k8_s264_fp32_wgrad: block 128x1x1, grid (1, 2, 264)
-// Kernel   wgemm_b128x64_k8_s264_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
+// Kernel   wgemm_b128x64_k8_s264_fp32_wgrad_reduce: block 256x1x1, grid (216, 1, 1)
 // ptxas caps registers by the launch bounds; specgen compiles with the first and, if
 // that spills, with SPECGEN_ALT_BOUNDS defined (specgen/compile.py).
 #ifndef SPECGEN_ALT_BOUNDS
@@ -180,15 +180,27 @@ wgemm_b128x64_k8_s264_fp32_wgrad(const float* __restrict__ x, const float* __res
     }
 }
 
-// ws[0..263][j] added in order, j < 6912: dw[256][3][3][3].
+// ws[0..263][j] added in a fixed order, j < 6912: dw[256][3][3][3].
 extern "C" __global__ void __launch_bounds__(256)
 wgemm_b128x64_k8_s264_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 6912)
-        return;
+    // 8 warps share 32 columns: warp w adds slices w, w + 8, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 264; ++k)
-        s += ws[(size_t)k * 6912 + j];
+    if (j < 6912) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 8) * 6912 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 6912)
+        return;
+    for (int w = 1; w < 8; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

@@ -15,7 +15,7 @@
 //   __shared__    147744 B                       2 buffers of x [3][18][36] and dy [32][16][32] (planes of 516), x's padding written in as zeros
 //   workspace     3649536 B                      132 slices x 6912 sums; the second kernel adds the slices in order
 // Kernel   wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad: block 448x1x1, grid (8, 132, 1), 147744 B dynamic shared memory (opt-in)
-// Kernel   wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad_reduce: block 256x1x1, grid (27, 1, 1)
+// Kernel   wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad_reduce: block 256x1x1, grid (216, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
@@ -256,15 +256,29 @@ wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad(const float* __restrict__ x, const
             o[l * 432 + s] = acc[l * 3 + s];
 }
 
-// ws[0..131][j] added in order, j < 6912: dw[256][3][3][3].
+// ws[0..131][j] added in a fixed order, j < 6912: dw[256][3][3][3].
 extern "C" __global__ void __launch_bounds__(256)
 wtap_t16_m32_c3_p4_r2x1_w3_q2_s132_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 6912)
-        return;
+    // 8 warps share 32 columns: warp w adds slices w, w + 8, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 132; ++k)
-        s += ws[(size_t)k * 6912 + j];
+    if (j < 6912) {
+#pragma unroll
+        for (int i = 0; i < 17; ++i) {
+            const int k = way + i * 8;
+            if (k < 132)
+                s += ws[(size_t)k * 6912 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 6912)
+        return;
+    for (int w = 1; w < 8; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

@@ -14,7 +14,7 @@
 //   grid          1 x 1024                       item blocks x slices of the batch (slice k: images k, k+1024, ...)
 //   workspace     16384 B                        1024 slices x 4 partial sums of db; the second kernel adds the slices in order
 // Kernel   wsplit_m4_w8_s1024_sl_fp32_bgrad_iobf16: block 256x1x1, grid (1, 1024, 1)
-// Kernel   wsplit_m4_w8_s1024_sl_fp32_bgrad_iobf16_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m4_w8_s1024_sl_fp32_bgrad_iobf16_reduce: block 1024x1x1, grid (1, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -92,15 +92,27 @@ out[m0 + 2] = acc[2][0];
 out[m0 + 3] = acc[3][0];
 }
 
-// ws[0..1023][j] added in order, j < 4 then db[4].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..1023][j] added in a fixed order, j < 4 then db[4].
+extern "C" __global__ void __launch_bounds__(1024)
 wsplit_m4_w8_s1024_sl_fp32_bgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ db)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 4)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 1024; ++k)
-        s += ws[(size_t)k * 4 + j];
+    if (j < 4) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            s += ws[(size_t)(way + i * 32) * 4 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 4)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     db[j] = float_to_bf16(s);
 }

@@ -14,7 +14,7 @@
 //   grid          7 x 146                        item blocks x slices of the batch (slice k: images k, k+146, ...)
 //   workspace     114464 B                       146 slices x 196 partial sums of dw; the second kernel adds the slices in order
 // Kernel   wsplit_m4_w8_s146_sl_fp32_wgrad_iobf16: block 256x1x1, grid (7, 146, 1)
-// Kernel   wsplit_m4_w8_s146_sl_fp32_wgrad_iobf16_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m4_w8_s146_sl_fp32_wgrad_iobf16_reduce: block 1024x1x1, grid (7, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -194,15 +194,29 @@ out[(m0 + 3) * 49 + c * 49 + r * 7 + 5] = acc[3][5];
 out[(m0 + 3) * 49 + c * 49 + r * 7 + 6] = acc[3][6];
 }
 
-// ws[0..145][j] added in order, j < 196: dw[4][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..145][j] added in a fixed order, j < 196: dw[4][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wsplit_m4_w8_s146_sl_fp32_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 196)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 146; ++k)
-        s += ws[(size_t)k * 196 + j];
+    if (j < 196) {
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+            const int k = way + i * 32;
+            if (k < 146)
+                s += ws[(size_t)k * 196 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 196)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

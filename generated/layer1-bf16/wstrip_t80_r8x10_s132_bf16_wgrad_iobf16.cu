@@ -17,7 +17,7 @@
 //   smem dy band  2 x [4][3204 words]            each map's 80 rows one run of dy from a 16-byte boundary, read in place
 //   workspace     103488 B                       132 slices x 196 sums; the second kernel adds the slices in order
 // Kernel   wstrip_t80_r8x10_s132_bf16_wgrad_iobf16: block 256x1x1, grid (132, 1, 1), 178272 B dynamic shared memory (opt-in)
-// Kernel   wstrip_t80_r8x10_s132_bf16_wgrad_iobf16_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wstrip_t80_r8x10_s132_bf16_wgrad_iobf16_reduce: block 1024x1x1, grid (7, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -315,15 +315,29 @@ wstrip_t80_r8x10_s132_bf16_wgrad_iobf16(const unsigned short* __restrict__ x, co
     }
 }
 
-// ws[0..131][j] added in order, j < 196: dw[4][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..131][j] added in a fixed order, j < 196: dw[4][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wstrip_t80_r8x10_s132_bf16_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 196)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 132; ++k)
-        s += ws[(size_t)k * 196 + j];
+    if (j < 196) {
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+            const int k = way + i * 32;
+            if (k < 132)
+                s += ws[(size_t)k * 196 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 196)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

@@ -15,7 +15,7 @@
 //   __shared__    73760 B                        x [26][93] (1-way) + dy [4][20][85] (1-way), zero padding written in
 //   workspace     827904 B                       1056 slices x 196 sums; the second kernel adds the slices in order
 // Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad: block 224x1x1, grid (1, 1056, 1), 73760 B dynamic shared memory (opt-in)
-// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wband_t20_m4_p4_w1_s1056_fp32_wgrad_reduce: block 1024x1x1, grid (7, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -190,15 +190,27 @@ out[(m0 + 3) * 49 + c * 49 + r * 7 + 5] = acc[3][5];
 out[(m0 + 3) * 49 + c * 49 + r * 7 + 6] = acc[3][6];
 }
 
-// ws[0..1055][j] added in order, j < 196: dw[4][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..1055][j] added in a fixed order, j < 196: dw[4][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wband_t20_m4_p4_w1_s1056_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 196)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 1056; ++k)
-        s += ws[(size_t)k * 196 + j];
+    if (j < 196) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 32) * 196 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 196)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

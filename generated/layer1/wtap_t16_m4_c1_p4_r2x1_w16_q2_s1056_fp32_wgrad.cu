@@ -15,7 +15,7 @@
 //   __shared__    57280 B                        2 buffers of x [1][22][92] and dy [4][16][80] (planes of 1284), x's padding written in as zeros
 //   workspace     827904 B                       1056 slices x 196 sums; the second kernel adds the slices in order
 // Kernel   wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad: block 224x1x1, grid (1, 1056, 1), 57280 B dynamic shared memory (opt-in)
-// Kernel   wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad_reduce: block 1024x1x1, grid (7, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
@@ -253,15 +253,27 @@ wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             o[l * 98 + s] = acc[l * 7 + s];
 }
 
-// ws[0..1055][j] added in order, j < 196: dw[4][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..1055][j] added in a fixed order, j < 196: dw[4][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wtap_t16_m4_c1_p4_r2x1_w16_q2_s1056_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 196)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 1056; ++k)
-        s += ws[(size_t)k * 196 + j];
+    if (j < 196) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 32) * 196 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 196)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

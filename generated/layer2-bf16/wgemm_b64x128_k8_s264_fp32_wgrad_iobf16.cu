@@ -14,7 +14,7 @@
 //   grid          2 x 1 x 264                    column tiles x map tiles x slices of the batch (slice k: images k, k+264, ...)
 //   workspace     3311616 B                      264 slices x 3136 partial sums; the second kernel adds the slices in order
 // Kernel   wgemm_b64x128_k8_s264_fp32_wgrad_iobf16: block 128x1x1, grid (2, 1, 264)
-// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad_iobf16_reduce: block 256x1x1, grid (13, 1, 1)
+// Kernel   wgemm_b64x128_k8_s264_fp32_wgrad_iobf16_reduce: block 512x1x1, grid (98, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -181,15 +181,29 @@ wgemm_b64x128_k8_s264_fp32_wgrad_iobf16(const unsigned short* __restrict__ x, co
     }
 }
 
-// ws[0..263][j] added in order, j < 3136: dw[16][4][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..263][j] added in a fixed order, j < 3136: dw[16][4][7][7].
+extern "C" __global__ void __launch_bounds__(512)
 wgemm_b64x128_k8_s264_fp32_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 3136)
-        return;
+    // 16 warps share 32 columns: warp w adds slices w, w + 16, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[16][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 264; ++k)
-        s += ws[(size_t)k * 3136 + j];
+    if (j < 3136) {
+#pragma unroll
+        for (int i = 0; i < 17; ++i) {
+            const int k = way + i * 16;
+            if (k < 264)
+                s += ws[(size_t)k * 3136 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 3136)
+        return;
+    for (int w = 1; w < 16; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

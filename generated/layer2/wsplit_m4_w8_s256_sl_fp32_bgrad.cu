@@ -14,7 +14,7 @@
 //   grid          4 x 256                        item blocks x slices of the batch (slice k: images k, k+256, ...)
 //   workspace     16384 B                        256 slices x 16 partial sums of db; the second kernel adds the slices in order
 // Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad: block 256x1x1, grid (4, 256, 1)
-// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m4_w8_s256_sl_fp32_bgrad_reduce: block 1024x1x1, grid (1, 1, 1)
 
 // Slice k of the batch (images k, k + 256, ...) of work item i: a thread's partial sums go
 // to ws[k][...]; wsplit_m4_w8_s256_sl_fp32_bgrad_reduce adds the 256 slices in order.
@@ -78,15 +78,27 @@ out[m0 + 2] = acc[2][0];
 out[m0 + 3] = acc[3][0];
 }
 
-// ws[0..255][j] added in order, j < 16 then db[16].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..255][j] added in a fixed order, j < 16 then db[16].
+extern "C" __global__ void __launch_bounds__(1024)
 wsplit_m4_w8_s256_sl_fp32_bgrad_reduce(const float* __restrict__ ws, float* __restrict__ db)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 16)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 256; ++k)
-        s += ws[(size_t)k * 16 + j];
+    if (j < 16) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            s += ws[(size_t)(way + i * 32) * 16 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 16)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     db[j] = s;
 }

@@ -15,7 +15,7 @@
 //   __shared__    213632 B                       2 buffers of x [4][40][44] and dy [16][34][36] (planes of 1228), x's padding written in as zeros
 //   workspace     13246464 B                     1056 slices x 3136 sums; the second kernel adds the slices in order
 // Kernel   wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad: block 448x1x1, grid (1, 1056, 1), 213632 B dynamic shared memory (opt-in)
-// Kernel   wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (13, 1, 1)
+// Kernel   wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad_reduce: block 512x1x1, grid (98, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
@@ -254,15 +254,27 @@ wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             o[l * 1568 + s] = acc[l * 7 + s];
 }
 
-// ws[0..1055][j] added in order, j < 3136: dw[16][4][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..1055][j] added in a fixed order, j < 3136: dw[16][4][7][7].
+extern "C" __global__ void __launch_bounds__(512)
 wtap_t34_m16_c4_p4_r2x1_w2_q2_s1056_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 3136)
-        return;
+    // 16 warps share 32 columns: warp w adds slices w, w + 16, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[16][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 1056; ++k)
-        s += ws[(size_t)k * 3136 + j];
+    if (j < 3136) {
+#pragma unroll 16
+        for (int i = 0; i < 66; ++i) {
+            s += ws[(size_t)(way + i * 16) * 3136 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 3136)
+        return;
+    for (int w = 1; w < 16; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

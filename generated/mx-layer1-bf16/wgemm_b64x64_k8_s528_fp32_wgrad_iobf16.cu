@@ -14,7 +14,7 @@
 //   grid          1 x 1 x 528                    column tiles x map tiles x slices of the batch (slice k: images k, k+528, ...)
 //   workspace     1241856 B                      528 slices x 588 partial sums; the second kernel adds the slices in order
 // Kernel   wgemm_b64x64_k8_s528_fp32_wgrad_iobf16: block 64x1x1, grid (1, 1, 528)
-// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad_iobf16_reduce: block 256x1x1, grid (3, 1, 1)
+// Kernel   wgemm_b64x64_k8_s528_fp32_wgrad_iobf16_reduce: block 1024x1x1, grid (19, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -182,15 +182,29 @@ wgemm_b64x64_k8_s528_fp32_wgrad_iobf16(const unsigned short* __restrict__ x, con
     }
 }
 
-// ws[0..527][j] added in order, j < 588: dw[12][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..527][j] added in a fixed order, j < 588: dw[12][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wgemm_b64x64_k8_s528_fp32_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 588)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 528; ++k)
-        s += ws[(size_t)k * 588 + j];
+    if (j < 588) {
+#pragma unroll
+        for (int i = 0; i < 17; ++i) {
+            const int k = way + i * 32;
+            if (k < 528)
+                s += ws[(size_t)k * 588 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 588)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

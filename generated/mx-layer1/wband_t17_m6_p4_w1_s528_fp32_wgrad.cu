@@ -15,7 +15,7 @@
 //   __shared__    70144 B                        x [23][75] (2-way) + dy [6][17][69] (2-way), zero padding written in
 //   workspace     1241856 B                      528 slices x 588 sums; the second kernel adds the slices in order
 // Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad: block 224x1x1, grid (2, 528, 1), 70144 B dynamic shared memory (opt-in)
-// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)
+// Kernel   wband_t17_m6_p4_w1_s528_fp32_wgrad_reduce: block 1024x1x1, grid (19, 1, 1)
 
 // 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (the halo).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
@@ -218,15 +218,29 @@ out[(m0 + 5) * 49 + c * 49 + r * 7 + 5] = acc[5][5];
 out[(m0 + 5) * 49 + c * 49 + r * 7 + 6] = acc[5][6];
 }
 
-// ws[0..527][j] added in order, j < 588: dw[12][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..527][j] added in a fixed order, j < 588: dw[12][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wband_t17_m6_p4_w1_s528_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 588)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 528; ++k)
-        s += ws[(size_t)k * 588 + j];
+    if (j < 588) {
+#pragma unroll
+        for (int i = 0; i < 17; ++i) {
+            const int k = way + i * 32;
+            if (k < 528)
+                s += ws[(size_t)k * 588 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 588)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

@@ -15,7 +15,7 @@
 //   __shared__    161024 B                       2 buffers of x [1][28][76] and dy [12][22][68] (planes of 1500), x's padding written in as zeros
 //   workspace     2483712 B                      1056 slices x 588 sums; the second kernel adds the slices in order
 // Kernel   wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad: block 352x1x1, grid (1, 1056, 1), 161024 B dynamic shared memory (opt-in)
-// Kernel   wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad_reduce: block 256x1x1, grid (3, 1, 1)
+// Kernel   wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad_reduce: block 1024x1x1, grid (19, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
@@ -243,15 +243,27 @@ wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad(const float* __restrict__ x, cons
             o[l * 588 + s] = acc[l * 7 + s];
 }
 
-// ws[0..1055][j] added in order, j < 588: dw[12][1][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..1055][j] added in a fixed order, j < 588: dw[12][1][7][7].
+extern "C" __global__ void __launch_bounds__(1024)
 wtap_t22_m12_c1_p4_r1x1_w4_q2_s1056_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 588)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 1056; ++k)
-        s += ws[(size_t)k * 588 + j];
+    if (j < 588) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 32) * 588 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 588)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

@@ -14,7 +14,7 @@
 //   grid          5 x 1 x 105                    column tiles x map tiles x slices of the batch (slice k: images k, k+105, ...)
 //   workspace     5927040 B                      105 slices x 14112 partial sums; the second kernel adds the slices in order
 // Kernel   wgemm_b64x128_k8_s105_fp32_wgrad_iobf16: block 128x1x1, grid (5, 1, 105)
-// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad_iobf16_reduce: block 256x1x1, grid (56, 1, 1)
+// Kernel   wgemm_b64x128_k8_s105_fp32_wgrad_iobf16_reduce: block 128x1x1, grid (441, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -181,15 +181,29 @@ wgemm_b64x128_k8_s105_fp32_wgrad_iobf16(const unsigned short* __restrict__ x, co
     }
 }
 
-// ws[0..104][j] added in order, j < 14112: dw[24][12][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..104][j] added in a fixed order, j < 14112: dw[24][12][7][7].
+extern "C" __global__ void __launch_bounds__(128)
 wgemm_b64x128_k8_s105_fp32_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 14112)
-        return;
+    // 4 warps share 32 columns: warp w adds slices w, w + 4, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[4][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 105; ++k)
-        s += ws[(size_t)k * 14112 + j];
+    if (j < 14112) {
+#pragma unroll
+        for (int i = 0; i < 27; ++i) {
+            const int k = way + i * 4;
+            if (k < 105)
+                s += ws[(size_t)k * 14112 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 14112)
+        return;
+    for (int w = 1; w < 4; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

@@ -14,7 +14,7 @@
 //   grid          6 x 170                        item blocks x slices of the batch (slice k: images k, k+170, ...)
 //   workspace     16320 B                        170 slices x 24 partial sums of db; the second kernel adds the slices in order
 // Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad_iobf16: block 256x1x1, grid (6, 170, 1)
-// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad_iobf16_reduce: block 256x1x1, grid (1, 1, 1)
+// Kernel   wsplit_m4_w8_s170_sl_fp32_bgrad_iobf16_reduce: block 1024x1x1, grid (1, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -92,15 +92,29 @@ out[m0 + 2] = acc[2][0];
 out[m0 + 3] = acc[3][0];
 }
 
-// ws[0..169][j] added in order, j < 24 then db[24].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..169][j] added in a fixed order, j < 24 then db[24].
+extern "C" __global__ void __launch_bounds__(1024)
 wsplit_m4_w8_s170_sl_fp32_bgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ db)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 24)
-        return;
+    // 32 warps share 32 columns: warp w adds slices w, w + 32, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[32][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 170; ++k)
-        s += ws[(size_t)k * 24 + j];
+    if (j < 24) {
+#pragma unroll
+        for (int i = 0; i < 6; ++i) {
+            const int k = way + i * 32;
+            if (k < 170)
+                s += ws[(size_t)k * 24 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 24)
+        return;
+    for (int w = 1; w < 32; ++w)
+        s += part[w][lane];
     db[j] = float_to_bf16(s);
 }

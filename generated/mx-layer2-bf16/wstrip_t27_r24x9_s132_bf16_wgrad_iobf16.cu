@@ -17,7 +17,7 @@
 //   smem dy band  2 x [24][372 words] + [24][436 words] each map's 27 rows one run of dy from a 16-byte boundary, spread into rows of 32 (Wo=27 is odd), zeros past Wo
 //   workspace     7451136 B                      132 slices x 14112 sums; the second kernel adds the slices in order
 // Kernel   wstrip_t27_r24x9_s132_bf16_wgrad_iobf16: block 384x1x1, grid (132, 1, 1), 225792 B dynamic shared memory (opt-in)
-// Kernel   wstrip_t27_r24x9_s132_bf16_wgrad_iobf16_reduce: block 256x1x1, grid (56, 1, 1)
+// Kernel   wstrip_t27_r24x9_s132_bf16_wgrad_iobf16_reduce: block 128x1x1, grid (441, 1, 1)
 
 // bf16 tensors travel as 16-bit words: loads widen to fp32, sums stay fp32, and
 // stores round to nearest even.  Inline PTX: NVRTC is given no CUDA headers.
@@ -331,15 +331,27 @@ wstrip_t27_r24x9_s132_bf16_wgrad_iobf16(const unsigned short* __restrict__ x, co
     }
 }
 
-// ws[0..131][j] added in order, j < 14112: dw[24][12][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..131][j] added in a fixed order, j < 14112: dw[24][12][7][7].
+extern "C" __global__ void __launch_bounds__(128)
 wstrip_t27_r24x9_s132_bf16_wgrad_iobf16_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 14112)
-        return;
+    // 4 warps share 32 columns: warp w adds slices w, w + 4, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[4][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 132; ++k)
-        s += ws[(size_t)k * 14112 + j];
+    if (j < 14112) {
+#pragma unroll
+        for (int i = 0; i < 33; ++i) {
+            s += ws[(size_t)(way + i * 4) * 14112 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 14112)
+        return;
+    for (int w = 1; w < 4; ++w)
+        s += part[w][lane];
     dw[j] = float_to_bf16(s);
 }

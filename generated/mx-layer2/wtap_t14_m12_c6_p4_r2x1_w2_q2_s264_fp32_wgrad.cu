@@ -15,7 +15,7 @@
 //   __shared__    72768 B                        2 buffers of x [6][20][36] and dy [12][14][28] (planes of 396), x's padding written in as zeros
 //   workspace     14902272 B                     264 slices x 14112 sums; the second kernel adds the slices in order
 // Kernel   wtap_t14_m12_c6_p4_r2x1_w2_q2_s264_fp32_wgrad: block 512x1x1, grid (4, 264, 1), 72768 B dynamic shared memory (opt-in)
-// Kernel   wtap_t14_m12_c6_p4_r2x1_w2_q2_s264_fp32_wgrad_reduce: block 256x1x1, grid (56, 1, 1)
+// Kernel   wtap_t14_m12_c6_p4_r2x1_w2_q2_s264_fp32_wgrad_reduce: block 128x1x1, grid (441, 1, 1)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
@@ -249,15 +249,27 @@ wtap_t14_m12_c6_p4_r2x1_w2_q2_s264_fp32_wgrad(const float* __restrict__ x, const
             o[l * 3528 + s] = acc[l * 7 + s];
 }
 
-// ws[0..263][j] added in order, j < 14112: dw[24][12][7][7].
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0..263][j] added in a fixed order, j < 14112: dw[24][12][7][7].
+extern "C" __global__ void __launch_bounds__(128)
 wtap_t14_m12_c6_p4_r2x1_w2_q2_s264_fp32_wgrad_reduce(const float* __restrict__ ws, float* __restrict__ dw)
 {
-    const int j = blockIdx.x * 256 + threadIdx.x;
-    if (j >= 14112)
-        return;
+    // 4 warps share 32 columns: warp w adds slices w, w + 4, ... in order,
+    // then warp 0 adds the warps' sums in order.
+    __shared__ float part[4][32];
+    const int lane = threadIdx.x % 32, way = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    for (int k = 0; k < 264; ++k)
-        s += ws[(size_t)k * 14112 + j];
+    if (j < 14112) {
+#pragma unroll 16
+        for (int i = 0; i < 66; ++i) {
+            s += ws[(size_t)(way + i * 4) * 14112 + j];
+        }
+    }
+    part[way][lane] = s;
+    __syncthreads();
+    if (way != 0 || j >= 14112)
+        return;
+    for (int w = 1; w < 4; ++w)
+        s += part[w][lane];
     dw[j] = s;
 }

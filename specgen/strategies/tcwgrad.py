@@ -144,7 +144,7 @@ def slice_sums(p, name: str, splits: int):
     row = ctx["row"]
     workspace = 4 * splits * row
     outs = (Role.DW, *((Role.DB,) if p.bias else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs), splits)
     gemm = Size(
         "GEMM",
         f"{p.Mg} x {p.Cg * p.R * p.S} x (B*{p.Ho * p.Wo})"

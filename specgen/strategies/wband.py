@@ -189,7 +189,13 @@ def plan_wband(p, v: Wband) -> Plan:
             1,
             dynamic,
         ),
-        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
+        per_slice(
+            name,
+            row,
+            "reduce",
+            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
+            v.splits,
+        ),
     )
     ctx.update(
         lay,

@@ -176,7 +176,7 @@ def plan_wgemm(p, v: Wgemm) -> Plan:
         0,
         1,
     )
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs), v.splits)
     launches = (main, db, reduce) if with_db else (main, reduce)
     min_blocks = max(1, 512 // threads)
     if nhwc:

@@ -259,7 +259,13 @@ def plan_wlane(p, v: Wlane) -> Plan:
             0,
             1,
         ),
-        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
+        per_slice(
+            name,
+            row,
+            "reduce",
+            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
+            v.splits,
+        ),
     )
     ctx.update(
         threads=v.threads,

@@ -332,7 +332,7 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
         nbytes,
     )
     outs = (Role.DW, *((Role.DB,) if p.bias else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs))
+    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs), v.splits)
     loads = 4 * octets * (span - 1) + 2 * rs * nt
     mmas = rs * len(tiles) * nt
     kpad = 16 * nj

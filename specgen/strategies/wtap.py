@@ -316,7 +316,13 @@ def plan_wtap(p, v: Wtap) -> Plan:
             1,
             dynamic,
         ),
-        per_slice(name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ()))),
+        per_slice(
+            name,
+            row,
+            "reduce",
+            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
+            v.splits,
+        ),
     )
     bars_at = v.stages * lay["buffer"] + lay["ones_words"]  # the ring's mbarriers (words)
     ctx.update(
