@@ -69,6 +69,7 @@ the one-tap kernels stay faster.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, choices
@@ -280,8 +281,10 @@ def _axis_phases(taps: int, dil: int, pad: int, stride: int):
     return starts, index, moved
 
 
+@lru_cache(maxsize=256)
 def halo_layout(p) -> HaloLayout:
-    """``wgwhalo``'s chunk for problem ``p``.  Tap (r, s) of output pixel (i, j) reads x at
+    """``wgwhalo``'s chunk for problem ``p``, worked out once a problem: the fit, the
+    limits, the stages, the tensor maps and the plan all read it.  Tap (r, s) of output pixel (i, j) reads x at
     row sh i + r dh - pt and column sw j + s dw - pl; writing each offset as the stride
     times q plus a phase, the taps of one phase read one box of x taken at the stride
     (the copy unit's traversal step), tap (r, s) moved q - q0 rows and columns into it.
