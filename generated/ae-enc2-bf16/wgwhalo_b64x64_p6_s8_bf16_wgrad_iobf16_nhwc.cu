@@ -208,12 +208,11 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     const unsigned full = base + 147456u;        // stage s landed: full + 8s
     const unsigned empty = full + 48u;  // stage s retired by every consumer warp
     // Rows the copies never write but the taps read, zero in every stage: dy's 54..63
-    // (past the band) and x's 90..103 of each phase's buffer (past the rows its box takes).
+    // (past the band) and x's 90..103 of its buffer (past the rows its box takes).
     for (int i = tid; i < 1152; i += 416) {
         const int s = i / 192, k = i % 192 / 8, u = i % 8;
-        const int ph = (k - 10) / 14, r = 90 + (k - 10) % 14;
         const unsigned at = k < 10 ? a_base + s * 8192u + swizzle(54 + k, u)
-                                    : b_base + s * 13312u + ph * 13312u + swizzle(r, u);
+                                    : b_base + s * 13312u + swizzle(80 + k, u);
         *reinterpret_cast<uint4*>(smem_raw + (at - raw)) = make_uint4(0u, 0u, 0u, 0u);
     }
     if (tid == 0) {
@@ -230,8 +229,8 @@ wgwhalo_b64x64_p6_s8_bf16_wgrad_iobf16_nhwc(const unsigned short* __restrict__ x
     if (wg == 3) {
         // The producer: one thread puts unit begin + kt into stage kt % 6 once the
         // consumers retired what it held: a box of dy (the band's rows, 18 positions each) and
-        // per stride phase one of x (the input rows under the band's taps of that phase). The copy unit zero-fills what lies outside the image: dy's
-        // positions past 16, x's padding.
+        // per stride phase one of x: the input rows under the band's taps of that phase.
+        // The copy unit zero-fills what lies outside the image: dy's positions past 16, x's padding.
         if (lane == 0) {
 #pragma unroll 1
             for (int kt = 0; kt < chunks; ++kt) {
