@@ -123,7 +123,7 @@ def sum_block(splits: int, row: int) -> int:
 
 def per_slice(name: str, row: int, kind: str, args, splits: int) -> Launch:
     """The kernel that runs over a slice row: ``_reduce`` adds the ``splits`` slices of
-    each partial sum in order, its threads sharing a column as ``slice_ways`` says;
+    each partial sum in a fixed order, its threads sharing a column as ``slice_ways`` says;
     ``_zero`` clears dw and db before atomic adds, one thread a sum."""
     ways = slice_ways(splits, row) if kind == "reduce" else 1
     columns = REDUCE_BLOCK if ways == 1 else 32
