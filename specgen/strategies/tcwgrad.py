@@ -27,7 +27,7 @@ from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .mma import ROUNDING
 from .tcgemm import MATH, MAX_ACCUMULATORS, STAGE_LIMIT, maths_of
-from .wsplit import TC_SUMS, per_slice, sums_context
+from .wsplit import TC_SUMS, second_pass, sums_context
 
 TARGET_BLOCKS = 2 * 132  # about two blocks on each of the H200's SMs
 
@@ -143,8 +143,7 @@ def slice_sums(p, name: str, splits: int):
     ctx = dict(sums_context(p, 1, splits, False, p.bias), second_pass=TC_SUMS)
     row = ctx["row"]
     workspace = 4 * splits * row
-    outs = (Role.DW, *((Role.DB,) if p.bias else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs), splits)
+    reduce = second_pass(name, row, splits, p.bias)
     gemm = Size(
         "GEMM",
         f"{p.Mg} x {p.Cg * p.R * p.S} x (B*{p.Ho * p.Wo})"

@@ -29,7 +29,7 @@ from ..plan.common import (
 from ..shapes import Op
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
-from .wsplit import per_slice, sums_context
+from .wsplit import second_pass, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 MAX_ACCUMULATORS = 64
@@ -189,13 +189,7 @@ def plan_wband(p, v: Wband) -> Plan:
             1,
             dynamic,
         ),
-        per_slice(
-            name,
-            row,
-            "reduce",
-            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
-            v.splits,
-        ),
+        second_pass(name, row, v.splits, p.bias),
     )
     ctx.update(
         lay,

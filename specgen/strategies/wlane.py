@@ -35,7 +35,7 @@ from ..shapes import Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
 from .dwlane import channel_words, depthwise, vector_widths
-from .wsplit import per_slice, sums_context
+from .wsplit import second_pass, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 MAX_ACCUMULATORS = 64  # maps x R x S sums a thread keeps (db's beside them)
@@ -259,13 +259,7 @@ def plan_wlane(p, v: Wlane) -> Plan:
             0,
             1,
         ),
-        per_slice(
-            name,
-            row,
-            "reduce",
-            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
-            v.splits,
-        ),
+        second_pass(name, row, v.splits, p.bias),
     )
     ctx.update(
         threads=v.threads,

@@ -138,6 +138,14 @@ def per_slice(name: str, row: int, kind: str, args, splits: int) -> Launch:
     )
 
 
+def second_pass(name: str, row: int, splits: int, with_db: bool) -> Launch:
+    """A wgrad's ``_reduce`` (``per_slice``): the workspace's slices added into dw, and
+    into db where the layer has a bias."""
+    return per_slice(
+        name, row, "reduce", (Role.WORKSPACE, Role.DW, *((Role.DB,) if with_db else ())), splits
+    )
+
+
 # The second pass that ``backward/tc_sums.j2`` renders: where a plan's context names it
 # (``second_pass``), the PyTorch operator may render that pass with dw and db in fp32,
 # dw in the weights' own memory format (its ``grads32``).

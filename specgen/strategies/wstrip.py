@@ -37,7 +37,7 @@ from ..tensors import Role
 from ..variants import Count, Pair, Variant, param
 from .mmapersist import FRAGMENT16, band16_context, band16_words, warp_map_tiles
 from .mmastrip import _rows_per_strip
-from .wsplit import per_slice, sums_context
+from .wsplit import second_pass, sums_context
 
 MAX_ACCUMULATORS = 64  # fp32 sums a thread keeps: 4 x tiles x map tiles
 MAX_WARPS = 16  # a warp per (channel, map group), times the strip groups
@@ -331,8 +331,7 @@ def plan_wstrip(p, v: Wstrip) -> Plan:
         1,
         nbytes,
     )
-    outs = (Role.DW, *((Role.DB,) if p.bias else ()))
-    reduce = per_slice(name, row, "reduce", (Role.WORKSPACE, *outs), v.splits)
+    reduce = second_pass(name, row, v.splits, p.bias)
     loads = 4 * octets * (span - 1) + 2 * rs * nt
     mmas = rs * len(tiles) * nt
     kpad = 16 * nj

@@ -55,7 +55,7 @@ from ..shapes import DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Pair, Variant, param
 from .bands import copies, layout
-from .wsplit import per_slice, sums_context
+from .wsplit import second_pass, sums_context
 
 TARGET_BLOCKS = 1056  # eight blocks on each of the H200's 132 SMs
 FIT_WARPS = 16  # the fit's blocks: at most 512 threads, two an SM
@@ -316,13 +316,7 @@ def plan_wtap(p, v: Wtap) -> Plan:
             1,
             dynamic,
         ),
-        per_slice(
-            name,
-            row,
-            "reduce",
-            (Role.WORKSPACE, Role.DW, *((Role.DB,) if p.bias else ())),
-            v.splits,
-        ),
+        second_pass(name, row, v.splits, p.bias),
     )
     bars_at = v.stages * lay["buffer"] + lay["ones_words"]  # the ring's mbarriers (words)
     ctx.update(
