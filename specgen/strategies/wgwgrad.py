@@ -284,8 +284,9 @@ def _axis_phases(taps: int, dil: int, pad: int, stride: int):
 @lru_cache(maxsize=256)
 def halo_layout(p) -> HaloLayout:
     """``wgwhalo``'s chunk for problem ``p``, worked out once a problem: the fit, the
-    limits, the stages, the tensor maps and the plan all read it.  Tap (r, s) of output pixel (i, j) reads x at
-    row sh i + r dh - pt and column sw j + s dw - pl; writing each offset as the stride
+    limits, the stages, the tensor maps and the plan all read it.  Tap (r, s) of output
+    pixel (i, j) reads x at row sh i + r dh - pt and column sw j + s dw - pl; writing each
+    offset as the stride
     times q plus a phase, the taps of one phase read one box of x taken at the stride
     (the copy unit's traversal step), tap (r, s) moved q - q0 rows and columns into it.
     Rows padded to Wp = Wo + the farthest column move make that a constant shift of the
@@ -823,8 +824,12 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             xrows=h.xrows,
             xread=h.xread,
             x_tail=h.xread - h.xrows,
+            # rows a stage's zero-fill writes: dy's past the band, x's past each box
+            zero_rows=16 * h.ksteps - h.rows + len(h.phases) * (h.xread - h.xrows),
+            x_zero_from=h.xrows - (16 * h.ksteps - h.rows),  # x's row of fill row k, one phase
             phases=h.phases,
             phase_bytes=h.xread * 128,
+            phase_at=[i * h.xread * 128 for i in range(len(h.phases))],  # each buffer's bytes in
             # each tap's x rows: its phase's buffer, from the tap's shift on (bytes)
             tap_at=[
                 [(ph * h.xread + at) * 128 for ph, at in zip(phs, ats)]

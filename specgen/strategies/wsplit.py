@@ -197,6 +197,8 @@ def sums_context(p, maps: int, splits: int, bgrad: bool, with_db: bool) -> dict:
         sum_ways=ways,
         sum_block=sum_block(splits, row),
         sum_steps=ceil_div(splits, ways),  # the slices each way adds
+        sum_unroll=0 if ceil_div(splits, ways) <= 64 else 16,  # 0: the whole loop
+        sum_guard=splits % ways != 0,  # the last step's ways past the slices
         x_image=p.C * p.H * p.W,
         dy_image=p.M * p.Ho * p.Wo,
     )
