@@ -830,6 +830,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             phases=h.phases,
             phase_bytes=h.xread * 128,
             phase_at=[i * h.xread * 128 for i in range(len(h.phases))],  # each buffer's bytes in
+            tap_columns=bn // 8,  # a tap's 8-channel columns: its float4s of a thread's sums
+            # the float4s of a thread's sums (a window row's taps) this block of the cluster stores
+            halo_share=bn // 8 * p.S // v.splits,
             # each tap's x rows: its phase's buffer, from the tap's shift on (bytes)
             tap_at=[
                 [(ph * h.xread + at) * 128 for ph, at in zip(phs, ats)]
