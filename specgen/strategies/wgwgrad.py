@@ -267,6 +267,16 @@ class HaloLayout:
         """x's box: the band's rows and the farthest phase's shift, in taken rows."""
         return self.xrows // self.Wp
 
+    @property
+    def tail_rows(self) -> int:
+        """dy's rows past the band that the last k step reads: never copied, zero."""
+        return 16 * self.ksteps - self.rows
+
+    @property
+    def x_tail(self) -> int:
+        """x's rows past its box that the taps read, in each phase's buffer: zero."""
+        return self.xread - self.xrows
+
 
 def _axis_phases(taps: int, dil: int, pad: int, stride: int):
     """Along one axis: each tap's input offset (tap * dil - pad) as stride * q + phase;
@@ -820,13 +830,13 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             Wp=h.Wp,
             rows=h.rows,
             ksteps=h.ksteps,
-            tail_rows=16 * h.ksteps - h.rows,
+            tail_rows=h.tail_rows,
             xrows=h.xrows,
             xread=h.xread,
-            x_tail=h.xread - h.xrows,
+            x_tail=h.x_tail,
             # rows a stage's zero-fill writes: dy's past the band, x's past each box
-            zero_rows=16 * h.ksteps - h.rows + len(h.phases) * (h.xread - h.xrows),
-            x_zero_from=h.xrows - (16 * h.ksteps - h.rows),  # x's row of fill row k, one phase
+            zero_rows=h.tail_rows + len(h.phases) * h.x_tail,
+            x_zero_from=h.xrows - h.tail_rows,  # x's row of fill row k, one phase
             phases=h.phases,
             phase_bytes=h.xread * 128,
             phase_at=[i * h.xread * 128 for i in range(len(h.phases))],  # each buffer's bytes in
