@@ -28,7 +28,7 @@ from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
-from specgen.strategies import Wgmma, default_set, parse_variant_name
+from specgen.strategies import Wgdsm, Wgmma, default_set, parse_variant_name
 from specgen.strategies.tcgemm import MATH
 from specgen.plan.common import thread_registers
 from specgen.strategies.wgmma import PIXEL_TILES, Feed, row_tiles
@@ -200,7 +200,11 @@ def test_the_planner_runs_16_bit_layers_of_few_channels_on_mma_and_fp32_ones_not
         (AE_ENC2_BF16, "wgmma_b256x192_p4_q1_gr_tma_bf16", "over the 128 that 416"),
         (AE_ENC2_BF16 + ",stride=2,op=dgrad", "wgmma_b128x128_p4_q1_gr_i2c_bf16", "phases"),
         (AE_ENC2_BF16.replace("K=3,pad=1", "K=1"), "wgmma_b128x128_p4_q1_gr_i2c_bf16", "tma"),
-        (AE_ENC2_BF16 + ",groups=8", "wgmma_b128x128_p4_q1_gr_i2c_bf16", "past a group's 32"),
+        (
+            "C=192,M=128,H=16,W=16,K=3,pad=1,dtype=bf16,layout=nhwc,groups=8",
+            "wgmma_b128x128_p4_q1_gr_i2c_bf16",
+            "past a group's 24",
+        ),
         (AE_ENC2_BF16.replace("pad=1", "pad=130"), "wgmma_b128x64_p6_q1_gr_i2c_bf16", "corners"),
     ],
 )
@@ -788,3 +792,70 @@ def test_persistent_tma_walks_several_tiles_a_block_on_the_gpu(spec, tile, batch
     the next tile's chunks copied while the staged sums go out."""
     p, v = _persistent(spec, tile)
     verify_on_the_gpu(p, [v], batch)
+
+
+# ---- narrow rows: the 64- and 32-byte swizzles ----
+
+# Groups of few channels (spec, the ring row's bytes): a 1x1 layer's flat tma box, the
+# channels past a 64-byte row's 24, a dgrad whose reduction is the layer's 16 maps, a
+# strided dgrad's phases over 24 maps, tf32 rows of 8 and 12 fp32 channels, groups of 16
+# channels, and 40 channels (80 bytes) that stay in the 128-byte row.
+NARROW_CASES = [
+    ("C=16,M=96,H=28,W=28,K=1,pad=0,dtype=bf16,layout=nhwc", 32),
+    ("C=24,M=144,H=14,W=14,K=1,pad=0,bias=1,act=relu,dtype=bf16,layout=nhwc", 64),
+    ("C=32,M=16,H=16,W=16,K=1,pad=0,dtype=fp16,layout=nhwc,op=dgrad", 32),
+    ("C=16,M=24,H=9,W=11,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc,op=dgrad", 64),
+    ("C=8,M=64,H=12,W=12,K=3,pad=1,layout=nhwc", 32),
+    ("C=12,M=40,H=10,W=13,K=3,pad=1x0x2x1,stride=2,layout=nhwc", 64),
+    ("C=32,M=64,H=10,W=10,K=3,pad=1,groups=2,dtype=bf16,layout=nhwc", 32),
+    ("C=40,M=64,H=8,W=8,K=3,pad=1,dtype=bf16,layout=nhwc", 128),
+]
+
+
+def _one_of_each_feed(p) -> list:
+    """The default, then the first planned member of wgmma's space for each feed,
+    persistence and chunks in flight, and the first whose pixel rows' copies end in a
+    pass that leaves some threads idle; then wgdsm's default where it plans."""
+    view = Wgmma.problem_for(p)
+    precision = MATH[p.dtype]
+    out, seen = [Wgmma.default(view, precision)], set()
+    for v in that_plan(p, Wgmma.space(view, precision)):
+        kind = (v.feed, v.persistent, v.inflight)
+        tail = "tail" not in seen and make_plan(p, v).context["b_tail"]
+        if kind not in seen or tail:
+            seen |= {kind, "tail"} if tail else {kind}
+            out.append(v)
+    return out + that_plan(p, [Wgdsm.default(Wgdsm.problem_for(p), precision)])
+
+
+@pytest.mark.parametrize("spec,row", NARROW_CASES)
+def test_few_channels_take_the_narrowest_swizzle_and_compile(spec, row):
+    """A group of up to 16 16-bit channels (8 fp32) fills a 32-byte ring row and up to 32
+    (16 fp32) a 64-byte one, where a 128-byte row would copy and multiply zeros: the
+    stages shrink to the row, the descriptors name its swizzle, a chunk takes a k step
+    per 32 bytes, and each feed's member compiles for sm_90a without spills or a
+    serialized wgmma."""
+    p = parse_shape(spec)
+    mode = {128: 1, 64: 2, 32: 3}[row]
+    for v in _one_of_each_feed(p):
+        plan = make_plan(p, v)
+        c = plan.context
+        bn, bm = v.blocktile
+        assert c["ROW"] == row and c["ksteps"] == row // 32, (v.name, c["ROW"])
+        assert (c["a_stage"], c["b_stage"]) == (bm * row, bn * row), v.name
+        text = render(plan)
+        assert f"({8 * row // 16}ull << 32) | ({mode}ull << 62)" in text, v.name
+        for box in plan.launches[0].maps:
+            assert box.swizzle == row, (v.name, box)
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,row", NARROW_CASES)
+def test_few_channels_on_the_gpu(spec, row):
+    """Against float64, one member of each feed on rows of 32 and 64 bytes: the swizzle
+    the copies write and the descriptors read, the channels past the group's zero-filled
+    within the row, the copies' last pass over a tile that leaves some threads idle."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, _one_of_each_feed(p), 3)

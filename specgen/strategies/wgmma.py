@@ -8,8 +8,13 @@ or shared-memory bandwidth on ``ldmatrix`` (the limit of ``tcgemm``'s mma.sync o
 layers).  Each warpgroup owns 64 maps and every pixel of the block.  Chunks of 64
 channels (one 128-byte row per map or pixel) reach a ring of ``stages`` buffers, laid
 out in the 128-byte swizzle that the operand descriptors name, zero-filled at the
-padding.  The multiplies of ``inflight`` chunks run at once (``wgmma.wait_group
-inflight - 1``).  Four ways to feed them (``--feed``):
+padding.  Where a group's channels fit 32 or 64 bytes (up to 16 or 32 16-bit channels,
+8 or 16 fp32), a row is that wide instead, in the swizzle of that width (``ring_row``):
+the rest of a 128-byte row would be zeros, copied and multiplied.  On the H200 that took
+mobilenet_v2's 1x1 bf16 layers of 16 to 32 channels from 0.0518 to 0.0360 ms (a dgrad
+reducing over 16 maps) and from 0.0773 to 0.0643 (a forward pass of 16 channels), their
+kernels unchanged otherwise.  The multiplies of ``inflight`` chunks run at once
+(``wgmma.wait_group inflight - 1``).  Four ways to feed them (``--feed``):
 
 * ``tma`` (the default where it applies): one thread of a producer warp issues two
   ``cp.async.bulk.tensor`` copies a chunk, a box of x (the tile's pixels at one tap:
@@ -117,6 +122,10 @@ from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT, VECTOR, flat_pixels, gemm_view, k_walk, phases_of
 
 CHUNK_BYTES = 128  # a stage's row per map and per pixel: 64 16-bit or 32 fp32 channels
+# The narrower rows of the 64- and 32-byte swizzles, for a group whose channels fit one
+# (``ring_row``): 16, 24 or 32 16-bit channels fill 32 or 64 bytes where a 128-byte row
+# would carry zeros in three quarters or half of every copy and multiply.
+NARROW_ROWS = (32, 64)
 SMS = 132  # the H200's SMs, for sizing the grid
 REGISTERS = 65536  # per SM
 PIXEL_TILES = (64, 128, 192, 256)  # wgmma's N: a multiple of 8 up to 256; 64 keeps copies even
@@ -296,6 +305,15 @@ class Wgmma(Variant):
         ]
 
 
+def ring_row(p: ConvProblem) -> int:
+    """Bytes of a ring row (one map's or one pixel's channels of a chunk) for GEMM view
+    ``p``: the narrowest of the 32- and 64-byte swizzles that holds a group's channels,
+    else 128 bytes (64 16-bit or 32 fp32 channels a chunk).  A wgmma k step reads 32
+    bytes of a row in any of the three."""
+    need = p.Cg * p.dtype.bytes
+    return next((row for row in NARROW_ROWS if need <= row), CHUNK_BYTES)
+
+
 def row_tiles(problem: ConvProblem) -> list[int]:
     """The pixel tiles beyond ``PIXEL_TILES`` whose tma boxes are whole output rows of
     one image (or whole images) of ``problem``'s GEMM, narrowest first; none for a 1x1
@@ -303,13 +321,14 @@ def row_tiles(problem: ConvProblem) -> list[int]:
     p = gemm_view(problem)
     if flat_pixels(p):
         return []
-    chunk = CHUNK_BYTES // p.dtype.bytes
+    row = ring_row(p)
+    chunk = row // p.dtype.bytes
     out = []
     for bn in range(64, 257, 8):
         if bn in PIXEL_TILES:
             continue
         try:
-            _boxes(p, bn, 64, chunk)
+            _boxes(p, bn, 64, chunk, row)
         except (SpecError, ValueError):
             continue
         out.append(bn)
@@ -367,7 +386,7 @@ def _fewest_slices(problem: ConvProblem, v: Wgmma) -> int:
     ``SLICE_CHUNKS`` chunks."""
     g = gemm_view(problem)
     bn, bm = v.blocktile
-    chunk = CHUNK_BYTES // (4 if g.dtype is DType.FP32 else 2)
+    chunk = ring_row(g) // g.dtype.bytes
     phases = phases_of(problem, ceil_div(g.Cg, chunk))
     kt = max(ph["kt"] for ph in phases)
     tiles = (
@@ -403,7 +422,7 @@ def _math_of(p: ConvProblem, v: Wgmma) -> None:
 
 
 def _boxes(
-    p: ConvProblem, bn: int, bm: int, chunk: int, im2col: bool = False
+    p: ConvProblem, bn: int, bm: int, chunk: int, row: int, im2col: bool = False
 ) -> tuple[TensorMap | Im2colMap, TensorMap]:
     """The tensor maps of ``tma``: x as [N][H][W][groups][C/g] with a box of a chunk's
     channels by the tile's whole output rows (or whole images) at one tap, so that the
@@ -413,7 +432,8 @@ def _boxes(
     [the batch's pixels][1][1][groups][C/g] instead, its box the tile's pixels whatever
     rows they fall in.  SpecError where the tile is not whole rows or the stride is not 1.
     ``im2col``: x as [N][H][W][C] in the copy unit's im2col mode instead, the tile's
-    pixels from its first (any tile, any stride), their window at a tap's offset."""
+    pixels from its first (any tile, any stride), their window at a tap's offset.  Each
+    box row is a ring row of ``row`` bytes in the swizzle of that width."""
     HoWo, Wo = p.Ho * p.Wo, p.Wo
     e = p.dtype.bytes
     rs = p.R * p.S
@@ -423,6 +443,7 @@ def _boxes(
         (p.Cg, rs, p.Mg, p.groups),
         (p.Cg * e, rs * p.Cg * e, p.Mg * rs * p.Cg * e),
         (chunk, 1, bm, 1),
+        swizzle=row,
     )
     if im2col:  # the corner's positions are the output pixels, lower to upper, stride apart
         (pt, _, pl, _), (sh, sw) = p.pads, p.stride
@@ -437,6 +458,7 @@ def _boxes(
                 channels=chunk,
                 pixels=bn,
                 steps=(sw, sh),
+                swizzle=row,
             )
         except ValueError as err:
             raise SpecError(f"wgmma i2c: {err}; choose --feed sy") from None
@@ -444,7 +466,7 @@ def _boxes(
     if flat_pixels(p):  # the copy unit zero-fills the pixels past the batch
         strides = (p.Cg * e, p.C * e, p.C * e, p.C * e)
         box = (chunk, 1, 1, 1, bn)
-        x = TensorMap(Role.X, e, (p.Cg, p.groups, 1, 1, None), strides, box, image_elems=HoWo)
+        x = TensorMap(Role.X, e, (p.Cg, p.groups, 1, 1, None), strides, box, row, image_elems=HoWo)
         return x, w
     if p.stride != (1, 1):
         raise SpecError(
@@ -469,6 +491,7 @@ def _boxes(
         (p.Cg, p.groups, p.W, p.H, None),
         (p.Cg * e, p.C * e, p.W * p.C * e, p.H * p.W * p.C * e),
         (chunk, 1, *box_rows),
+        swizzle=row,
     )
     return x, w
 
@@ -485,7 +508,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     _math_of(p, v)
     tf32 = p.dtype is DType.FP32
     vec = 4 if tf32 else VECTOR  # elements of a 16-byte copy
-    chunk = CHUNK_BYTES // (4 if tf32 else 2)  # channels of a 128-byte row
+    row = ring_row(p)  # bytes of a ring row: 128, or 64 or 32 where the channels fit
+    chunk = row // p.dtype.bytes  # channels of a row
+    units = row // 16  # its 16-byte copies
     if p.Cg % vec:
         raise SpecError(
             f"wgmma copies {vec} channels at a time: the {p.Cg} channels per group are "
@@ -534,7 +559,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma's strided dgrad (a GEMM a stride phase) is copied by every warp, a tile "
             f"a block: choose --feed sy{'' if not v.persistent else ' without pe'}"
         )
-    boxes = _boxes(p, bn, bm, chunk, im2col) if tma else None
+    boxes = _boxes(p, bn, bm, chunk, row, im2col) if tma else None
     warpgroups = bm // 64
     consumers = 128 * warpgroups  # threads that multiply and store
     # threads that copy: all, a producer warpgroup, or one thread of a producer warp
@@ -544,7 +569,8 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     budget = thread_registers(threads, 1)
     # Registers, as ptxas allotted them on sm_90a: the sums and about 30 more in a thread
     # that multiplies; five per pixel row and two per map row in a thread that copies.
-    copying = 0 if tma else 5 * (bn * 8 // copiers) + 2 * (bm * 8 // copiers) + 30
+    a_vecs, b_vecs = ceil_div(bm * units, copiers), ceil_div(bn * units, copiers)
+    copying = 0 if tma else 5 * b_vecs + 2 * a_vecs + 30
     need = max(nacc + 30, copying) if producer else nacc + copying + 10
     if v.persistent:
         # the walk over tiles keeps the copy state (sy) or the tile's place and the
@@ -554,7 +580,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         raise SpecError(
             f"wgmma b{bn}x{bm}{'_pe' if v.persistent else ''}_{v.feed.value}: "
             f"{warpgroups} warpgroup(s) of {nacc} fp32 sums a thread"
-            f"{'' if tma else f' and {bn * 8 // copiers} pixel rows to copy'} need about "
+            f"{'' if tma else f' and {b_vecs} pixel rows to copy'} need about "
             f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
             "pixels or more maps"
         )
@@ -565,7 +591,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
             f"wgmma p{v.stages} q{v.inflight}: the ring holds {v.inflight + 1} to 8 chunks "
             f"({v.inflight} being multiplied, the rest in flight)"
         )
-    a_stage, b_stage = bm * CHUNK_BYTES, bn * CHUNK_BYTES
+    a_stage, b_stage = bm * row, bn * row
     ring = v.stages * (a_stage + b_stage)
     # elements of a staged output row: the pad puts the rows a store touches in distinct banks
     pitch = bm + (4 if tf32 else 8)
@@ -590,8 +616,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
     # Two blocks on an SM where both fit (one's epilogue and prologue then overlap the
     # other's multiplies); the bounds hold ptxas to the registers that takes.
     if tma:  # a producer warp beside the consumers: under ptxas's bound for two blocks,
-        # the sums and 32 more (a tile's 72 sums and its wgmma took 98)
-        two = nacc + 32 <= thread_registers(threads, 2)
+        # the sums and 32 more (a tile's 72 sums and its wgmma took 98), and the
+        # persistent walk's 45 (a 256-pixel tile spilled under the bound without them)
+        two = nacc + 32 + (45 if v.persistent else 0) <= thread_registers(threads, 2)
     else:
         two = nacc <= 64 and threads <= 256
     per_sm = 2 if 2 * (smem + 1024) <= SM_SHARED and two else 1
@@ -615,6 +642,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         kstep=8 if tf32 else 16,
         VEC=vec,
         CHUNK=chunk,
+        ROW=row,
+        units=units,
+        ksteps=row // 32,  # a k step reads 32 bytes of a row
         BM=bm,
         BN=bn,
         NACC=nacc,
@@ -633,9 +663,11 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         staging_at=staging_at,
         bars_at=bars_at,
         per_sm=per_sm,
-        a_vecs=bm * 8 // copiers,
-        b_vecs=bn * 8 // copiers,
-        rows_per_pass=copiers // 8,
+        a_vecs=a_vecs,
+        b_vecs=b_vecs,
+        a_tail=bm * units % copiers != 0,  # the last pass copies some threads' rows only
+        b_tail=bn * units % copiers != 0,
+        rows_per_pass=copiers // units,
         a_stage=a_stage,
         b_stage=b_stage,
         pitch=pitch,
@@ -692,7 +724,7 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         Size(
             "__shared__",
             f"{smem} B (dynamic)",
-            f"{v.stages} stages x ({bm} + {bn}) rows x 128 B in the 128B swizzle, "
+            f"{v.stages} stages x ({bm} + {bn}) rows x {row} B in the {row}B swizzle, "
             f"aligned to 1024 B; then the output tile; {per_sm} block(s) per SM",
         ),
         (
@@ -706,13 +738,13 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
                 )
                 + f", w {'x'.join(map(str, boxes[1].box))}",
                 "cp.async.bulk.tensor from tensor maps, zero-filled outside the image and "
-                "past the channels by the copy unit, laid out in the 128B swizzle; "
+                f"past the channels by the copy unit, laid out in the {row}B swizzle; "
                 "mbarriers count the bytes landed, the consumer warps retire each stage",
             )
             if tma
             else Size(
                 "copies",
-                f"{bm * 8 // copiers} + {bn * 8 // copiers} per copying thread per chunk",
+                f"{a_vecs} + {b_vecs} per copying thread per chunk",
                 "16-byte cp.async.cg, zero-filled outside the image and past the channels"
                 + ("; mbarriers say landed and retired" if producer else "; a barrier a chunk"),
             )
