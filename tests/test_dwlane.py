@@ -26,7 +26,7 @@ from specgen.plan import make_plan
 from specgen.reference import conv2d, conv2d_dgrad
 from specgen.render import render
 from specgen.shapes import Op, parse_shape
-from specgen.strategies import Dwlane
+from specgen.strategies import Dwlane, Dwrows
 from specgen.tensors import Role
 from specgen.variants import Precision
 
@@ -306,15 +306,15 @@ def test_drawn_narrow_groups_run_on_the_cpu_match_float64(p):
     _run_emitted_on_the_cpu(p)
 
 
-def _run_emitted_on_the_cpu(p):
-    """The default's emitted kernel run on the CPU (``cpu_kernel``) for a batch of two,
-    its output poisoned with NaN first, judged against float64."""
+def _run_emitted_on_the_cpu(p, variant=None):
+    """The default's (or ``variant``'s) emitted kernel run on the CPU (``cpu_kernel``)
+    for a batch of two, its output poisoned with NaN first, judged against float64."""
     from specgen.runtime import dgrad_weights, pack_weights
     from specgen.tensors import outputs, role_shape, to_storage
     from specgen.verify import judge, random_inputs
 
     batch = 2
-    plan = make_plan(p, Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
+    plan = make_plan(p, variant or Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
     inputs, w, b = random_inputs(p, batch, np.random.default_rng())
     weights = dgrad_weights(w, p.groups) if plan.weight_transform else w
     packed = pack_weights(weights, plan.weight_format)
@@ -324,3 +324,75 @@ def _run_emitted_on_the_cpu(p):
     cpu_kernel.run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
     result = judge(p, plan, batch, inputs, w, b, {out: y})
     assert result["ok"], (plan.name, result)
+
+
+# ---- dwrows: a band of output rows a thread ----
+
+BANDS = [
+    "C=16,M=16,H=9,W=11,K=3,pad=1,groups=16,dtype=bf16,layout=nhwc,bias=1,act=relu",
+    "C=12,M=12,H=10,W=9,K=3x5,pad=1x0x2x1,stride=2x3,dil=1x2,groups=12,dtype=fp16,layout=nhwc",
+    "C=8,M=8,H=13,W=8,K=5,pad=2,stride=2,groups=8,layout=nhwc",
+    "C=24,M=24,H=7,W=10,K=3,pad=2,dil=2,groups=24,dtype=bf16,layout=nhwc,op=dgrad",
+    "C=6,M=6,H=8,W=7,K=3,pad=0x2x1x1,groups=6,dtype=bf16,layout=nhwc",
+]
+
+
+@pytest.mark.skipif(cpu_kernel.CXX is None, reason="no C++ compiler here")
+@pytest.mark.parametrize("spec", BANDS)
+@pytest.mark.parametrize("rows", [2, 3, 4])
+def test_dwrows_band_run_on_the_cpu_matches_float64(spec, rows):
+    """dwrows' emitted kernel run thread by thread: each input row of a band loaded once
+    for every output row and window row that reads it (stride, dilation, rectangular
+    windows, padding on every side), the last band cut short where the rows do not
+    divide, the epilogue, stride-1 dgrad's forward view; against float64, the output
+    poisoned with NaN first."""
+    p = parse_shape(spec)
+    view = Dwrows.problem_for(p)
+    v = replace(Dwrows.default(view, Precision.FP32), rows=rows, pixels=2)
+    if rows > view.Ho:
+        pytest.skip("a band past the output's rows")
+    _run_emitted_on_the_cpu(p, v)
+
+
+@pytest.mark.parametrize("spec", LAYERS)
+def test_dwrows_compiles_without_spills(spec):
+    """The default and the widest band of the space on the networks' depthwise layers:
+    the whole window's weights and the band's sums in registers, no spill."""
+    p = parse_shape(spec)
+    view = Dwrows.problem_for(p)
+    space = Dwrows.space(view, Precision.FP32)
+    widest = max(space, key=lambda v: v.vec * v.rows * v.pixels)
+    for v in (Dwrows.default(view, Precision.FP32), widest):
+        binary = compile_source(render(make_plan(p, v)), v.kernel_name(p), "sm_90")
+        assert binary.spills == 0, (v.name, binary.resources)
+
+
+@pytest.mark.parametrize(
+    "spec,name,words",
+    [
+        (LAYERS[1] + ",op=dgrad", "dwrows_v8_p2_t128_r2_fp32", "gathers"),
+        (RESNEXT[0], "dwrows_v8_p2_t128_r2_fp32", "depthwise"),
+        (LAYERS[3], "dwrows_v4_p4_t128_r4_fp32", "weights a thread, over 160"),
+        ("C=8,M=8,H=3,W=9,K=3,pad=1,groups=8,layout=nhwc", "dwrows_v4_p1_t128_r4_fp32", "Ho=3"),
+    ],
+)
+def test_dwrows_limits_are_one_line_refusals(spec, name, words):
+    assert_one_line_refusal(spec, name, words)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shard", range(2))  # two draws, side by side
+@settings(max_examples=12, **GPU_DRAWS)
+@given(p=depthwise_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_dwrows_drawn_problems_on_the_gpu(shard, p, batch, pick):
+    """dwrows' default and one member of its space against the float64 reference: bands
+    cut short, the vector words of each width, the padding, the epilogue, stride-1
+    dgrad's forward view (the strided gather is dwlane's)."""
+    view = Dwrows.problem_for(p)
+    assume(view.op is not Op.DGRAD)
+    try:
+        variants = default_and_drawn(p, Dwrows, Precision.FP32, pick)
+        make_plan(p, variants[0])
+    except SpecError:
+        assume(False)  # a window too wide for the registers, a single output row
+    verify_on_the_gpu(p, variants, batch)

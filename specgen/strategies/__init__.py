@@ -12,7 +12,7 @@ from ..shapes import ConvProblem, Op
 from ..variants import Precision, Variant, register_table, split_problem_tags
 from .direct import Direct
 from .drow import Drow
-from .dwlane import Dwlane
+from .dwlane import Dwlane, Dwrows
 from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
@@ -61,6 +61,7 @@ TABLE: tuple[type[Variant], ...] = (
     Stream,
     Flane,
     Dwlane,
+    Dwrows,
     Mmapersist,
     Mmastrip,
     Mmafold,

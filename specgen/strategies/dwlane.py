@@ -383,3 +383,144 @@ def plan_dwlane(p, v) -> Plan:
         sizes=sizes,
         context=ctx,
     )
+
+
+# dwrows' bands: output rows a thread takes, in the tune space
+BANDS = (2, 3, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dwrows(Dwlane):
+    """``dwlane`` for depthwise layers with each thread taking ``rows`` output rows of its
+    run (a band): an input row of the band's reach is loaded once for every output row
+    and window row that reads it, where ``dwlane`` loads it again for each output row.
+    A 3x3 window at stride 1 then loads (rows + 2) input rows for ``rows`` output rows
+    instead of 3 each; the whole window's weights stay in registers.  On the H200
+    ``dwlane``'s 3x3 bf16 forward pass of mobilenet_v2's first depthwise layer was bound
+    by the L1 cache's throughput (75% of its peak, the DRAM at 29%; Nsight Compute), its
+    input loaded 6 times for each output pixel at 2 outputs a run.  Depthwise only (no
+    narrow groups), forward and the stride-1 dgrad's forward view; the strided dgrad's
+    gather stays ``dwlane``'s."""
+
+    key = "dwrows"
+    templates = ("direct/dwrows.cu.j2",)
+    description = (
+        "depthwise layers in channels-last, a thread taking a band of output rows of a run "
+        "of outputs: each input row the band reads loaded once, the window's weights in "
+        "registers, fp32 sums"
+    )
+
+    rows: int = param(2, Count("r"), "dwrows: output rows a thread takes (a band)")
+
+    def plan(self, problem):
+        return plan_dwrows(problem, self)
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """dwlane's vector and threads; two rows a band, and runs of up to 4 outputs
+        (fewer where the sums and the window's weights would pass the registers)."""
+        if not depthwise(problem) or gathers(problem):
+            return replace(seed, rows=2)  # the plan says why not
+        fits = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
+        vec = next((v for v in fits if v * (2 + problem.R * problem.S) <= MAX_KEPT), None)
+        if vec is None:
+            return replace(seed, rows=2)
+        pixels = 4
+        while pixels > 1 and vec * (2 * pixels + problem.R * problem.S) > MAX_KEPT:
+            pixels -= 1
+        return replace(seed, vec=vec, pixels=min(pixels, problem.Wo), threads=128, rows=2)
+
+    @classmethod
+    def space(cls, problem, precision):
+        base = cls.default(problem, precision)
+        widths = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
+        out = [
+            replace(base, vec=vec, pixels=min(pixels, problem.Wo), threads=threads, rows=rows)
+            for vec in widths[:2]
+            for pixels in (1, 2, 4)
+            for rows in BANDS
+            for threads in THREADS
+            if vec * (rows * pixels + problem.R * problem.S) <= MAX_KEPT
+        ]
+        return list(dict.fromkeys(out))
+
+
+def band_rows(p, rows: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """A band's input rows, each as (its offset from the band's first output row's
+    window corner, oh0 * sh - pt, and the (output row, window row) pairs that read it),
+    in order: output row q's window row r reads input row q * sh + r * dh of it."""
+    (sh, _), (dh, _) = p.stride, p.dil
+    users: dict[int, list[tuple[int, int]]] = {}
+    for q in range(rows):
+        for r in range(p.R):
+            users.setdefault(q * sh + r * dh, []).append((q, r))
+    return sorted(users.items())
+
+
+def plan_dwrows(p, v) -> Plan:
+    # 1. limits: dwlane's, then the band's own
+    if not depthwise(p) or gathers(p):
+        why = (
+            "the strided dgrad gathers (choose --strategy dwlane)"
+            if gathers(p)
+            else f"it computes depthwise layers (groups = C = M), not groups={p.groups}, "
+            f"C={p.C}, M={p.M} (choose --strategy dwlane)"
+        )
+        raise SpecError(f"dwrows: {why}")
+    base = plan_dwlane(p, replace(Dwlane(), vec=v.vec, pixels=v.pixels, threads=v.threads))
+    if not 2 <= v.rows <= p.Ho:
+        raise SpecError(f"dwrows r{v.rows}: a band is 2 to Ho={p.Ho} output rows (one is dwlane's)")
+    window = p.R * p.S
+    held = v.vec * (v.rows * v.pixels + window)
+    if held > MAX_KEPT:
+        raise SpecError(
+            f"dwrows v{v.vec} p{v.pixels} r{v.rows}: {v.vec * v.rows * v.pixels} sums and "
+            f"{v.vec * window} weights a thread, over {MAX_KEPT}; choose fewer --rows or "
+            "--pixels, or a narrower --vec"
+        )
+    # 2. work: a unit is (image, band, run, channel vector), channels fastest
+    ctx = base.context
+    bands = ceil_div(p.Ho, v.rows)
+    units = bands * ctx["per_row"] * ctx["vectors"]
+    ctx = dict(
+        ctx,
+        Q=v.rows,
+        bands=bands,
+        units=units,
+        in_rows=band_rows(p, v.rows),
+        pt=p.pads[0],
+        ragged_rows=p.Ho % v.rows != 0,
+        w_loads=[
+            (dst.replace("wr[", f"wr[{r}][", 1), q, at, n)
+            for r in range(p.R)
+            for dst, q, at, n in window_row_loads(p, v, r, False)
+        ],
+    )
+    launch = replace(base.launches[0], kernel=v.kernel_name(p), per_image=units)
+    sizes = (
+        Size(
+            "thread",
+            f"{v.vec} channels x {v.rows} rows x {v.pixels} outputs",
+            f"one {v.vec * p.dtype.bytes}-byte word a pixel; {ctx['per_row']} run(s) and "
+            f"{bands} band(s) an image's rows, {ctx['vectors']} words a pixel",
+        ),
+        Size(
+            "registers",
+            f"{v.rows * v.pixels * v.vec} sums + {window * v.vec} weights",
+            f"the window's weights at once; {len(ctx['in_rows'])} input rows a band, "
+            f"{len(ctx['cols'])} input columns a row",
+        ),
+        Size(
+            "grid",
+            f"{units} threads an image",
+            f"bands x runs x words = {bands}*{ctx['per_row']}*{ctx['vectors']}",
+        ),
+    )
+    return replace(
+        base,
+        variant=v,
+        template="direct/dwrows.cu.j2",
+        launches=(launch,),
+        sizes=sizes,
+        context=ctx,
+    )
