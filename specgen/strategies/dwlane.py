@@ -446,14 +446,14 @@ class Dwrows(Dwlane):
 
 
 def band_rows(p, rows: int) -> list[tuple[int, list[tuple[int, int]]]]:
-    """A band's input rows, each as (its offset from the band's first output row's
-    window corner, oh0 * sh - pt, and the (output row, window row) pairs that read it),
-    in order: output row q's window row r reads input row q * sh + r * dh of it."""
-    (sh, _), (dh, _) = p.stride, p.dil
+    """A band's input rows, each as (its offset from oh0 * sh, the band's first output
+    row at the stride, and the (output row, window row) pairs that read it), in order:
+    output row q's window row r reads input row oh0 * sh + q * sh + r * dh - pt."""
+    (sh, _), (dh, _), pt = p.stride, p.dil, p.pads[0]
     users: dict[int, list[tuple[int, int]]] = {}
     for q in range(rows):
         for r in range(p.R):
-            users.setdefault(q * sh + r * dh, []).append((q, r))
+            users.setdefault(q * sh + r * dh - pt, []).append((q, r))
     return sorted(users.items())
 
 
@@ -488,7 +488,6 @@ def plan_dwrows(p, v) -> Plan:
         bands=bands,
         units=units,
         in_rows=band_rows(p, v.rows),
-        pt=p.pads[0],
         ragged_rows=p.Ho % v.rows != 0,
         w_loads=[
             (dst.replace("wr[", f"wr[{r}][", 1), q, at, n)
