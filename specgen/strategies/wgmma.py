@@ -305,6 +305,23 @@ class Wgmma(Variant):
         ]
 
 
+SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}  # an operand descriptor's layout type, by row bytes
+
+
+def descriptor(row: int = CHUNK_BYTES) -> dict:
+    """The context of the operand descriptor (``common/wgmma.j2``) for K-major tiles of
+    ``row``-byte rows in the swizzle of that width: the row, the bytes from one group of
+    8 rows to the next and the same in the descriptor's 16-byte units, and the layout
+    type.  wgmma's narrow rows take 64 or 32; wgplanar's, wgnchw's and wgwgrad's rows are
+    128 bytes."""
+    return dict(
+        desc_row=row,
+        desc_group=8 * row,
+        desc_group_units=8 * row // 16,
+        desc_mode=SWIZZLE_MODES[row],
+    )
+
+
 def ring_row(p: ConvProblem) -> int:
     """Bytes of a ring row (one map's or one pixel's channels of a chunk) for GEMM view
     ``p``: the narrowest of the 32- and 64-byte swizzles that holds a group's channels,
@@ -645,6 +662,9 @@ def plan_wgmma(problem: ConvProblem, v: Wgmma) -> Plan:
         ROW=row,
         units=units,
         ksteps=row // 32,  # a k step reads 32 bytes of a row
+        row_line=CHUNK_BYTES // row,  # rows a 128-byte line of the swizzle holds
+        wg_bytes=64 * row,  # a warpgroup's 64 map rows of a stage
+        **descriptor(row),
         BM=bm,
         BN=bn,
         NACC=nacc,

@@ -68,7 +68,7 @@ from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT, gemm_view, phases_of
-from .wgmma import REGISTERS, SMS
+from .wgmma import REGISTERS, SMS, descriptor
 
 CHUNK = 32  # channels a stage: a map's 128-byte row of B, four k8 steps
 ROW_BYTES = 128
@@ -636,7 +636,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         weight_format="mrsc.fp32",
         weight_transform="dgrad" if phased else "",
         sizes=sizes,
-        context=ctx,
+        context={**ctx, **descriptor()},  # 128-byte rows
         workspace_per_image=4 * v.splits * p.M * p.Ho * p.Wo if sliced else 0,
         # 3xTF32: a chunk's three products a channel summed apart by the tensor cores,
         # which truncate (twice fp32's rounding: counted twice), then the chunks' sums

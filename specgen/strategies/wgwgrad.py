@@ -80,6 +80,7 @@ from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, para
 from .mma import ROUNDING
 from .tcgemm import MATH, STAGE_LIMIT, flat_pixels
 from .tcwgrad import slice_kernel, slice_sums
+from .wgmma import descriptor
 
 CHUNK = 64  # pixels a stage: four k16 steps
 BLOCK = 64  # elements of a 128-byte row: a block of maps or channels
@@ -667,7 +668,7 @@ def sliced_plan(p, v, launches, smem, sizes, ctx, workspace, chunk: int) -> Plan
         const_bytes=0,
         weight_format="f32",
         sizes=sizes,
-        context=ctx,
+        context={**ctx, **descriptor()},  # 128-byte rows
         workspace_bytes=workspace,
         sum_depth=(p.Ho * p.Wo, v.splits, v.splits + chunk),
         arch="sm_90a",
