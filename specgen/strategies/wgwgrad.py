@@ -823,6 +823,9 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     else:
         main = slice_kernel(name, threads, grid, smem)
     if halo:
+        # the 16-byte units a stage's zero-fill writes, 8 a row: dy's rows past the band,
+        # x's past each box
+        zero_units = 8 * (h.tail_rows + len(h.phases) * h.x_tail)
         ctx.update(
             nb=1,
             hb=h.hb,
@@ -835,8 +838,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
             xrows=h.xrows,
             xread=h.xread,
             x_tail=h.x_tail,
-            # rows a stage's zero-fill writes: dy's past the band, x's past each box
-            zero_rows=h.tail_rows + len(h.phases) * h.x_tail,
+            zero_units=zero_units,
+            zero_all=v.stages * zero_units,  # those of every stage
             x_zero_from=h.xrows - h.tail_rows,  # x's row of fill row k, one phase
             phases=h.phases,
             phase_bytes=h.xread * 128,
