@@ -422,11 +422,11 @@ class Dwrows(Dwlane):
         if not depthwise(problem) or gathers(problem):
             return replace(seed, rows=2)  # the plan says why not
         fits = [v for v in vector_widths(problem.dtype) if problem.C % v == 0]
-        vec = next((v for v in fits if v * (2 + problem.R * problem.S) <= MAX_KEPT), None)
+        vec = next((v for v in fits if band_kept(problem, v, 2, 1) <= MAX_KEPT), None)
         if vec is None:
             return replace(seed, rows=2)
         pixels = 4
-        while pixels > 1 and vec * (2 * pixels + problem.R * problem.S) > MAX_KEPT:
+        while pixels > 1 and band_kept(problem, vec, 2, pixels) > MAX_KEPT:
             pixels -= 1
         return replace(seed, vec=vec, pixels=min(pixels, problem.Wo), threads=128, rows=2)
 
@@ -440,9 +440,15 @@ class Dwrows(Dwlane):
             for pixels in (1, 2, 4)
             for rows in BANDS
             for threads in THREADS
-            if vec * (rows * pixels + problem.R * problem.S) <= MAX_KEPT
+            if band_kept(problem, vec, rows, pixels) <= MAX_KEPT
         ]
         return list(dict.fromkeys(out))
+
+
+def band_kept(p, vec: int, rows: int, pixels: int) -> int:
+    """fp32 values a dwrows thread keeps at once: its band's sums and the whole window's
+    weights (``kept`` for dwlane's one window row)."""
+    return kept(vec, rows * pixels, p.R * p.S)
 
 
 def band_rows(p, rows: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -467,12 +473,12 @@ def plan_dwrows(p, v) -> Plan:
             f"C={p.C}, M={p.M} (choose --strategy dwlane)"
         )
         raise SpecError(f"dwrows: {why}")
-    base = plan_dwlane(p, replace(Dwlane(), vec=v.vec, pixels=v.pixels, threads=v.threads))
+    lane = Dwlane(vec=v.vec, pixels=v.pixels, threads=v.threads, precision=v.precision)
+    base = plan_dwlane(p, lane)  # its limits and its context, which the band's extends
     if not 2 <= v.rows <= p.Ho:
         raise SpecError(f"dwrows r{v.rows}: a band is 2 to Ho={p.Ho} output rows (one is dwlane's)")
     window = p.R * p.S
-    held = v.vec * (v.rows * v.pixels + window)
-    if held > MAX_KEPT:
+    if band_kept(p, v.vec, v.rows, v.pixels) > MAX_KEPT:
         raise SpecError(
             f"dwrows v{v.vec} p{v.pixels} r{v.rows}: {v.vec * v.rows * v.pixels} sums and "
             f"{v.vec * window} weights a thread, over {MAX_KEPT}; choose fewer --rows or "
