@@ -34,13 +34,14 @@ def parsed_or_rejected(spec: str):
 
 
 @st.composite
-def tiled_wgrads(draw, channel_blocks: int, tail=st.just("")):
+def tiled_wgrads(draw, channel_blocks: int, tail=st.just(""), unit: int = 64):
     """wgrad problems of 64-wide tiles (the warpgroup wgrads'): maps and channels a group
-    multiples of 64 (up to 3 x 64 maps and ``channel_blocks`` x 64 channels), windows
-    up to 3x3 over maps of up to 13x13, stride, dilation, every padding, a bias (db) or
-    none; ``tail``, drawn after the sizes, adds the dtype and layout."""
+    multiples of ``unit`` (up to 3 x 64 maps and ``channel_blocks`` x 64 channels),
+    windows up to 3x3 over maps of up to 13x13, stride, dilation, every padding, a bias
+    (db) or none; ``tail``, drawn after the sizes, adds the dtype and layout."""
     groups = draw(st.sampled_from([1, 1, 2]))
-    cg, mg = 64 * draw(st.integers(1, channel_blocks)), 64 * draw(st.integers(1, 3))
+    cg = unit * draw(st.integers(1, channel_blocks * 64 // unit))
+    mg = unit * draw(st.integers(1, 3 * 64 // unit))
     R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     H, W = draw(st.integers(R, 13)), draw(st.integers(S, 13))
     stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))

@@ -5,13 +5,15 @@ the planner take it, and its numbers on drawn problems (GPU tier)."""
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from problems import GPU_DRAWS, default_and_drawn, tiled_wgrads, verify_on_the_gpu
+from problems import DRAWN_COMPILES, GPU_DRAWS, default_and_drawn, tiled_wgrads
+from problems import verify_on_the_gpu
 from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
+from specgen.render import render
 from specgen.shapes import PRESETS, Op, parse_shape
 from specgen.strategies import default_set, parse_variant_name
 from specgen.strategies.wgnchw import Wgnchw
@@ -20,6 +22,15 @@ from ptx import SERIALIZED, compiled, ptx_of
 
 TF32, FP32 = Precision.TF32, Precision.FP32
 RESNET_7X7 = "C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad"  # resnet50's last 3x3, B=32
+# mobilenet_v2's 1x1 wgrads whose maps no tile of 64 divides, or whose channels no tile of
+# 64: 96 -> 24, 24 -> 144 and 576 -> 96 (B=64 in its training step); and two groups of
+# 24 channels into 24 maps, a 3x3 window, and a bias.
+RAGGED = (
+    "C=96,M=24,H=56,W=56,K=1,pad=0,op=wgrad",
+    "C=24,M=144,H=56,W=56,K=1,pad=0,bias=1,op=wgrad",
+    "C=576,M=96,H=14,W=14,K=1,pad=0,op=wgrad",
+    "C=48,M=48,H=9,W=11,K=3,pad=1,groups=2,bias=1,op=wgrad",
+)
 
 
 @pytest.mark.parametrize("precision", [TF32, FP32])
@@ -72,6 +83,59 @@ def test_every_tune_candidate_plans_and_compiles_unserialized():
     assert n >= 16
 
 
+@pytest.mark.parametrize("spec", RAGGED)
+def test_ragged_maps_and_narrow_channels_compile_with_their_guards(spec):
+    """Maps that no tile of 64 divides take the fewest warpgroups that hold them (the
+    last tile's rows past them copied as zeros and not stored); channels that none of
+    64, 128 and 256 divides, a tile of their own multiple of 8 (wgmma's N). The default
+    and the tune space's first and last members, in both maths, compile without spills
+    and unserialized (the GPU tier runs every member)."""
+    p = parse_shape(spec)
+    n = 0
+    for precision in (TF32, FP32):
+        default = Wgnchw.default(p, precision)
+        space = Wgnchw.space(p, precision)
+        assert default in space
+        for v in dict.fromkeys([default, space[0], space[-1]]):
+            plan = make_plan(p, v)
+            bm, bn = v.blocktile
+            assert p.Cg % bn == 0 and bn % 8 == 0 and bm % 64 == 0 and bm < p.Mg + 64
+            assert plan.context["guard_maps"] == (p.Mg % bm != 0)
+            if p.Mg % bm:
+                assert f"< {p.Mg};  // rows past the maps" in render(plan)
+            assert plan.launches[0].grid[1] == -(-p.Mg // bm) * p.groups
+            binary = compiled(plan)
+            assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+            assert f"m64n{bn}k8.f32.tf32.tf32" in ptx_of(plan)
+            n += 1
+    assert n >= 2
+
+
+def test_the_fit_fills_the_sms_with_slices_where_the_tiles_are_few():
+    """A 1x1 layer of 96 channels into 24 maps is one tile: a slice of the batch's pixels
+    a block, one an SM (before, at most 16 slices kept 116 SMs idle); 24 channels into
+    144 maps, one tile of 192 maps (three warpgroups, the last 48 rows zeros)."""
+    p = replace(parse_shape(RAGGED[0]), batch=64)
+    v = Wgnchw.default(p, TF32)
+    assert v.blocktile == (64, 96) and v.splits == 132
+    p = replace(parse_shape(RAGGED[1]), batch=64)
+    assert Wgnchw.default(p, TF32).blocktile == (192, 24)
+    # in fp32 math at most 128 channels: 144 take tiles of 72
+    p = replace(parse_shape("C=144,M=24,H=56,W=56,K=1,pad=0,op=wgrad"), batch=64)
+    assert Wgnchw.default(p, FP32).blocktile == (64, 72)
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None)
+@given(p=tiled_wgrads(channel_blocks=2, unit=8), pick=st.integers(0, 10**6))
+def test_drawn_narrow_tiles_compile_without_spills(p, pick):
+    """Maps and channels a group drawn in multiples of 8: the default and a member of the
+    space plan and compile for sm_90a without spills, unserialized."""
+    assume(Wgnchw.space(p, TF32))
+    for v in default_and_drawn(p, Wgnchw, TF32, pick):
+        binary = compiled(make_plan(p, v))
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (p.spec, v.name)
+
+
 def test_the_tune_the_default_set_and_the_planner_take_it():
     """In the default set and tune's space of an fp32 NCHW wgrad, in tf32 and fp32 math,
     not for other layouts and dtypes; the planner's pick for wide layers on sm_90a, in
@@ -100,9 +164,17 @@ def test_the_tune_the_default_set_and_the_planner_take_it():
         ),
         (RESNET_7X7, "wgnchw_b64x256_p2_s1_fp32", "at most 128 x 128 in fp32 math"),
         (RESNET_7X7, "wgnchw_b96x128_p4_s1_tf32", "64 maps"),
-        (RESNET_7X7, "wgnchw_b128x96_p4_s1_tf32", "wgmma's N"),
-        ("C=512,M=192,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x128_p4_s1_tf32", "64"),
-        ("C=96,M=512,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x128_p4_s1_tf32", "tc3wgrad"),
+        (RESNET_7X7, "wgnchw_b128x100_p4_s1_tf32", "wgmma's N"),
+        (RESNET_7X7, "wgnchw_b128x96_p4_s1_tf32", "choose one of"),
+        ("C=96,M=512,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x64_p4_s1_tf32", "16, 24, 32"),
+        ("C=12,M=512,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b128x8_p4_s1_tf32", "tc3wgrad"),
+        ("C=40,M=192,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b192x40_p4_s1_tf32", "12 warps"),
+        ("C=256,M=3,H=7,W=7,K=3,pad=1,op=wgrad", "wgnchw_b64x128_p4_s1_tf32", "tc3wgrad"),
+        (
+            "C=64,M=96,H=7,W=7,K=3,pad=1,op=wgrad",
+            "wgnchw_b256x64_p4_s1_tf32",
+            "choose one of 64, 128 maps",
+        ),
         (RESNET_7X7, "wgnchw_b256x256_p2_s1_tf32", "at most 128 x 256"),
         (RESNET_7X7, "wgnchw_b128x256_p8_s1_tf32", "--stages 4"),
     ],
@@ -135,6 +207,29 @@ def test_drawn_problems_on_the_gpu(p, batch, pick, precision):
     against the float64 reference (3xTF32's bound is fp32's): slices past the batch's
     pixels, chunks across images, the taps' zero-fill, groups, db."""
     verify_on_the_gpu(p, default_and_drawn(p, Wgnchw, precision, pick), batch)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, **GPU_DRAWS)
+@given(
+    p=tiled_wgrads(channel_blocks=2, unit=8),
+    batch=st.integers(1, 5),
+    pick=st.integers(0, 10**6),
+    precision=st.sampled_from([TF32, FP32]),
+)
+def test_drawn_narrow_tiles_on_the_gpu(p, batch, pick, precision):
+    """Maps and channels a group in multiples of 8: ragged map tiles, channel tiles of
+    their own width, against the float64 reference."""
+    assume(Wgnchw.space(p, precision))
+    verify_on_the_gpu(p, default_and_drawn(p, Wgnchw, precision, pick), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", RAGGED)
+def test_ragged_maps_and_narrow_channels_on_the_gpu(spec):
+    """Every member of the tune space, in tf32 and 3xTF32, against float64."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, Wgnchw.space(p, TF32) + Wgnchw.space(p, FP32), 2)
 
 
 @pytest.mark.gpu

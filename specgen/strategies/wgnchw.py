@@ -17,6 +17,11 @@ landed: hi, the word rounded to tf32, in place, and lo = v - hi into a second ti
 stage; a chunk's products lo x hi, hi x lo and hi x hi start from zero on the tensor cores
 and are added to the thread's sums in fp32, as the tensor cores' own sums truncate.
 
+A tile's maps need not divide the group's: the last tile's rows past them are copied as
+zeros (the copies' zero-fill) and never stored, so mobilenet's 24, 96 or 144 maps take
+one or two warpgroups of 64.  Its channels are any multiple of 8 up to 256 that divides
+the group's (wgmma's N): 24, 96 or 144 channels are a tile of their own.
+
 The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
 block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
 the rows in order, so the result is deterministic.  db rides along on the blocks of the
@@ -28,24 +33,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Plan, Size
+from ..plan.common import Plan, Size, choices
 from ..shapes import DType, Op, TensorLayout
 from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, param
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
 from .wgwgrad import CHANNEL_TILES, MAP_TILES, MOST_SUMS, SMS, grid_size, ring_limits
-from .wgwgrad import (
-    reduction_chunks,
-    sliced_plan,
-    slices_for,
-    tile_count,
-    tile_limits,
-    tiled_space,
-)
+from .wgwgrad import MOST_SLICES, SLICE_CHUNKS, reduction_chunks, sliced_plan, slices_for
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
 ONES_BYTES = 1024  # db's tile of ones: one 8-row group of 128 bytes
+RAGGED_MAP_TILES = (64, 128, 192, 256)  # where none of MAP_TILES divides a group's maps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,40 +75,101 @@ class Wgnchw(Variant):
     @classmethod
     def fit(cls, problem, seed):
         """The widest tile of channels that divides a group's, then the widest of maps
-        that does with at most 128 x 256 sums a block; the most stages that fit, up to 8;
-        slices for one block an SM."""
+        that does with at most 128 x 256 sums a block (where none does, the fewest maps
+        that hold the group's); the most stages that fit, up to 8; slices for one block
+        an SM."""
         p = problem
-        bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0), default=seed.blocktile[1])
         three = seed.precision is Precision.FP32
-        if three:
-            bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0 and d <= 128), default=bn)
-        bm = max(
-            (d for d in MAP_TILES if p.Mg % d == 0 and _sums_fit(d, bn, three)),
-            default=seed.blocktile[0],
-        )
+        widest = 128 if three else 256
+        channels = channel_tiles(p, widest)
+        bn = max((d for d in channels if d in CHANNEL_TILES), default=None)
+        bn = bn or max(channels, default=seed.blocktile[1])
+        maps = [d for d in MAP_TILES if p.Mg % d == 0]
+        bm = max((d for d in maps if _sums_fit(d, bn, three)), default=None)
+        if not maps:
+            ragged = [
+                d for d in ragged_map_tiles(p) if _sums_fit(d, bn, three) and bn % _warps(d) == 0
+            ]
+            bm = min((d for d in ragged if d >= p.Mg), default=max(ragged, default=None))
+        bm = bm or seed.blocktile[0]
         stages = max(2, min(8, _most_stages(bm, bn, three)))
-        tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = slices_for(SMS, tiles, reduction_chunks(p, CHUNK)) if tiles else seed.splits
+        tiles = _tile_count(p, bm, bn)  # none where no tile fits: the plan says why
+        splits = _slices(p, SMS, tiles) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
     def space(cls, problem, precision):
-        """Every tile that divides the group's maps and channels, with 4 and the most
-        stages up to 8 that fit, and slices for one and two blocks an SM."""
+        """Every tile of the maps (those of MAP_TILES that divide the group's, else the
+        ragged ones) and channels (those of CHANNEL_TILES that divide the group's, and the
+        widest multiple of 8 that does), with 4 and the most stages up to 8 that fit, and
+        slices for one and two blocks an SM."""
         if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
         three = precision is Precision.FP32
         if problem.layout is not TensorLayout.NCHW:
             return []
-        return tiled_space(
-            cls,
-            problem,
-            precision,
-            lambda bm, bn: _most_stages(bm, bn, three),
-            lambda most: {4, min(8, most)},
-            CHUNK,
-            fits=lambda bm, bn: _sums_fit(bm, bn, three),
-        )
+        out = []
+        for bm, bn in _space_tiles(problem, three):
+            most, tiles = _most_stages(bm, bn, three), _tile_count(problem, bm, bn)
+            for stages in sorted(s for s in {4, min(8, most)} if s <= most):
+                for blocks in (SMS, 2 * SMS):
+                    splits = _slices(problem, blocks, tiles)
+                    out.append(
+                        cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
+                    )
+        return list(dict.fromkeys(out))
+
+
+def channel_tiles(p, widest: int = 256) -> list[int]:
+    """A tile's channels: wgmma's N, a multiple of 8 from 16 up to ``widest``, dividing
+    the group's channels (a tile of 8 would leave the tensor cores idle on m64n8)."""
+    return [d for d in range(16, widest + 1, 8) if p.Cg % d == 0]
+
+
+def ragged_map_tiles(p) -> list[int]:
+    """Where no tile of MAP_TILES divides a group's maps, and they are a multiple of 8
+    from 16 (fewer would leave a warpgroup's 64 rows mostly zeros): the tiles of
+    RAGGED_MAP_TILES whose last one holds some of them in every warpgroup (fewer than
+    64 padding rows)."""
+    if p.Mg % 8 or p.Mg < 16:
+        return []
+    return [d for d in RAGGED_MAP_TILES if d < p.Mg + 64]
+
+
+def _space_tiles(p, three: bool) -> list[tuple[int, int]]:
+    widest = 128 if three else 256
+    channels = channel_tiles(p, widest)
+    bns = [d for d in CHANNEL_TILES if d in channels] + channels[-1:]
+    bms = [d for d in MAP_TILES if p.Mg % d == 0] or ragged_map_tiles(p)
+    return [
+        (bm, bn)
+        for bm in bms
+        for bn in dict.fromkeys(bns)
+        if _sums_fit(bm, bn, three) and bn % _warps(bm) == 0
+    ]
+
+
+def _warps(bm: int) -> int:
+    """A block's warps: a warpgroup of four for each 64 maps."""
+    return bm // 16
+
+
+def _slices(p, blocks: int, tiles: int) -> int:
+    """``slices_for``'s, or where its most slices leave the grid under ``blocks`` blocks
+    (a 1x1 layer's one or two tiles): ``blocks // tiles``, a slice walking at least
+    SLICE_CHUNKS of the reduction's chunks."""
+    chunks = reduction_chunks(p, CHUNK)
+    if tiles * MOST_SLICES < blocks:
+        return max(1, min(blocks // tiles, chunks // SLICE_CHUNKS, 65535))
+    return slices_for(blocks, tiles, chunks)
+
+
+def _tile_count(p, bm: int, bn: int) -> int:
+    """The blocks of one slice: a tile of bm maps (the last one ragged) x bn channels of
+    each tap and group; none where the channels do not divide."""
+    if p.Cg % bn:
+        return 0
+    return p.R * p.S * (p.Cg // bn) * -(-p.Mg // bm) * p.groups
 
 
 def _stage_bytes(bm: int, bn: int, three: bool) -> int:
@@ -132,6 +192,36 @@ def _sums_fit(bm: int, bn: int, three: bool) -> bool:
     return bm * bn <= MOST_SUMS
 
 
+def _tile_limits(p, v: Wgnchw) -> None:
+    """bm maps (a multiple of 64 up to 256) x bn channels (a multiple of 8 up to 256 that
+    divides the group's, and the warps' rows of it)."""
+    bm, bn = v.blocktile
+    at = f"wgnchw b{bm}x{bn}"
+    if bm not in RAGGED_MAP_TILES:
+        raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256")
+    if p.Mg % bm and bm not in ragged_map_tiles(p):
+        fits = [d for d in MAP_TILES if p.Mg % d == 0] or ragged_map_tiles(p)
+        raise SpecError(
+            f"{at}: {bm} maps must divide the {p.Mg} maps of a group, or hold a multiple of "
+            "8 from 16 with fewer than 64 to spare; "
+            + (f"choose one of {choices(fits)} maps" if fits else "use --strategy tc3wgrad")
+        )
+    if bn % 8 or not 8 <= bn <= 256:
+        raise SpecError(f"{at}: the channels of a tile are wgmma's N, a multiple of 8 up to 256")
+    if p.Cg % bn:
+        fits = channel_tiles(p)
+        raise SpecError(
+            f"{at}: {bn} channels must divide the {p.Cg} channels of a group (a tile is one "
+            "tap's); "
+            + (f"choose one of {choices(fits)} channels" if fits else "use --strategy tc3wgrad")
+        )
+    if bn % _warps(bm):
+        raise SpecError(
+            f"{at}: the tile's {bn} channel rows split among its {_warps(bm)} warps; "
+            f"choose a multiple of {_warps(bm)} channels or fewer maps"
+        )
+
+
 def plan_wgnchw(p, v: Wgnchw) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NCHW:
@@ -146,7 +236,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         )
     three = v.three_tf32
     bm, bn = v.blocktile
-    tile_limits(p, v, "tc3wgrad")
+    _tile_limits(p, v)
     if not _sums_fit(bm, bn, three):
         most = "128 x 128 in fp32 math" if three else "128 x 256 or 256 x 128"
         raise SpecError(
@@ -171,7 +261,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
     threads = 128 * warpgroups
     warps = threads // 32
     CgRS = p.Cg * p.R * p.S
-    col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), p.Mg // bm
+    col_tiles, map_tiles = p.R * p.S * (p.Cg // bn), -(-p.Mg // bm)
     P = p.Ho * p.Wo
     name = v.kernel_name(p)
     ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
@@ -216,6 +306,7 @@ def plan_wgnchw(p, v: Wgnchw) -> Plan:
         pt=pt,
         pl=pl,
         map_tiles=map_tiles,
+        guard_maps=p.Mg % bm != 0,  # the last tile's rows past the group's maps
         precision_note=(
             "x and dy split into tf32 hi + lo, lo x hi + hi x lo + hi x hi a chunk from "
             "zero, added to the sums in fp32"
