@@ -19,8 +19,8 @@ and are added to the thread's sums in fp32, as the tensor cores' own sums trunca
 
 A tile's maps need not divide the group's: the last tile's rows past them are copied as
 zeros (the copies' zero-fill) and never stored, so mobilenet's 24, 96 or 144 maps take
-one or two warpgroups of 64.  Its channels are any multiple of 8 up to 256 that divides
-the group's (wgmma's N): 24, 96 or 144 channels are a tile of their own.
+one to three warpgroups of 64.  Its channels are any multiple of 8 from 16 to 256 that
+divides the group's (wgmma's N): 24, 96 or 144 channels are a tile of their own.
 
 The batch's pixels are cut into ``splits`` contiguous slices, one block plane each; a
 block writes its fp32 sums to its slice's workspace row and ``backward/tc_sums.j2`` adds
