@@ -315,13 +315,13 @@ def flat_tma_problems(draw):
 
 
 @st.composite
-def depthwise_problems(draw, largest: int = 15):
-    """Depthwise layers in channels-last: stride, dilation, every padding form,
-    rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the
+def depthwise_problems(draw, largest: int = 15, layout: str = "nhwc"):
+    """Depthwise layers in channels-last (or ``layout``): stride, dilation, every padding
+    form, rectangular windows, bias and ReLU, the three dtypes, forward and dgrad (the
     forward view at stride 1, the gather past it), channel counts that take 16-, 8-
     and 4-byte words."""
     C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
-    return _nhwc_layer(draw, C, C, C, largest, taps=7)
+    return _nhwc_layer(draw, C, C, C, largest, taps=7, layout=layout)
 
 
 @st.composite
@@ -336,11 +336,11 @@ def narrow_group_problems(draw, largest: int = 13):
     return _nhwc_layer(draw, groups * cg, groups * mg, groups, largest, taps=5)
 
 
-def _nhwc_layer(draw, C, M, groups, largest, taps):
-    """A drawn channels-last layer of these channels and groups: a window of 1 to
-    ``taps`` a side, dilation, an image of up to ``largest`` a side, stride, every
-    padding form within the window's reach, the three dtypes, fprop or dgrad, bias and
-    ReLU on half the forward passes."""
+def _nhwc_layer(draw, C, M, groups, largest, taps, layout: str = "nhwc"):
+    """A drawn channels-last (or ``layout``) layer of these channels and groups: a window
+    of 1 to ``taps`` a side, dilation, an image of up to ``largest`` a side, stride,
+    every padding form within the window's reach, the three dtypes, fprop or dgrad, bias
+    and ReLU on half the forward passes."""
     R, S = draw(st.integers(1, taps)), draw(st.integers(1, taps))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     H = draw(st.integers(dil[0] * (R - 1) + 1, largest))
@@ -352,7 +352,7 @@ def _nhwc_layer(draw, C, M, groups, largest, taps):
     spec = (
         f"C={C},M={M},H={H},W={W},K={R}x{S},pad={'x'.join(map(str, pads))},"
         f"stride={stride[0]}x{stride[1]},dil={dil[0]}x{dil[1]},groups={groups},"
-        f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout=nhwc,op={op}"
+        f"dtype={draw(st.sampled_from(['fp32', 'fp16', 'bf16']))},layout={layout},op={op}"
     )
     if op == "fprop" and draw(st.booleans()):
         spec += ",bias=1,act=relu"

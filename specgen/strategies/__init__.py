@@ -13,6 +13,7 @@ from ..variants import Precision, Variant, register_table, split_problem_tags
 from .direct import Direct
 from .drow import Drow
 from .dwlane import Dwlane, Dwrows
+from .dwplane import Dwplane
 from .flane import Flane
 from .im2col import Im2col
 from .implicit import Implicit
@@ -62,6 +63,7 @@ TABLE: tuple[type[Variant], ...] = (
     Flane,
     Dwlane,
     Dwrows,
+    Dwplane,
     Mmapersist,
     Mmastrip,
     Mmafold,
