@@ -105,11 +105,24 @@ def test_the_planned_grid_is_one_flat_walk_of_the_rows():
     """Every run of every output row of every plane a thread, runs fastest: 960 planes of
     7 rows of 4 runs of 2 (the last cut short) at a batch of 64."""
     p = replace(parse_shape(LAYERS[2]), batch=64)
-    plan = _planned(p)
+    plan = _planned(p, replace(Dwplane.default(p, FP32), pixels=2, threads=256))
     launch = plan.launches[0]
     assert plan.context["per_row"] == 4 and plan.context["ragged"]
     assert launch.per_image == 960 * 7 * 4 and plan.weight_format == "f32"
     assert launch.grid_for(64)[0] == -(-64 * 960 * 7 * 4 // 256)
+
+
+def test_the_fit_and_the_planner_take_the_tuned_runs():
+    """Whole rows of the narrow planes, 4 outputs on wide ones, 2 or 1 when strided (as
+    tuned on mobilenet_v2's layers); the planner's pick for NCHW depthwise forward passes
+    and stride-1 dgrads, not for the strided dgrad nor for channels-last."""
+    from specgen.choose import planned
+
+    names = [planned(parse_shape(s), False).variant.name for s in LAYERS[:3]]
+    assert names == ["dwplane_p4_t256_fp32", "dwplane_p2_t128_fp32", "dwplane_p7_t64_fp32"]
+    assert planned(parse_shape(LAYERS[0] + ",op=dgrad"), False).variant.key == "dwplane"
+    assert planned(parse_shape(LAYERS[1] + ",op=dgrad"), False).variant.key != "dwplane"
+    assert planned(parse_shape(LAYERS[0] + ",layout=nhwc"), False).variant.key != "dwplane"
 
 
 @pytest.mark.parametrize(

@@ -52,8 +52,16 @@ class Dwplane(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """Runs of 2 outputs (one where a row has one), 256 threads a block."""
-        return replace(seed, pixels=min(2, problem.Wo), threads=256)
+        """At stride 1 runs of 4 outputs in blocks of 256 threads on rows wider than 28,
+        whole rows up to 8 outputs in blocks of 64 on narrower ones; strided, runs of 2
+        (1 on rows of up to 7) in blocks of 128.  mobilenet_v2's fp32 layers at B=64
+        (H200, 2026-11-30, tuned over the space): 112- and 56-wide rows p4 t256, 28- and
+        14-wide p8 t64, 7-wide p7 t64; strided p2 t128 to 28-wide outputs, p1 t128 at 7."""
+        p = problem
+        if p.stride == (1, 1):
+            wide = p.Wo > 28
+            return replace(seed, pixels=4 if wide else min(8, p.Wo), threads=256 if wide else 64)
+        return replace(seed, pixels=1 if p.Wo <= 7 else 2, threads=128)
 
     @classmethod
     def space(cls, problem, precision):
