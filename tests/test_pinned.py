@@ -232,6 +232,7 @@ EPILOGUE_PROBLEMS = [
     "C=256,M=3,H=32,W=32,K=3,pad=1,dtype=bf16,layout=nhwc",
     "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc",
     "C=3,M=64,H=32,W=32,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc",  # a stem (mmafew)
+    "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32,dtype=bf16",  # depthwise in NCHW (dwplane)
 ]
 FORWARD = [
     cls for cls in TABLE if Op.FPROP in cls.ops and {Feature.BIAS, Feature.ACT} <= set(cls.serves)
