@@ -39,7 +39,7 @@ from ..variants import EPILOGUE, GEOMETRY, Count, Pair, Precision, Variant, para
 from .tcgemm import STAGE_LIMIT
 from .tcwgrad import slice_kernel, slice_sums
 from .wgwgrad import CHANNEL_TILES, MAP_TILES, MOST_SUMS, SMS, grid_size, ring_limits
-from .wgwgrad import MOST_SLICES, SLICE_CHUNKS, reduction_chunks, sliced_plan, slices_for
+from .wgwgrad import reduction_chunks, sliced_plan, slices_for
 
 CHUNK = 32  # pixels a stage: a 128-byte row of fp32 words, four k8 steps
 ROW_BYTES = 128
@@ -94,7 +94,7 @@ class Wgnchw(Variant):
         bm = bm or seed.blocktile[0]
         stages = max(2, min(8, _most_stages(bm, bn, three)))
         tiles = _tile_count(p, bm, bn)  # none where no tile fits: the plan says why
-        splits = _slices(p, SMS, tiles) if tiles else seed.splits
+        splits = slices_for(SMS, tiles, reduction_chunks(p, CHUNK)) if tiles else seed.splits
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -113,7 +113,7 @@ class Wgnchw(Variant):
             most, tiles = _most_stages(bm, bn, three), _tile_count(problem, bm, bn)
             for stages in sorted(s for s in {4, min(8, most)} if s <= most):
                 for blocks in (SMS, 2 * SMS):
-                    splits = _slices(problem, blocks, tiles)
+                    splits = slices_for(blocks, tiles, reduction_chunks(problem, CHUNK))
                     out.append(
                         cls(blocktile=(bm, bn), stages=stages, splits=splits, precision=precision)
                     )
@@ -152,16 +152,6 @@ def _space_tiles(p, three: bool) -> list[tuple[int, int]]:
 def _warps(bm: int) -> int:
     """A block's warps: a warpgroup of four for each 64 maps."""
     return bm // 16
-
-
-def _slices(p, blocks: int, tiles: int) -> int:
-    """``slices_for``'s, or where its most slices leave the grid under ``blocks`` blocks
-    (a 1x1 layer's one or two tiles): ``blocks // tiles``, a slice walking at least
-    SLICE_CHUNKS of the reduction's chunks."""
-    chunks = reduction_chunks(p, CHUNK)
-    if tiles * MOST_SLICES < blocks:
-        return max(1, min(blocks // tiles, chunks // SLICE_CHUNKS, 65535))
-    return slices_for(blocks, tiles, chunks)
 
 
 def _tile_count(p, bm: int, bn: int) -> int:

@@ -597,7 +597,14 @@ def slices_for(blocks: int, tiles: int, chunks: int | None = None) -> int:
     length.  One slice of 144 tiles ran vgg11's widest fp32 wgrad (C=M=512, 28x28,
     B=32) in 3.66 ms against cuDNN's 0.83: its second wave of blocks held 12 (H200,
     2026-11-28); resnet18's bf16 wgrad of 256 channels into 512 maps over 1x1 dy maps
-    at B=128, two chunks of pixels, ran in 7 slices in 0.027 ms against cuDNN's 0.009."""
+    at B=128, two chunks of pixels, ran in 7 slices in 0.027 ms against cuDNN's 0.009.
+    Where even ``MOST_SLICES`` slices leave the grid under ``blocks`` (a layer of a few
+    tiles, as a 1x1 layer's), ``blocks // tiles``: mobilenet_v2's 1x1 fp32 wgrad of 96
+    channels into 24 maps, one tile, ran on wgnchw in tf32 in 0.037 ms at 264 slices
+    (cuDNN 0.040) where 16 slices had left 116 of the 132 SMs idle (H200, 2026-11-30)."""
+    if tiles * MOST_SLICES < blocks:
+        deepest = 65535 if chunks is None else max(1, chunks // SLICE_CHUNKS)
+        return max(1, min(blocks // tiles, deepest, 65535))
 
     def filled(s: int) -> float:
         n = tiles * s
