@@ -572,8 +572,13 @@ def moves_ms(problem: ConvProblem, gpu: str) -> float:
     once and written once at the GPU's measured copy rate, else ``COPY_RATE``."""
     size = 4 if problem.dtype is DType.FP32 else 2
     moved = sum(prod(role_shape(r, problem, problem.batch)) for r in MOVED[problem.op]) * size
-    rate = (measured.ceilings(gpu) or {}).get("copy_bytes_per_s") or COPY_RATE
-    return 2 * moved / rate * 1e3
+    return 2 * moved / copy_rate(gpu) * 1e3
+
+
+def copy_rate(gpu: str) -> float:
+    """Bytes a second, read and written together, of the GPU's measured copies, else
+    ``COPY_RATE``."""
+    return (measured.ceilings(gpu) or {}).get("copy_bytes_per_s") or COPY_RATE
 
 
 FASTEST = 2
@@ -595,18 +600,46 @@ def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, a
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))
     if problem.op is not Op.WGRAD or problem.groups != 1 or problem.C >= PAD_CHANNELS_BELOW:
         return here
-    fast = speed_class(choose(here, gpu, allow_tf32, arch).variant)
+    found = choose(here, gpu, allow_tf32, arch)
+    fast = speed_class(found.variant)
     for width in PAD_WIDTHS:
         if problem.C % width == 0:
             continue
         wide = replace(problem, C=ceil_div(problem.C, width) * width)
         try:
             wide = replace(wide, layout=computed_layout(wide, gpu, allow_tf32, arch))
-            if speed_class(choose(wide, gpu, allow_tf32, arch).variant) > fast:
-                return wide
+            padded = choose(wide, gpu, allow_tf32, arch)
+            if speed_class(padded.variant) > fast:
+                return here if _faster_unpadded(here, found, wide, padded, gpu) else wide
         except SpecError:
             continue
     return here
+
+
+def _faster_unpadded(here, found: Choice, wide, padded: Choice, gpu: str) -> bool:
+    """Whether the measured winner of wgrad ``here`` runs faster than the measured one
+    of its padded form ``wide`` with the copies that padding takes (``pad_moves_ms``),
+    each per image of the batch it was timed at; False where either is unmeasured.  A
+    network's first layer in tf32 (H200, 2026-11-30, each op as the layer table times
+    it): mobilenet_v2's 3x3 stem at B=64 took 0.242 ms over 4 channels in NHWC on
+    tcwgrad's tf32 against 0.172 on wtap's fp32 in place (cuDNN tf32 0.188), resnet50's
+    7x7 at B=32 0.299 against 0.239 (cuDNN 0.286)."""
+    if found.ms is None or padded.ms is None or "planned" in (found.source, padded.source):
+        return False
+    at = padded.batch or here.batch
+    moved = pad_moves_ms(replace(here, batch=at), replace(wide, batch=at), gpu)
+    return found.ms / (found.batch or here.batch) <= (padded.ms + moved) / at
+
+
+def pad_moves_ms(here: ConvProblem, wide: ConvProblem, gpu: str) -> float:
+    """The ms the operator spends computing wgrad ``here`` as ``wide``, its channels
+    padded (and perhaps in the other layout): x read and written padded, and where the
+    layout changes dy read and written there too (a layer of so few channels is a
+    network's first, whose input wants no gradient: no dgrad moves dy for it)."""
+    size = 4 if here.dtype is DType.FP32 else 2
+    x = prod(role_shape(Role.X, here, here.batch)) + prod(role_shape(Role.X, wide, here.batch))
+    dy = 2 * prod(role_shape(Role.DY, here, here.batch)) if wide.layout is not here.layout else 0
+    return (x + dy) * size / copy_rate(gpu) * 1e3
 
 
 def speed_class(v: Variant) -> int:

@@ -564,6 +564,39 @@ def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_
     assert with_winners("fast", 0.14, 0.14 - moves / 1.5, rate=2 * COPY_RATE) is TensorLayout.NHWC
 
 
+def test_a_stem_wgrad_is_padded_only_where_the_padded_winner_pays_for_its_copies(
+    tmp_path, monkeypatch
+):
+    """computed_problem with measured winners for a 3-channel wgrad in place (fp32 math)
+    and over 4 channels in NHWC (tf32): padded only where the padded winner beats the
+    one in place by more than its copies take (``pad_moves_ms``: x read and written
+    padded, dy moved to NHWC, at ``COPY_RATE`` here); with no winner in place, padded."""
+    from specgen.choose import COPY_RATE, computed_problem, pad_moves_ms
+
+    gpu = "GPU X"
+    stem = ConvProblem(
+        C=3, M=32, H=224, W=224, R=3, S=3, stride=(2, 2), pads=(1,) * 4, op=Op.WGRAD, batch=64
+    )
+    wide = replace(stem, C=4, layout=TensorLayout.NHWC)
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "none"))
+    assert computed_problem(stem, gpu, True) == wide  # untuned: the tensor cores' math
+    moves = pad_moves_ms(stem, wide, gpu)
+    x, x4 = 64 * 3 * 224 * 224 * 4, 64 * 4 * 224 * 224 * 4  # x, and x padded
+    dy = 64 * 32 * 112 * 112 * 4
+    assert moves == pytest.approx((x + x4 + 2 * dy) / COPY_RATE * 1e3)
+    here_v = parse_variant_name("wtap_t3_m8_c3_p4_r2x1_w1_q3_s132_fp32")
+    wide_v = parse_variant_name("tcwgrad_b64x64_w2x1_k32_p3_s528_tf32")
+
+    def with_winners(folder, ms_here, ms_wide):
+        monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
+        winner(stem, here_v.name, ms_here, "fp32", gpu, batch=64)
+        winner(wide, wide_v.name, ms_wide, "tf32", gpu, batch=64)
+        return computed_problem(stem, gpu, True)
+
+    assert with_winners("short", 0.17, 0.17 - moves / 2) == stem
+    assert with_winners("long", 0.17, 0.17 - 2 * moves) == wide
+
+
 def test_a_layer_tuned_at_two_batches_takes_the_winner_at_the_nearest():
     """resnet50's and resnet18's whole-model tunes both shipped a winner for the bf16 3x3
     wgrad over 7x7 maps of 512 channels, at batch 32 and at 64: a call takes the one
