@@ -130,3 +130,21 @@ def run_on_cpu(plan, arrays: list, batch: int):
         grid = launch.grid_for(batch)
         assert grid[1:] == (1, 1) and launch.block[1:] == (1, 1), "a one-axis grid only"
         run(*args, ctypes.c_uint(grid[0]), ctypes.c_uint(launch.block[0]))
+
+
+def judged_on_cpu(p, plan, batch: int = 2) -> dict:
+    """``plan`` (for problem ``p``) run on the CPU for ``batch`` images over fresh random
+    inputs, its output poisoned with NaN first, and judged against the float64
+    reference (``verify.judge``'s verdict)."""
+    from specgen.runtime import dgrad_weights, pack_weights
+    from specgen.tensors import Role, outputs, role_shape, to_storage
+    from specgen.verify import judge, random_inputs
+
+    inputs, w, b = random_inputs(p, batch, np.random.default_rng())
+    weights = dgrad_weights(w, p.groups) if plan.weight_transform else w
+    packed = pack_weights(weights, plan.weight_format)
+    (out,) = outputs(p)
+    y = to_storage(np.full(role_shape(out, p, batch), np.nan, np.float32), p.dtype)
+    given = {**inputs, Role.W: packed, Role.BIAS: b, out: y, Role.BATCH: batch}
+    run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
+    return judge(p, plan, batch, inputs, w, b, {out: y})

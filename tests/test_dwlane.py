@@ -27,7 +27,6 @@ from specgen.reference import conv2d, conv2d_dgrad
 from specgen.render import render
 from specgen.shapes import Op, parse_shape
 from specgen.strategies import Dwlane, Dwrows
-from specgen.tensors import Role
 from specgen.variants import Precision
 
 # MobileNetV2's depthwise layers at 224x224 (its first, a strided one, a 14x14 one),
@@ -309,20 +308,8 @@ def test_drawn_narrow_groups_run_on_the_cpu_match_float64(p):
 def _run_emitted_on_the_cpu(p, variant=None):
     """The default's (or ``variant``'s) emitted kernel run on the CPU (``cpu_kernel``)
     for a batch of two, its output poisoned with NaN first, judged against float64."""
-    from specgen.runtime import dgrad_weights, pack_weights
-    from specgen.tensors import outputs, role_shape, to_storage
-    from specgen.verify import judge, random_inputs
-
-    batch = 2
     plan = make_plan(p, variant or Dwlane.default(Dwlane.problem_for(p), Precision.FP32))
-    inputs, w, b = random_inputs(p, batch, np.random.default_rng())
-    weights = dgrad_weights(w, p.groups) if plan.weight_transform else w
-    packed = pack_weights(weights, plan.weight_format)
-    (out,) = outputs(p)
-    y = to_storage(np.full(role_shape(out, p, batch), np.nan, np.float32), p.dtype)
-    given = {**inputs, Role.W: packed, Role.BIAS: b, out: y, Role.BATCH: batch}
-    cpu_kernel.run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
-    result = judge(p, plan, batch, inputs, w, b, {out: y})
+    result = cpu_kernel.judged_on_cpu(p, plan)
     assert result["ok"], (plan.name, result)
 
 

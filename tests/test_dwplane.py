@@ -5,7 +5,6 @@ numbers on drawn problems and the networks' layers (GPU tier)."""
 from dataclasses import replace
 
 import cpu_kernel
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -23,7 +22,6 @@ from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.shapes import parse_shape
 from specgen.strategies import Dwplane
-from specgen.tensors import Role
 from specgen.variants import Precision
 
 FP32 = Precision.FP32
@@ -47,20 +45,8 @@ def _planned(p, variant=None):
 def _run_emitted_on_the_cpu(p, variant=None):
     """The emitted kernel run on the CPU (``cpu_kernel``) for a batch of two, its output
     poisoned with NaN first, judged against float64."""
-    from specgen.runtime import dgrad_weights, pack_weights
-    from specgen.tensors import outputs, role_shape, to_storage
-    from specgen.verify import judge, random_inputs
-
-    batch = 2
     plan = _planned(p, variant)
-    inputs, w, b = random_inputs(p, batch, np.random.default_rng())
-    weights = dgrad_weights(w, p.groups) if plan.weight_transform else w
-    packed = pack_weights(weights, plan.weight_format)
-    (out,) = outputs(p)
-    y = to_storage(np.full(role_shape(out, p, batch), np.nan, np.float32), p.dtype)
-    given = {**inputs, Role.W: packed, Role.BIAS: b, out: y, Role.BATCH: batch}
-    cpu_kernel.run_on_cpu(plan, [given[r] for r in plan.launches[0].args], batch)
-    result = judge(p, plan, batch, inputs, w, b, {out: y})
+    result = cpu_kernel.judged_on_cpu(p, plan)
     assert result["ok"], (plan.name, result)
 
 
