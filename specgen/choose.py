@@ -616,7 +616,9 @@ def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, a
     return here
 
 
-def _faster_unpadded(here, found: Choice, wide, padded: Choice, gpu: str) -> bool:
+def _faster_unpadded(
+    here: ConvProblem, found: Choice, wide: ConvProblem, padded: Choice, gpu: str
+) -> bool:
     """Whether the measured winner of wgrad ``here`` runs faster than the measured one
     of its padded form ``wide`` with the copies that padding takes (``pad_moves_ms``),
     each per image of the batch it was timed at; False where either is unmeasured.  A

@@ -137,6 +137,10 @@ def ragged_map_tiles(p) -> list[int]:
 
 
 def _space_tiles(p, three: bool) -> list[tuple[int, int]]:
+    """The tune space's tiles (maps x channels): MAP_TILES that divide the group's maps,
+    else the ragged ones; CHANNEL_TILES that divide its channels and the widest multiple
+    of 8 that does (up to 128 in 3xTF32); those whose sums fit and whose channel rows
+    split evenly among the warps."""
     widest = 128 if three else 256
     channels = channel_tiles(p, widest)
     bns = [d for d in CHANNEL_TILES if d in channels] + channels[-1:]
