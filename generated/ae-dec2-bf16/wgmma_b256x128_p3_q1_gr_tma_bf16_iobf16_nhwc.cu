@@ -4,7 +4,7 @@
 // Shape    ae-dec2-bf16: C=128 M=256 H=16 W=16 K=3 pad=1 dtype=bf16 layout=nhwc
 //          bf16 x[B][16][16][128] * w[256][128][3][3] -> y[B][16][16][256] (nhwc), fp32 sums, B at launch
 // Variant  wgmma_b256x128_p3_q1_gr_tma_bf16_iobf16_nhwc
-//          implicit GEMM on Hopper's warpgroup tensor cores (sm_90a): NHWC 16-bit tensors, 16-byte cp.async into a 128B-swizzled ring, wgmma.mma_async from shared memory, fp32 sums
+//          implicit GEMM on Hopper's warpgroup tensor cores (sm_90a): NHWC 16-bit tensors, 16-byte cp.async into a ring swizzled at its rows' width (32, 64 or 128 bytes), wgmma.mma_async from shared memory, fp32 sums
 //          precision bf16: x and w rounded to bf16 (round to nearest even), products accumulated in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):

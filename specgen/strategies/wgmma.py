@@ -164,8 +164,8 @@ class Wgmma(Variant):
     family = "gemm"
     description = (
         "implicit GEMM on Hopper's warpgroup tensor cores (sm_90a): NHWC 16-bit tensors, "
-        "16-byte cp.async into a 128B-swizzled ring, wgmma.mma_async from shared memory, "
-        "fp32 sums"
+        "16-byte cp.async into a ring swizzled at its rows' width (32, 64 or 128 bytes), "
+        "wgmma.mma_async from shared memory, fp32 sums"
     )
     serves = GEOMETRY | EPILOGUE | {Feature.DTYPE16, Feature.NHWC}
     precisions = (Precision.BF16, Precision.FP16, Precision.TF32)
