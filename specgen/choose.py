@@ -21,6 +21,7 @@ from .plan import make_plan
 from .plan.common import COPY_RATE, ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
+from .strategies.wgwgrad import MAP_TILES as WGNCHW_MAP_TILES
 from .strategies.wtap import lane_tiled
 from .tensors import Role, role_shape
 from .variants import Precision, Variant, split_problem_tags
@@ -148,10 +149,26 @@ def three_tf32_suits(view: ConvProblem) -> bool:
 # against tcwgrad's 0.131 and 0.157 in NHWC).
 WGNCHW_FP32_MIN_PIXELS = 64
 
+# wgnchw's ragged map tiles (a group's maps that no tile of 64 divides) against tc3wgrad
+# where that takes the layer: mobilenet_v2's 1x1 wgrads at B=64 (H200, 2026-11-30,
+# tuned) in tf32 from 24 maps 0.72-0.78x tc3wgrad's time (96 -> 24 maps 0.0377 ms against
+# 0.0509), 16 maps 1.15x (0.0605 against 0.0524); in three tf32 products 1.01-2.1x,
+# never faster.  Where tc3wgrad does not take them (rows of 14 or 7 pixels, which its
+# 16-byte copies refuse), wgnchw's three products ran 1.95-2.14x cuDNN fp32's (384 -> 96
+# maps over 14x14 in 0.031 ms, where the tcwgrad in NHWC took 0.039 with the moves).
+WGNCHW_RAGGED_MIN_MAPS = 24
 
-def wgnchw_fp32_suits(view: ConvProblem) -> bool:
-    """Whether wgnchw's fp32 math is the untuned pick for the wgrad problem ``view``:
-    a 1x1 window, or output maps of two of its rows or more."""
+
+def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
+    """Whether wgnchw in ``math`` is the untuned pick for the wgrad problem ``view``:
+    maps that a tile of 64 divides, or ragged tiles where tc3wgrad does not take the
+    layer, or in tf32 from ``WGNCHW_RAGGED_MIN_MAPS`` maps a group; in fp32 math a 1x1
+    window, or output maps of two of its 32-pixel rows or more."""
+    if all(view.Mg % d for d in WGNCHW_MAP_TILES):
+        tf32 = math is Precision.TF32 and view.Mg >= WGNCHW_RAGGED_MIN_MAPS
+        return tf32 or not three_tf32_suits(view)
+    if math is not Precision.FP32:
+        return True
     return view.R * view.S == 1 or view.Ho * view.Wo >= WGNCHW_FP32_MIN_PIXELS
 
 
@@ -467,7 +484,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
                     continue
-                if key == "wgnchw" and math is Precision.FP32 and not wgnchw_fp32_suits(view):
+                if key == "wgnchw" and not wgnchw_suits(view, math):
                     continue
                 # wgplanar's strided dgrad (a GEMM a stride phase) in tf32 only; resnet50's
                 # at B=32 (H200, 2026-11-28, kernels alone): 3x3 in 0.063-0.114 ms, 1x1

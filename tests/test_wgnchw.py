@@ -125,6 +125,28 @@ def test_the_fit_fills_the_sms_with_slices_where_the_tiles_are_few():
     assert Wgnchw.default(p, FP32).blocktile == (64, 72)
 
 
+def test_the_planner_takes_ragged_tiles_where_they_were_measured_faster():
+    """mobilenet_v2's 1x1 wgrads untuned (as tuned at B=64 on the H200): ragged map tiles
+    in tf32 from 24 maps; 16 maps, and fp32 math where tc3wgrad takes the layer, stay
+    tc3wgrad's; over 14x14 maps, which tc3wgrad's 16-byte rows refuse, wgnchw in both."""
+    picks = {
+        spec: (
+            planned(parse_shape(spec), True).variant.key,
+            planned(parse_shape(spec), False).variant.key,
+        )
+        for spec in (
+            "C=96,M=24,H=56,W=56,K=1,pad=0,op=wgrad",
+            "C=32,M=16,H=112,W=112,K=1,pad=0,op=wgrad",
+            "C=384,M=96,H=14,W=14,K=1,pad=0,op=wgrad",
+        )
+    }
+    assert list(picks.values()) == [
+        ("wgnchw", "tc3wgrad"),
+        ("tc3wgrad", "tc3wgrad"),
+        ("wgnchw", "wgnchw"),
+    ]
+
+
 @settings(max_examples=DRAWN_COMPILES, deadline=None)
 @given(p=tiled_wgrads(channel_blocks=2, unit=8), pick=st.integers(0, 10**6))
 def test_drawn_narrow_tiles_compile_without_spills(p, pick):
