@@ -21,7 +21,7 @@ from .plan import make_plan
 from .plan.common import COPY_RATE, ceil_div
 from .shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout
 from .strategies import BY_KEY, parse_variant_name
-from .strategies.wgwgrad import MAP_TILES as WGNCHW_MAP_TILES
+from .strategies.wgnchw import dividing_map_tiles
 from .strategies.wtap import lane_tiled
 from .tensors import Role, role_shape
 from .variants import Precision, Variant, split_problem_tags
@@ -164,7 +164,7 @@ def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
     maps that a tile of 64 divides, or ragged tiles where tc3wgrad does not take the
     layer, or in tf32 from ``WGNCHW_RAGGED_MIN_MAPS`` maps a group; in fp32 math a 1x1
     window, or output maps of two of its 32-pixel rows or more."""
-    if all(view.Mg % d for d in WGNCHW_MAP_TILES):
+    if not dividing_map_tiles(view):  # ragged tiles
         tf32 = math is Precision.TF32 and view.Mg >= WGNCHW_RAGGED_MIN_MAPS
         return tf32 or not three_tf32_suits(view)
     if math is not Precision.FP32:
@@ -551,11 +551,10 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
         theirs = tuned(there, gpu, allow_tf32, arch) or shipped_layer(there, gpu, allow_tf32, arch)
         if found.ms is None or theirs is None:
             return problem.layout
-        # each per image of the batch it was timed at (whole-model tunes of two models
-        # may have timed the two layouts at two batches)
-        at = replace(problem, batch=theirs.batch or problem.batch)
-        moved = (theirs.ms + moves_ms(at, gpu)) / at.batch
-        return other if moved < found.ms / (found.batch or problem.batch) else problem.layout
+        moved = faster_moved(
+            found, theirs, problem.batch, lambda b: moves_ms(replace(problem, batch=b), gpu)
+        )
+        return other if moved else problem.layout
     here = found.variant
     if problem.layout is TensorLayout.NCHW and speed_class(here) == FASTEST:
         return problem.layout
@@ -587,7 +586,7 @@ def moves_ms(problem: ConvProblem, gpu: str) -> float:
     """The ms the operator spends moving the op's tensors (``MOVED``) out of the
     problem's layout into the other one and back, at the problem's batch: each read
     once and written once at the GPU's measured copy rate, else ``COPY_RATE``."""
-    size = 4 if problem.dtype is DType.FP32 else 2
+    size = problem.dtype.bytes
     moved = sum(prod(role_shape(r, problem, problem.batch)) for r in MOVED[problem.op]) * size
     return 2 * moved / copy_rate(gpu) * 1e3
 
@@ -645,9 +644,20 @@ def _faster_unpadded(
     7x7 at B=32 0.299 against 0.239 (cuDNN 0.286)."""
     if found.ms is None or padded.ms is None or "planned" in (found.source, padded.source):
         return False
-    at = padded.batch or here.batch
-    moved = pad_moves_ms(replace(here, batch=at), replace(wide, batch=at), gpu)
-    return found.ms / (found.batch or here.batch) <= (padded.ms + moved) / at
+
+    def moves(b: int) -> float:
+        return pad_moves_ms(replace(here, batch=b), replace(wide, batch=b), gpu)
+
+    return not faster_moved(found, padded, here.batch, moves)
+
+
+def faster_moved(found: Choice, there: Choice, batch: int, moves) -> bool:
+    """Whether measured winner ``there`` with the copies it takes (``moves(its batch)``,
+    ms) runs faster than measured winner ``found``, each per image of the batch it was
+    timed at (else ``batch``): whole-model tunes of two models may have timed the two
+    forms at two batches."""
+    at = there.batch or batch
+    return (there.ms + moves(at)) / at < found.ms / (found.batch or batch)
 
 
 def pad_moves_ms(here: ConvProblem, wide: ConvProblem, gpu: str) -> float:
@@ -655,7 +665,7 @@ def pad_moves_ms(here: ConvProblem, wide: ConvProblem, gpu: str) -> float:
     padded (and perhaps in the other layout): x read and written padded, and where the
     layout changes dy read and written there too (a layer of so few channels is a
     network's first, whose input wants no gradient: no dgrad moves dy for it)."""
-    size = 4 if here.dtype is DType.FP32 else 2
+    size = here.dtype.bytes
     x = prod(role_shape(Role.X, here, here.batch)) + prod(role_shape(Role.X, wide, here.batch))
     dy = 2 * prod(role_shape(Role.DY, here, here.batch)) if wide.layout is not here.layout else 0
     return (x + dy) * size / copy_rate(gpu) * 1e3

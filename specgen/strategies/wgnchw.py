@@ -84,7 +84,7 @@ class Wgnchw(Variant):
         channels = channel_tiles(p, widest)
         bn = max((d for d in channels if d in CHANNEL_TILES), default=None)
         bn = bn or max(channels, default=seed.blocktile[1])
-        maps = [d for d in MAP_TILES if p.Mg % d == 0]
+        maps = dividing_map_tiles(p)
         bm = max((d for d in maps if _sums_fit(d, bn, three)), default=None)
         if not maps:
             ragged = [
@@ -126,6 +126,17 @@ def channel_tiles(p, widest: int = 256) -> list[int]:
     return [d for d in range(16, widest + 1, 8) if p.Cg % d == 0]
 
 
+def dividing_map_tiles(p) -> list[int]:
+    """The tiles of MAP_TILES that divide a group's maps; none where its maps are ragged
+    (mobilenet's 24, 96 or 144)."""
+    return [d for d in MAP_TILES if p.Mg % d == 0]
+
+
+def map_tiles(p) -> list[int]:
+    """The space's tiles of maps: those that divide the group's, else the ragged ones."""
+    return dividing_map_tiles(p) or ragged_map_tiles(p)
+
+
 def ragged_map_tiles(p) -> list[int]:
     """Where no tile of MAP_TILES divides a group's maps, and they are a multiple of 8
     from 16 (fewer would leave a warpgroup's 64 rows mostly zeros): the tiles of
@@ -144,10 +155,9 @@ def _space_tiles(p, three: bool) -> list[tuple[int, int]]:
     widest = 128 if three else 256
     channels = channel_tiles(p, widest)
     bns = [d for d in CHANNEL_TILES if d in channels] + channels[-1:]
-    bms = [d for d in MAP_TILES if p.Mg % d == 0] or ragged_map_tiles(p)
     return [
         (bm, bn)
-        for bm in bms
+        for bm in map_tiles(p)
         for bn in dict.fromkeys(bns)
         if _sums_fit(bm, bn, three) and bn % _warps(bm) == 0
     ]
@@ -194,7 +204,7 @@ def _tile_limits(p, v: Wgnchw) -> None:
     if bm not in RAGGED_MAP_TILES:
         raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128, 192 or 256")
     if p.Mg % bm and bm not in ragged_map_tiles(p):
-        fits = [d for d in MAP_TILES if p.Mg % d == 0] or ragged_map_tiles(p)
+        fits = map_tiles(p)
         raise SpecError(
             f"{at}: {bm} maps must divide the {p.Mg} maps of a group, or hold a multiple of "
             "8 from 16 with fewer than 64 to spare; "
