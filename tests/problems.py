@@ -321,7 +321,7 @@ def depthwise_problems(draw, largest: int = 15, layout: str = "nhwc"):
     forward view at stride 1, the gather past it), channel counts that take 16-, 8-
     and 4-byte words."""
     C = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 40]))
-    return _nhwc_layer(draw, C, C, C, largest, taps=7, layout=layout)
+    return _drawn_layer(draw, C, C, C, largest, taps=7, layout=layout)
 
 
 @st.composite
@@ -333,10 +333,10 @@ def narrow_group_problems(draw, largest: int = 13):
     cg = draw(st.sampled_from([1, 2, 4, 8, 12]))
     mg = draw(st.sampled_from([1, 2, 4, 8, 12, 16]))
     groups = draw(st.sampled_from([2, 3, 4, 8]))
-    return _nhwc_layer(draw, groups * cg, groups * mg, groups, largest, taps=5)
+    return _drawn_layer(draw, groups * cg, groups * mg, groups, largest, taps=5)
 
 
-def _nhwc_layer(draw, C, M, groups, largest, taps, layout: str = "nhwc"):
+def _drawn_layer(draw, C, M, groups, largest, taps, layout: str = "nhwc"):
     """A drawn channels-last (or ``layout``) layer of these channels and groups: a window
     of 1 to ``taps`` a side, dilation, an image of up to ``largest`` a side, stride,
     every padding form within the window's reach, the three dtypes, fprop or dgrad, bias

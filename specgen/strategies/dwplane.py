@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..plan.common import Launch, Plan, Size, ceil_div, launch_bounds, shape_context, y_args
-from ..shapes import Act, Feature, Op, TensorLayout
+from ..shapes import Act, Feature, Op
 from ..tensors import Role
 from ..variants import EPILOGUE, GEOMETRY, Count, Variant, param
 from .dwlane import MAX_PIXELS, THREADS, columns, depthwise
@@ -75,12 +75,7 @@ class Dwplane(Variant):
 
 
 def plan_dwplane(p, v) -> Plan:
-    # 1. limits
-    if p.layout is not TensorLayout.NCHW:
-        raise SpecError(
-            "dwplane reads NCHW tensors (a channel's plane of pixels): use layout=nchw, or "
-            "--strategy dwlane for channels-last ones"
-        )
+    # 1. limits (NHWC is not among what it serves: make_plan refuses it first)
     if not depthwise(p):
         raise SpecError(
             f"dwplane computes depthwise layers (groups = C = M); groups={p.groups}, "
