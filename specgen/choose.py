@@ -537,8 +537,8 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
     another strategy takes it in NCHW; else, and wherever the pick in place is a tuned
     or shipped winner (the presets', measured there), the problem's own, unless both
     layouts hold measured winners (tuned, or shipped from a whole-model tune) and the
-    other's is faster with its tensors moved there and back (``moves_ms``), an image of
-    the batch each was timed at."""
+    other's is faster with its tensors moved there and back (``moves_ms`` of
+    ``moved_roles``), an image of the batch each was timed at."""
     if problem.op is Op.BGRAD:
         return problem.layout
     found = choose(problem, gpu, allow_tf32, arch)
@@ -551,8 +551,9 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
         theirs = tuned(there, gpu, allow_tf32, arch) or shipped_layer(there, gpu, allow_tf32, arch)
         if found.ms is None or theirs is None:
             return problem.layout
+        roles = moved_roles(problem, gpu, allow_tf32, arch)
         moved = faster_moved(
-            found, theirs, problem.batch, lambda b: moves_ms(replace(problem, batch=b), gpu)
+            found, theirs, problem.batch, lambda b: moves_ms(replace(problem, batch=b), gpu, roles)
         )
         return other if moved else problem.layout
     here = found.variant
@@ -573,7 +574,8 @@ def computed_layout(problem: ConvProblem, gpu: str, allow_tf32: bool = False, ar
 # inputs there, and its output back.  A wgrad's dw is the weights' shape in either, and
 # its dy is the dgrad's: where an NCHW layer's dgrad runs in NHWC (no tensor-core dgrad
 # reads NCHW but wgplanar, on sm_90a), the backward moves dy once for both where wgrad
-# runs there too (``_engine.shared_dy``), so x alone is wgrad's to move.
+# runs there too (``_engine.shared_dy``), so x alone is wgrad's to move; where the dgrad
+# runs in place, dy is wgrad's to move too (``moved_roles``).
 MOVED = {
     Op.FPROP: (Role.X, Role.Y),
     Op.DGRAD: (Role.DY, Role.DX),
@@ -581,14 +583,44 @@ MOVED = {
     Op.BGRAD: (),
 }
 
+# The least a move costs: one launch of the operator's transpose, whose host time
+# (allocating the copy, binding and launching it) is what an eager step waits on where
+# a layer's kernels are short.  On an H200 a move took 10-14 us of host time, from
+# 256 KB to 100 MB, and back to back the GPU ran them no faster than the host gave them
+# (docs/measurements/move-launch-2026-11-30-h200.log); the bytes' own time passes it
+# from about 18 MB.  resnet18's tf32 layers at 32x32 (B=128), each moved to NHWC for a
+# winner there 0.1-14 us a move faster than the one in place, made the eager step
+# 0.82-0.84x cuDNN's; costed so, in place, 0.99-1.00x, its CUDA graph 3% slower
+# (docs/measurements/moves-launch-ab-2026-11-30-h200-*.log).
+MOVE_LAUNCH_MS = 0.012
 
-def moves_ms(problem: ConvProblem, gpu: str) -> float:
-    """The ms the operator spends moving the op's tensors (``MOVED``) out of the
-    problem's layout into the other one and back, at the problem's batch: each read
-    once and written once at the GPU's measured copy rate, else ``COPY_RATE``."""
-    size = problem.dtype.bytes
-    moved = sum(prod(role_shape(r, problem, problem.batch)) for r in MOVED[problem.op]) * size
-    return 2 * moved / copy_rate(gpu) * 1e3
+
+def moved_roles(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None) -> tuple:
+    """The tensors the operator moves to compute ``problem`` in the other layout
+    (``MOVED``), with dy for a wgrad whose layer's dgrad is computed in place, where
+    no move of dy for the dgrad serves it too."""
+    roles = MOVED[problem.op]
+    if problem.op is Op.WGRAD:
+        dgrad = replace(problem, op=Op.DGRAD, bias=False)
+        try:
+            if computed_layout(dgrad, gpu, allow_tf32, arch) is problem.layout:
+                return (*roles, Role.DY)
+        except SpecError:  # no dgrad kernel there: none moves dy for wgrad either
+            return (*roles, Role.DY)
+    return roles
+
+
+def moves_ms(problem: ConvProblem, gpu: str, roles: tuple | None = None) -> float:
+    """The ms the operator spends moving the op's tensors (``roles``, else ``MOVED``'s)
+    out of the problem's layout into the other one and back, at the problem's batch:
+    each read once and written once at the GPU's measured copy rate, else
+    ``COPY_RATE``, and at least one launch's ``MOVE_LAUNCH_MS``."""
+    size, rate = problem.dtype.bytes, copy_rate(gpu)
+    roles = MOVED[problem.op] if roles is None else roles
+    return sum(
+        max(2 * prod(role_shape(r, problem, problem.batch)) * size / rate * 1e3, MOVE_LAUNCH_MS)
+        for r in roles
+    )
 
 
 def copy_rate(gpu: str) -> float:

@@ -532,19 +532,23 @@ def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_
 ):
     """computed_layout with tuned winners in both layouts: an NCHW fp32 wgrad with tf32
     allowed goes to NHWC only where the winner there beats the one in place by more than
-    moving x there takes (``moves_ms``: read and written at the GPU's measured copy
-    rate, ``COPY_RATE`` where this machine has not measured it)."""
+    moving x and dy there takes (``moves_ms``: read and written at the GPU's measured
+    copy rate, ``COPY_RATE`` where this machine has not measured it; dy too, since the
+    layer's dgrad runs in place, ``moved_roles``)."""
     import json
 
-    from specgen.choose import COPY_RATE, computed_layout, moves_ms
+    from specgen.choose import COPY_RATE, computed_layout, moved_roles, moves_ms
+    from specgen.tensors import Role
 
     gpu = "GPU X"
-    wgrad = ConvProblem(C=64, M=64, H=56, W=56, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD, batch=32)
+    wgrad = ConvProblem(C=64, M=64, H=112, W=112, R=3, S=3, pads=(1,) * 4, op=Op.WGRAD, batch=32)
     there = replace(wgrad, layout=TensorLayout.NHWC)
-    x_bytes = 32 * 64 * 56 * 56 * 4
+    x_bytes = dy_bytes = 32 * 64 * 112 * 112 * 4
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "none"))
-    moves = moves_ms(wgrad, gpu)
-    assert moves == pytest.approx(2 * x_bytes / COPY_RATE * 1e3)
+    roles = moved_roles(wgrad, gpu, allow_tf32=True)
+    assert roles == (Role.X, Role.DY)
+    moves = moves_ms(wgrad, gpu, roles)
+    assert moves == pytest.approx(2 * (x_bytes + dy_bytes) / COPY_RATE * 1e3)
     here_v, there_v = planned(wgrad, True).variant, planned(there, True).variant
     assert (here_v.key, there_v.key) == ("wgnchw", "tcwgrad")
 
@@ -558,10 +562,36 @@ def test_a_layer_moves_to_the_other_layout_only_where_its_winner_there_pays_for_
             )
         return computed_layout(wgrad, gpu, allow_tf32=True)
 
-    assert with_winners("short", 0.14, 0.14 - moves / 2) is TensorLayout.NCHW
-    assert with_winners("long", 0.14, 0.14 - 2 * moves) is TensorLayout.NHWC
+    assert with_winners("short", 0.6, 0.6 - moves / 2) is TensorLayout.NCHW
+    assert with_winners("long", 0.6, 0.6 - 2 * moves) is TensorLayout.NHWC
     # on a GPU whose copies measured twice as fast, half the move: the first case moves
-    assert with_winners("fast", 0.14, 0.14 - moves / 1.5, rate=2 * COPY_RATE) is TensorLayout.NHWC
+    assert with_winners("fast", 0.6, 0.6 - moves / 1.5, rate=2 * COPY_RATE) is TensorLayout.NHWC
+
+
+def test_a_short_layer_stays_in_place_unless_its_winner_there_pays_for_the_launches(
+    tmp_path, monkeypatch
+):
+    """A move costs at least one launch (``MOVE_LAUNCH_MS``): a 1x1 forward pass over
+    2x2 maps (resnet18's at 32x32, a few hundred KB a tensor) goes to NHWC only where
+    the winner there beats the one in place by more than two launches, x's and y's,
+    however few bytes they move."""
+    from specgen.choose import MOVE_LAUNCH_MS, computed_layout, moves_ms
+
+    gpu = "GPU X"
+    fprop = ConvProblem(C=256, M=512, H=2, W=2, R=1, S=1, stride=(2, 2), batch=128)
+    there = replace(fprop, layout=TensorLayout.NHWC)
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "none"))
+    assert moves_ms(fprop, gpu) == pytest.approx(2 * MOVE_LAUNCH_MS)
+    here_v, there_v = planned(fprop, True).variant, planned(there, True).variant
+
+    def with_winners(folder, ms_here, ms_there):
+        monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
+        for p, v, ms in ((fprop, here_v, ms_here), (there, there_v, ms_there)):
+            winner(p, v.name, ms, v.precision.value, gpu, batch=128)
+        return computed_layout(fprop, gpu, allow_tf32=True)
+
+    assert with_winners("short", 0.0142, 0.0068) is TensorLayout.NCHW  # measured, H200
+    assert with_winners("long", 0.0142 + 3 * MOVE_LAUNCH_MS, 0.0142) is TensorLayout.NHWC
 
 
 def test_a_stem_wgrad_is_padded_only_where_the_padded_winner_pays_for_its_copies(

@@ -447,5 +447,6 @@ def test_a_damaged_ceilings_file_reads_as_not_measured(tmp_path, monkeypatch, te
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
     (tmp_path / "ceilings.json").write_text(text)
     assert measured.ceilings("GPU X") is None
-    p = ConvProblem(C=8, M=8, H=4, W=4, R=1, S=1, op=Op.FPROP, batch=2)
-    assert moves_ms(p, "GPU X") == pytest.approx(2 * 2 * (2 * 8 * 16 * 4) / COPY_RATE * 1e3)
+    p = ConvProblem(C=64, M=64, H=128, W=128, R=1, S=1, op=Op.FPROP, batch=32)
+    x_bytes = 32 * 64 * 128 * 128 * 4  # and y's: moved there and back, each far past a launch
+    assert moves_ms(p, "GPU X") == pytest.approx(2 * 2 * x_bytes / COPY_RATE * 1e3)
