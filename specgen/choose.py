@@ -614,13 +614,27 @@ def moves_ms(problem: ConvProblem, gpu: str, roles: tuple | None = None) -> floa
     """The ms the operator spends moving the op's tensors (``roles``, else ``MOVED``'s)
     out of the problem's layout into the other one and back, at the problem's batch:
     each read once and written once at the GPU's measured copy rate, else
-    ``COPY_RATE``, and at least one launch's ``MOVE_LAUNCH_MS``."""
+    ``COPY_RATE``, and at least one launch's ``MOVE_LAUNCH_MS``; none for a tensor
+    dense in both layouts (``in_both_layouts``), which is taken as it is."""
     size, rate = problem.dtype.bytes, copy_rate(gpu)
     roles = MOVED[problem.op] if roles is None else roles
+    shapes = [role_shape(r, problem, problem.batch) for r in roles]
     return sum(
-        max(2 * prod(role_shape(r, problem, problem.batch)) * size / rate * 1e3, MOVE_LAUNCH_MS)
-        for r in roles
+        max(2 * prod(shape) * size / rate * 1e3, MOVE_LAUNCH_MS)
+        for shape in shapes
+        if not in_both_layouts(shape, problem.layout)
     )
+
+
+def in_both_layouts(shape: tuple, layout: TensorLayout) -> bool:
+    """Whether a 4-D tensor of ``shape`` (in ``layout``'s order) is dense in both
+    layouts at once: one channel, or one pixel a map (resnet18's last layers at
+    32x32), where NCHW's and NHWC's orders of its elements are the same."""
+    _, *rest = shape
+    if layout is TensorLayout.NHWC:
+        rest = [rest[2], rest[0], rest[1]]
+    channels, pixels = rest[0], rest[1] * rest[2]
+    return channels == 1 or pixels == 1
 
 
 def copy_rate(gpu: str) -> float:
