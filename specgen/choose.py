@@ -486,13 +486,11 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                     continue
                 if key == "wgnchw" and not wgnchw_suits(view, math):
                     continue
-                # wgplanar's strided dgrad (a GEMM a stride phase) in tf32 only; resnet50's
-                # at B=32 (H200, 2026-11-28, kernels alone): 3x3 in 0.063-0.114 ms, 1x1
-                # (phases but one cleared by a zero kernel) in 0.063-0.118, against tcgemm's
-                # 0.120-0.183 in NHWC with the transposes; in 3xTF32 the 3x3 one over 7x7 dy
-                # maps in 0.310 against tcgemm's 0.187 in NHWC.
-                if key == "wgplanar" and view.op is Op.DGRAD and math is not Precision.TF32:
-                    continue
+                # wgplanar's strided dgrad (a GEMM a stride phase) in place, tf32 and fp32:
+                # in three tf32 products its fit ran 16 of 18 strided dgrads of resnet18 (at
+                # 32x32 and 224) and resnet50 faster than tcgemm's tuned winners in NHWC
+                # with the layout moves (MOVE_LAUNCH_MS), resnet50's layer4.0.conv2 in 0.157
+                # ms against 0.147 + 0.024 (H200, 2026-11-30, tune-wgplanar-fp32-strided-*)
                 # tc3wgrad's tf32 (one product a product, in place in NCHW) is tune's to
                 # find: the planner keeps tcwgrad's tf32 in NHWC for an NCHW layer
                 if key == "tc3wgrad" and (math is not Precision.FP32 or not three_tf32_suits(view)):

@@ -296,7 +296,7 @@ def test_the_layout_an_op_is_computed_in():
     twin's goes to NHWC (CUDA cores below three tf32 products, those below one where
     tf32 is allowed); a channels-last wgrad that only wsplit takes goes to NCHW; the
     rest stays where its tensors are: a wide forward pass and dgrad on wgmma
-    (wgplanar; a strided dgrad in tf32), in NHWC where wgmma is not."""
+    (wgplanar, strided too), in NHWC where wgmma is not."""
     from specgen.choose import computed_layout
 
     wide = ConvProblem(C=64, M=128, H=28, W=28, R=3, S=3, pads=(1,) * 4, batch=32)
@@ -306,10 +306,10 @@ def test_the_layout_an_op_is_computed_in():
             assert computed_layout(replace(wide, op=op), gpu, tf32) is nchw
             assert computed_layout(replace(wide, op=op), gpu, tf32, arch="sm_80") is nhwc
         strided = replace(wide, op=op, stride=(2, 2))
-        # wgplanar takes a strided forward pass, and a strided dgrad in tf32 (a GEMM a
-        # stride phase); in 3xTF32 tcgemm's in NHWC led it
+        # wgplanar takes a strided forward pass, and a strided dgrad (a GEMM a stride
+        # phase) in tf32 and in three tf32 products
         assert computed_layout(strided, gpu, allow_tf32=True) is nchw
-        assert computed_layout(strided, gpu) is (nchw if op is Op.FPROP else nhwc)
+        assert computed_layout(strided, gpu) is nchw
         assert computed_layout(strided, gpu, allow_tf32=True, arch="sm_80") is nhwc
         assert computed_layout(replace(strided, dtype=DType.BF16), gpu) is nhwc
         assert computed_layout(replace(strided, layout=nhwc), gpu) is nhwc
