@@ -982,7 +982,7 @@ def test_fp32_channels_last_weights_get_dw_in_their_layout(tf32):
 def test_wide_nchw_layers_run_on_tensor_cores(mode, stride):
     """A wide layer of contiguous (NCHW) tensors: each op's kernel is a tensor-core one
     (fp32 in three tf32 products, tf32 where allowed, bf16): fp32 tensors' forward pass
-    and dgrad in place (wgplanar; a strided dgrad in tf32 only, a GEMM a stride phase),
+    and dgrad in place (wgplanar; a strided dgrad a GEMM a stride phase),
     their wgrad where its kernel is faster, the
     rest in NHWC with the tensors copied there and back; y, dx, dw and db NCHW like
     PyTorch's, each within the bound of the kernel that ran, against float64 autograd."""
@@ -1022,8 +1022,7 @@ def test_wide_nchw_layers_run_on_tensor_cores(mode, stride):
     ):
         q = replace(p, op=op, bias=op is not Op.DGRAD)
         k = kernel(q)
-        in_place = mode != "bf16" and not (op is Op.DGRAD and stride > 1 and mode == "fp32")
-        want = TensorLayout.NCHW if in_place else TensorLayout.NHWC
+        want = TensorLayout.NHWC if mode == "bf16" else TensorLayout.NCHW
         if op is not Op.WGRAD or mode == "bf16":  # fp32 tensors' wgrad: where it is faster
             assert k.problem.layout is want, (op, k.conv.plan.name)
         assert k.choice.variant.tensor_core, (op, k.conv.plan.name)
