@@ -651,12 +651,72 @@ PAD_CHANNELS_BELOW = 8
 PAD_WIDTHS = (4, 8)  # the channel multiples the tensor-core wgrads read: tf32's, 16-bit's
 
 
+def cropped(problem: ConvProblem) -> ConvProblem:
+    """``problem`` over the taps of its window that meet x: a window wider than the maps
+    it slides over (resnet18's 3x3 layers over 1x1 and 2x2 maps at 32x32) has taps that
+    read padding alone, wherever the window stands, whose products are zeros in every
+    op.  The window is cropped to the rows and columns of taps that meet x, the padding
+    shrunk by as much, the output's size unchanged: the forward pass and dgrad run the
+    cropped weights (``crop_origin``), wgrad's dw is zero past them.  ``problem`` itself
+    where every tap meets x, or where the cropped problem's padding would go below
+    zero (a dilated window past small maps) or its dgrad would lose its forward view."""
+    if problem.op is Op.BGRAD:
+        return problem
+    (pt, pb, pl, pr), (sh, sw), (dh, dw) = problem.pads, problem.stride, problem.dil
+    rows = _taps_meeting(problem.H, problem.R, sh, dh, pt, problem.Ho)
+    cols = _taps_meeting(problem.W, problem.S, sw, dw, pl, problem.Wo)
+    if rows == (0, problem.R - 1) and cols == (0, problem.S - 1):
+        return problem
+    (r0, r1), (s0, s1) = rows, cols
+    if r0 > r1 or s0 > s1:  # no tap meets x in some row or column: every output is zero
+        return problem
+    pads = (
+        pt - r0 * dh,
+        pb - (problem.R - 1 - r1) * dh,
+        pl - s0 * dw,
+        pr - (problem.S - 1 - s1) * dw,
+    )
+    if min(pads) < 0:
+        return problem
+    small = replace(problem, R=r1 - r0 + 1, S=s1 - s0 + 1, pads=pads, name="")
+    if (small.Ho, small.Wo) != (problem.Ho, problem.Wo):
+        return problem
+    if problem.op is Op.DGRAD and problem.stride == (1, 1):
+        try:  # the forward view every forward strategy computes a stride-1 dgrad through
+            small.dgrad_view()
+        except SpecError:
+            return problem
+    return small
+
+
+def _taps_meeting(size: int, taps: int, stride: int, dil: int, pad: int, out: int) -> tuple:
+    """The first and last tap of a window's row (or column) that meets x's ``size``
+    pixels for some output: tap r reads pixel p * stride - pad + r * dil for output p
+    of ``out``.  Those between may still meet none (a stride past the maps); they stay."""
+    lo = max(0, -(-(pad - (out - 1) * stride) // dil))
+    hi = min(taps - 1, (pad + size - 1) // dil)
+    return lo, hi
+
+
+def crop_origin(given: ConvProblem, computed: ConvProblem) -> tuple[int, int] | None:
+    """The first tap row and column of ``given``'s window that ``computed`` (its
+    ``computed_problem``) keeps, where it crops the window (``cropped``); else None."""
+    if (computed.R, computed.S) == (given.R, given.S):
+        return None
+    return (
+        (given.pads[0] - computed.pads[0]) // given.dil[0],
+        (given.pads[2] - computed.pads[2]) // given.dil[1],
+    )
+
+
 def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
-    """The problem as the operator computes it: in ``computed_layout``'s layout, and a
-    wgrad of fewer than ``PAD_CHANNELS_BELOW`` channels (one group) over its channels
-    padded with zeros to the first of ``PAD_WIDTHS`` whose pick runs faster math
-    (``speed_class``): x is copied there with zero channels added, and dw's extra
-    channels, the sums of products with zeros, are dropped."""
+    """The problem as the operator computes it: over the taps of its window that meet x
+    (``cropped``), in ``computed_layout``'s layout, and a wgrad of fewer than
+    ``PAD_CHANNELS_BELOW`` channels (one group) over its channels padded with zeros to
+    the first of ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is
+    copied there with zero channels added, and dw's extra channels, the sums of products
+    with zeros, are dropped."""
+    problem = cropped(problem)
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))
     if problem.op is not Op.WGRAD or problem.groups != 1 or problem.C >= PAD_CHANNELS_BELOW:
         return here

@@ -28,6 +28,8 @@ class Layer:
     computed: ConvProblem
     w_size: tuple
     device: torch.device = torch.device("cpu")
+    crop: tuple | None = None  # as ``_engine.Layer.crop``: the kept taps' slices
+    window = E.Layer.window
 
     def kernel(self, op, bias, batch, grads32=""):
         assert op is Op.WGRAD
@@ -98,6 +100,25 @@ def test_a_first_layers_wgrad_over_padded_channels_gives_back_its_own(launched):
         assert dw.shape == (16, 3, 7, 7) and dw.is_contiguous(memory_format=fmt)
         assert torch.equal(dw, given[Role.DW][:, :3])
         assert dw.dtype is (torch.float32 if grads32 else torch.bfloat16)
+
+
+def test_a_cropped_window_gives_back_zeros_past_its_taps(launched):
+    """A 3x3 wgrad over 1x1 maps computed as a 1x1 one (``choose.cropped``): dw comes
+    back [M][C][3][3], the kernel's sums at the centre tap and zeros at the other
+    eight, dense in the tensors' dtype, or in fp32 in the weights' format where grads32
+    asks."""
+    p = problem(C=8, M=16, H=1, W=1, R=1, S=1, pads=(0,) * 4)
+    lay = Layer(p, (16, 8, 3, 3), crop=(slice(1, 2), slice(1, 2)))
+    x, dy = torch.randn(2, 8, 1, 1), torch.randn(2, 16, 1, 1)
+    for grads32, fmt in (("", torch.contiguous_format), ("mrsc", torch.channels_last)):
+        launched.clear()
+        dw = E.weight_grads(lay, x, dy, bias=False, grads32=grads32)
+        (given,) = launched
+        assert given[Role.DW].shape == (16, 8, 1, 1)
+        assert dw.shape == (16, 8, 3, 3) and dw.is_contiguous(memory_format=fmt)
+        assert torch.equal(dw[:, :, 1:2, 1:2], given[Role.DW])
+        dw[:, :, 1, 1] = 0
+        assert not dw.any()
 
 
 def test_the_wgrads_compiled_ahead_write_dw_in_the_weights_order():

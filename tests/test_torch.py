@@ -1030,6 +1030,70 @@ def test_wide_nchw_layers_run_on_tensor_cores(mode, stride):
     assert torch.allclose(db.double(), dy.double().sum((0, 2, 3)), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16", "autocast"])
+@pytest.mark.parametrize(
+    "x_size,w_size,stride,pad,kept",
+    [
+        ((4, 64, 1, 1), (96, 64, 3, 3), 2 * [1], 1, (1, 1)),  # resnet18's layer4 at 32x32
+        ((4, 64, 2, 2), (96, 64, 3, 3), 2 * [2], 1, (2, 2)),  # its layer4.0.conv1
+        ((3, 32, 2, 3), (48, 32, 5, 5), 2 * [1], 2, (3, 5)),  # rows alone
+    ],
+)
+def test_a_window_wider_than_its_maps_runs_its_taps_that_meet_x(
+    mode, x_size, w_size, stride, pad, kept
+):
+    """A window wider than the maps it slides over: the operator computes each op over
+    the taps that meet x (``choose.cropped``), the forward pass and dgrad reading the
+    kept taps of the weights (packed, under autocast cast too, from their offset), wgrad
+    writing dw there and zeros past them; fp32 and tf32 in NCHW, bf16 and autocast (fp32
+    channels_last weights, dw back in fp32 and in their format) in NHWC.  y, dx, dw and
+    db within the bound of the kernel that ran, against float64 autograd."""
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    dt = torch.bfloat16 if mode == "bf16" else torch.float32
+    fmt = torch.channels_last if mode in ("bf16", "autocast") else torch.contiguous_format
+    x = torch.randn(x_size, device="cuda", dtype=dt).contiguous(memory_format=fmt)
+    x.requires_grad_()
+    w = (torch.randn(w_size, device="cuda") / 24).to(dt).contiguous(memory_format=fmt)
+    w.requires_grad_()
+    b = torch.randn(w_size[0], device="cuda", dtype=dt, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        y = sg.conv2d(x, w, b, stride, pad)
+    dy = torch.randn_like(y)
+    dx, dw, db = torch.autograd.grad(y, [x, w, b], dy)
+    assert dw.dtype is w.dtype and dw.shape == w.shape
+    if w.dtype is torch.float32:  # fp32 weights get dw in their memory format
+        assert dw.is_contiguous(memory_format=fmt)
+    math = torch.bfloat16 if mode == "autocast" else dt  # what the kernels were handed
+    d64 = [t.detach().to(math).double().requires_grad_() for t in (x, w, b)]
+    y64 = F.conv2d(*d64, stride, pad)
+    refs = torch.autograd.grad(y64, d64, dy.double())
+    a64 = [t.detach().abs() for t in d64[:2]]
+    ymag = F.conv2d(*a64, d64[2].detach().abs(), stride, pad)
+    a64 = [t.requires_grad_() for t in a64]
+    mags = torch.autograd.grad(F.conv2d(*a64, None, stride, pad), a64, dy.double().abs())
+    layout = TensorLayout.NHWC if fmt is torch.channels_last else TensorLayout.NCHW
+    args = (stride, [pad] * 4, [1, 1], 1)
+    p = E.problem(Op.FPROP, x.shape, w.shape, True, *args, E.dtype_of(x.to(math)), layout)
+    largest = max(float(x.abs().max()), float(dy.abs().max()))
+    for op, got, ref, mag in (
+        (Op.FPROP, y, y64, ymag),
+        (Op.DGRAD, dx, refs[0], mags[0]),
+        (Op.WGRAD, dw, refs[1], mags[1]),
+    ):
+        k = kernel(replace(p, op=op, bias=op is not Op.DGRAD))
+        assert (k.problem.R, k.problem.S) == kept, (op, k.conv.plan.name)
+        check(
+            got, ref.detach(), mag, k.conv.plan, x.shape[0], largest, float(w.abs().max()), op.value
+        )
+    past = torch.ones(w_size, dtype=torch.bool, device="cuda")
+    r0 = next(r for r in range(w_size[2]) if refs[1][:, :, r].abs().sum() > 0)
+    s0 = next(s for s in range(w_size[3]) if refs[1][:, :, :, s].abs().sum() > 0)
+    past[:, :, r0 : r0 + kept[0], s0 : s0 + kept[1]] = False
+    assert not dw[past].any()  # zeros where no tap meets x, as float64's
+    sums = dy.double().sum((0, 2, 3))
+    assert torch.allclose(db.double(), sums, rtol=1e-2, atol=1e-2 * float(sums.abs().max()))
+
+
 @pytest.mark.parametrize(
     "mode,K,stride,channels_last,maps",
     [

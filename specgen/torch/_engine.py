@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import tunedb
-from ..choose import WGEMM_MIN_MAPS, Choice, choose, computed_problem, maths
+from ..choose import WGEMM_MIN_MAPS, Choice, choose, computed_problem, crop_origin, maths
 from ..choose import search_floor, searched_math, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
@@ -334,6 +334,10 @@ class Layer:
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32, nchw)
         self.kernels: dict = {}
         self.casts: dict = {}  # (ops, the weights' dtype) -> Cast, or None
+        # the taps of the window the kernels keep, (rows, columns) as slices, where
+        # ``computed`` crops it to those that meet x (``choose.cropped``); set with the
+        # first kernel, the same for every op
+        self.crop = None
         # the weights' memory format, which their gradient goes back in: dw in fp32 from
         # wgrad in that order ("mrsc" or "mcrs", ``weight_grads``) under autocast's cast,
         # and for fp32 channels_last weights, which autograd would otherwise copy dw into
@@ -365,9 +369,27 @@ class Layer:
         tensors copied there and back."""
         k = self.kernels.get((op, bias, grads32))
         if k is None:
-            p = computed(self.problem(op, bias, batch), self.index, self.tf32)
+            given = self.problem(op, bias, batch)
+            p = computed(given, self.index, self.tf32)
+            origin = crop_origin(given, p)
+            if origin is not None:
+                self.crop = (slice(origin[0], origin[0] + p.R), slice(origin[1], origin[1] + p.S))
             k = self.kernels[(op, bias, grads32)] = kernel_for(p, self.device, self.tf32, grads32)
         return k
+
+    def window(self, w: torch.Tensor) -> torch.Tensor:
+        """PyTorch's weights ``w`` ([M][C/g][R][S]) as the layer's kernels read them: a
+        view of the taps their cropped window keeps (``crop``), else ``w``."""
+        if self.crop is None:
+            return w
+        return w[:, :, self.crop[0], self.crop[1]]
+
+    def crop_offset(self) -> int:
+        """The elements from the weights' start to the first tap the kernels keep
+        (``crop``), in the weights' strides: 0 where the window is whole."""
+        if self.crop is None:
+            return 0
+        return self.crop[0].start * self.w_stride[2] + self.crop[1].start * self.w_stride[3]
 
     def packing(self, ops: tuple, batch: int, source: torch.dtype) -> "Cast | None":
         """The layer's weights (of dtype ``source`` and its ``w_stride``) packed for the
@@ -381,7 +403,9 @@ class Layer:
             kernels = [self.kernel(op, bias, batch) for op, bias in ops]
             serves = Cast.serves(kernels, source, self.w_format)
             c = self.casts[key] = (
-                Cast(kernels, self.w_stride, self.index, source) if serves else None
+                Cast(kernels, self.w_stride, self.index, source, self.crop_offset())
+                if serves
+                else None
             )
         return c
 
@@ -846,7 +870,16 @@ class Cast:
     (``templates/torch/gather.cu.j2``) over both packings at once.  Built once per
     layer, ops and weights' dtype; ``Layer.packing`` finds it."""
 
-    def __init__(self, kernels: list, w_stride, index: int, source: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        kernels: list,
+        w_stride,
+        index: int,
+        source: torch.dtype = torch.float32,
+        origin: int = 0,
+    ):
+        """``origin``: the elements from the weights' start to the first the kernels
+        read (a cropped window's first kept tap, ``Layer.crop_offset``)."""
         import numpy as np
 
         if torch.cuda.is_current_stream_capturing():
@@ -890,6 +923,7 @@ class Cast:
             binding = [(Role.W, 0), (None, self.at.data_ptr()), (Role.Y, 0), (None, n)]
         self.launch = Direct(func, n, binding, index)
         self.device = self.at.device
+        self.origin = origin * source.itemsize  # bytes
 
     @staticmethod
     def serves(kernels: list, source: torch.dtype, w_format) -> bool:
@@ -913,11 +947,11 @@ class Cast:
         read them), and the first kernel's packing and the second's as (address, bytes)
         for ``launch`` (the second the first's where there is one kernel)."""
         packed = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
-        a = packed.data_ptr()
+        a, at = packed.data_ptr(), w.data_ptr() + self.origin
         if self.cast:
-            self.launch(w.data_ptr(), a, a + self.second)
+            self.launch(at, a, a + self.second)
         else:
-            self.launch(w.data_ptr(), a)
+            self.launch(at, a)
         return packed, (a, self.first_bytes), (a + self.second, self.second_bytes)
 
 
@@ -1006,6 +1040,7 @@ def forward(lay: Layer, x, w, bias):
     """y of the convolution (x dense in the layer's layout; ``w`` as ``launch``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
+    w = w if isinstance(w, tuple) else lay.window(w)
     computed = k.problem.layout
     if computed is lay.layout:  # the common case: x is dense in it already
         y = empty((N, *lay.y_rest), x, computed)
@@ -1022,6 +1057,7 @@ def input_grad(lay: Layer, dy, w):
     ``launch``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
+    w = w if isinstance(w, tuple) else lay.window(w)
     computed = k.problem.layout
     if computed is not lay.layout:
         dy = dense(dy, computed)
@@ -1052,7 +1088,7 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     C, layout = x.shape[1], k.problem.layout
     x = dense(x, layout) if k.problem.C == C else widened(x, k.problem.C, layout)
     dy = dense(dy, layout)
-    w_size = (lay.w_size[0], k.problem.Cg, *lay.w_size[2:])  # [M][C/g][R][S] computed
+    w_size = (lay.w_size[0], k.problem.Cg, k.problem.R, k.problem.S)  # [M][C/g][R][S] computed
     lay32 = TensorLayout.NHWC if k.grads32 == "mrsc" else TensorLayout.NCHW
     dw = empty(w_size, x, lay32, torch.float32 if k.grads32 else None)
     out = {Role.X: x, Role.DY: dy, Role.DW: dw}
@@ -1065,6 +1101,10 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     launch(k, out, N, lay.device)
     if k.problem.Cg != lay.w_size[1]:  # the padded channels' sums dropped
         dw = dense(dw[:, : lay.w_size[1]], lay32)
+    if lay.crop is not None:  # the taps past the cropped window: zero
+        kept = dw
+        dw = empty(lay.w_size, x, lay32, kept.dtype).zero_()
+        lay.window(dw).copy_(kept)
     return (dw, out[Role.DB]) if bias else dw
 
 

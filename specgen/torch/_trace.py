@@ -244,8 +244,10 @@ def plan_rows(
             except SpecError as e:
                 kernel, source = "-", str(e)
             given = layer.problem(op, mode)
-            # the layout computed in, and the channels where they are padded
+            # the layout computed in, the channels where they are padded, and the window
+            # where it is cropped to the taps that meet x
             at = p.layout.value + (f" C={p.C}" if p.C != given.C else "")
+            at += f" K={p.R}x{p.S}" if (p.R, p.S) != (given.R, given.S) else ""
             rows.append(Row(layer.name, given.spec, op.value, at, kernel, source, pick=pick))
     return rows
 
