@@ -689,6 +689,35 @@ def cropped(problem: ConvProblem) -> ConvProblem:
     return small
 
 
+# A crop that keeps at most this share of the window's taps is always taken; one that
+# keeps more trades a measured winner of the whole window for the cropped one's only
+# where that one is measured too (``_crop_pays``).  resnet18 at 32x32 (B=128, H200,
+# 2026-11-30): its 3x3 layers over 1x1 maps, cropped to 1x1 and untuned, ran the fp32
+# forward pass in 0.0257 ms against the whole window's shipped winner's 0.0377; its
+# layer4.0.conv1 cropped to 2x2 (4 of 9 taps) and untuned, bf16 in 0.0177 against the
+# whole window's tuned 0.0078 (``model-resnet18-32-crop-*-d496d5e.log``).
+CROP_ALWAYS = 1 / 3
+
+
+def _crop_pays(whole: ConvProblem, small: ConvProblem, gpu: str, tf32: bool, arch) -> bool:
+    """Whether the operator computes ``whole`` as its cropped window ``small``: where
+    the crop keeps at most ``CROP_ALWAYS`` of the taps, where no winner of the whole
+    window is measured (tuned or shipped), or where one of the cropped window is."""
+    if small.R * small.S <= CROP_ALWAYS * whole.R * whole.S:
+        return True
+
+    def measured(p: ConvProblem) -> bool:
+        for q in (p, replace(p, layout=p.layout.other)):
+            try:
+                if choose(q, gpu, tf32, arch).source != "planned":
+                    return True
+            except SpecError:
+                continue
+        return False
+
+    return not measured(whole) or measured(small)
+
+
 def _taps_meeting(size: int, taps: int, stride: int, dil: int, pad: int, out: int) -> tuple:
     """The first and last tap of a window's row (or column) that meets x's ``size``
     pixels for some output: tap r reads pixel p * stride - pad + r * dil for output p
@@ -711,12 +740,14 @@ def crop_origin(given: ConvProblem, computed: ConvProblem) -> tuple[int, int] | 
 
 def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
     """The problem as the operator computes it: over the taps of its window that meet x
-    (``cropped``), in ``computed_layout``'s layout, and a wgrad of fewer than
+    (``cropped``, where ``_crop_pays``), in ``computed_layout``'s layout, and a wgrad of fewer than
     ``PAD_CHANNELS_BELOW`` channels (one group) over its channels padded with zeros to
     the first of ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is
     copied there with zero channels added, and dw's extra channels, the sums of products
     with zeros, are dropped."""
-    problem = cropped(problem)
+    small = cropped(problem)
+    if small is not problem and _crop_pays(problem, small, gpu, allow_tf32, arch):
+        problem = small
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))
     if problem.op is not Op.WGRAD or problem.groups != 1 or problem.C >= PAD_CHANNELS_BELOW:
         return here

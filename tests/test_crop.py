@@ -113,3 +113,48 @@ def test_a_cropped_problem_has_a_kernel(op):
     for p in (last, replace(last, dtype=DType.BF16, layout=TensorLayout.NHWC)):
         q = computed_problem(p, "some GPU", True, "sm_90")
         assert choose(q, "some GPU", True, "sm_90").variant.tensor_core
+
+
+def record(p: ConvProblem, gpu: str) -> None:
+    """A tuned winner for ``p`` on ``gpu``: the planner's pick, as if measured."""
+    from specgen import tunedb
+    from specgen.choose import planned
+
+    v = planned(p, True).variant
+    tunedb.append(
+        dict(
+            kind="winner",
+            gpu=gpu,
+            shape=p.spec,
+            batch=p.batch,
+            precision=v.precision.value,
+            variant=v.name,
+            ms=0.01,
+            date="2026-11-30",
+        )
+    )
+
+
+def test_a_measured_whole_window_stays_until_its_crop_is_measured(tmp_path, monkeypatch):
+    """A crop keeping more than a third of the taps (4 of 9: resnet18's layer4.0.conv1
+    at 32x32) trades a measured winner of the whole window only for a measured one of
+    the cropped window; untuned, the cropped window.  A crop to a third or less (1 of 9)
+    is taken whatever is measured."""
+    gpu = "GPU X"
+    whole = replace(parse_shape("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2"), batch=128)
+    small = cropped(whole)
+    assert (small.R, small.S) == (2, 2)
+
+    def measured(folder, *problems):
+        monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
+        for p in problems:
+            record(p, gpu)
+        return computed_problem(whole, gpu, True, "sm_90")
+
+    assert measured("untuned").R == 2
+    assert measured("whole", whole).R == 3
+    assert measured("both", whole, small).R == 2
+    last = replace(parse_shape("C=512,M=512,H=1,W=1,K=3,pad=1"), batch=128)
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "last"))
+    record(last, gpu)
+    assert computed_problem(last, gpu, True, "sm_90").R == 1
