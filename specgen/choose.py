@@ -727,24 +727,23 @@ def _taps_meeting(size: int, taps: int, stride: int, dil: int, pad: int, out: in
     return lo, hi
 
 
-def crop_origin(given: ConvProblem, computed: ConvProblem) -> tuple[int, int] | None:
-    """The first tap row and column of ``given``'s window that ``computed`` (its
-    ``computed_problem``) keeps, where it crops the window (``cropped``); else None."""
-    if (computed.R, computed.S) == (given.R, given.S):
+def crop_origin(pads, dil, window, computed: ConvProblem) -> tuple[int, int] | None:
+    """The first tap row and column that ``computed`` (a ``computed_problem``) keeps of
+    a window of ``window`` (R, S) taps padded by ``pads`` and dilated by ``dil``, where
+    it crops that window (``cropped``); else None."""
+    if (computed.R, computed.S) == tuple(window):
         return None
-    return (
-        (given.pads[0] - computed.pads[0]) // given.dil[0],
-        (given.pads[2] - computed.pads[2]) // given.dil[1],
-    )
+    return (pads[0] - computed.pads[0]) // dil[0], (pads[2] - computed.pads[2]) // dil[1]
 
 
 def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
     """The problem as the operator computes it: over the taps of its window that meet x
-    (``cropped``, where ``_crop_pays``), in ``computed_layout``'s layout, and a wgrad of fewer than
-    ``PAD_CHANNELS_BELOW`` channels (one group) over its channels padded with zeros to
-    the first of ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is
-    copied there with zero channels added, and dw's extra channels, the sums of products
-    with zeros, are dropped."""
+    (``cropped``, where ``_crop_pays``; each op decides for itself), in
+    ``computed_layout``'s layout, and a wgrad of fewer than ``PAD_CHANNELS_BELOW``
+    channels (one group) over its channels padded with zeros to the first of
+    ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is copied there
+    with zero channels added, and dw's extra channels, the sums of products with zeros,
+    are dropped."""
     small = cropped(problem)
     if small is not problem and _crop_pays(problem, small, gpu, allow_tf32, arch):
         problem = small

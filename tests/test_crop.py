@@ -24,13 +24,13 @@ def test_resnet18s_last_layers_at_32x32():
     for op in (Op.FPROP, Op.DGRAD, Op.WGRAD):
         small = cropped(replace(last, op=op))
         assert (small.R, small.S, small.pads) == (1, 1, (0, 0, 0, 0))
-        assert crop_origin(replace(last, op=op), small) == (1, 1)
+        assert crop_origin(last.pads, last.dil, (3, 3), small) == (1, 1)
     strided = replace(parse_shape("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2"), batch=128)
     small = cropped(strided)
     assert (small.R, small.S, small.pads, small.Ho) == (2, 2, (0, 1, 0, 1), 1)
-    assert crop_origin(strided, small) == (1, 1)
+    assert crop_origin(strided.pads, strided.dil, (3, 3), small) == (1, 1)
     whole = replace(parse_shape("C=256,M=256,H=2,W=2,K=3,pad=1"), batch=128)
-    assert cropped(whole) is whole and crop_origin(whole, whole) is None
+    assert cropped(whole) is whole and crop_origin(whole.pads, whole.dil, (3, 3), whole) is None
     assert cropped(replace(last, op=Op.BGRAD)).R == 3  # bgrad has no window
 
 
@@ -70,7 +70,7 @@ def test_the_cropped_window_computes_every_op_alike(p: ConvProblem, seed: int):
     same, the padding at least 0."""
     small = cropped(p)
     assert (small.Ho, small.Wo) == (p.Ho, p.Wo) and min(small.pads) >= 0
-    origin = crop_origin(p, small)
+    origin = crop_origin(p.pads, p.dil, (p.R, p.S), small)
     if origin is None:
         assert small is p
         return

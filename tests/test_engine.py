@@ -28,8 +28,11 @@ class Layer:
     computed: ConvProblem
     w_size: tuple
     device: torch.device = torch.device("cpu")
-    crop: tuple | None = None  # as ``_engine.Layer.crop``: the kept taps' slices
+    pads: tuple = (1,) * 4  # the layer's own, whose window ``computed`` may crop
+    dilation: tuple = (1, 1)
+    w_stride: tuple | None = None
     window = E.Layer.window
+    crop_offset = E.Layer.crop_offset
 
     def kernel(self, op, bias, batch, grads32=""):
         assert op is Op.WGRAD
@@ -108,7 +111,7 @@ def test_a_cropped_window_gives_back_zeros_past_its_taps(launched):
     eight, dense in the tensors' dtype, or in fp32 in the weights' format where grads32
     asks."""
     p = problem(C=8, M=16, H=1, W=1, R=1, S=1, pads=(0,) * 4)
-    lay = Layer(p, (16, 8, 3, 3), crop=(slice(1, 2), slice(1, 2)))
+    lay = Layer(p, (16, 8, 3, 3))
     x, dy = torch.randn(2, 8, 1, 1), torch.randn(2, 16, 1, 1)
     for grads32, fmt in (("", torch.contiguous_format), ("mrsc", torch.channels_last)):
         launched.clear()
@@ -193,3 +196,35 @@ def test_storage_offsets_read_the_packed_order_from_either_memory_format(op, gro
         at = torch.as_tensor(E.storage_offsets(k, stored.stride()))
         want = w.reshape(-1) if ids is None else w.reshape(-1)[torch.as_tensor(ids)]
         assert torch.equal(flat[at], want)
+
+
+@pytest.mark.parametrize("op", [Op.FPROP, Op.DGRAD])
+@pytest.mark.parametrize("dtype, layout", [(DType.FP32, "nchw"), (DType.BF16, "nhwc")])
+def test_a_cropped_windows_packing_reads_its_taps_from_the_whole_weights(op, dtype, layout):
+    """The packing of a kernel whose window ``computed`` cropped (resnet18's layer4.0.conv1
+    at 32x32: 2x2 of 3x3 taps) reads the whole weights' storage, contiguous or
+    channels_last, at ``storage_offsets`` in their strides plus ``Layer.crop_offset``:
+    the kept taps' values in the kernel's packed order, as the view ``Layer.window``
+    gives them, copied dense."""
+    from types import SimpleNamespace
+
+    from specgen.choose import choose, cropped
+    from specgen.plan import make_plan
+
+    whole = ConvProblem(
+        batch=128, C=16, M=32, H=2, W=2, R=3, S=3, pads=(1,) * 4, stride=(2, 2),
+        dtype=dtype, layout=TensorLayout(layout), op=op,
+    )  # fmt: skip
+    p = cropped(whole)
+    assert (p.R, p.S) == (2, 2)
+    plan = make_plan(p, choose(p, "NVIDIA H200", False, "sm_90").variant)
+    k = SimpleNamespace(problem=p, conv=SimpleNamespace(plan=plan, shape=p))
+    w = torch.randn(32, 16, 3, 3, dtype=torch.float64)
+    for form in (torch.contiguous_format, torch.channels_last):
+        stored = w.contiguous(memory_format=form)
+        lay = Layer(p, (32, 16, 3, 3), w_stride=stored.stride())
+        flat = torch.as_strided(stored, (stored.numel(),), (1,))
+        at = torch.as_tensor(E.storage_offsets(k, stored.stride()) + lay.crop_offset(k))
+        kept = lay.window(stored, k).contiguous()
+        want = torch.as_tensor(E.storage_offsets(k, kept.stride()))
+        assert torch.equal(flat[at], kept.reshape(-1)[want])

@@ -334,10 +334,6 @@ class Layer:
         self.wgrad_layout = computed_layout(Op.WGRAD, layout, dtype, w_size, args[3], tf32, nchw)
         self.kernels: dict = {}
         self.casts: dict = {}  # (ops, the weights' dtype) -> Cast, or None
-        # the taps of the window the kernels keep, (rows, columns) as slices, where
-        # ``computed`` crops it to those that meet x (``choose.cropped``); set with the
-        # first kernel, the same for every op
-        self.crop = None
         # the weights' memory format, which their gradient goes back in: dw in fp32 from
         # wgrad in that order ("mrsc" or "mcrs", ``weight_grads``) under autocast's cast,
         # and for fp32 channels_last weights, which autograd would otherwise copy dw into
@@ -369,27 +365,25 @@ class Layer:
         tensors copied there and back."""
         k = self.kernels.get((op, bias, grads32))
         if k is None:
-            given = self.problem(op, bias, batch)
-            p = computed(given, self.index, self.tf32)
-            origin = crop_origin(given, p)
-            if origin is not None:
-                self.crop = (slice(origin[0], origin[0] + p.R), slice(origin[1], origin[1] + p.S))
+            p = computed(self.problem(op, bias, batch), self.index, self.tf32)
             k = self.kernels[(op, bias, grads32)] = kernel_for(p, self.device, self.tf32, grads32)
         return k
 
-    def window(self, w: torch.Tensor) -> torch.Tensor:
-        """PyTorch's weights ``w`` ([M][C/g][R][S]) as the layer's kernels read them: a
-        view of the taps their cropped window keeps (``crop``), else ``w``."""
-        if self.crop is None:
+    def window(self, w: torch.Tensor, k: Kernel) -> torch.Tensor:
+        """PyTorch's weights ``w`` ([M][C/g][R][S]), or dw of their size, as kernel ``k``
+        of the layer reads or writes them: a view of the taps its cropped window keeps
+        (``choose.cropped``), else ``w``."""
+        origin = crop_origin(self.pads, self.dilation, self.w_size[2:], k.problem)
+        if origin is None:
             return w
-        return w[:, :, self.crop[0], self.crop[1]]
+        (r, s), R, S = origin, k.problem.R, k.problem.S
+        return w[:, :, r : r + R, s : s + S]
 
-    def crop_offset(self) -> int:
-        """The elements from the weights' start to the first tap the kernels keep
-        (``crop``), in the weights' strides: 0 where the window is whole."""
-        if self.crop is None:
-            return 0
-        return self.crop[0].start * self.w_stride[2] + self.crop[1].start * self.w_stride[3]
+    def crop_offset(self, k: Kernel) -> int:
+        """The elements from the weights' start to the first tap kernel ``k`` reads
+        (``window``), in the weights' strides: 0 where its window is whole."""
+        origin = crop_origin(self.pads, self.dilation, self.w_size[2:], k.problem)
+        return 0 if origin is None else origin[0] * self.w_stride[2] + origin[1] * self.w_stride[3]
 
     def packing(self, ops: tuple, batch: int, source: torch.dtype) -> "Cast | None":
         """The layer's weights (of dtype ``source`` and its ``w_stride``) packed for the
@@ -403,7 +397,13 @@ class Layer:
             kernels = [self.kernel(op, bias, batch) for op, bias in ops]
             serves = Cast.serves(kernels, source, self.w_format)
             c = self.casts[key] = (
-                Cast(kernels, self.w_stride, self.index, source, self.crop_offset())
+                Cast(
+                    kernels,
+                    self.w_stride,
+                    self.index,
+                    source,
+                    [self.crop_offset(k) for k in kernels],
+                )
                 if serves
                 else None
             )
@@ -876,10 +876,10 @@ class Cast:
         w_stride,
         index: int,
         source: torch.dtype = torch.float32,
-        origin: int = 0,
+        origins: list | None = None,
     ):
-        """``origin``: the elements from the weights' start to the first the kernels
-        read (a cropped window's first kept tap, ``Layer.crop_offset``)."""
+        """``origins``: for each kernel, the elements from the weights' start to the
+        first it reads (a cropped window's first kept tap, ``Layer.crop_offset``)."""
         import numpy as np
 
         if torch.cuda.is_current_stream_capturing():
@@ -887,7 +887,8 @@ class Cast:
                 "specgen cannot set up its weight packing while a CUDA graph is being "
                 "captured: run the model once before capturing (or call specgen.torch.warmup)"
             )
-        at = [storage_offsets(k, w_stride) for k in kernels]
+        origins = origins or [0] * len(kernels)
+        at = [storage_offsets(k, w_stride) + o for k, o in zip(kernels, origins)]
         stored = [weight_dtype(k.conv.plan.weight_format) for k in kernels]
         dtype = kernels[0].problem.dtype.value
         self.cast = _rounds(source, kernels[0])
@@ -923,7 +924,6 @@ class Cast:
             binding = [(Role.W, 0), (None, self.at.data_ptr()), (Role.Y, 0), (None, n)]
         self.launch = Direct(func, n, binding, index)
         self.device = self.at.device
-        self.origin = origin * source.itemsize  # bytes
 
     @staticmethod
     def serves(kernels: list, source: torch.dtype, w_format) -> bool:
@@ -947,11 +947,11 @@ class Cast:
         read them), and the first kernel's packing and the second's as (address, bytes)
         for ``launch`` (the second the first's where there is one kernel)."""
         packed = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
-        a, at = packed.data_ptr(), w.data_ptr() + self.origin
+        a = packed.data_ptr()
         if self.cast:
-            self.launch(at, a, a + self.second)
+            self.launch(w.data_ptr(), a, a + self.second)
         else:
-            self.launch(at, a)
+            self.launch(w.data_ptr(), a)
         return packed, (a, self.first_bytes), (a + self.second, self.second_bytes)
 
 
@@ -1040,7 +1040,7 @@ def forward(lay: Layer, x, w, bias):
     """y of the convolution (x dense in the layer's layout; ``w`` as ``launch``)."""
     N = x.shape[0]
     k = lay.kernel(Op.FPROP, bias is not None, N)
-    w = w if isinstance(w, tuple) else lay.window(w)
+    w = w if isinstance(w, tuple) else lay.window(w, k)
     computed = k.problem.layout
     if computed is lay.layout:  # the common case: x is dense in it already
         y = empty((N, *lay.y_rest), x, computed)
@@ -1057,7 +1057,7 @@ def input_grad(lay: Layer, dy, w):
     ``launch``)."""
     N = dy.shape[0]
     k = lay.kernel(Op.DGRAD, False, N)
-    w = w if isinstance(w, tuple) else lay.window(w)
+    w = w if isinstance(w, tuple) else lay.window(w, k)
     computed = k.problem.layout
     if computed is not lay.layout:
         dy = dense(dy, computed)
@@ -1101,10 +1101,10 @@ def weight_grads(lay: Layer, x, dy, bias: bool, grads32: str = ""):
     launch(k, out, N, lay.device)
     if k.problem.Cg != lay.w_size[1]:  # the padded channels' sums dropped
         dw = dense(dw[:, : lay.w_size[1]], lay32)
-    if lay.crop is not None:  # the taps past the cropped window: zero
+    if (k.problem.R, k.problem.S) != lay.w_size[2:]:  # the taps past its window: zero
         kept = dw
         dw = empty(lay.w_size, x, lay32, kept.dtype).zero_()
-        lay.window(dw).copy_(kept)
+        lay.window(dw, k).copy_(kept)
     return (dw, out[Role.DB]) if bias else dw
 
 

@@ -467,7 +467,8 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> Non
         # dgrad runs on weights packed so;
         wd = w
         if r.op == "dgrad" and mode.autocast is not None:
-            packed = _engine.pack_weights(lay.kernel(Op.DGRAD, False, x.shape[0]), w)
+            k = lay.kernel(Op.DGRAD, False, x.shape[0])
+            packed = _engine.pack_weights(k, lay.window(w, k))
             wd = (packed.data_ptr(), packed.numel() * packed.element_size())
         # and takes dw (db) in fp32 in the weights' memory format where the fp32
         # parameters want them so: under autocast's cast, or fp32 channels_last weights
