@@ -295,13 +295,22 @@ def the_pick(shape, gpu: str, precision: Precision | None = None) -> tuple[Varia
         there = computed_problem(shape, gpu, allow_tf32=tf32)
     except SpecError:
         there = shape
-    if there != shape:  # the operator copies the tensors to another layout or channels
+    if there != shape:  # another layout, padded channels, or a cropped window
         k = choose(there, gpu, allow_tf32=tf32).variant.kernel_name(there)
-        line += (
-            f"; the PyTorch operator computes it as {there.spec} instead, its tensors "
-            f"copied there, with {k}"
-        )
+        line += f"; the PyTorch operator computes it as {there.spec} instead, {_how(shape, there)}, with {k}"
     return c.variant, line
+
+
+def _how(shape, there) -> str:
+    """How the operator's computed problem ``there`` differs from ``shape``, in words."""
+    how = []
+    if (there.R, there.S) != (shape.R, shape.S):
+        how.append("over the taps of its window that meet x")
+    if there.C != shape.C:
+        how.append("x's channels padded with zeros")
+    if there.layout is not shape.layout:
+        how.append("its tensors copied there")
+    return " and ".join(how) or "its tensors copied there"
 
 
 def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=None):

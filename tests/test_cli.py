@@ -278,7 +278,8 @@ def test_no_variant_option_is_the_operators_pick(tmp_path):
 
 def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
     """A problem the operator computes elsewhere (a first layer's wgrad of 40 maps over
-    channels padded to 8, a wide bf16 NCHW layer's strided dgrad in NHWC): the pick's line names the
+    channels padded to 8, a wide bf16 NCHW layer's strided dgrad in NHWC, a 3x3 window
+    over 1x1 maps cropped to its centre tap): the pick's line names the
     problem it computes and that problem's kernel, so the kernel the operator runs can
     be emitted."""
     stem = "C=3,M=40,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc"
@@ -291,6 +292,12 @@ def test_the_pick_says_where_the_operator_computes_a_problem_instead(tmp_path):
     r = run("verify", "--shape", wide, "--op", "dgrad", "--jobs", "1")
     assert r.exit_code == 0, r.output
     assert f"computes it as {wide},layout=nhwc,op=dgrad instead" in r.output
+    assert "its tensors copied there" in r.output
+    last = "C=512,M=512,H=1,W=1,K=3,pad=1"  # resnet18's layer4 at 32x32: the centre tap
+    r = run("verify", "--shape", last, "--op", "wgrad", "--batch", "128", "--jobs", "1")
+    assert r.exit_code == 0, r.output
+    assert "computes it as C=512,M=512,H=1,W=1,K=1,pad=0,op=wgrad instead" in r.output
+    assert "over the taps of its window that meet x" in r.output
 
 
 def test_precision_alone_asks_for_the_pick_in_that_math(tmp_path):
