@@ -690,8 +690,8 @@ def cropped(problem: ConvProblem) -> ConvProblem:
 
 
 # A crop that keeps at most this share of the window's taps is always taken; one that
-# keeps more trades a measured winner of the whole window for the cropped one's only
-# where that one is measured too (``_crop_pays``).  resnet18 at 32x32 (B=128, H200,
+# keeps more only where no winner of the whole window is measured, or the cropped one's
+# measured winner is the faster (``_crop_pays``).  resnet18 at 32x32 (B=128, H200,
 # 2026-11-30): its 3x3 layers over 1x1 maps, cropped to 1x1 and untuned, ran the fp32
 # forward pass in 0.0257 ms against the whole window's shipped winner's 0.0377; its
 # layer4.0.conv1 cropped to 2x2 (4 of 9 taps) and untuned, bf16 in 0.0177 against the
@@ -702,20 +702,33 @@ CROP_ALWAYS = 1 / 3
 def _crop_pays(whole: ConvProblem, small: ConvProblem, gpu: str, tf32: bool, arch) -> bool:
     """Whether the operator computes ``whole`` as its cropped window ``small``: where
     the crop keeps at most ``CROP_ALWAYS`` of the taps, where no winner of the whole
-    window is measured (tuned or shipped), or where one of the cropped window is."""
+    window is measured (tuned or shipped), or where the cropped window's measured winner
+    takes no longer (``measured_ms``: a whole-model tune times both, ``dist.searched``)."""
     if small.R * small.S <= CROP_ALWAYS * whole.R * whole.S:
         return True
+    mine = measured_ms(whole, gpu, tf32, arch)
+    if mine is None:
+        return True
+    theirs = measured_ms(small, gpu, tf32, arch)
+    return theirs is not None and theirs <= mine
 
-    def measured(p: ConvProblem) -> bool:
-        for q in (p, replace(p, layout=p.layout.other)):
-            try:
-                if choose(q, gpu, tf32, arch).source != "planned":
-                    return True
-            except SpecError:
-                continue
-        return False
 
-    return not measured(whole) or measured(small)
+def measured_ms(p: ConvProblem, gpu: str, tf32: bool, arch=None) -> float | None:
+    """The ms an image of ``p``'s fastest measured winner takes (tuned or shipped), in
+    its own layout or in the other with the moves (``moves_ms``); None where neither
+    layout has one measured."""
+    best = None
+    for q in (p, replace(p, layout=p.layout.other)):
+        try:
+            c = choose(q, gpu, tf32, arch)
+        except SpecError:
+            continue
+        if c.source == "planned" or c.ms is None:
+            continue
+        at = c.batch or p.batch
+        ms = c.ms / at + (moves_ms(replace(p, batch=at), gpu) / at if q is not p else 0.0)
+        best = ms if best is None else min(best, ms)
+    return best
 
 
 def _taps_meeting(size: int, taps: int, stride: int, dil: int, pad: int, out: int) -> tuple:
@@ -736,15 +749,17 @@ def crop_origin(pads, dil, window, computed: ConvProblem) -> tuple[int, int] | N
     return (pads[0] - computed.pads[0]) // dil[0], (pads[2] - computed.pads[2]) // dil[1]
 
 
-def computed_problem(problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None):
+def computed_problem(
+    problem: ConvProblem, gpu: str, allow_tf32: bool = False, arch=None, crop: bool = True
+):
     """The problem as the operator computes it: over the taps of its window that meet x
     (``cropped``, where ``_crop_pays``; each op decides for itself), in
     ``computed_layout``'s layout, and a wgrad of fewer than ``PAD_CHANNELS_BELOW``
     channels (one group) over its channels padded with zeros to the first of
     ``PAD_WIDTHS`` whose pick runs faster math (``speed_class``): x is copied there
     with zero channels added, and dw's extra channels, the sums of products with zeros,
-    are dropped."""
-    small = cropped(problem)
+    are dropped.  ``crop``: False keeps the window whole (a tune's search of each form)."""
+    small = cropped(problem) if crop else problem
     if small is not problem and _crop_pays(problem, small, gpu, allow_tf32, arch):
         problem = small
     here = replace(problem, layout=computed_layout(problem, gpu, allow_tf32, arch))

@@ -91,7 +91,8 @@ def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list
     problem and each math a PyTorch user gets for it (``choose.maths``, tf32 allowed),
     the problem in the layout the operator computes that math in (``choose.
     computed_problem``: an NCHW layer whose tensor-core pick is in NHWC is tuned there,
-    a few-channel wgrad over its padded channels),
+    a few-channel wgrad over its padded channels; a window wider than its maps both
+    whole and cropped to the taps that meet x, ``choose.cropped``),
     from the untuned pick's speed class up (``tune.prune``, ``choose.search_floor``), the
     pick kept.  fp32 math of a 16-bit layer whose own pick is on the tensor cores is
     left out: it is slower, and never picked (depthwise layers aside).  An op of fp32
@@ -104,16 +105,19 @@ def searched(problems, gpu: str, arch: str | None = None, strategy=None) -> list
     kernels had come to beat), and a compile phase without them (``gpu`` "") would
     compile another set than the timed one.  ``strategy`` (a ``Variant`` class): that
     strategy's space alone (``strategy_searches``)."""
-    from .choose import computed_problem, maths
+    from .choose import computed_problem, cropped, maths
 
     if strategy is not None:
         return strategy_searches(problems, gpu, arch, strategy)
     out = []
-    for p in problems:
+    # a window wider than its maps in both forms, whole and cropped to the taps that meet
+    # x: the operator takes the crop by the two forms' measured winners (choose._crop_pays)
+    forms = [form for p in problems for form in dict.fromkeys((p, cropped(p)))]
+    for p in forms:
         for precision in maths(p, allow_tf32=True):
             tf32 = precision is Precision.TF32
             try:
-                q = computed_problem(p, gpu, tf32, arch)
+                q = computed_problem(p, gpu, tf32, arch, crop=False)
             except SpecError:
                 out.append((p, precision, 0, ()))
                 continue

@@ -115,8 +115,8 @@ def test_a_cropped_problem_has_a_kernel(op):
         assert choose(q, "some GPU", True, "sm_90").variant.tensor_core
 
 
-def record(p: ConvProblem, gpu: str) -> None:
-    """A tuned winner for ``p`` on ``gpu``: the planner's pick, as if measured."""
+def record(p: ConvProblem, gpu: str, ms: float = 0.01) -> None:
+    """A tuned winner for ``p`` on ``gpu``: the planner's pick, as if measured in ``ms``."""
     from specgen import tunedb
     from specgen.choose import planned
 
@@ -129,7 +129,7 @@ def record(p: ConvProblem, gpu: str) -> None:
             batch=p.batch,
             precision=v.precision.value,
             variant=v.name,
-            ms=0.01,
+            ms=ms,
             date="2026-11-30",
         )
     )
@@ -138,23 +138,38 @@ def record(p: ConvProblem, gpu: str) -> None:
 def test_a_measured_whole_window_stays_until_its_crop_is_measured(tmp_path, monkeypatch):
     """A crop keeping more than a third of the taps (4 of 9: resnet18's layer4.0.conv1
     at 32x32) trades a measured winner of the whole window only for a measured one of
-    the cropped window; untuned, the cropped window.  A crop to a third or less (1 of 9)
-    is taken whatever is measured."""
+    the cropped window that takes no longer; untuned, the cropped window.  A crop to a
+    third or less (1 of 9) is taken whatever is measured."""
     gpu = "GPU X"
     whole = replace(parse_shape("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2"), batch=128)
     small = cropped(whole)
     assert (small.R, small.S) == (2, 2)
 
-    def measured(folder, *problems):
+    def measured(folder, *timed):
         monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / folder))
-        for p in problems:
-            record(p, gpu)
+        for p, ms in timed:
+            record(p, gpu, ms)
         return computed_problem(whole, gpu, True, "sm_90")
 
     assert measured("untuned").R == 2
-    assert measured("whole", whole).R == 3
-    assert measured("both", whole, small).R == 2
+    assert measured("whole", (whole, 0.01)).R == 3
+    assert measured("both", (whole, 0.01), (small, 0.008)).R == 2
+    assert measured("slower", (whole, 0.01), (small, 0.012)).R == 3
     last = replace(parse_shape("C=512,M=512,H=1,W=1,K=3,pad=1"), batch=128)
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "last"))
     record(last, gpu)
     assert computed_problem(last, gpu, True, "sm_90").R == 1
+
+
+def test_a_whole_model_tune_searches_both_forms_of_a_window_wider_than_its_maps():
+    """dist.searched lists a layer whose window overhangs its maps whole and cropped,
+    each in every math and where both have tensor-core kernels both layouts, so that
+    the two forms' winners decide (``_crop_pays``); a layer whose every tap meets x
+    once."""
+    from specgen import dist
+
+    conv1 = replace(parse_shape("C=256,M=512,H=2,W=2,K=3,pad=1,stride=2"), batch=128)
+    windows = {(s[0].R, s[0].S) for s in dist.searched([conv1], "", "sm_90")}
+    assert windows == {(3, 3), (2, 2)}
+    whole = replace(parse_shape("C=256,M=256,H=4,W=4,K=3,pad=1"), batch=128)
+    assert {(s[0].R, s[0].S) for s in dist.searched([whole], "", "sm_90")} == {(3, 3)}
