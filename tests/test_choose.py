@@ -15,28 +15,12 @@ from specgen.plan import make_plan
 from specgen.shapes import PRESETS, Act, ConvProblem, DType, Op, TensorLayout, parse_shape
 from specgen.strategies import parse_variant_name
 from specgen.variants import Precision
-
-H200 = "NVIDIA H200"
+from tuned import H200, winner
 
 
 @pytest.fixture(autouse=True)
 def empty_db(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
-
-
-def winner(shape, variant, ms, precision, gpu=H200, batch=128):
-    tunedb.append(
-        dict(
-            kind="winner",
-            gpu=gpu,
-            shape=shape.spec,
-            batch=batch,
-            precision=precision,
-            variant=variant,
-            ms=ms,
-            date="2026-11-22",
-        )
-    )
 
 
 def test_fp32_tensors_get_tf32_only_where_allowed():

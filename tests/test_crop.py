@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from problems import parsed_or_rejected
 from specgen import reference
-from specgen.choose import computed_problem, crop_origin, cropped
+from specgen.choose import computed_problem, crop_origin, cropped, planned
 from specgen.shapes import ConvProblem, Op, TensorLayout, parse_shape
+from tuned import winner
 
 
 def test_resnet18s_last_layers_at_32x32():
@@ -116,23 +117,9 @@ def test_a_cropped_problem_has_a_kernel(op):
 
 
 def record(p: ConvProblem, gpu: str, ms: float = 0.01) -> None:
-    """A tuned winner for ``p`` on ``gpu``: the planner's pick, as if measured in ``ms``."""
-    from specgen import tunedb
-    from specgen.choose import planned
-
+    """The planner's pick for ``p`` as if a tune had measured it in ``ms``."""
     v = planned(p, True).variant
-    tunedb.append(
-        dict(
-            kind="winner",
-            gpu=gpu,
-            shape=p.spec,
-            batch=p.batch,
-            precision=v.precision.value,
-            variant=v.name,
-            ms=ms,
-            date="2026-11-30",
-        )
-    )
+    winner(p, v.name, ms, v.precision.value, gpu, batch=p.batch)
 
 
 def test_a_measured_whole_window_stays_until_its_crop_is_measured(tmp_path, monkeypatch):
