@@ -310,7 +310,7 @@ def _how(shape, there) -> str:
         how.append("x's channels padded with zeros")
     if there.layout is not shape.layout:
         how.append("its tensors copied there")
-    return " and ".join(how) or "its tensors copied there"
+    return " and ".join(how)
 
 
 def select(shapes, opts, all_, *, default_is_set: bool, gpu: str = "", notes=None):
