@@ -4,6 +4,7 @@ for sm_90 without spills, their blocks tile the channels exactly, and the module
 not run (here: CPU tensors), state and all."""
 
 import copy
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -151,6 +152,13 @@ def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
         assert ("FusedBasicBlock" if name == "resnet18" else "FusedBottleneck") in kinds
         assert "BasicBlock" not in kinds and "Bottleneck" not in kinds
     assert "activation=" in repr(fused[0])
+    # each convolution and its batch norm as one node where a sequence holds them
+    sequences = Counter(type(m).__name__ for m in ours.modules())
+    if name == "mobilenet_v2":
+        assert sequences["FusedConv2dNormActivation"] == 35
+        assert sequences["FusedSequential"] == 17  # each block's own sequence
+    else:  # the downsample shortcuts
+        assert sequences["FusedSequential"] == (3 if name == "resnet18" else 4)
     assert ours.state_dict().keys() == base.state_dict().keys()
     x = torch.randn(2, 3, 64, 64)
     for mode in ("train", "eval"):

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecError
-from . import _engine, _ops  # _ops registers torch.ops.specgen.*
+from . import _convnorm, _engine, _ops  # _ops registers torch.ops.specgen.*
 from ._args import arguments as _arguments
 from ._args import transposed as _transposed
 from ._batchnorm import BatchNorm2d, batch_norm
@@ -231,30 +231,45 @@ def _conv2d(input, weight, bias, stride, pads, dilation, groups):
     unbatched = input.dim() == 3
     if unbatched:
         input = input.unsqueeze(0)
-    compiling = torch.compiler.is_compiling()
-    cast = False
-    if input.is_cuda and torch.is_autocast_enabled("cuda"):
-        dt = torch.get_autocast_dtype("cuda")
-        if input.dtype is not dt:  # a layer's output is in it already: no call
-            input = input.to(dt)
-        # fp32 weights on the eager path are cast by the operator, in the launch that
-        # packs them for its kernels (_engine.Cast); traced, autocast's cast stays
-        cast = weight.dtype is torch.float32 and dt is not torch.float32 and not compiling
-        if not cast:
-            weight = weight.to(dt)
-        if bias is not None and bias.dtype is not torch.float32:
-            bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
-    if compiling:
+    if torch.compiler.is_compiling():
+        input, weight, bias, _ = _autocast(input, weight, bias, compiling=True)
         _check_shapes(input, weight, bias, groups)
         y = torch.ops.specgen.conv2d(
             input, weight, bias, list(stride), list(pads), list(dilation), groups
         )
     else:
-        lay, input = _engine.layer(
-            input, weight, bias, stride, pads, dilation, groups, _check_shapes, cast
-        )
+        lay, input, weight, bias = eager_layer(input, weight, bias, stride, pads, dilation, groups)
         y = _ops.conv2d_eager(input, weight, bias, lay)
     return y.squeeze(0) if unbatched else y
+
+
+def _autocast(input, weight, bias, compiling=False):
+    """The tensors as autocast hands them to the convolution where it is on (input and
+    weights in its dtype, a 16-bit bias too), and whether the operator casts the fp32
+    weights itself, in the launch that packs them for its kernels (``_engine.Cast``:
+    on the eager path; traced, autocast's cast stays)."""
+    if not (input.is_cuda and torch.is_autocast_enabled("cuda")):
+        return input, weight, bias, False
+    dt = torch.get_autocast_dtype("cuda")
+    if input.dtype is not dt:  # a layer's output is in it already: no call
+        input = input.to(dt)
+    cast = weight.dtype is torch.float32 and dt is not torch.float32 and not compiling
+    if not cast:
+        weight = weight.to(dt)
+    if bias is not None and bias.dtype is not torch.float32:
+        bias = bias.to(dt)  # an fp32 bias stays: the kernels add it in fp32 anyway
+    return input, weight, bias, cast
+
+
+def eager_layer(input, weight, bias, stride, pads, dilation, groups):
+    """The eager path's layer of a batched convolution (``_engine.layer``) and its
+    tensors as its kernels take them (autocast's, x dense in the layer's layout), or
+    the SpecError that says why the kernels do not serve it."""
+    input, weight, bias, cast = _autocast(input, weight, bias)
+    lay, input = _engine.layer(
+        input, weight, bias, stride, pads, dilation, groups, _check_shapes, cast
+    )
+    return lay, input, weight, bias
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -276,6 +291,9 @@ class Conv2d(torch.nn.Conv2d):
         new._buffers = m._buffers
         new._modules = m._modules
         return new
+
+
+_convnorm.bind(Conv2d, _arguments, eager_layer)
 
 
 class Conv1d(torch.nn.Conv1d):

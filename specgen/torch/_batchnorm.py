@@ -59,12 +59,7 @@ def planned_layout(
     N, C, H, W = x.shape
     if N * H * W < 2 or C > MAX_CHANNELS:
         return None
-    for t in (weight, bias, running_mean, running_var):
-        if t is not None and (t.dtype is not torch.float32 or t.shape != (C,)):
-            return None
-        if t is not None and (not t.is_contiguous() or device not in (None, t.get_device())):
-            return None
-    if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
+    if not parameters_serve(C, device, weight, bias, running_mean, running_var):
         return None
     copy = 4 if dtype is torch.float32 else 8
     if x.is_contiguous(memory_format=torch.channels_last) and not C % copy:
@@ -72,6 +67,18 @@ def planned_layout(
     if x.is_contiguous():
         return "nchw"
     return None
+
+
+def parameters_serve(C: int, device, weight, bias, running_mean, running_var) -> bool:
+    """Whether the kernels read these parameters and statistics for C channels: each
+    None or C contiguous fp32 values (on ``device``, where it is given), the weights
+    and the bias both given or neither, the two statistics both or neither."""
+    for t in (weight, bias, running_mean, running_var):
+        if t is not None and (t.dtype is not torch.float32 or t.shape != (C,)):
+            return False
+        if t is not None and (not t.is_contiguous() or device not in (None, t.get_device())):
+            return False
+    return (weight is None) == (bias is None) and (running_mean is None) == (running_var is None)
 
 
 MAX_CHANNELS = 65535  # the NCHW kernels' grid y
@@ -174,64 +181,78 @@ class BatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, r, call):
-        k, momentum, batches = call
-        C, F4 = k.C, 4  # bytes an fp32
-        scratch = empty(k.part + 5 * C, x)
-        part = scratch.data_ptr()
-        saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
-        y = empty_like(x)
-        at = [0 if t is None else t.data_ptr() for t in (weight, bias, running_mean, running_var)]
-        xa = x.data_ptr()
-        _engine.launch_steps(
-            k.index,
-            (k.stats, (xa, part)),
-            (k.finalize, (part, xa, *at, saved, terms, momentum, batches)),
-            (k.apply, (xa, terms, 0 if r is None else r.data_ptr(), y.data_ptr())),
-        )
-        if k.act:  # the backward's gate reads the output, as PyTorch's in-place one does
-            ctx.save_for_backward(x, weight, y)
-        else:
-            ctx.save_for_backward(x, weight)
-        ctx.kernels, ctx.scratch = k, scratch  # the statistics: no input's or output's
+        y, saved = norm_forward(ctx, x, weight, bias, running_mean, running_var, r, call)
+        ctx.save_for_backward(*saved)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        saved_tensors = ctx.saved_tensors
-        x, weight = saved_tensors[:2]
-        y = saved_tensors[2] if len(saved_tensors) > 2 else None
-        k = ctx.kernels
+        x, weight, *rest = ctx.saved_tensors
+        y = rest[0] if rest else None
         if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
             dx, dw, db, dr = _differentiable(ctx, x, weight, y, dy)
             return dx, dw, db, None, None, dr, None
-        if dy.stride() != x.stride() or dy.data_ptr() % 16:
-            dy = torch.empty_like(x).copy_(dy)
-        want_x, want_w, want_b = ctx.needs_input_grad[:3]
-        want_r = ctx.needs_input_grad[5]
-        C, F4 = k.C, 4
-        saved = ctx.scratch.data_ptr() + F4 * k.part
-        grads = empty(k.part + 6 * C, x)
-        part = grads.data_ptr()
-        terms = part + F4 * k.part
-        dw = grads[k.part + 4 * C : k.part + 5 * C] if want_w else None
-        db = grads[k.part + 5 * C :] if want_b else None
-        dwa = part + F4 * (k.part + 4 * C) if want_w else 0
-        dba = part + F4 * (k.part + 5 * C) if want_b else 0
-        ya, xa, wa = dy.data_ptr(), x.data_ptr(), 0 if weight is None else weight.data_ptr()
-        out = 0 if y is None else y.data_ptr()
-        calls = [
-            (k.reduce, (ya, xa, out, saved, part)),
-            (k.dfinalize, (part, wa, saved, dwa, dba, terms)),
-        ]
-        dx = empty_like(x) if want_x else None
-        # the residual's gradient: dy gated by the activation (the kernel writes it), or
-        # dy itself where there is none
-        dr = (empty_like(x) if k.act else dy) if want_r else None
-        if want_x or (want_r and k.act):
-            ends = [0 if t is None or t is dy else t.data_ptr() for t in (dx, dr)]
-            calls.append((k.dapply, (ya, xa, out, terms, *ends)))
-        _engine.launch_steps(k.index, *calls)
+        wants = (*ctx.needs_input_grad[:3], ctx.needs_input_grad[5])
+        dx, dw, db, dr = norm_backward(ctx, x, weight, y, dy, wants)
         return dx, dw, db, None, None, dr, None
+
+
+def norm_forward(ctx, x, weight, bias, running_mean, running_var, r, call):
+    """y of ``BatchNormFunction``'s forward, and the tensors its backward reads (x,
+    weight and, where an activation gates dy, y), which the caller saves; the statistics
+    and the kernels on ``ctx``.  Shared with the node that runs the convolution before
+    it (``_convnorm``)."""
+    k, momentum, batches = call
+    C, F4 = k.C, 4  # bytes an fp32
+    scratch = empty(k.part + 5 * C, x)
+    part = scratch.data_ptr()
+    saved, terms = part + F4 * k.part, part + F4 * (k.part + 2 * C)
+    y = empty_like(x)
+    at = [0 if t is None else t.data_ptr() for t in (weight, bias, running_mean, running_var)]
+    xa = x.data_ptr()
+    _engine.launch_steps(
+        k.index,
+        (k.stats, (xa, part)),
+        (k.finalize, (part, xa, *at, saved, terms, momentum, batches)),
+        (k.apply, (xa, terms, 0 if r is None else r.data_ptr(), y.data_ptr())),
+    )
+    ctx.kernels, ctx.scratch = k, scratch  # the statistics: no input's or output's
+    # the backward's gate reads the output, as PyTorch's in-place one does
+    return y, ((x, weight, y) if k.act else (x, weight))
+
+
+def norm_backward(ctx, x, weight, y, dy, wants):
+    """dx, dgamma, dbeta and the residual's gradient from dy (``wants``: whether each
+    is wanted; None for those that are not), with what ``norm_forward`` left on
+    ``ctx``; ``y`` the output where an activation gates dy, else None."""
+    k = ctx.kernels
+    if dy.stride() != x.stride() or dy.data_ptr() % 16:
+        dy = torch.empty_like(x).copy_(dy)
+    want_x, want_w, want_b, want_r = wants
+    C, F4 = k.C, 4
+    saved = ctx.scratch.data_ptr() + F4 * k.part
+    grads = empty(k.part + 6 * C, x)
+    part = grads.data_ptr()
+    terms = part + F4 * k.part
+    dw = grads[k.part + 4 * C : k.part + 5 * C] if want_w else None
+    db = grads[k.part + 5 * C :] if want_b else None
+    dwa = part + F4 * (k.part + 4 * C) if want_w else 0
+    dba = part + F4 * (k.part + 5 * C) if want_b else 0
+    ya, xa, wa = dy.data_ptr(), x.data_ptr(), 0 if weight is None else weight.data_ptr()
+    out = 0 if y is None else y.data_ptr()
+    calls = [
+        (k.reduce, (ya, xa, out, saved, part)),
+        (k.dfinalize, (part, wa, saved, dwa, dba, terms)),
+    ]
+    dx = empty_like(x) if want_x else None
+    # the residual's gradient: dy gated by the activation (the kernel writes it), or
+    # dy itself where there is none
+    dr = (empty_like(x) if k.act else dy) if want_r else None
+    if want_x or (want_r and k.act):
+        ends = [0 if t is None or t is dy else t.data_ptr() for t in (dx, dr)]
+        calls.append((k.dapply, (ya, xa, out, terms, *ends)))
+    _engine.launch_steps(k.index, *calls)
+    return dx, dw, db, dr
 
 
 GATES = {  # an activation's gradient from its output, as PyTorch's in-place backward
@@ -296,12 +317,8 @@ def batch_norm(
     layout = kernel_layout(x, weight, bias, running_mean, running_var, training)
     if layout is not None and residual is not None and not _alike(residual, x):
         layout = None
-    counted = 0
-    if num_batches_tracked is not None:
-        if layout is not None and running_mean is not None and _counts(num_batches_tracked, x):
-            counted = num_batches_tracked.data_ptr()
-        else:
-            num_batches_tracked.add_(1)
+    served = layout is not None and running_mean is not None
+    counted = counted_at(num_batches_tracked, served, x.get_device())
     if layout is None:
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
         y = y if residual is None else y + residual
@@ -312,9 +329,17 @@ def batch_norm(
     return _apply(x, weight, bias, running_mean, running_var, residual, call)
 
 
-def _counts(n, x) -> bool:
-    """Whether the kernels can add to count ``n``: one int64 on x's device."""
-    return n.dtype is torch.int64 and n.numel() == 1 and n.get_device() == x.get_device()
+def counted_at(n, served: bool, index: int) -> int:
+    """The address of count ``n`` (a module's ``num_batches_tracked``, or None) where
+    the kernels that update the running statistics (``served``: they run, and there are
+    statistics) add 1 to it: one int64 on their device ``index``; else 0, with 1 added
+    here where there is a count."""
+    if n is None:
+        return 0
+    if served and n.dtype is torch.int64 and n.numel() == 1 and n.get_device() == index:
+        return n.data_ptr()
+    n.add_(1)
+    return 0
 
 
 def _alike(r, x) -> bool:
@@ -365,6 +390,26 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
 
     def forward(self, input, residual=None):
         self._check_input_dim(input)
+        running_mean, running_var, training, factor, count = self.state()
+        return batch_norm(
+            input,
+            running_mean,
+            running_var,
+            self.weight,
+            self.bias,
+            training,
+            factor,
+            self.eps,
+            residual=residual,
+            activation=self.activation,
+            num_batches_tracked=count,
+        )
+
+    def state(self) -> tuple:
+        """A call's running statistics (None where it neither reads nor updates them),
+        whether it normalizes by the batch's statistics, the momentum, and the count
+        that ``batch_norm`` adds 1 to (None where that is done already, or there is
+        none), as ``torch.nn.BatchNorm2d.forward`` works them out."""
         factor = 0.0 if self.momentum is None else self.momentum
         count = None  # the count batch_norm adds 1 to, in its kernel where it can
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -375,16 +420,17 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
                 count = self.num_batches_tracked
         training = self.training or (self.running_mean is None and self.running_var is None)
         tracked = not self.training or self.track_running_stats
-        return batch_norm(
-            input,
-            self.running_mean if tracked else None,
-            self.running_var if tracked else None,
-            self.weight,
-            self.bias,
-            training,
-            factor,
-            self.eps,
-            residual=residual,
-            activation=self.activation,
-            num_batches_tracked=count,
-        )
+        if not tracked:
+            return None, None, training, factor, count
+        return self.running_mean, self.running_var, training, factor, count
+
+
+class Fused(torch.nn.Identity):
+    """The place of an activation the batch norm before it applies: passes its input on."""
+
+    def __init__(self, activation: torch.nn.Module):
+        super().__init__()
+        self.was = repr(activation)
+
+    def extra_repr(self):
+        return f"{self.was}, applied by the batch norm before it"

@@ -6,6 +6,9 @@ it, a block's last one adding the shortcut first, and MobileNetV2's inverted res
 blocks' last batch norm adds their shortcut (``_torchvision``).
 An activation on its own costs a pass over the tensor each way and an autograd node;
 fused, the batch norm's kernels apply it as they write y and gate dy as they read it.
+The sequences that hold a convolution followed by a batch norm (``nn.Sequential``,
+torchvision's ``Conv2dNormActivation``), and the blocks above, run each such pair as
+one autograd node (``_convnorm``).
 
 The parameters, buffers and state_dict stay as they were; eval mode, and the calls the
 kernels do not serve, run PyTorch's batch norm and then the same activation."""
@@ -17,26 +20,24 @@ from collections import Counter
 
 import torch
 
-from ._batchnorm import ACTIVATIONS, BatchNorm2d
+from ._batchnorm import ACTIVATIONS, BatchNorm2d, Fused
+from ._convnorm import FusedSequential, pair
 
 NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "relu"
 
 
-class Fused(torch.nn.Identity):
-    """The place of an activation the batch norm before it applies: passes its input on."""
-
-    def __init__(self, activation: torch.nn.Module):
-        super().__init__()
-        self.was = repr(activation)
-
-    def extra_repr(self):
-        return f"{self.was}, applied by the batch norm before it"
+def _pairs(seq: torch.nn.Sequential) -> bool:
+    """Whether ``seq`` holds a convolution and a batch norm that run as one node."""
+    modules = list(seq._modules.values())
+    return any(pair(a, b) for a, b in zip(modules, modules[1:]))
 
 
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its batch norms fused with the activations after them, where its
-    structure shows them (module docstring); in place, and returned."""
-    blocks = _torchvision_blocks()
+    structure shows them, and its convolutions with the batch norms after them (module
+    docstring); in place, and returned."""
+    blocks, sequences = _torchvision_forms()
+    sequences[torch.nn.Sequential] = FusedSequential
     uses = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     shared = {i for i, n in uses.items() if n > 1}  # a module met twice is left as it is
     for m in model.modules():
@@ -44,6 +45,8 @@ def fuse(model: torch.nn.Module) -> torch.nn.Module:
             continue
         if isinstance(m, torch.nn.Sequential):
             _fuse_sequence(m, shared)
+            if type(m) in sequences and _pairs(m):
+                m.__class__ = sequences[type(m)]
         fused = blocks.get(type(m))
         if fused is not None and fused.fits(m) and not fused.shares(m, shared):
             fused.take(m)
@@ -60,21 +63,24 @@ def _fuse_sequence(seq: torch.nn.Sequential, shared: set) -> None:
                 seq._modules[b] = Fused(act)
 
 
-def _torchvision_blocks() -> dict:
-    """torchvision's block classes -> their fused forms, where torchvision's models are
-    imported already (a model of theirs is: ``_torchvision`` is imported only then)."""
+def _torchvision_forms() -> tuple[dict, dict]:
+    """torchvision's block classes -> their fused forms, and its sequence classes ->
+    theirs, where torchvision's models are imported already (a model of theirs is:
+    ``_torchvision`` is imported only then); else two empty tables."""
     if "torchvision.models.resnet" not in sys.modules:
-        return {}
+        return {}, {}
     from torchvision.models import mobilenetv2, resnet
+    from torchvision.ops import misc
 
     from . import _torchvision as T
 
-    return {
+    blocks = {
         resnet.ResNet: T.FusedResNet,
         resnet.BasicBlock: T.FusedBasicBlock,
         resnet.Bottleneck: T.FusedBottleneck,
         mobilenetv2.InvertedResidual: T.FusedInvertedResidual,
     }
+    return blocks, {misc.Conv2dNormActivation: T.FusedConv2dNormActivation}
 
 
 def describe(model: torch.nn.Module) -> str:

@@ -189,11 +189,12 @@ def _setup(ctx, inputs, output):
     ctx.args = (stride, padding, dilation, groups)
 
 
-def _gradients(ctx, input_grad, weight_grads, bias_grad):
-    """dx, dw and db where autograd asks for them: dgrad, wgrad with db fused where
-    both are wanted, bgrad alone; each passed in as a function of no arguments
-    (``weight_grads`` of whether db comes with it), by either path."""
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+def _gradients(ctx, input_grad, weight_grads, bias_grad, needs=None):
+    """dx, dw and db where autograd asks for them (``needs``: whether x, w and b want
+    gradients, by default the first three of ``ctx.needs_input_grad``): dgrad, wgrad
+    with db fused where both are wanted, bgrad alone; each passed in as a function of
+    no arguments (``weight_grads`` of whether db comes with it), by either path."""
+    need_x, need_w, need_b = needs or ctx.needs_input_grad[:3]
     need_b = need_b and ctx.has_bias
     dx = input_grad() if need_x else None
     dw = db = None
@@ -310,57 +311,71 @@ class Conv2dFunction(torch.autograd.Function):
     # arguments through inspect.signature, a fifth of the eager path's host time.
     @staticmethod
     def forward(ctx, x, weight, bias, lay):
-        ctx.lay, ctx.has_bias = lay, bias is not None
-        ctx.cast = weight.dtype is not x.dtype
         ctx.save_for_backward(x, weight)
-        dgrad = ctx.needs_input_grad[0]
-        # autocast, and the model's fp32 weights: cast and packed for the forward kernel,
-        # and for dgrad's where dx is wanted, in one launch (``E.Cast``; the backward
-        # hands dw and db back in fp32, dw in the weights' memory format); else, where dx
-        # is wanted, packed for both kernels in one gather where both pack them
-        fprop = (Op.FPROP, ctx.has_bias)
-        ops = (fprop, (Op.DGRAD, False)) if dgrad else (fprop,)
-        packing = lay.packing(ops, x.shape[0], weight.dtype) if ctx.cast or dgrad else None
-        ctx.dgrad_w = None  # dgrad packs the saved weights itself
-        if packing is None:
-            return E.forward(lay, x, weight, bias)
-        packed, w, dgrad_w = packing(weight)
-        if dgrad:  # dgrad's packing, kept for it
-            ctx.packed, ctx.dgrad_w = packed, dgrad_w
-        return E.forward(lay, x, w, bias)
+        return conv_forward(ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
 
     @staticmethod
     def backward(ctx, dy):
-        saved = ctx.saved_tensors
-        x, lay = saved[0], ctx.lay
+        x, weight = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the registered, differentiable ops
-            return (*_differentiable(ctx, lay, x, saved[1], dy), None)
-        need_x, need_w = ctx.needs_input_grad[:2]
-        if need_x and need_w:
-            need_b = ctx.needs_input_grad[2] and ctx.has_bias
-            dy = E.shared_dy(lay, dy, need_b, lay.dw_order if ctx.cast else lay.fp32_dw)
-        else:
-            dy = E.dense(dy, lay.layout)
-        w = saved[1] if ctx.dgrad_w is None else ctx.dgrad_w
-        if not ctx.cast:
-            dx, dw, db = _gradients(
-                ctx,
-                lambda: E.input_grad(lay, dy, w),
-                lambda bias: E.weight_grads(lay, x, dy, bias, lay.fp32_dw),
-                lambda: E.bias_grad(lay, dy),
-            )
-            return dx, dw, db, None
-        dx, dw, db = _gradients(
+            return (*_differentiable(ctx, ctx.lay, x, weight, dy), None)
+        return (*conv_backward(ctx, x, weight, dy, ctx.needs_input_grad[:3]), None)
+
+
+def conv_forward(ctx, x, weight, bias, lay, dgrad: bool):
+    """y of the eager path's convolution, and on ``ctx`` what ``conv_backward`` needs
+    but the tensors its caller saves (x and weight); ``dgrad``: whether x wants its
+    gradient.  Shared by ``Conv2dFunction`` and the node that runs a batch norm after
+    the convolution (``_convnorm``)."""
+    ctx.lay, ctx.has_bias = lay, bias is not None
+    ctx.cast = weight.dtype is not x.dtype
+    # autocast, and the model's fp32 weights: cast and packed for the forward kernel,
+    # and for dgrad's where dx is wanted, in one launch (``E.Cast``; the backward
+    # hands dw and db back in fp32, dw in the weights' memory format); else, where dx
+    # is wanted, packed for both kernels in one gather where both pack them
+    fprop = (Op.FPROP, ctx.has_bias)
+    ops = (fprop, (Op.DGRAD, False)) if dgrad else (fprop,)
+    packing = lay.packing(ops, x.shape[0], weight.dtype) if ctx.cast or dgrad else None
+    ctx.dgrad_w = None  # dgrad packs the saved weights itself
+    if packing is None:
+        return E.forward(lay, x, weight, bias)
+    packed, w, dgrad_w = packing(weight)
+    if dgrad:  # dgrad's packing, kept for it
+        ctx.packed, ctx.dgrad_w = packed, dgrad_w
+    return E.forward(lay, x, w, bias)
+
+
+def conv_backward(ctx, x, weight, dy, needs):
+    """dx, dw and db of the eager path's convolution from dy (``needs``: whether x, w
+    and b want them), with what ``conv_forward`` left on ``ctx``."""
+    lay = ctx.lay
+    need_x, need_w = needs[:2]
+    if need_x and need_w:
+        need_b = needs[2] and ctx.has_bias
+        dy = E.shared_dy(lay, dy, need_b, lay.dw_order if ctx.cast else lay.fp32_dw)
+    else:
+        dy = E.dense(dy, lay.layout)
+    w = weight if ctx.dgrad_w is None else ctx.dgrad_w
+    if not ctx.cast:
+        return _gradients(
             ctx,
             lambda: E.input_grad(lay, dy, w),
-            lambda bias: E.weight_grads(lay, x, dy, bias, lay.dw_order),
+            lambda bias: E.weight_grads(lay, x, dy, bias, lay.fp32_dw),
             lambda: E.bias_grad(lay, dy),
+            needs,
         )
-        if dw is not None and dw.dtype is not torch.float32:
-            # a kernel that writes dw in the tensors' dtype: to fp32 in the weights'
-            # memory format in one op, where autograd would cast it and then copy it
-            dw = dw.to(torch.float32, memory_format=lay.w_format)
-        return dx, dw, db, None
+    dx, dw, db = _gradients(
+        ctx,
+        lambda: E.input_grad(lay, dy, w),
+        lambda bias: E.weight_grads(lay, x, dy, bias, lay.dw_order),
+        lambda: E.bias_grad(lay, dy),
+        needs,
+    )
+    if dw is not None and dw.dtype is not torch.float32:
+        # a kernel that writes dw in the tensors' dtype: to fp32 in the weights'
+        # memory format in one op, where autograd would cast it and then copy it
+        dw = dw.to(torch.float32, memory_format=lay.w_format)
+    return dx, dw, db
 
 
 def _differentiable(ctx, lay, x, weight, dy):

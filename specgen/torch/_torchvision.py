@@ -1,14 +1,17 @@
 """torchvision's blocks with their batch norms fused (``_fuse``): the same modules,
 parameters and state_dict, a forward that hands each ReLU to the batch norm before it
-and a residual block's shortcut to its last batch norm.  Imported only where
-torchvision is."""
+and a residual block's shortcut to its last batch norm, and runs each convolution
+with the batch norm after it as one autograd node (``_convnorm``).  Imported only
+where torchvision is."""
 
 from __future__ import annotations
 
 import torch
 from torchvision.models import mobilenetv2, resnet
+from torchvision.ops import misc
 
 from ._batchnorm import BatchNorm2d
+from ._convnorm import conv_norm, run_fused, shortcut
 
 
 class _Fusing:
@@ -48,7 +51,7 @@ class FusedResNet(_Fusing, resnet.ResNet):
     adds_shortcut = False
 
     def _forward_impl(self, x):
-        x = self.maxpool(self.bn1(self.conv1(x)))
+        x = self.maxpool(conv_norm(self.conv1, self.bn1, x))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
@@ -57,18 +60,16 @@ class FusedBasicBlock(_Fusing, resnet.BasicBlock):
     relu_norms = ("bn1", "bn2")
 
     def forward(self, x):
-        out = self.conv2(self.bn1(self.conv1(x)))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.bn2(out, identity)
+        out = conv_norm(self.conv1, self.bn1, x)
+        return conv_norm(self.conv2, self.bn2, out, shortcut(self.downsample, x))
 
 
 class FusedBottleneck(_Fusing, resnet.Bottleneck):
     relu_norms = ("bn1", "bn2", "bn3")
 
     def forward(self, x):
-        out = self.conv3(self.bn2(self.conv2(self.bn1(self.conv1(x)))))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.bn3(out, identity)
+        out = conv_norm(self.conv2, self.bn2, conv_norm(self.conv1, self.bn1, x))
+        return conv_norm(self.conv3, self.bn3, out, shortcut(self.downsample, x))
 
 
 class FusedInvertedResidual(mobilenetv2.InvertedResidual):
@@ -89,7 +90,15 @@ class FusedInvertedResidual(mobilenetv2.InvertedResidual):
         block.__class__ = cls
 
     def forward(self, x):
+        *body, conv, bn = self.conv
         out = x
-        for m in list(self.conv)[:-1]:
+        for m in body:
             out = m(out)
-        return self.conv[-1](out, x)
+        return conv_norm(conv, bn, out, x)
+
+
+class FusedConv2dNormActivation(misc.Conv2dNormActivation):
+    """Its convolution and batch norm as one node (``_fuse.run_fused``)."""
+
+    def forward(self, input):
+        return run_fused(self, input)

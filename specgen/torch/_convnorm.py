@@ -1,0 +1,220 @@
+"""A convolution and the batch norm after it as one autograd node (``conv_norm``): the
+same kernels, in the same order, as the two modules called one after the other, and
+the same values and gradients, bit for bit.
+
+An eager training step of a network of small layers waits on the host, and each
+autograd node costs it twice: its forward's ``apply`` (the node built, the tensors
+saved) and its backward's turn in the engine. ResNet's and MobileNet's every
+convolution is followed by a batch norm, so the pair as one node halves both.
+
+``conv_norm`` takes the node where both modules would run specgen's kernels on the
+eager path, neither has a hook (nor are there global ones: a hook sees each module's
+call) and x is a batched CUDA tensor; else it calls the two modules.  The fused
+forms of ``_fuse`` and ``_torchvision`` call it: ``run_fused`` runs a sequence's modules
+so (``FusedSequential``), and ``shortcut`` a residual block's downsampling pair."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as _module
+
+from ..errors import SpecError
+from . import _batchnorm as B
+from . import _engine
+from ._ops import _apply_of, conv2d_eager, conv_backward, conv_forward
+
+
+class ConvNormFunction(torch.autograd.Function):
+    """act(batch_norm(conv(x, weight, bias)) + r): the convolution's forward
+    (``_ops.conv_forward``), then the batch norm's over its output
+    (``_batchnorm.norm_forward``); the backward the batch norm's, then the
+    convolution's from the gradient it gives.  The last argument is the convolution's
+    layer and the batch norm's call (``batch_norm``'s)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, gamma, beta, running_mean, running_var, r, call):
+        lay, norm = call
+        y = conv_forward(ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
+        out, saved = B.norm_forward(ctx, y, gamma, beta, running_mean, running_var, r, norm)
+        ctx.save_for_backward(x, weight, bias, *saved)  # saved: y, gamma (and out: the gate)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, y, gamma, *rest = ctx.saved_tensors
+        out = rest[0] if rest else None
+        needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
+            return _differentiable(ctx, x, weight, bias, gamma, out, dout)
+        conv = needs[:3]
+        dy, dgamma, dbeta, dr = B.norm_backward(
+            ctx, y, gamma, out, dout, (any(conv), needs[3], needs[4], needs[7])
+        )
+        dx = dw = db = None
+        if any(conv):
+            dx, dw, db = conv_backward(ctx, x, weight, dy, conv)
+        return dx, dw, db, dgamma, dbeta, None, None, dr, None
+
+
+def _differentiable(ctx, x, weight, bias, gamma, out, dout):
+    """The node's gradients as functions that autograd can differentiate again (a
+    backward with ``create_graph``): dout gated by the activation, then the gradients
+    of PyTorch's batch norm over the batch's statistics of the convolution, recomputed
+    by the registered, differentiable op."""
+    needs, k, lay = ctx.needs_input_grad, ctx.kernels, ctx.lay
+    dz = dout
+    if out is not None:
+        dz = torch.where(B.GATES[k.act](out.detach()), dout, torch.zeros_like(dout))
+    w = weight.to(x.dtype) if ctx.cast else weight
+    args = (list(lay.stride), list(lay.pads), list(lay.dilation), lay.groups)
+    y = torch.ops.specgen.conv2d(x, w, bias, *args)
+    norm = F.batch_norm(y, None, None, gamma, None, True, 0.0, k.eps)
+    wanted = [(x, needs[0]), (weight, needs[1]), (bias, needs[2]), (gamma, needs[3])]
+    wrt = [t for t, want in wanted if want]
+    found = list(torch.autograd.grad(norm, wrt, dz, create_graph=True)) if wrt else []
+    dx, dw, db, dgamma = (found.pop(0) if want else None for _, want in wanted)
+    dbeta = dz.sum((0, 2, 3), dtype=torch.float32) if needs[4] else None
+    return dx, dw, db, dgamma, dbeta, None, None, dz if needs[7] else None, None
+
+
+_apply = _apply_of(ConvNormFunction)
+# What the package hands over as it is imported (``bind``): its ``Conv2d``, the
+# normalizer of its arguments and the finder of its eager layer.
+PACKAGE: dict = {}
+
+
+def bind(conv2d: type, arguments, eager_layer) -> None:
+    PACKAGE.update(Conv2d=conv2d, arguments=arguments, eager_layer=eager_layer)
+
+
+def pair(conv, bn) -> bool:
+    """Whether modules ``conv`` and ``bn``, called in turn, run as one node where the
+    call serves it: specgen's ``Conv2d`` and ``BatchNorm2d``."""
+    return type(conv) is PACKAGE["Conv2d"] and type(bn) is B.BatchNorm2d
+
+
+def conv_norm(conv, bn, x, residual=None):
+    """``bn(conv(x), residual)`` for specgen's ``Conv2d`` and ``BatchNorm2d`` modules,
+    as one autograd node where both run specgen's kernels (module docstring)."""
+    if not (bn.training and x.is_cuda and x.dim() == 4 and _bare(conv, bn)):
+        return bn(conv(x), residual)
+    if not pair(conv, bn) or conv.padding_mode != "zeros" or torch.compiler.is_compiling():
+        return bn(conv(x), residual)
+    try:
+        args = PACKAGE["arguments"](conv.stride, conv.padding, conv.dilation, conv.weight)
+        found = PACKAGE["eager_layer"](x, conv.weight, conv.bias, *args, conv.groups)
+        lay, x, weight, bias = found
+    except SpecError:  # the modules' calls take PyTorch's path, and log it
+        return bn(conv(x), residual)
+    running_mean, running_var, _, factor, count = bn.state()
+    kernels = _kernels(lay, x, bn, running_mean, running_var, residual)
+    if kernels is None:  # as the two modules' calls: PyTorch's batch norm after ours
+        y = conv2d_eager(x, weight, bias, lay)
+        return B.batch_norm(
+            y,
+            running_mean,
+            running_var,
+            bn.weight,
+            bn.bias,
+            True,
+            factor,
+            bn.eps,
+            residual=residual,
+            activation=bn.activation,
+            num_batches_tracked=count,
+        )
+    counted = B.counted_at(count, running_mean is not None, lay.index)
+    norm = (kernels, B._bits(factor), counted)
+    stats = (running_mean, running_var)
+    return _apply(x, weight, bias, bn.weight, bn.bias, *stats, residual, (lay, norm))
+
+
+def _bare(*modules) -> bool:
+    """Whether calling these modules runs their forwards alone: no hook of theirs and
+    no global one (``torch.nn.Module``'s own test for its fast path)."""
+    for m in modules:
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+            return False
+        if m._backward_pre_hooks:
+            return False
+    return not (
+        _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
+    )
+
+
+_plans: dict[tuple, tuple] = {}  # (layer, batch, the batch norm's form) -> kernels, y's
+
+
+def _kernels(lay, x, bn, running_mean, running_var, residual):
+    """The batch norm's kernels over the output of the convolution of x (dense in
+    layer ``lay``'s layout), or None where they do not serve this call: as
+    ``_batchnorm.batch_norm`` decides for that output (``kernel_layout``, and a residual
+    they read as they read it, ``_alike``)."""
+    affine, running = bn.weight is not None, running_mean is not None
+    N, act, added = x.shape[0], bn.activation, residual is not None
+    key = (lay, N, x.dtype, bn.eps, affine, running, act, added)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _engine.LAYERS_KEPT:
+            _plans.clear()
+        size = (N, *lay.y_rest)
+        y = torch.empty(size, dtype=x.dtype, device="meta", memory_format=lay.fmt)
+        layout = B.planned_layout(y, None, None, None, None)
+        k = None
+        if layout is not None:
+            form = (bn.eps, affine, running, act, added)
+            k = B.Kernels(lay.index, layout, size, B.STORED[x.dtype], *form)
+        plan = _plans[key] = (k, y.shape, y.stride())
+    k, size, stride = plan
+    stats = (running_mean, running_var)
+    if k is None or not B.parameters_serve(size[1], lay.index, bn.weight, bn.bias, *stats):
+        return None
+    if residual is not None and not (
+        residual.dtype is x.dtype
+        and residual.shape == size
+        and residual.stride() == stride
+        and residual.get_device() == lay.index
+        and not residual.data_ptr() % 16
+    ):
+        return None
+    return k
+
+
+class FusedSequential(torch.nn.Sequential):
+    """``nn.Sequential`` (the same modules and state_dict) that runs each convolution
+    followed by a batch norm as one autograd node (``run_fused``)."""
+
+    def forward(self, input):
+        return run_fused(self, input)
+
+
+def run_fused(seq: torch.nn.Sequential, input):
+    """``seq``'s modules applied in turn to ``input``, each ``Conv2d`` with the
+    ``BatchNorm2d`` after it by ``conv_norm``; an activation's place that the batch norm
+    before it fills (``Fused``) passes its input on uncalled where it has no hooks."""
+    modules = tuple(seq._modules.values())
+    i, n = 0, len(modules)
+    while i < n:
+        m = modules[i]
+        if i + 1 < n and pair(m, modules[i + 1]):
+            input = conv_norm(m, modules[i + 1], input)
+            i += 2
+            continue
+        if type(m) is not B.Fused or not _bare(m):
+            input = m(input)
+        i += 1
+    return input
+
+
+def shortcut(downsample, x):
+    """A residual block's shortcut of x: x itself, or its ``downsample`` (torchvision's
+    is a ``Conv2d`` and a ``BatchNorm2d`` in a sequence: one node, ``run_fused``)."""
+    if downsample is None:
+        return x
+    if type(downsample) is FusedSequential and _bare(downsample):
+        return run_fused(downsample, x)
+    return downsample(x)
