@@ -134,7 +134,7 @@ def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
     import io
 
     import specgen.torch as sg
-    from specgen.torch._fuse import Fused
+    from specgen.torch._fuse import Fused, describe
 
     torch.manual_seed(0)
     base = getattr(torchvision.models, name)(num_classes=10)
@@ -159,6 +159,8 @@ def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
         assert sequences["FusedSequential"] == 17  # each block's own sequence
     else:  # the downsample shortcuts
         assert sequences["FusedSequential"] == (3 if name == "resnet18" else 4)
+    nodes = {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52}[name]  # every conv's
+    assert describe(ours).endswith(f", {nodes} one node with the convolution before them")
     assert ours.state_dict().keys() == base.state_dict().keys()
     x = torch.randn(2, 3, 64, 64)
     for mode in ("train", "eval"):

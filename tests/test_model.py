@@ -73,8 +73,9 @@ def test_plan_lists_a_pick_for_every_problem_and_op():
     assert r.exit_code == 0, r.output
     fused = "batch norm: 20 on specgen's kernels, 17 with the activation after them, 8 adding"
     assert fused in r.output  # the stem's and every block's; a shortcut a block
+    assert "8 adding a shortcut, 20 one node with the convolution before them" in r.output
     r2 = run("model", "resnet18", "--plan", "--batch", "8", "--modes", "bf16", "--no-fuse")
-    assert "batch norm: 20 on specgen's kernels, none fused" in r2.output
+    assert "batch norm: 20 on specgen's kernels, none fused\n" in r2.output
     assert "wgmma_" in r.output and "bf16 (bf16, nhwc)" in r.output
     stem = [l for l in r.output.splitlines() if l.startswith("conv1 ") and "wgrad" in l]
     # the stem's wgrad on tensor cores over its own three channels, none padded in

@@ -188,6 +188,8 @@ class FusedSequential(torch.nn.Sequential):
     """``nn.Sequential`` (the same modules and state_dict) that runs each convolution
     followed by a batch norm as one autograd node (``run_fused``)."""
 
+    runs_pairs = True
+
     def forward(self, input):
         return run_fused(self, input)
 

@@ -26,10 +26,16 @@ from ._convnorm import FusedSequential, pair
 NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "relu"
 
 
-def _pairs(seq: torch.nn.Sequential) -> bool:
-    """Whether ``seq`` holds a convolution and a batch norm that run as one node."""
-    modules = list(seq._modules.values())
-    return any(pair(a, b) for a, b in zip(modules, modules[1:]))
+def _pairs(seq: torch.nn.Sequential) -> int:
+    """The times ``seq`` holds a convolution and then a batch norm, a pair that runs as
+    one node (none of them overlapping)."""
+    modules, found, i = list(seq._modules.values()), 0, 0
+    while i + 1 < len(modules):
+        if pair(modules[i], modules[i + 1]):
+            found, i = found + 1, i + 2
+        else:
+            i += 1
+    return found
 
 
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
@@ -85,16 +91,27 @@ def _torchvision_forms() -> tuple[dict, dict]:
 
 def describe(model: torch.nn.Module) -> str:
     """What ``convert`` made of a model's batch norms, in a line: how many run on
-    specgen's kernels, how many apply the activation after them, and how many add a
-    residual block's shortcut."""
+    specgen's kernels, how many apply the activation after them, how many add a
+    residual block's shortcut, and how many run with the convolution before them as
+    one autograd node (``_convnorm``)."""
     norms = [m for m in model.modules() if isinstance(m, BatchNorm2d)]
     if not norms:
         return "batch norm: PyTorch's" if _has_batch_norm(model) else "no batch norm"
     fused = sum(m.activation is not None for m in norms)
     shortcuts = sum(getattr(type(m), "adds_shortcut", False) for m in model.modules())
+    nodes = sum(_nodes(m) for m in model.modules())
     line = f"batch norm: {len(norms)} on specgen's kernels, "
     line += f"{fused} with the activation after them" if fused else "none fused"
-    return line + (f", {shortcuts} adding a shortcut" if shortcuts else "")
+    line += f", {shortcuts} adding a shortcut" if shortcuts else ""
+    return line + (f", {nodes} one node with the convolution before them" if nodes else "")
+
+
+def _nodes(m: torch.nn.Module) -> int:
+    """The convolution and batch norm pairs that module ``m``'s own forward runs as one
+    node: a fused sequence's, or a fused block's (``pairs``)."""
+    if getattr(type(m), "runs_pairs", False):
+        return _pairs(m)
+    return getattr(type(m), "pairs", 0)
 
 
 def _has_batch_norm(model) -> bool:

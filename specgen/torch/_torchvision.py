@@ -17,6 +17,7 @@ from ._convnorm import conv_norm, run_fused, shortcut
 class _Fusing:
     relu_norms: tuple[str, ...] = ()  # the batch norms a ReLU follows
     adds_shortcut = True  # the last batch norm adds the block's shortcut
+    pairs = 0  # the convolution and batch norm pairs its forward runs as one node each
 
     @classmethod
     def fits(cls, block) -> bool:
@@ -49,6 +50,7 @@ class FusedResNet(_Fusing, resnet.ResNet):
 
     relu_norms = ("bn1",)
     adds_shortcut = False
+    pairs = 1
 
     def _forward_impl(self, x):
         x = self.maxpool(conv_norm(self.conv1, self.bn1, x))
@@ -58,6 +60,7 @@ class FusedResNet(_Fusing, resnet.ResNet):
 
 class FusedBasicBlock(_Fusing, resnet.BasicBlock):
     relu_norms = ("bn1", "bn2")
+    pairs = 2
 
     def forward(self, x):
         out = conv_norm(self.conv1, self.bn1, x)
@@ -66,6 +69,7 @@ class FusedBasicBlock(_Fusing, resnet.BasicBlock):
 
 class FusedBottleneck(_Fusing, resnet.Bottleneck):
     relu_norms = ("bn1", "bn2", "bn3")
+    pairs = 3
 
     def forward(self, x):
         out = conv_norm(self.conv2, self.bn2, conv_norm(self.conv1, self.bn1, x))
@@ -98,7 +102,9 @@ class FusedInvertedResidual(mobilenetv2.InvertedResidual):
 
 
 class FusedConv2dNormActivation(misc.Conv2dNormActivation):
-    """Its convolution and batch norm as one node (``_fuse.run_fused``)."""
+    """Its convolution and batch norm as one node (``_convnorm.run_fused``)."""
+
+    runs_pairs = True
 
     def forward(self, input):
         return run_fused(self, input)
