@@ -349,29 +349,21 @@ def conv_backward(ctx, x, weight, dy, needs):
     """dx, dw and db of the eager path's convolution from dy (``needs``: whether x, w
     and b want them), with what ``conv_forward`` left on ``ctx``."""
     lay = ctx.lay
+    order = lay.dw_order if ctx.cast else lay.fp32_dw  # dw's order, where it comes in fp32
     need_x, need_w = needs[:2]
     if need_x and need_w:
-        need_b = needs[2] and ctx.has_bias
-        dy = E.shared_dy(lay, dy, need_b, lay.dw_order if ctx.cast else lay.fp32_dw)
+        dy = E.shared_dy(lay, dy, needs[2] and ctx.has_bias, order)
     else:
         dy = E.dense(dy, lay.layout)
     w = weight if ctx.dgrad_w is None else ctx.dgrad_w
-    if not ctx.cast:
-        return _gradients(
-            ctx,
-            lambda: E.input_grad(lay, dy, w),
-            lambda bias: E.weight_grads(lay, x, dy, bias, lay.fp32_dw),
-            lambda: E.bias_grad(lay, dy),
-            needs,
-        )
     dx, dw, db = _gradients(
         ctx,
         lambda: E.input_grad(lay, dy, w),
-        lambda bias: E.weight_grads(lay, x, dy, bias, lay.dw_order),
+        lambda bias: E.weight_grads(lay, x, dy, bias, order),
         lambda: E.bias_grad(lay, dy),
         needs,
     )
-    if dw is not None and dw.dtype is not torch.float32:
+    if ctx.cast and dw is not None and dw.dtype is not torch.float32:
         # a kernel that writes dw in the tensors' dtype: to fp32 in the weights'
         # memory format in one op, where autograd would cast it and then copy it
         dw = dw.to(torch.float32, memory_format=lay.w_format)
