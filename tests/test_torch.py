@@ -1160,6 +1160,33 @@ def test_the_layout_transpose_equals_pytorchs_copy_both_ways(dtype, shape):
     assert back.is_contiguous() and torch.equal(back, x)
 
 
+def test_a_launch_from_a_thread_that_made_no_cuda_call_runs():
+    """The driver's launch needs a current context, which CUDA's runtime makes current
+    at a thread's first call of it: the autograd engine's device thread reaches a
+    backward that starts at specgen's output before any PyTorch launch.  A new thread
+    that has made no CUDA call launches the operator's transpose, and it runs."""
+    import threading
+
+    x = torch.randn(3, 40, 6, 5, device="cuda")
+    E.dense(x, TensorLayout.NHWC)  # the transpose built (its launch bound) here
+    step = next(s for key, s in E._transposes.items() if key[1:] == (x.dtype, 3, 40, 30))
+    y = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
+    torch.cuda.synchronize()
+    errors = []
+
+    def launch():
+        try:
+            E.launch_step(step, x.device.index, x.data_ptr(), y.data_ptr())
+        except Exception as e:  # the driver's error, to be asserted on in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert torch.equal(y, x)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize(
     "args", [dict(), dict(stride=2, padding=1), dict(padding="same", dilation=3), dict(groups=4)]

@@ -731,24 +731,42 @@ class Gather:
 
 
 _devices: list = []  # the process's CUDA device count, once read
+# Whether this thread has a CUDA context current: the runtime makes the primary one
+# current lazily, at a thread's first runtime call, and the driver's launch needs one.
+# The autograd engine's device thread may reach a node's backward before it makes any
+# (a backward that starts at specgen's output): that thread sets the device once.
+_thread = threading.local()
 
 
 def on_device(index: int, fn, *args) -> None:
     """``fn(*args)`` with device ``index`` current, as a driver launch needs its
     function's context (switched only where another device is current; with one
-    device in the process, it always is)."""
+    device in the process, it always is, once this thread has a context)."""
     if not _devices:
         _devices.append(torch.cuda.device_count())
     if _devices[0] == 1:
+        if not getattr(_thread, "context", False):
+            _set_device(index)
         fn(*args)
         return
     import cupy
 
     if cupy.cuda.runtime.getDevice() == index:
+        if not getattr(_thread, "context", False):
+            _set_device(index)
         fn(*args)
     else:
         with cupy.cuda.Device(index):
             fn(*args)
+
+
+def _set_device(index: int) -> None:
+    """The device set on this thread through the runtime, which makes its primary
+    context current (CUDA 12 and later), as a PyTorch op's first launch would."""
+    import cupy
+
+    cupy.cuda.runtime.setDevice(index)
+    _thread.context = True
 
 
 def gather_kernel(index: int, source: str, target: str) -> int:
