@@ -391,6 +391,9 @@ def transpose_source(dtype: str) -> tuple[str, str]:
 
 
 _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once imported
+# The recorder of this thread's launches, where a node's call is being recorded to be
+# replayed (``specgen.torch._replay``): ``RECORDING.rec``, else absent or None.
+RECORDING = threading.local()
 
 
 def _driver_launch():
@@ -513,6 +516,7 @@ class Launcher:
 
     def __call__(self, bufs: dict, stream: int) -> None:
         launch = _driver_launch()
+        rec = getattr(RECORDING, "rec", None)
         with self.lock:
             for st in self.steps:
                 slots = st.slots
@@ -522,6 +526,8 @@ class Launcher:
                     params = st.params
                     for i, role, bound, offset in st.maps:
                         params[i] = bound.address(bufs[role] + offset)
+                if rec is not None:
+                    rec.launched(st, [(i, b, bufs[r] + o) for i, r, b, o in st.maps])
                 launch(*st.head, stream, st.params_at, 0)
 
 

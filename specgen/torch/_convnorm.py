@@ -21,7 +21,7 @@ from torch.nn.modules import module as _module
 
 from ..errors import SpecError
 from . import _batchnorm as B
-from . import _engine
+from . import _engine, _replay
 from ._ops import _apply_of, conv2d_eager, conv_backward, conv_forward
 
 
@@ -35,26 +35,53 @@ class ConvNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, gamma, beta, running_mean, running_var, r, call):
         lay, norm = call
-        y = conv_forward(ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
-        out, saved = B.norm_forward(ctx, y, gamma, beta, running_mean, running_var, r, norm)
+        inputs = (x, weight, bias, gamma, beta, running_mean, running_var, r)
+        b = None if bias is None else (bias.dtype, bias.stride())
+        key = (lay, norm, x.shape[0], weight.dtype, b, ctx.needs_input_grad)
+        body = lambda: _forward(ctx, *inputs, call)  # noqa: E731
+        (out, saved), ctx.record = _replay.run(ctx, _forwards, key, inputs, body, SET)
         ctx.save_for_backward(x, weight, bias, *saved)  # saved: y, gamma (and out: the gate)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        x, weight, bias, y, gamma, *rest = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x, weight, bias, y, gamma, *rest = saved
         out = rest[0] if rest else None
-        needs = ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
             return _differentiable(ctx, x, weight, bias, gamma, out, dout)
-        conv = needs[:3]
-        dy, dgamma, dbeta, dr = B.norm_backward(
-            ctx, y, gamma, out, dout, (any(conv), needs[3], needs[4], needs[7])
-        )
-        dx = dw = db = None
-        if any(conv):
-            dx, dw, db = conv_backward(ctx, x, weight, dy, conv)
-        return dx, dw, db, dgamma, dbeta, None, None, dr, None
+        if ctx.record is None:
+            return _backward(ctx, x, weight, y, gamma, out, dout)
+        inputs = (dout, *saved, ctx.scratch, getattr(ctx, "packed", None))
+        key = (dout.stride(), dout.dtype)
+        body = lambda: _backward(ctx, x, weight, y, gamma, out, dout)  # noqa: E731
+        return _replay.run(ctx, ctx.record.after, key, inputs, body, ())[0]
+
+
+# What the forward's body sets on ctx (``conv_forward``'s and ``norm_forward``'s), and
+# its records: a replay sets them as the body would.
+SET = ("lay", "has_bias", "cast", "dgrad_w", "packed", "kernels", "scratch")
+_forwards: dict = {}
+
+
+def _forward(ctx, x, weight, bias, gamma, beta, running_mean, running_var, r, call):
+    """The node's forward: out, and what the backward reads besides x, weight and bias."""
+    lay, norm = call
+    y = conv_forward(ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
+    return B.norm_forward(ctx, y, gamma, beta, running_mean, running_var, r, norm)
+
+
+def _backward(ctx, x, weight, y, gamma, out, dout):
+    """The node's gradients: the batch norm's backward, then the convolution's."""
+    needs = ctx.needs_input_grad
+    conv = needs[:3]
+    dy, dgamma, dbeta, dr = B.norm_backward(
+        ctx, y, gamma, out, dout, (any(conv), needs[3], needs[4], needs[7])
+    )
+    dx = dw = db = None
+    if any(conv):
+        dx, dw, db = conv_backward(ctx, x, weight, dy, conv)
+    return dx, dw, db, dgamma, dbeta, None, None, dr, None
 
 
 def _differentiable(ctx, x, weight, bias, gamma, out, dout):

@@ -16,7 +16,8 @@ from ..choose import WGEMM_MIN_MAPS, Choice, choose, computed_problem, crop_orig
 from ..choose import search_floor, searched_math, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
-from ..runtime import Conv, _driver_launch, _Step, device_arch, transpose_source, weight_dtype
+from ..runtime import RECORDING, Conv, _driver_launch, _Step, device_arch, transpose_source
+from ..runtime import weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..strategies.wsplit import with_fp32_grads
@@ -227,10 +228,13 @@ def launch_steps(index: int, *calls) -> None:
     """Each (step, addresses) of ``calls`` launched in order on device ``index``'s
     current stream, under one hold of the slots' lock."""
     stream, launch = raw_stream(index), _driver_launch()
+    rec = getattr(RECORDING, "rec", None)
     with _step_lock:  # the slots are shared
         for step, addresses in calls:
             for (i, _, _), at in zip(step.fill, addresses):
                 step.slots[i] = at
+            if rec is not None:
+                rec.launched(step, [])
             on_device(index, launch, *step.head, stream, step.params_at, 0)
 
 
@@ -1012,6 +1016,9 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
             keep.append(packed)
             at, nbytes = packed.data_ptr(), packed.numel() * packed.element_size()
         if k.constant:  # the plan reads them from __constant__: copied there first
+            rec = getattr(RECORDING, "rec", None)
+            if rec is not None:  # a copy, no launch: not replayed
+                rec.failed = "weights uploaded to __constant__"
             k.conv.upload_weights(at, nbytes, stream)
             at = 0
         ptrs[Role.W] = at
@@ -1046,6 +1053,9 @@ def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
             found = torch.empty(need, dtype=torch.uint8, device=device)
             _workspaces[(device.index, stream)] = found
     keep.append(found)  # held to the enqueue, even where another thread replaces it
+    rec = getattr(RECORDING, "rec", None)
+    if rec is not None:
+        rec.scratch(found, need, device)
     return found.data_ptr()
 
 

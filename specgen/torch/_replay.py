@@ -1,0 +1,302 @@
+"""A node's host work recorded once and replayed: its allocations and its launches.
+
+An eager step of a network of small layers waits on the host, and most of a
+specgen node's host time is Python that works out, call after call, the same
+allocations and the same launches: which kernels, which scratch, which address goes
+in which argument.  For calls that agree in everything that Python decides on (the
+node's ``key``: its layer, batch, dtypes, which gradients are wanted), the first call
+runs the node's body as usual while ``Recording`` watches it: every tensor the body
+allocates or views (a ``TorchDispatchMode``), every launch with its argument slots
+(``runtime.Launcher`` and ``_engine.launch_steps`` report them), the scratch it takes
+(``_engine.workspace``).  Each argument is then either an address inside one of the
+call's tensors (an input, an allocation, the scratch; kept as that tensor and an
+offset) or a constant.  Later calls allocate the same tensors, write their addresses
+into the slots and launch: the same launches on the same current stream, with no
+Python in between.
+
+A body that does anything else (a PyTorch op other than an allocation or a view, a
+``__constant__`` upload) cannot be replayed: its recording fails, and after
+``TRIES`` failures the key is run as usual for good.  The first call of a layer
+fails so while it builds its kernels; the second records.  Nothing is recorded or
+replayed while a CUDA graph is captured (the scratch differs there), for inputs off
+a 16-byte boundary (the body copies them), or where ``ENABLED`` is off
+(``SPECGEN_REPLAY=0``; the tests compare the two)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..runtime import RECORDING, _driver_launch
+from ._engine import on_device, raw_stream, workspace
+
+ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
+TRIES = 3  # failed recordings of a key before it is run as usual for good
+KEPT = 4096  # records kept (a stream of new shapes: start over)
+ALIGNED = 16
+
+_aten = torch.ops.aten
+ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default}
+VIEWS = {
+    _aten.slice.Tensor,
+    _aten.as_strided.default,
+    _aten.view.default,
+    _aten.alias.default,
+    _aten.detach.default,
+}
+
+
+class Step:
+    """One recorded launch: its function, grid, block and shared bytes, argument slots
+    of its own with the constants in place, and the slots (and tensor maps) that take
+    a tensor's address plus an offset at each replay."""
+
+    def __init__(self, head: tuple, values: list, fill: list, maps: list):
+        self.head = head
+        self.slots = (ctypes.c_uint64 * len(values))(*values)
+        base = ctypes.addressof(self.slots)
+        self.params = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+        self.params_at = ctypes.addressof(self.params)
+        self.fill = fill  # (slot, buffer, byte offset)
+        self.maps = maps  # (parameter, tma.BoundMap, buffer, byte offset)
+
+
+class Record:
+    """What a node's call did, to do again: the buffers by index (the inputs first,
+    then each allocation and scratch in the order the body took them), the launches,
+    and how to rebuild its results and ctx attributes from the buffers."""
+
+    def __init__(self, index, buffers, steps, results, attrs):
+        self.index, self.buffers, self.steps = index, buffers, steps
+        self.results, self.attrs = results, attrs
+        self.lock = threading.Lock()  # the slots are the record's own, shared by calls
+        self.replays = 0
+        self.after: dict = {}  # records of the next node's calls (a forward's backward)
+        self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
+
+    def replay(self, ctx, inputs: tuple, addresses: list):
+        """The results of the recorded call for these ``inputs`` (at ``addresses``; the
+        recorded call's dtypes, sizes and strides), its ctx attributes set on ``ctx``.
+        Every scratch the body took is the stream's scratch at the most it took: the
+        launches run in the stream's order, as they share it in the body."""
+        self.replays += 1
+        index = self.index
+        stream = raw_stream(index)
+        made = list(inputs)
+        addresses = list(addresses)
+        keep = []
+        scratch = None
+        for kind, *spec in self.buffers:
+            if kind == "new":
+                t = allocate(*spec)
+                made.append(t)
+                addresses.append(t.data_ptr())
+            else:
+                if scratch is None:
+                    scratch = workspace(self.scratch_need, spec[1], stream, keep)
+                made.append(None)
+                addresses.append(scratch)
+        on_device(index, self._launch, addresses, stream)
+        views: dict = {}
+        for name, value in self.attrs:
+            setattr(ctx, name, _rebuilt(value, made, addresses, views))
+        return _rebuilt(self.results, made, addresses, views)
+
+    def _launch(self, addresses: list, stream: int) -> None:
+        launch = _driver_launch()
+        with self.lock:
+            for st in self.steps:
+                slots = st.slots
+                for i, b, offset in st.fill:
+                    slots[i] = addresses[b] + offset
+                for i, bound, b, offset in st.maps:
+                    st.params[i] = bound.address(addresses[b] + offset)
+                launch(*st.head, stream, st.params_at, 0)
+
+
+def allocate(size, stride, dtype, device) -> torch.Tensor:
+    """A replay's allocation of a tensor the body allocated (the tests poison it)."""
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+class Refused:
+    """A key whose recordings failed: how many times, and why the last did."""
+
+    def __init__(self, count: int, why: str):
+        self.count, self.why = count, why
+
+
+def _rebuilt(value, made: list, addresses: list, views: dict):
+    """A recorded result (``Recording._template``) for this replay's buffers."""
+    kind = value[0]
+    if kind == "same":
+        return value[1]
+    if kind == "tensor":
+        return made[value[1]]
+    if kind == "view":
+        key = value[1:]
+        t = views.get(key)
+        if t is None:
+            b, offset, size, stride = key
+            base = made[b]
+            t = views[key] = base.as_strided(size, stride, base.storage_offset() + offset)
+        return t
+    if kind == "address":
+        return addresses[value[1]] + value[2]
+    return tuple(_rebuilt(v, made, addresses, views) for v in value[1])  # "tuple"
+
+
+class Recording(TorchDispatchMode):
+    """Watches one call of a node's body (``run``): every tensor it allocates, every
+    launch, the scratch it takes; any other PyTorch op but a view sets ``failed`` (why
+    the call cannot be replayed).  Tensors are told apart by where they lie: a result,
+    a ctx attribute or a launch's argument is an address in one of the call's buffers
+    (which are all held to the end, so that none is reused), else a constant."""
+
+    def __init__(self, inputs: tuple):
+        super().__init__()
+        self.failed = ""
+        self.inputs = inputs
+        self.buffers: list = []  # (kind, ...) of each buffer past the inputs
+        self.spans: list = [_span(t) for t in inputs]  # [first byte, end) of each buffer
+        self.keep: list = []  # the buffers, held
+        self.steps: list = []
+        self.index = next(t for t in inputs if t is not None).get_device()
+        if _overlapping(self.spans):
+            self.failed = "inputs share memory"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in ALLOCATIONS:
+            self.buffers.append(("new", tuple(out.shape), out.stride(), out.dtype, out.device))
+            self.spans.append(_span(out))
+            self.keep.append(out)
+        elif func not in VIEWS and not self.failed:
+            self.failed = f"{func} ran"
+        return out
+
+    def scratch(self, t: torch.Tensor, need: int, device) -> None:
+        """The body took ``need`` bytes of the stream's scratch, tensor ``t``."""
+        at = t.data_ptr()
+        n = len(self.spans) - len(self.buffers)  # the inputs
+        for b in range(n, len(self.spans)):
+            if self.spans[b][0] == at and self.buffers[b - n][0] == "new":
+                self.buffers[b - n] = ("scratch", need, device)  # allocated just now
+                return
+        self.buffers.append(("scratch", need, device))
+        self.spans.append((at, at + need))
+        self.keep.append(t)
+
+    def launched(self, st, maps: list) -> None:
+        """Launch ``st`` (a ``runtime._Step``) with its slots filled, and its tensor maps
+        encoded for (parameter, BoundMap, address)."""
+        values = list(st.slots)
+        fill = []
+        for i, v in enumerate(values):
+            b = self._address(v)
+            if b is not None:
+                fill.append((i, b, v - self.spans[b][0]))
+        bound = []
+        for i, m, address in maps:
+            b = self._address(address)
+            if b is None:
+                self.failed = "a tensor map over memory the call does not hold"
+                return
+            bound.append((i, m, b, address - self.spans[b][0]))
+        self.steps.append(Step(st.head, values, fill, bound))
+
+    def _address(self, v: int):
+        """The buffer that address ``v`` lies in, or None (a constant)."""
+        for b, (first, end) in enumerate(self.spans):
+            if first <= v < end:
+                return b
+        return None
+
+    def _kind(self, b: int) -> str:
+        n = len(self.spans) - len(self.buffers)
+        return "input" if b < n else self.buffers[b - n][0]
+
+    def _template(self, value):
+        """How to rebuild ``value`` (a result or a ctx attribute) from a replay's buffers."""
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value)
+        if isinstance(value, tuple):
+            return ("tuple", tuple(self._template(v) for v in value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            b = self._address(value)
+            if b is not None:
+                return ("address", b, value - self.spans[b][0])
+        return ("same", value)
+
+    def _tensor(self, t: torch.Tensor):
+        for b, given in enumerate(self.inputs):
+            if t is given:
+                return ("tensor", b)
+        b = self._address(t.data_ptr()) if t.numel() else None
+        if b is None or self._kind(b) == "scratch":
+            self.failed = "a result in memory the call did not allocate"
+            return ("same", None)
+        base = self.inputs[b] if self._kind(b) == "input" else self.buffers[b - len(self.inputs)]
+        if self._kind(b) == "new" and t.data_ptr() == self.spans[b][0]:
+            if (tuple(t.shape), t.stride(), t.dtype) == base[1:4]:
+                return ("tensor", b)
+        dtype = base.dtype if self._kind(b) == "input" else base[3]
+        offset, rest = divmod(t.data_ptr() - self.spans[b][0], t.element_size())
+        if rest or t.dtype is not dtype:
+            self.failed = "a result that views its buffer as another dtype"
+            return ("same", None)
+        return ("view", b, offset, tuple(t.shape), t.stride())
+
+    def record(self, results, ctx, names: tuple) -> Record | None:
+        attrs = [(n, self._template(getattr(ctx, n))) for n in names if hasattr(ctx, n)]
+        template = self._template(results)
+        if self.failed:
+            return None
+        return Record(self.index, self.buffers, self.steps, template, attrs)
+
+
+def _span(t) -> tuple[int, int]:
+    """The bytes tensor ``t`` covers, [first, end); empty for None or no elements."""
+    if t is None or t.numel() == 0:
+        return (0, 0)
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+
+
+def _overlapping(spans: list) -> bool:
+    spans = sorted(s for s in spans if s[1] > s[0])
+    return any(a[1] > b[0] for a, b in zip(spans, spans[1:]))
+
+
+def run(ctx, records: dict, key, inputs: tuple, body, names: tuple):
+    """``body()``'s results and the record they followed (or None): by replaying the
+    record of ``key`` where there is one (its ctx attributes ``names`` set as the body
+    sets them), else by running the body, and recording it where it may be replayed
+    (module docstring)."""
+    addresses = [0 if t is None else t.data_ptr() for t in inputs]
+    if not ENABLED or any(a % ALIGNED for a in addresses):
+        return body(), None
+    if torch.cuda.is_current_stream_capturing():
+        return body(), None
+    found = records.get(key)
+    if isinstance(found, Record):
+        return found.replay(ctx, inputs, addresses), found
+    tries = 0 if found is None else found.count
+    if tries >= TRIES:
+        return body(), None
+    rec = Recording(inputs)
+    RECORDING.rec = rec
+    try:
+        with rec:
+            results = body()
+    finally:
+        RECORDING.rec = None
+    made = None if rec.failed else rec.record(results, ctx, names)
+    if len(records) >= KEPT:
+        records.clear()
+    records[key] = made if made is not None else Refused(tries + 1, rec.failed)
+    return results, made

@@ -1,0 +1,99 @@
+"""CPU tier: the bookkeeping of a node's recording (``specgen.torch._replay``), on CPU
+tensors and launches that only fill their slots: which argument is an address in
+which of the call's tensors, which is a constant, how the results come back for
+another call's tensors, and which bodies cannot be replayed.  The replays themselves
+run on the GPU (tests/test_replay.py).  Skipped without PyTorch."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specgen.runtime import _Step  # noqa: E402
+from specgen.torch import _replay  # noqa: E402
+
+
+class Ctx:
+    """Stands for autograd's ctx: attributes set on it."""
+
+
+def launch(rec, values):
+    """A launch reported to ``rec`` with these slot values (addresses or constants)."""
+    st = _Step(0xF00, (1, 1, 1), (32, 1, 1), 0, [("a", 0)] * len(values))
+    for i, v in enumerate(values):
+        st.slots[i] = v
+    rec.launched(st, [])
+
+
+def test_arguments_are_addresses_in_the_calls_tensors_or_constants():
+    """An argument inside an input, an allocation or a view of one is kept as that
+    buffer and an offset; any other value as itself; and the results, an input, an
+    allocation, a view and a ctx attribute holding an address, are rebuilt for a
+    second call's tensors where they lie in those."""
+    n = random.randrange(8, 64)
+    x = torch.randn(4, n)
+    rec = _replay.Recording((x, None))
+    with rec:
+        y = torch.empty(4, n)
+        scratch = torch.empty(100, dtype=torch.float32)
+        view = scratch[10:20]
+    constant = random.randrange(1, 1 << 20)
+    launch(rec, [x.data_ptr() + 16, y.data_ptr(), constant, view.data_ptr()])
+    ctx = Ctx()
+    ctx.scratch, ctx.at = scratch, (scratch.data_ptr() + 8, 99)
+    record = rec.record((y, view, x, None), ctx, ("scratch", "at", "absent"))
+    assert not rec.failed and record is not None
+    assert [b[0] for b in record.buffers] == ["new", "new"]
+    (step,) = record.steps
+    assert step.fill == [(0, 0, 16), (1, 2, 0), (3, 3, 40)]
+    assert list(step.slots)[2] == constant
+    assert [name for name, _ in record.attrs] == ["scratch", "at"]
+
+    x2 = torch.randn(4, n)
+    made = [x2, None, torch.empty(4, n), torch.empty(100)]
+    addresses = [x2.data_ptr(), 0, made[2].data_ptr(), made[3].data_ptr()]
+    views = {}
+    out = _replay._rebuilt(record.results, made, addresses, views)
+    assert out[0] is made[2] and out[2] is x2 and out[3] is None
+    assert out[1].data_ptr() == made[3].data_ptr() + 40 and out[1].shape == (10,)
+    at = _replay._rebuilt(dict(record.attrs)["at"], made, addresses, views)
+    assert at == (made[3].data_ptr() + 8, 99)
+
+
+def test_a_body_that_runs_a_pytorch_op_or_returns_foreign_memory_is_not_recorded():
+    """An op that is neither an allocation nor a view (a fill, an add), or a result
+    that lies in no buffer of the call, fails the recording and says why; so do two
+    inputs over one tensor's memory."""
+    x = torch.randn(8)
+    rec = _replay.Recording((x,))
+    with rec:
+        torch.empty(8).fill_(1.0)
+    assert rec.failed == "aten.fill_.Scalar ran" and rec.record((), Ctx(), ()) is None
+
+    rec = _replay.Recording((x,))
+    with rec:
+        pass
+    assert rec.record((torch.randn(3),), Ctx(), ()) is None
+    assert rec.failed == "a result in memory the call did not allocate"
+
+    assert _replay.Recording((x, x[2:])).failed == "inputs share memory"
+
+
+def test_a_key_that_fails_is_tried_again_then_run_as_usual(monkeypatch):
+    """Each call of a key whose body cannot be recorded runs the body; after TRIES
+    failures it is no longer watched, and its entry says why."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_replay, "ENABLED", True)
+    x = torch.randn(16)
+    records, calls = {}, []
+
+    def body():
+        calls.append(1)
+        return torch.empty(16).fill_(0.0)
+
+    for _ in range(_replay.TRIES + 2):
+        out, record = _replay.run(Ctx(), records, "key", (x,), body, ())
+        assert record is None and torch.equal(out, torch.zeros(16))
+    assert len(calls) == _replay.TRIES + 2
+    assert records["key"].count == _replay.TRIES and records["key"].why.endswith(" ran")
