@@ -25,3 +25,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):  # the mark, not a parameter that happens to say gpu
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fp32_math():
+    """fp32 tensors get fp32 math (FMA, or three tf32 products) unless a test allows
+    tf32, as cuDNN's do with allow_tf32 off; the setting restored after."""
+    import torch
+
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before

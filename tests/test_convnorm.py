@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
 from specgen.torch import _batchnorm as B  # noqa: E402
@@ -40,16 +40,6 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(E, "empty", nan_filled)
     monkeypatch.setattr(B, "empty", lambda n, like: real_b(n, like).fill_(float("nan")))
     monkeypatch.setattr(B, "empty_like", lambda x: real_like(x).fill_(float("nan")))
-
-
-@pytest.fixture(autouse=True)
-def fp32_math():
-    """fp32 convolutions in fp32 (three tf32 products or FMA) unless a test allows tf32;
-    the setting restored after."""
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = before
 
 
 def pair(C, M, K, stride, bias, act, seed):
@@ -102,6 +92,46 @@ CASES = [  # (C, M, K, stride, H, bias, act, residual, math, layout): each a dra
 ]
 
 
+def drawing(case, seed, dy_format=None):
+    """A function of no arguments that draws fresh (x, r, dy) for a case's pair (r
+    None where it adds no shortcut; dy as ``.to`` leaves it, or in ``dy_format``)."""
+    C, M, K, stride, H, bias, act, residual, math, layout = case
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    Ho = (H + 2 * (K // 2) - K) // stride + 1
+    dtype = torch.bfloat16 if math == "bf16" else torch.float32
+    shape = (4, M, Ho, Ho)
+
+    def draw():
+        x = torch.randn(4, C, H, H, device="cuda", generator=g)
+        x = x.contiguous(memory_format=FORMATS[layout])
+        dy = torch.randn(shape, device="cuda", generator=g).to(dtype)
+        if dy_format is not None:
+            dy = dy.contiguous(memory_format=dy_format)
+        r = None
+        if residual:
+            r = torch.randn(shape, device="cuda", generator=g).to(dtype)
+            r = r.contiguous(memory_format=FORMATS[layout])
+        return x, r, dy
+
+    return draw
+
+
+def agree(first, second, bns):
+    """Two calls' (output, gradients of x, r, gamma and beta, of w and b) equal, and
+    their batch norms' statistics (``bns``, the two modules)."""
+    (one, grads, dws), (two, grads2, dws2) = first, second
+    same(one, two, "out")
+    assert one.stride() == two.stride()
+    for a, b, what in zip(grads, grads2, ("dx", "dr", "dgamma", "dbeta")):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            same(a, b, what)
+    for a, b, what in zip(dws, dws2, ("dw", "db")):
+        summed_alike(a, b, what)
+    for a, b in zip(bns[0].buffers(), bns[1].buffers()):
+        same(a, b, "running statistics")
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_one_node_gives_the_two_modules_values_and_gradients_bit_for_bit(case):
     """conv_norm's one node (its grad_fn) against the same modules called in turn, on
@@ -112,30 +142,11 @@ def test_one_node_gives_the_two_modules_values_and_gradients_bit_for_bit(case):
     seed = random.randrange(1 << 30)
     conv, bn = pair(C, M, K, stride, bias, act, seed)
     conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(4, C, H, H, device="cuda", generator=g)
-    x = x.contiguous(memory_format=FORMATS[layout])
-    Ho = (H + 2 * (K // 2) - K) // stride + 1
-    dtype = torch.bfloat16 if math == "bf16" else torch.float32
-    shape = (4, M, Ho, Ho)
-    dy = torch.randn(shape, device="cuda", generator=g).to(dtype)
-    r = None
-    if residual:
-        r = torch.randn(shape, device="cuda", generator=g).to(dtype)
-        r = r.contiguous(memory_format=FORMATS[layout])
-    one, kind, grads, dws = run(conv, bn, x, r, dy, True, math == "bf16")
-    two, kind2, grads2, dws2 = run(conv2, bn2, x, r, dy, False, math == "bf16")
+    x, r, dy = drawing(case, seed)()
+    one, kind, *first = run(conv, bn, x, r, dy, True, math == "bf16")
+    two, kind2, *second = run(conv2, bn2, x, r, dy, False, math == "bf16")
     assert kind == "ConvNormFunctionBackward" and kind2 == "BatchNormFunctionBackward"
-    same(one, two, "out")
-    assert one.stride() == two.stride()
-    for a, b, what in zip(grads, grads2, ("dx", "dr", "dgamma", "dbeta")):
-        assert (a is None) == (b is None), what
-        if a is not None:
-            same(a, b, what)
-    for a, b, what in zip(dws, dws2, ("dw", "db")):
-        summed_alike(a, b, what)
-    for a, b in zip(bn.buffers(), bn2.buffers()):
-        same(a, b, "running statistics")
+    agree((one, *first), (two, *second), (bn, bn2))
     assert int(bn.num_batches_tracked) == 1
 
 

@@ -17,44 +17,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
 from specgen.torch import _convnorm, _replay  # noqa: E402
 from specgen.torch._convnorm import conv_norm  # noqa: E402
-
-FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-
-
-@pytest.fixture(autouse=True)
-def fp32_math():
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = before
-
-
-def same(a, b, what):
-    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
-    assert torch.equal(a, b), f"{what}: {(a.double() - b.double()).abs().max().item():.3g} apart"
-
-
-def summed_alike(a, b, what):
-    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
-    assert (a.double() - b.double()).abs().max() <= 2.0**-18 * b.double().abs().max(), what
-
-
-def pair(C, M, K, stride, bias, act, seed):
-    torch.manual_seed(seed)
-    conv = sg.Conv2d(C, M, K, stride=stride, padding=K // 2, bias=bias).cuda()
-    bn = sg.BatchNorm2d(M).cuda()
-    with torch.no_grad():
-        bn.weight.copy_(1 + 0.5 * torch.randn(M))
-        bn.bias.copy_(torch.randn(M))
-        bn.running_mean.copy_(torch.randn(M))
-        bn.running_var.copy_(0.5 + torch.rand(M))
-    bn.activation = act
-    return conv, bn
+from test_convnorm import CASES, FORMATS, agree, drawing, pair, same, summed_alike  # noqa: E402
 
 
 def run(conv, bn, x, r, dy, bf16):
@@ -64,16 +32,6 @@ def run(conv, bn, x, r, dy, bf16):
     out.backward(dy.to(out.dtype))
     grads = [x.grad, None if r is None else r.grad, *(p.grad for p in bn.parameters())]
     return out, grads, [p.grad for p in conv.parameters()]
-
-
-CASES = [  # (C, M, K, stride, H, bias, act, residual, math, layout)
-    (64, 64, 3, 1, 14, False, "relu", True, "fp32", "nchw"),
-    (64, 128, 3, 2, 14, False, "relu", False, "bf16", "nhwc"),
-    (128, 256, 1, 2, 8, False, None, False, "tf32", "nhwc"),
-    (32, 96, 1, 1, 9, True, "relu6", False, "fp32", "nhwc"),
-    (24, 144, 1, 1, 7, False, None, True, "bf16", "nchw"),
-    (3, 64, 7, 2, 32, False, "relu", False, "fp32", "nchw"),
-]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -87,22 +45,7 @@ def test_a_replayed_node_gives_the_bodys_values_and_gradients_bit_for_bit(case, 
     seed = random.randrange(1 << 30)
     conv, bn = pair(C, M, K, stride, bias, act, seed)
     conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    Ho = (H + 2 * (K // 2) - K) // stride + 1
-    dtype = torch.bfloat16 if math == "bf16" else torch.float32
-    shape = (4, M, Ho, Ho)
-
-    def draw():
-        x = torch.randn(4, C, H, H, device="cuda", generator=g)
-        x = x.contiguous(memory_format=FORMATS[layout])
-        dy = torch.randn(shape, device="cuda", generator=g).to(dtype)
-        dy = dy.contiguous(memory_format=FORMATS[layout])  # as the output's (else copied)
-        r = None
-        if residual:
-            r = torch.randn(shape, device="cuda", generator=g).to(dtype)
-            r = r.contiguous(memory_format=FORMATS[layout])
-        return x, r, dy
-
+    draw = drawing(case, seed, FORMATS[layout])  # dy as the output lies (else copied)
     _convnorm._forwards.clear()
     for _ in range(_replay.TRIES):  # the first call builds the kernels; then one records
         inputs = draw()
@@ -119,21 +62,12 @@ def test_a_replayed_node_gives_the_bodys_values_and_gradients_bit_for_bit(case, 
     before = (record.replays, after.replays)
     monkeypatch.setattr(_replay, "allocate", _poisoned(_replay.allocate))
     x, r, dy = draw()
-    one, grads, dws = run(conv, bn, x, r, dy, math == "bf16")
+    first = run(conv, bn, x, r, dy, math == "bf16")
     monkeypatch.setattr(_replay, "ENABLED", False)
-    two, grads2, dws2 = run(conv2, bn2, x, r, dy, math == "bf16")
+    second = run(conv2, bn2, x, r, dy, math == "bf16")
     assert record.replays == before[0] + 1
     assert after.replays in (0, before[1] + 1)
-    same(one, two, "out")
-    assert one.stride() == two.stride()
-    for a, b, what in zip(grads, grads2, ("dx", "dr", "dgamma", "dbeta")):
-        assert (a is None) == (b is None), what
-        if a is not None:
-            same(a, b, what)
-    for a, b, what in zip(dws, dws2, ("dw", "db")):
-        summed_alike(a, b, what)
-    for a, b in zip(bn.buffers(), bn2.buffers()):
-        same(a, b, "running statistics")
+    agree(first, second, (bn, bn2))
 
 
 def _poisoned(allocate):

@@ -23,21 +23,12 @@ from specgen.verify import tolerance
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 from specgen.torch import _engine as E  # noqa: E402  (after the skip: it imports torch)
 import specgen.torch as sg  # noqa: E402
 
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    """fp32 tensors get fp32 math unless a test asks for tf32, as with cuDNN."""
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = before
 
 
 def kernel(p: ConvProblem):
