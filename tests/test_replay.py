@@ -1,5 +1,6 @@
-"""GPU tier: a conv and batch norm node replayed from its record (``specgen.torch._replay``).
-Skipped without PyTorch or without a GPU.
+"""GPU tier: the operator's nodes replayed from their records (``specgen.torch._replay``):
+the conv and batch norm node, the convolution's and the batch norm's.  Skipped without
+PyTorch or without a GPU.
 
 A replay makes the recorded call's allocations and launches again, so its values and
 gradients are those of the node's body run as usual, bit for bit: each check records a
@@ -20,7 +21,8 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
-from specgen.torch import _convnorm, _replay  # noqa: E402
+from specgen.torch import _batchnorm as B  # noqa: E402
+from specgen.torch import _convnorm, _ops, _replay  # noqa: E402
 from specgen.torch._convnorm import conv_norm  # noqa: E402
 from test_convnorm import CASES, FORMATS, agree, drawing, pair, same, summed_alike  # noqa: E402
 
@@ -34,40 +36,133 @@ def run(conv, bn, x, r, dy, bf16):
     return out, grads, [p.grad for p in conv.parameters()]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_a_replayed_node_gives_the_bodys_values_and_gradients_bit_for_bit(case, monkeypatch):
-    """The node recorded on warm-up calls, then replayed on fresh inputs (the replay's
-    allocations NaN), against a copy of the same modules whose node runs its body
-    (replay off): the output, every gradient, the running statistics, all equal; and
-    the forward and the backward were replays."""
-    C, M, K, stride, H, bias, act, residual, math, layout = case
-    torch.backends.cudnn.allow_tf32 = math == "tf32"
-    seed = random.randrange(1 << 30)
-    conv, bn = pair(C, M, K, stride, bias, act, seed)
-    conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
-    draw = drawing(case, seed, FORMATS[layout])  # dy as the output lies (else copied)
-    _convnorm._forwards.clear()
+def replayed(monkeypatch, records: dict, call, twin, draw):
+    """``call`` (replay on) and ``twin`` (replay off, over copies of the same modules)
+    on the same draws: warm-up calls until the node's forward and backward are
+    recorded, then both on fresh inputs, the replay's allocations NaN; their results,
+    and that the forward and the backward were replays (but a backward whose body
+    uploads weights to __constant__, which is run as usual)."""
+    records.clear()
     for _ in range(_replay.TRIES):  # the first call builds the kernels; then one records
         inputs = draw()
-        run(conv, bn, *inputs, math == "bf16")
+        call(*inputs)
         monkeypatch.setattr(_replay, "ENABLED", False)
-        run(conv2, bn2, *inputs, math == "bf16")
+        twin(*inputs)
         monkeypatch.setattr(_replay, "ENABLED", True)
-    (record,) = _convnorm._forwards.values()
+    (record,) = records.values()
     assert isinstance(record, _replay.Record), record.why
     (after,) = record.after.values()
     if not isinstance(after, _replay.Record):  # a body that a replay cannot do
         assert after.why == "weights uploaded to __constant__", after.why
         after = SimpleNamespace(replays=0)
     before = (record.replays, after.replays)
-    monkeypatch.setattr(_replay, "allocate", _poisoned(_replay.allocate))
-    x, r, dy = draw()
-    first = run(conv, bn, x, r, dy, math == "bf16")
-    monkeypatch.setattr(_replay, "ENABLED", False)
-    second = run(conv2, bn2, x, r, dy, math == "bf16")
+    with monkeypatch.context() as m:
+        m.setattr(_replay, "allocate", _poisoned(_replay.allocate))
+        inputs = draw()
+        first = call(*inputs)
+        m.setattr(_replay, "ENABLED", False)
+        second = twin(*inputs)
     assert record.replays == before[0] + 1
     assert after.replays in (0, before[1] + 1)
+    return first, second
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_a_replayed_node_gives_the_bodys_values_and_gradients_bit_for_bit(case, monkeypatch):
+    """A conv and batch norm node replayed against a copy of the same modules whose
+    node runs its body: the output, every gradient, the running statistics, all equal."""
+    C, M, K, stride, H, bias, act, residual, math, layout = case
+    torch.backends.cudnn.allow_tf32 = math == "tf32"
+    seed = random.randrange(1 << 30)
+    conv, bn = pair(C, M, K, stride, bias, act, seed)
+    conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
+    draw = drawing(case, seed, FORMATS[layout])  # dy as the output lies (else copied)
+    bf16 = math == "bf16"
+    first, second = replayed(
+        monkeypatch,
+        _convnorm._forwards,
+        lambda *inputs: run(conv, bn, *inputs, bf16),
+        lambda *inputs: run(conv2, bn2, *inputs, bf16),
+        draw,
+    )
     agree(first, second, (bn, bn2))
+
+
+def gradients(module, x, dy, bf16):
+    """module(x) under autocast (bf16), and the gradients of x and the parameters."""
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+        out = module(x)
+    out.backward(dy.to(out.dtype))
+    return out, x.grad, [p.grad for p in module.parameters()]
+
+
+CONVS = [  # (C, M, K, stride, groups, bias, math, layout)
+    (32, 64, 3, 1, 1, True, "fp32", "nchw"),
+    (64, 64, 3, 2, 1, False, "bf16", "nhwc"),
+    (48, 96, 1, 1, 1, True, "tf32", "nhwc"),
+    (32, 32, 3, 1, 32, False, "bf16", "nhwc"),
+]
+
+
+@pytest.mark.parametrize("case", CONVS, ids=lambda c: "-".join(map(str, c)))
+def test_a_replayed_convolution_gives_the_bodys_values_and_gradients(case, monkeypatch):
+    """specgen's Conv2d, its node replayed, against a copy whose node runs its body:
+    the output and dx equal, dw and db to the last bits of fp32 (atomic sums)."""
+    C, M, K, stride, groups, bias, math, layout = case
+    torch.backends.cudnn.allow_tf32 = math == "tf32"
+    torch.manual_seed(random.randrange(1 << 30))
+    conv = sg.Conv2d(C, M, K, stride, K // 2, groups=groups, bias=bias).cuda()
+    conv = conv.to(memory_format=FORMATS[layout])
+    twin = copy.deepcopy(conv)
+    H, bf16 = 12, math == "bf16"
+    Ho = (H + 2 * (K // 2) - K) // stride + 1
+
+    def draw():
+        x = torch.randn(4, C, H, H, device="cuda").contiguous(memory_format=FORMATS[layout])
+        dy = torch.randn(4, M, Ho, Ho, device="cuda")  # cast to y's dtype as it comes
+        return x, dy.contiguous(memory_format=FORMATS[layout])
+
+    (y, dx, dws), (y2, dx2, dws2) = replayed(
+        monkeypatch,
+        _ops._forwards,
+        lambda x, dy: gradients(conv, x, dy, bf16),
+        lambda x, dy: gradients(twin, x, dy, bf16),
+        draw,
+    )
+    same(y, y2, "y")
+    same(dx, dx2, "dx")
+    for a, b in zip(dws, dws2):
+        summed_alike(a, b, "dw or db")
+
+
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("math,layout", [("fp32", "nchw"), ("bf16", "nhwc")])
+def test_a_replayed_batch_norm_gives_the_bodys_values_and_gradients(math, layout, act, monkeypatch):
+    """specgen's BatchNorm2d (and its fused ReLU), its node replayed, against a copy
+    whose node runs its body: y, dx, dgamma, dbeta and the running statistics equal."""
+    torch.manual_seed(random.randrange(1 << 30))
+    bn = sg.BatchNorm2d(48).cuda()
+    bn.activation = act
+    twin = copy.deepcopy(bn)
+    dtype = torch.bfloat16 if math == "bf16" else torch.float32
+
+    def draw():
+        x = torch.randn(4, 48, 9, 9, device="cuda").to(dtype)
+        x = x.contiguous(memory_format=FORMATS[layout])
+        return x, torch.randn_like(x)
+
+    (y, dx, dws), (y2, dx2, dws2) = replayed(
+        monkeypatch,
+        B._forwards,
+        lambda x, dy: gradients(bn, x, dy, False),
+        lambda x, dy: gradients(twin, x, dy, False),
+        draw,
+    )
+    for a, b, what in [(y, y2, "y"), (dx, dx2, "dx"), *zip(dws, dws2, ("dgamma", "dbeta"))]:
+        same(a, b, what)
+    for a, b in zip(bn.buffers(), twin.buffers()):
+        same(a, b, "running statistics")
 
 
 def _poisoned(allocate):

@@ -17,12 +17,13 @@ float32, fewer than two values a channel (PyTorch raises), torch.compile's traci
 from __future__ import annotations
 
 import struct
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from ..runtime import BN_THREADS, _Step, batchnorm_shape, batchnorm_source
-from . import _engine
+from . import _engine, _replay
 from ._ops import _apply_of
 
 STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -179,22 +180,35 @@ class BatchNormFunction(torch.autograd.Function):
     The last argument is the call's ``Kernels``, momentum and the address of the count
     its finalize adds 1 to, or 0 (``batch_norm``)."""
 
+    # Each is replayed from its record where the call allows (``_replay``).
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, r, call):
-        y, saved = norm_forward(ctx, x, weight, bias, running_mean, running_var, r, call)
+        inputs = (x, weight, bias, running_mean, running_var, r)
+        body = partial(norm_forward, ctx, *inputs, call)
+        key = (call, ctx.needs_input_grad)
+        y, saved = _replay.forward(ctx, _forwards, key, inputs, body, SET)
         ctx.save_for_backward(*saved)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, *rest = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x, weight, *rest = saved
         y = rest[0] if rest else None
         if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
             dx, dw, db, dr = _differentiable(ctx, x, weight, y, dy)
             return dx, dw, db, None, None, dr, None
         wants = (*ctx.needs_input_grad[:3], ctx.needs_input_grad[5])
-        dx, dw, db, dr = norm_backward(ctx, x, weight, y, dy, wants)
+        body = partial(norm_backward, ctx, x, weight, y, dy, wants)
+        inputs = (dy, *saved, ctx.scratch)
+        dx, dw, db, dr = _replay.backward(ctx, (dy.stride(), dy.dtype), inputs, body)
         return dx, dw, db, None, None, dr, None
+
+
+# What ``norm_forward`` sets on ctx: a replay sets them as it would.  The batch norm's
+# forward records by key.
+SET = ("kernels", "scratch")
+_forwards: dict = {}
 
 
 def norm_forward(ctx, x, weight, bias, running_mean, running_var, r, call):

@@ -15,6 +15,8 @@ so (``FusedSequential``), and ``shortcut`` a residual block's downsampling pair.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _module
@@ -22,7 +24,7 @@ from torch.nn.modules import module as _module
 from ..errors import SpecError
 from . import _batchnorm as B
 from . import _engine, _replay
-from ._ops import _apply_of, conv2d_eager, conv_backward, conv_forward
+from ._ops import CONV_SET, _apply_of, conv2d_eager, conv_backward, conv_forward
 
 
 class ConvNormFunction(torch.autograd.Function):
@@ -38,8 +40,8 @@ class ConvNormFunction(torch.autograd.Function):
         inputs = (x, weight, bias, gamma, beta, running_mean, running_var, r)
         b = None if bias is None else (bias.dtype, bias.stride())
         key = (lay, norm, x.shape[0], weight.dtype, b, ctx.needs_input_grad)
-        body = lambda: _forward(ctx, *inputs, call)  # noqa: E731
-        (out, saved), ctx.record = _replay.run(ctx, _forwards, key, inputs, body, SET)
+        body = partial(_forward, ctx, *inputs, call)
+        out, saved = _replay.forward(ctx, _forwards, key, inputs, body, SET)
         ctx.save_for_backward(x, weight, bias, *saved)  # saved: y, gamma (and out: the gate)
         return out
 
@@ -50,17 +52,14 @@ class ConvNormFunction(torch.autograd.Function):
         out = rest[0] if rest else None
         if torch.is_grad_enabled():  # create_graph: gradients that differentiate again
             return _differentiable(ctx, x, weight, bias, gamma, out, dout)
-        if ctx.record is None:
-            return _backward(ctx, x, weight, y, gamma, out, dout)
         inputs = (dout, *saved, ctx.scratch, getattr(ctx, "packed", None))
-        key = (dout.stride(), dout.dtype)
-        body = lambda: _backward(ctx, x, weight, y, gamma, out, dout)  # noqa: E731
-        return _replay.run(ctx, ctx.record.after, key, inputs, body, ())[0]
+        body = partial(_backward, ctx, x, weight, y, gamma, out, dout)
+        return _replay.backward(ctx, (dout.stride(), dout.dtype), inputs, body)
 
 
-# What the forward's body sets on ctx (``conv_forward``'s and ``norm_forward``'s), and
-# its records: a replay sets them as the body would.
-SET = ("lay", "has_bias", "cast", "dgrad_w", "packed", "kernels", "scratch")
+# What the forward's body sets on ctx (``conv_forward``'s and ``norm_forward``'s): a
+# replay sets them as the body would.  The forward's records by key.
+SET = CONV_SET + B.SET
 _forwards: dict = {}
 
 

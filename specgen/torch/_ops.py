@@ -9,6 +9,7 @@ tensors, stride and dilation as 2 ints, padding as 4 (top, bottom, left, right).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import List, Optional
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from ..shapes import Op, TensorLayout
 from . import _engine as E
+from . import _replay
 
 # The ops are defined on a Library and their Python kernels registered for the CUDA
 # and CPU dispatch keys directly: the same dispatcher entries that
@@ -309,17 +311,29 @@ class Conv2dFunction(torch.autograd.Function):
 
     # forward takes ctx itself: with a separate setup_context, every apply binds the
     # arguments through inspect.signature, a fifth of the eager path's host time.
+    # Each is replayed from its record where the call allows (``_replay``).
     @staticmethod
     def forward(ctx, x, weight, bias, lay):
         ctx.save_for_backward(x, weight)
-        return conv_forward(ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
+        b = None if bias is None else (bias.dtype, bias.stride())
+        key = (lay, x.shape[0], weight.dtype, b, ctx.needs_input_grad)
+        body = partial(conv_forward, ctx, x, weight, bias, lay, ctx.needs_input_grad[0])
+        return _replay.forward(ctx, _forwards, key, (x, weight, bias), body, CONV_SET)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the registered, differentiable ops
             return (*_differentiable(ctx, ctx.lay, x, weight, dy), None)
-        return (*conv_backward(ctx, x, weight, dy, ctx.needs_input_grad[:3]), None)
+        body = partial(conv_backward, ctx, x, weight, dy, ctx.needs_input_grad[:3])
+        inputs = (dy, x, weight, getattr(ctx, "packed", None))
+        return (*_replay.backward(ctx, (dy.stride(), dy.dtype), inputs, body), None)
+
+
+# What ``conv_forward`` sets on ctx: a replay sets them as it would.  The eager
+# convolution's forward records by key.
+CONV_SET = ("lay", "has_bias", "cast", "dgrad_w", "packed")
+_forwards: dict = {}
 
 
 def conv_forward(ctx, x, weight, bias, lay, dgrad: bool):

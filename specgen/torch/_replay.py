@@ -12,7 +12,9 @@ allocates or views (a ``TorchDispatchMode``), every launch with its argument slo
 call's tensors (an input, an allocation, the scratch; kept as that tensor and an
 offset) or a constant.  Later calls allocate the same tensors, write their addresses
 into the slots and launch: the same launches on the same current stream, with no
-Python in between.
+Python in between.  The convolution's node (``_ops.Conv2dFunction``), the batch
+norm's (``_batchnorm.BatchNormFunction``) and the two as one (``_convnorm``) go
+through ``forward`` and ``backward`` here.
 
 A body that does anything else (a PyTorch op other than an allocation or a view, a
 ``__constant__`` upload) cannot be replayed: its recording fails, and after
@@ -300,3 +302,18 @@ def run(ctx, records: dict, key, inputs: tuple, body, names: tuple):
         records.clear()
     records[key] = made if made is not None else Refused(tries + 1, rec.failed)
     return results, made
+
+
+def forward(ctx, records: dict, key, inputs: tuple, body, names: tuple):
+    """A node's forward through ``run``, the record it followed kept on ``ctx`` for its
+    backward (``backward``)."""
+    results, ctx.record = run(ctx, records, key, inputs, body, names)
+    return results
+
+
+def backward(ctx, key, inputs: tuple, body):
+    """A node's backward through ``run``, among the records that follow its forward's
+    record; its body as usual where the forward followed none."""
+    if ctx.record is None:
+        return body()
+    return run(ctx, ctx.record.after, key, inputs, body, ())[0]
