@@ -97,3 +97,20 @@ def test_a_key_that_fails_is_tried_again_then_run_as_usual(monkeypatch):
         assert record is None and torch.equal(out, torch.zeros(16))
     assert len(calls) == _replay.TRIES + 2
     assert records["key"].count == _replay.TRIES and records["key"].why.endswith(" ran")
+
+
+def test_a_node_called_inside_a_body_being_recorded_runs_as_usual(monkeypatch):
+    """A node's call inside another's recorded body neither records nor replays: its
+    launches are the outer body's, which its own record would hide from the outer
+    recording."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_replay, "ENABLED", True)
+    x, inner = torch.randn(16), {}
+
+    def body():
+        out, record = _replay.run(Ctx(), inner, "inner", (x,), lambda: torch.empty(4), ())
+        assert record is None
+        return out
+
+    out, record = _replay.run(Ctx(), {}, "outer", (x,), body, ())
+    assert record is not None and inner == {}

@@ -282,8 +282,8 @@ def run(ctx, records: dict, key, inputs: tuple, body, names: tuple):
     addresses = [0 if t is None else t.data_ptr() for t in inputs]
     if not ENABLED or any(a % ALIGNED for a in addresses):
         return body(), None
-    if torch.cuda.is_current_stream_capturing():
-        return body(), None
+    if torch.cuda.is_current_stream_capturing() or getattr(RECORDING, "rec", None):
+        return body(), None  # captured, or inside a body being recorded: as usual
     found = records.get(key)
     if isinstance(found, Record):
         return found.replay(ctx, inputs, addresses), found
