@@ -146,14 +146,22 @@ _kernels: dict[tuple, Kernels] = {}
 
 
 def kernels(x, layout: str, eps: float, affine: bool, running: bool, act=None, residual=False):
-    key = (x.get_device(), layout, x.dtype, x.shape, eps, affine, running, act, residual)
+    """The kernels over x in ``layout`` (``kernels_for``)."""
+    size, index = x.shape, x.get_device()
+    return kernels_for(index, layout, x.dtype, size, eps, affine, running, act, residual)
+
+
+def kernels_for(index, layout, dtype, size, eps, affine, running, act=None, residual=False):
+    """The kernels of one problem on device ``index``, x of torch ``dtype`` and ``size``
+    (``Kernels``), built once; the convolution and batch norm node finds its own here
+    from the convolution's output size."""
+    key = (index, layout, dtype, size, eps, affine, running, act, residual)
     k = _kernels.get(key)
     if k is None:
         if len(_kernels) >= _engine.LAYERS_KEPT:
             _kernels.clear()
-        index, dtype = x.get_device(), STORED[x.dtype]
         args = (float(eps), affine, running, act, residual)
-        k = _kernels[key] = Kernels(index, layout, x.shape, dtype, *args)
+        k = _kernels[key] = Kernels(index, layout, size, STORED[dtype], *args)
     return k
 
 
@@ -275,6 +283,12 @@ GATES = {  # an activation's gradient from its output, as PyTorch's in-place bac
 }
 
 
+def gated(dy, y, act: str):
+    """dy where activation ``act`` passed its input, else 0, read off its output ``y``
+    (as PyTorch's in-place activation's backward reads it), differentiable in dy."""
+    return torch.where(GATES[act](y.detach()), dy, torch.zeros_like(dy))
+
+
 def _differentiable(ctx, x, weight, y, dy):
     """dx, dgamma, dbeta and the residual's gradient as functions of x, the weights and
     dy that autograd can differentiate again (a backward with ``create_graph``: gradient
@@ -282,7 +296,7 @@ def _differentiable(ctx, x, weight, y, dy):
     the activation first, where there is one."""
     want_x, want_w, want_b = ctx.needs_input_grad[:3]
     if y is not None:
-        dy = torch.where(GATES[ctx.kernels.act](y.detach()), dy, torch.zeros_like(dy))
+        dy = gated(dy, y, ctx.kernels.act)
     wrt = [t for t, want in ((x, want_x), (weight, want_w)) if want]
     found = []
     if wrt:

@@ -89,9 +89,7 @@ def _differentiable(ctx, x, weight, bias, gamma, out, dout):
     of PyTorch's batch norm over the batch's statistics of the convolution, recomputed
     by the registered, differentiable op."""
     needs, k, lay = ctx.needs_input_grad, ctx.kernels, ctx.lay
-    dz = dout
-    if out is not None:
-        dz = torch.where(B.GATES[k.act](out.detach()), dout, torch.zeros_like(dout))
+    dz = dout if out is None else B.gated(dout, out, k.act)
     w = weight.to(x.dtype) if ctx.cast else weight
     args = (list(lay.stride), list(lay.pads), list(lay.dilation), lay.groups)
     y = torch.ops.specgen.conv2d(x, w, bias, *args)
@@ -193,7 +191,7 @@ def _kernels(lay, x, bn, running_mean, running_var, residual):
         k = None
         if layout is not None:
             form = (bn.eps, affine, running, act, added)
-            k = B.Kernels(lay.index, layout, size, B.STORED[x.dtype], *form)
+            k = B.kernels_for(lay.index, layout, x.dtype, y.shape, *form)
         plan = _plans[key] = (k, y.shape, y.stride())
     k, size, stride = plan
     stats = (running_mean, running_var)
@@ -224,18 +222,25 @@ def run_fused(seq: torch.nn.Sequential, input):
     """``seq``'s modules applied in turn to ``input``, each ``Conv2d`` with the
     ``BatchNorm2d`` after it by ``conv_norm``; an activation's place that the batch norm
     before it fills (``Fused``) passes its input on uncalled where it has no hooks."""
-    modules = tuple(seq._modules.values())
+    for m, bn in steps(tuple(seq._modules.values())):
+        if bn is not None:
+            input = conv_norm(m, bn, input)
+        elif type(m) is not B.Fused or not _bare(m):
+            input = m(input)
+    return input
+
+
+def steps(modules: tuple):
+    """(module, the batch norm after it) for each convolution of ``modules`` that runs
+    with the next as one node (``pair``), else (module, None), in turn."""
     i, n = 0, len(modules)
     while i < n:
-        m = modules[i]
-        if i + 1 < n and pair(m, modules[i + 1]):
-            input = conv_norm(m, modules[i + 1], input)
+        if i + 1 < n and pair(modules[i], modules[i + 1]):
+            yield modules[i], modules[i + 1]
             i += 2
-            continue
-        if type(m) is not B.Fused or not _bare(m):
-            input = m(input)
-        i += 1
-    return input
+        else:
+            yield modules[i], None
+            i += 1
 
 
 def shortcut(downsample, x):

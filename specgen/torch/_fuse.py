@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 
 from ._batchnorm import ACTIVATIONS, BatchNorm2d, Fused
-from ._convnorm import FusedSequential, pair
+from ._convnorm import FusedSequential, steps
 
 NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "relu"
 
@@ -29,13 +29,7 @@ NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "
 def _pairs(seq: torch.nn.Sequential) -> int:
     """The times ``seq`` holds a convolution and then a batch norm, a pair that runs as
     one node (none of them overlapping)."""
-    modules, found, i = list(seq._modules.values()), 0, 0
-    while i + 1 < len(modules):
-        if pair(modules[i], modules[i + 1]):
-            found, i = found + 1, i + 2
-        else:
-            i += 1
-    return found
+    return sum(bn is not None for _, bn in steps(tuple(seq._modules.values())))
 
 
 def fuse(model: torch.nn.Module) -> torch.nn.Module:
