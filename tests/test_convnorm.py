@@ -182,6 +182,39 @@ def test_a_gradient_of_a_gradient_through_the_node_matches_float64():
         assert (g.double() - w).abs().max() <= 1e-3 * scale, f"d/d{what}"
 
 
+def test_a_pair_called_again_takes_its_remembered_lookups_and_sees_a_change(monkeypatch):
+    """A second call of the same modules on x of the same form finds the first call's
+    lookups (it looks up no layer) and gives the two modules' values and gradients;
+    after a change the lookups depend on (eps, channels_last weights) the next call
+    looks up again, and with momentum None (1 added to the count each call) every
+    call does; each gives the two modules' results."""
+    case = (32, 48, 3, 1, 10, False, "relu", False, "fp32", "nchw")
+    seed = random.randrange(1 << 30)
+    conv, bn = pair(*case[:4], case[5], case[6], seed)
+    conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
+    draw = drawing(case, seed)
+    looked = []
+    real = _convnorm.PACKAGE["eager_layer"]
+    monkeypatch.setitem(_convnorm.PACKAGE, "eager_layer", lambda *a: looked.append(1) or real(*a))
+
+    def twice():
+        for _ in range(2):
+            x, r, dy = draw()
+            one = run(conv, bn, x, r, dy, True, False)
+            two = run(conv2, bn2, x, r, dy, False, False)
+            assert one[1] == "ConvNormFunctionBackward"
+            agree(one[:1] + one[2:], two[:1] + two[2:], (bn, bn2))
+        return len(looked)
+
+    assert twice() == 1
+    bn.eps = bn2.eps = 1e-3
+    assert twice() == 2
+    conv.to(memory_format=torch.channels_last), conv2.to(memory_format=torch.channels_last)
+    assert twice() == 3
+    bn.momentum = bn2.momentum = None
+    assert twice() == 5
+
+
 def test_a_hook_or_eval_mode_takes_the_two_modules():
     """A forward hook on the convolution sees its call, and eval mode runs the modules
     as they are: two nodes (or none), not one."""

@@ -15,6 +15,7 @@ so (``FusedSequential``), and ``shortcut`` a residual block's downsampling pair.
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 
 import torch
@@ -125,16 +126,20 @@ def conv_norm(conv, bn, x, residual=None):
         return bn(conv(x), residual)
     if not pair(conv, bn) or conv.padding_mode != "zeros" or torch.compiler.is_compiling():
         return bn(conv(x), residual)
+    form = _form(conv, bn, x, residual)
+    found = _calls.get(bn)
+    if found is not None and found[0] == form:
+        return _apply(x, *found[1], residual, found[2])
     try:
         args = PACKAGE["arguments"](conv.stride, conv.padding, conv.dilation, conv.weight)
         found = PACKAGE["eager_layer"](x, conv.weight, conv.bias, *args, conv.groups)
-        lay, x, weight, bias = found
+        lay, x_in, weight, bias = found
     except SpecError:  # the modules' calls take PyTorch's path, and log it
         return bn(conv(x), residual)
     running_mean, running_var, _, factor, count = bn.state()
-    kernels = _kernels(lay, x, bn, running_mean, running_var, residual)
+    kernels = _kernels(lay, x_in, bn, running_mean, running_var, residual)
     if kernels is None:  # as the two modules' calls: PyTorch's batch norm after ours
-        y = conv2d_eager(x, weight, bias, lay)
+        y = conv2d_eager(x_in, weight, bias, lay)
         return B.batch_norm(
             y,
             running_mean,
@@ -150,8 +155,68 @@ def conv_norm(conv, bn, x, residual=None):
         )
     counted = B.counted_at(count, running_mean is not None, lay.index)
     norm = (kernels, B._bits(factor), counted)
-    stats = (running_mean, running_var)
-    return _apply(x, weight, bias, bn.weight, bn.bias, *stats, residual, (lay, norm))
+    tensors = (weight, bias, bn.weight, bn.bias, running_mean, running_var)
+    kept = bn.momentum is not None and (counted or count is None)  # no count added here
+    if kept and x_in is x and weight is conv.weight and bias is conv.bias:
+        _remember(conv, bn, form, tensors, (lay, norm))
+    return _apply(x_in, *tensors, residual, (lay, norm))
+
+
+# The last call's lookups of each pair of modules, by its batch norm (the entry goes
+# with the module): what the call read (``_form``, the convolution's id among it), the
+# tensors it handed to the node after x, and its last argument.  A later call that
+# reads the same finds the same and takes them.  Where the batch norm's momentum is
+# None (a cumulative average: the count read, 1 added each call) or its count is added
+# to here, x was copied or cast, or the weights, no call takes them.  An entry holds
+# the tensors whose ids its form reads, so that no other tensor can take one of them.
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _form(conv, bn, x, residual) -> tuple:
+    """What ``conv_norm``'s lookups depend on, read from the modules and tensors in a
+    few microseconds: which convolution, x's and the residual's sizes, strides, dtypes
+    and devices, the autocast and tf32 state, the modules' arguments, and each
+    parameter and buffer (its id and its data's address: a tensor given new data, as
+    ``module.to`` does, reads otherwise)."""
+    marks = tuple(None if t is None else (id(t), t.data_ptr()) for t in _read(conv, bn))
+    r = None
+    if residual is not None:
+        r = (residual.shape, residual.stride(), residual.dtype, residual.get_device())
+        r += (residual.data_ptr() % 16,)
+    return (
+        id(conv),
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"),
+        _tf32(),
+        (conv.stride, conv.padding, conv.dilation, conv.groups),
+        (bn.momentum, bn.eps, bn.activation, bn.track_running_stats),
+        r,
+        marks,
+    )
+
+
+_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or _engine.allow_tf32
+
+
+def _read(conv, bn) -> tuple:
+    """The parameters and buffers of the two modules that a call reads."""
+    p, q, b = conv._parameters, bn._parameters, bn._buffers
+    return (
+        p["weight"],
+        p["bias"],
+        q.get("weight"),
+        q.get("bias"),
+        b.get("running_mean"),
+        b.get("running_var"),
+        b.get("num_batches_tracked"),
+    )
+
+
+def _remember(conv, bn, form, tensors, last) -> None:
+    _calls[bn] = (form, tensors, last, _read(conv, bn))
 
 
 def _bare(*modules) -> bool:
