@@ -90,6 +90,36 @@ def test_a_replayed_node_gives_the_bodys_values_and_gradients_bit_for_bit(case, 
     agree(first, second, (bn, bn2))
 
 
+@pytest.mark.parametrize("graphed", [True, False])
+def test_replays_as_one_graph_or_one_by_one_give_the_bodys_results(graphed, monkeypatch):
+    """A conv and batch norm node called step after step on fresh inputs: its replays,
+    forward and backward, launch their kernels as one CUDA graph, its nodes' arguments
+    set for each (or one by one, with ``GRAPHED`` off); each step's output, gradients and
+    statistics are those of the body's path, bit for bit."""
+    monkeypatch.setattr(_replay, "GRAPHED", graphed)
+    case = CASES[0]
+    C, M, K, stride, H, bias, act, residual, math, layout = case
+    seed = random.randrange(1 << 30)
+    conv, bn = pair(C, M, K, stride, bias, act, seed)
+    conv2, bn2 = copy.deepcopy(conv), copy.deepcopy(bn)
+    draw = drawing(case, seed, FORMATS[layout])
+    _convnorm._forwards.clear()
+    for _ in range(6):
+        inputs = draw()
+        first = run(conv, bn, *inputs, False)
+        monkeypatch.setattr(_replay, "ENABLED", False)
+        second = run(conv2, bn2, *inputs, False)
+        monkeypatch.setattr(_replay, "ENABLED", True)
+        agree(first, second, (bn, bn2))
+    (record,) = _convnorm._forwards.values()
+    (after,) = record.after.values()
+    assert record.replays >= 3 and after.replays >= 3
+    if graphed:
+        assert (record.graphed, after.graphed) == (record.replays, after.replays)
+    else:
+        assert record.graphed == after.graphed == 0
+
+
 def gradients(module, x, dy, bf16):
     """module(x) under autocast (bf16), and the gradients of x and the parameters."""
     x = x.clone().requires_grad_(True)

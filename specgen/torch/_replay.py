@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,6 +38,7 @@ from ..runtime import RECORDING, _driver_launch
 from ._engine import on_device, raw_stream, workspace
 
 ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
+GRAPHED = True  # a replay launches its kernels as one CUDA graph (``Graph``)
 TRIES = 3  # failed recordings of a key before it is run as usual for good
 KEPT = 4096  # records kept (a stream of new shapes: start over)
 ALIGNED = 16
@@ -70,13 +72,21 @@ class Step:
 class Record:
     """What a node's call did, to do again: the buffers by index (the inputs first,
     then each allocation and scratch in the order the body took them), the launches,
-    and how to rebuild its results and ctx attributes from the buffers."""
+    and how to rebuild its results and ctx attributes from the buffers.
+
+    Its launches go out as one CUDA graph (``Graph``): each replay writes its addresses
+    into the graph's kernel nodes and launches it, a fraction of the driver's time for
+    the launches one by one.  Where the driver will not build the graph, or
+    ``GRAPHED`` is off, they go one by one."""
 
     def __init__(self, index, buffers, steps, results, attrs):
         self.index, self.buffers, self.steps = index, buffers, steps
         self.results, self.attrs = results, attrs
         self.lock = threading.Lock()  # the slots are the record's own, shared by calls
         self.replays = 0
+        self.graph: Graph | None = None  # built at the first replay
+        self.built = False
+        self.graphed = 0  # replays launched as the graph
         self.after: dict = {}  # records of the next node's calls (a forward's backward)
         self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
 
@@ -109,7 +119,6 @@ class Record:
         return _rebuilt(self.results, made, addresses, views)
 
     def _launch(self, addresses: list, stream: int) -> None:
-        launch = _driver_launch()
         with self.lock:
             for st in self.steps:
                 slots = st.slots
@@ -117,7 +126,132 @@ class Record:
                     slots[i] = addresses[b] + offset
                 for i, bound, b, offset in st.maps:
                     st.params[i] = bound.address(addresses[b] + offset)
+            if GRAPHED and not self.built:
+                self.built = True
+                self.graph = Graph.of(self.steps)
+            if GRAPHED and self.graph is not None:
+                if self.graph.launch(stream):
+                    self.graphed += 1
+                    return
+                self.graph = None  # the driver refused it: one by one from now on
+            launch = _driver_launch()
+            for st in self.steps:
                 launch(*st.head, stream, st.params_at, 0)
+
+
+class _NodeParams(ctypes.Structure):
+    """The driver's CUDA_KERNEL_NODE_PARAMS_v2: a kernel node's launch."""
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("params", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    ]
+
+
+class Graph:
+    """A record's launches as a CUDA graph of kernel nodes, each after the one before,
+    on the current device.  ``launch`` sets each node's arguments from its step's
+    argument slots as they are now (the driver copies them) and launches the graph on
+    a stream: one driver call for the node's arguments, one for all the launches
+    (``docs/measurements/launch-cost-*``).  A launch of it still under way keeps the
+    arguments it was launched with, and the next waits for it (the driver orders the
+    launches of one graph)."""
+
+    def __init__(self, graph: int, executable: int, nodes: list):
+        self.graph, self.executable = graph, executable
+        self.nodes = nodes  # (node, its params, a reference to them)
+        cuda, runtime = _cuda(), _runtime()
+        self.set = cuda.cuGraphExecKernelNodeSetParams_v2
+        self.enqueue = partial(runtime.graphLaunch, executable)
+
+    @classmethod
+    def of(cls, steps: list) -> Graph | None:
+        """The graph of ``steps``; None where the driver will not build it."""
+        cuda, runtime = _cuda(), _runtime()
+        if cuda is None:
+            return None
+        graph = ctypes.c_void_p()
+        if cuda.cuGraphCreate(ctypes.byref(graph), 0):
+            return None
+        nodes, before = [], None
+        for st in steps:
+            params = _NodeParams(st.head[0], st.head[1:4], st.head[4:7], st.head[7], st.params_at)
+            node = ctypes.c_void_p()
+            deps = None if before is None else ctypes.byref(before)
+            made = cuda.cuGraphAddKernelNode_v2(
+                ctypes.byref(node), graph, deps, 0 if before is None else 1, ctypes.byref(params)
+            )
+            if made:
+                runtime.graphDestroy(graph.value)
+                return None
+            nodes.append((node, params, ctypes.byref(params)))
+            before = node
+        try:
+            executable = runtime.graphInstantiate(graph.value)
+        except _errors():
+            runtime.graphDestroy(graph.value)
+            return None
+        return cls(graph.value, executable, nodes)
+
+    def launch(self, stream: int) -> bool:
+        """Whether the graph went out (else the driver refused a node's arguments)."""
+        set_params, executable = self.set, self.executable
+        for node, _, params in self.nodes:
+            if set_params(executable, node, params):
+                return False
+        self.enqueue(stream)
+        return True
+
+    def __del__(self):
+        try:
+            runtime = _runtime()
+            runtime.graphExecDestroy(self.executable)
+            runtime.graphDestroy(self.graph)
+        except Exception:  # the process is ending, and CUDA (or CuPy) with it
+            pass
+
+
+_libcuda: list = []  # the driver library, once loaded (None where it cannot be)
+
+
+def _cuda():
+    """The CUDA driver's library through ctypes, its graph functions typed."""
+    if not _libcuda:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            lib = None
+        if lib is not None:
+            p = ctypes.c_void_p
+            lib.cuGraphCreate.argtypes = [ctypes.POINTER(p), ctypes.c_uint]
+            lib.cuGraphAddKernelNode_v2.argtypes = [
+                ctypes.POINTER(p),
+                p,
+                ctypes.POINTER(p),
+                ctypes.c_size_t,
+                ctypes.POINTER(_NodeParams),
+            ]
+            lib.cuGraphExecKernelNodeSetParams_v2.argtypes = [p, p, ctypes.POINTER(_NodeParams)]
+        _libcuda.append(lib)
+    return _libcuda[0]
+
+
+def _runtime():
+    from cupy.cuda import runtime
+
+    return runtime
+
+
+def _errors() -> tuple:
+    from cupy.cuda import runtime
+
+    return (runtime.CUDARuntimeError,)
 
 
 def allocate(size, stride, dtype, device) -> torch.Tensor:
