@@ -62,14 +62,20 @@ def test_arguments_are_addresses_in_the_calls_tensors_or_constants():
 
 
 def test_a_body_that_runs_a_pytorch_op_or_returns_foreign_memory_is_not_recorded():
-    """An op that is neither an allocation nor a view (a fill, an add), or a result
-    that lies in no buffer of the call, fails the recording and says why; so do two
-    inputs over one tensor's memory."""
-    x = torch.randn(8)
+    """An op that is neither an allocation, a view nor one of the ops replayed as
+    steps (an exp), an op of those on memory the call does not hold, or a result that
+    lies in no buffer of the call, fails the recording and says why; so do two inputs
+    over one tensor's memory."""
+    x, other = torch.randn(8), torch.randn(8)
     rec = _replay.Recording((x,))
     with rec:
-        torch.empty(8).fill_(1.0)
-    assert rec.failed == "aten.fill_.Scalar ran" and rec.record((), Ctx(), ()) is None
+        torch.empty(8).exp_()
+    assert rec.failed == "aten.exp_.default ran" and rec.record((), Ctx(), ()) is None
+
+    rec = _replay.Recording((x,))
+    with rec:
+        other.zero_()
+    assert rec.failed == "an op's operand in memory the call did not allocate"
 
     rec = _replay.Recording((x,))
     with rec:
@@ -78,6 +84,37 @@ def test_a_body_that_runs_a_pytorch_op_or_returns_foreign_memory_is_not_recorded
     assert rec.failed == "a result in memory the call did not allocate"
 
     assert _replay.Recording((x, x[2:])).failed == "inputs share memory"
+
+
+def test_a_zero_fill_a_copy_and_a_cast_are_steps_between_the_launches():
+    """A body's zero fill of a slice of an allocation, its copy of an input into the
+    rest, and its cast of an input (a new tensor, then a copy into it) are recorded in
+    their order among the launches; run on a second call's tensors, they do there what
+    the body did."""
+    n = random.randrange(4, 32)
+    x = torch.randn(3, n)
+    rec = _replay.Recording((x,))
+    with rec:
+        y = torch.empty(5, n)
+        launch(rec, [y.data_ptr()])
+        y[3:].zero_()
+        y[:3].copy_(x)
+        z = x.to(torch.float64)
+    record = rec.record((y, z), Ctx(), ())
+    assert record is not None, rec.failed
+    assert [type(st).__name__ for st in record.steps] == ["Step", "Op", "Op", "Op"]
+    assert [b[0] for b in record.buffers] == ["new", "new"]
+    assert record.kernels == record.steps[:1]
+
+    x2 = torch.randn(3, n)
+    made = [x2, torch.full((5, n), float("nan")), torch.full((3, n), float("nan")).double()]
+    addresses, views = [t.data_ptr() for t in made], {}
+    for st in record.steps[1:]:
+        st.run(made, addresses, views)
+    assert torch.equal(made[1], torch.cat([x2, torch.zeros(2, n)]))
+    assert torch.equal(made[2], x2.double())
+    out = _replay._rebuilt(record.results, made, addresses, views)
+    assert out[0] is made[1] and out[1] is made[2]
 
 
 def test_a_key_that_fails_is_tried_again_then_run_as_usual(monkeypatch):
@@ -90,11 +127,11 @@ def test_a_key_that_fails_is_tried_again_then_run_as_usual(monkeypatch):
 
     def body():
         calls.append(1)
-        return torch.empty(16).fill_(0.0)
+        return torch.empty(16).fill_(0.0).exp_()
 
     for _ in range(_replay.TRIES + 2):
         out, record = _replay.run(Ctx(), records, "key", (x,), body, ())
-        assert record is None and torch.equal(out, torch.zeros(16))
+        assert record is None and torch.equal(out, torch.ones(16))
     assert len(calls) == _replay.TRIES + 2
     assert records["key"].count == _replay.TRIES and records["key"].why.endswith(" ran")
 

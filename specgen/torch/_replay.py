@@ -8,17 +8,19 @@ node's ``key``: its layer, batch, dtypes, which gradients are wanted), the first
 runs the node's body as usual while ``Recording`` watches it: every tensor the body
 allocates or views (a ``TorchDispatchMode``), every launch with its argument slots
 (``runtime.Launcher`` and ``_engine.launch_steps`` report them), the scratch it takes
-(``_engine.workspace``).  Each argument is then either an address inside one of the
-call's tensors (an input, an allocation, the scratch; kept as that tensor and an
-offset) or a constant.  Later calls allocate the same tensors, write their addresses
-into the slots and launch: the same launches on the same current stream, with no
-Python in between.  The convolution's node (``_ops.Conv2dFunction``), the batch
-norm's (``_batchnorm.BatchNormFunction``) and the two as one (``_convnorm``) go
-through ``forward`` and ``backward`` here.
+(``_engine.workspace``), and the few PyTorch ops it may run on those tensors (a zero
+fill, a copy, a cast: ``IN_PLACE``, ``COPIES``).  Each argument is then either an
+address inside one of the call's tensors (an input, an allocation, the scratch; kept
+as that tensor and an offset) or a constant.  Later calls allocate the same tensors,
+write their addresses into the slots and launch: the same launches, and the same ops
+between them, on the same current stream, with no Python in between; each run of
+launches goes out as one CUDA graph (``Graph``).  The convolution's node
+(``_ops.Conv2dFunction``), the batch norm's (``_batchnorm.BatchNormFunction``) and the
+two as one (``_convnorm``) go through ``forward`` and ``backward`` here.
 
-A body that does anything else (a PyTorch op other than an allocation or a view, a
-``__constant__`` upload) cannot be replayed: its recording fails, and after
-``TRIES`` failures the key is run as usual for good.  The first call of a layer
+A body that does anything else (another PyTorch op, an op on memory the call does
+not hold, a ``__constant__`` upload) cannot be replayed: its recording fails, and
+after ``TRIES`` failures the key is run as usual for good.  The first call of a layer
 fails so while it builds its kernels; the second records.  Nothing is recorded or
 replayed while a CUDA graph is captured (the scratch differs there), for inputs off
 a 16-byte boundary (the body copies them), or where ``ENABLED`` is off
@@ -38,13 +40,18 @@ from ..runtime import RECORDING, _driver_launch
 from ._engine import on_device, raw_stream, workspace
 
 ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
-GRAPHED = True  # a replay launches its kernels as one CUDA graph (``Graph``)
+GRAPHED = True  # a replay launches each run of its kernels as one CUDA graph (``Graph``)
 TRIES = 3  # failed recordings of a key before it is run as usual for good
 KEPT = 4096  # records kept (a stream of new shapes: start over)
 ALIGNED = 16
 
 _aten = torch.ops.aten
 ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default}
+# PyTorch ops that a body may run on the call's tensors: each is replayed as a step
+# between the launches; an op that makes a tensor as a copy of another (a cast, a
+# clone) as an allocation and then a copy into it.
+IN_PLACE = {_aten.zero_.default, _aten.copy_.default, _aten.fill_.Scalar}
+COPIES = {_aten._to_copy.default, _aten.clone.default}
 VIEWS = {
     _aten.slice.Tensor,
     _aten.as_strided.default,
@@ -69,24 +76,37 @@ class Step:
         self.maps = maps  # (parameter, tma.BoundMap, buffer, byte offset)
 
 
+class Op:
+    """A PyTorch op the body ran between its launches, on tensors of the call (each
+    argument a template of ``Recording._template``'s)."""
+
+    def __init__(self, func, args: tuple, kwargs: dict):
+        self.func, self.args, self.kwargs = func, args, kwargs
+
+    def run(self, made: list, addresses: list, views: dict) -> None:
+        args = [_rebuilt(a, made, addresses, views) for a in self.args]
+        kwargs = {k: _rebuilt(v, made, addresses, views) for k, v in self.kwargs.items()}
+        self.func(*args, **kwargs)
+
+
 class Record:
     """What a node's call did, to do again: the buffers by index (the inputs first,
     then each allocation and scratch in the order the body took them), the launches,
     and how to rebuild its results and ctx attributes from the buffers.
 
-    Its launches go out as one CUDA graph (``Graph``): each replay writes its addresses
-    into the graph's kernel nodes and launches it, a fraction of the driver's time for
-    the launches one by one.  Where the driver will not build the graph, or
-    ``GRAPHED`` is off, they go one by one."""
+    Its launches go out as CUDA graphs (``Graph``), one for each run of them between
+    ops: each replay writes its addresses into a graph's kernel nodes and launches it,
+    a fraction of the driver's time for the launches one by one.  Where the driver
+    will not build a graph, or ``GRAPHED`` is off, they go one by one."""
 
     def __init__(self, index, buffers, steps, results, attrs):
         self.index, self.buffers, self.steps = index, buffers, steps
         self.results, self.attrs = results, attrs
         self.lock = threading.Lock()  # the slots are the record's own, shared by calls
         self.replays = 0
-        self.graph: Graph | None = None  # built at the first replay
-        self.built = False
-        self.graphed = 0  # replays launched as the graph
+        self.kernels = [st for st in steps if type(st) is Step]
+        self.runs: list | None = None  # its launches as graphs, from the first replay
+        self.graphed = 0  # graphs launched
         self.after: dict = {}  # records of the next node's calls (a forward's backward)
         self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
 
@@ -112,31 +132,57 @@ class Record:
                     scratch = workspace(self.scratch_need, spec[1], stream, keep)
                 made.append(None)
                 addresses.append(scratch)
-        on_device(index, self._launch, addresses, stream)
         views: dict = {}
+        on_device(index, self._launch, made, addresses, views, stream)
         for name, value in self.attrs:
             setattr(ctx, name, _rebuilt(value, made, addresses, views))
         return _rebuilt(self.results, made, addresses, views)
 
-    def _launch(self, addresses: list, stream: int) -> None:
+    def _launch(self, made: list, addresses: list, views: dict, stream: int) -> None:
         with self.lock:
-            for st in self.steps:
+            for st in self.kernels:
                 slots = st.slots
                 for i, b, offset in st.fill:
                     slots[i] = addresses[b] + offset
                 for i, bound, b, offset in st.maps:
                     st.params[i] = bound.address(addresses[b] + offset)
-            if GRAPHED and not self.built:
-                self.built = True
-                self.graph = Graph.of(self.steps)
-            if GRAPHED and self.graph is not None:
-                if self.graph.launch(stream):
+            if not GRAPHED:
+                self._one_by_one(self.steps, made, addresses, views, stream)
+                return
+            if self.runs is None:
+                self.runs = _runs(self.steps)
+            for run in self.runs:
+                graph, steps = run
+                if graph is not None and graph.launch(stream):
                     self.graphed += 1
-                    return
-                self.graph = None  # the driver refused it: one by one from now on
-            launch = _driver_launch()
-            for st in self.steps:
+                    continue
+                run[0] = None  # never built, or the driver refused it: one by one
+                self._one_by_one(steps, made, addresses, views, stream)
+
+    @staticmethod
+    def _one_by_one(steps, made, addresses, views, stream) -> None:
+        launch = _driver_launch()
+        for st in steps:
+            if type(st) is Op:
+                st.run(made, addresses, views)
+            else:
                 launch(*st.head, stream, st.params_at, 0)
+
+
+def _runs(steps: list) -> list:
+    """[graph, steps] for each run of launches among ``steps`` (``Graph``; None where
+    the driver will not build it), and [None, [op]] for each op between them."""
+    runs, kernels = [], []
+    for st in steps + [None]:
+        if type(st) is Step:
+            kernels.append(st)
+            continue
+        if kernels:
+            runs.append([Graph.of(kernels), kernels])
+            kernels = []
+        if st is not None:
+            runs.append([None, [st]])
+    return runs
 
 
 class _NodeParams(ctypes.Structure):
@@ -306,14 +352,32 @@ class Recording(TorchDispatchMode):
             self.failed = "inputs share memory"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if func in ALLOCATIONS:
-            self.buffers.append(("new", tuple(out.shape), out.stride(), out.dtype, out.device))
-            self.spans.append(_span(out))
-            self.keep.append(out)
+            self._new(out)
+        elif func in COPIES and out.device == args[0].device:  # a new tensor, copied into
+            self._new(out)
+            self._op(_aten.copy_.default, (out, args[0]), {})
+        elif func in IN_PLACE:
+            self._op(func, args, kwargs)
         elif func not in VIEWS and not self.failed:
             self.failed = f"{func} ran"
         return out
+
+    def _new(self, t: torch.Tensor) -> None:
+        self.buffers.append(("new", tuple(t.shape), t.stride(), t.dtype, t.device))
+        self.spans.append(_span(t))
+        self.keep.append(t)
+
+    def _op(self, func, args: tuple, kwargs: dict) -> None:
+        """PyTorch op ``func`` ran on tensors in the call's buffers: a step of its own."""
+        operands = tuple(self._operand(a) for a in args)
+        named = {k: self._operand(v) for k, v in kwargs.items()}
+        self.steps.append(Op(func, operands, named))
+
+    def _operand(self, v):
+        return self._tensor(v, "an op's operand") if isinstance(v, torch.Tensor) else ("same", v)
 
     def scratch(self, t: torch.Tensor, need: int, device) -> None:
         """The body took ``need`` bytes of the stream's scratch, tensor ``t``."""
@@ -368,13 +432,13 @@ class Recording(TorchDispatchMode):
                 return ("address", b, value - self.spans[b][0])
         return ("same", value)
 
-    def _tensor(self, t: torch.Tensor):
+    def _tensor(self, t: torch.Tensor, what: str = "a result"):
         for b, given in enumerate(self.inputs):
             if t is given:
                 return ("tensor", b)
         b = self._address(t.data_ptr()) if t.numel() else None
         if b is None or self._kind(b) == "scratch":
-            self.failed = "a result in memory the call did not allocate"
+            self.failed = f"{what} in memory the call did not allocate"
             return ("same", None)
         base = self.inputs[b] if self._kind(b) == "input" else self.buffers[b - len(self.inputs)]
         if self._kind(b) == "new" and t.data_ptr() == self.spans[b][0]:
@@ -383,7 +447,7 @@ class Recording(TorchDispatchMode):
         dtype = base.dtype if self._kind(b) == "input" else base[3]
         offset, rest = divmod(t.data_ptr() - self.spans[b][0], t.element_size())
         if rest or t.dtype is not dtype:
-            self.failed = "a result that views its buffer as another dtype"
+            self.failed = f"{what} that views its buffer as another dtype"
             return ("same", None)
         return ("view", b, offset, tuple(t.shape), t.stride())
 
