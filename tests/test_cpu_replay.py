@@ -117,6 +117,22 @@ def test_a_zero_fill_a_copy_and_a_cast_are_steps_between_the_launches():
     assert out[0] is made[1] and out[1] is made[2]
 
 
+def test_the_launches_between_ops_go_out_as_runs_in_their_order():
+    """A record's steps split into runs of launches (each one graph where the driver
+    builds it) and the ops between them, in the body's order."""
+    x = torch.randn(8)
+    rec = _replay.Recording((x,))
+    with rec:
+        y = torch.empty(8)
+        launch(rec, [y.data_ptr()])
+        launch(rec, [x.data_ptr()])
+        y.zero_()
+        launch(rec, [y.data_ptr(), 7])
+    record = rec.record((y,), Ctx(), ())
+    a, b, op, c = record.steps
+    assert [steps for _, steps in _replay._runs(record.steps)] == [[a, b], [op], [c]]
+
+
 def test_a_key_that_fails_is_tried_again_then_run_as_usual(monkeypatch):
     """Each call of a key whose body cannot be recorded runs the body; after TRIES
     failures it is no longer watched, and its entry says why."""

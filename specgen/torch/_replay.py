@@ -204,7 +204,7 @@ class Graph:
     """A record's launches as a CUDA graph of kernel nodes, each after the one before,
     on the current device.  ``launch`` sets each node's arguments from its step's
     argument slots as they are now (the driver copies them) and launches the graph on
-    a stream: one driver call for the node's arguments, one for all the launches
+    a stream: one driver call for each node's arguments, one for all the launches
     (``docs/measurements/launch-cost-*``).  A launch of it still under way keeps the
     arguments it was launched with, and the next waits for it (the driver orders the
     launches of one graph)."""
@@ -267,13 +267,11 @@ _libcuda: list = []  # the driver library, once loaded (None where it cannot be)
 
 
 def _cuda():
-    """The CUDA driver's library through ctypes, its graph functions typed."""
+    """The CUDA driver's library through ctypes, its graph functions typed; None where
+    it cannot be loaded or lacks them (a driver older than CUDA 12's)."""
     if not _libcuda:
         try:
             lib = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            lib = None
-        if lib is not None:
             p = ctypes.c_void_p
             lib.cuGraphCreate.argtypes = [ctypes.POINTER(p), ctypes.c_uint]
             lib.cuGraphAddKernelNode_v2.argtypes = [
@@ -284,6 +282,8 @@ def _cuda():
                 ctypes.POINTER(_NodeParams),
             ]
             lib.cuGraphExecKernelNodeSetParams_v2.argtypes = [p, p, ctypes.POINTER(_NodeParams)]
+        except (OSError, AttributeError):
+            lib = None
         _libcuda.append(lib)
     return _libcuda[0]
 
