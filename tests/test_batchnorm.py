@@ -284,3 +284,38 @@ def test_a_fused_gradient_of_a_gradient_matches_float64():
     got = torch.autograd.grad(sum(g.square().sum() for g in grads), (x, w))
     for g, w_, what in zip(got, want, ("x", "weight")):
         close(g, w_, 1e-4 * w_.abs().max().item(), f"d(penalty)/d{what}")
+
+
+def test_a_densenet_whose_batch_norms_apply_its_relus_trains_as_unfused():
+    """A small DenseNet converted (bf16 autocast, channels_last): each layer's two batch
+    norms apply the ReLU after them, and its output and every gradient are those of the
+    same model converted without fusing, bit for bit (but the convolutions' dw, whose
+    split sums some wgrad kernels add atomically: to fp32's last bits)."""
+    torchvision = pytest.importorskip("torchvision")
+    import copy
+    import random
+
+    torch.manual_seed(random.randrange(1 << 30))
+    base = torchvision.models.DenseNet(8, (2, 2), 16, bn_size=2, num_classes=10)
+    fused = sg.convert(copy.deepcopy(base)).cuda().to(memory_format=torch.channels_last)
+    plain = sg.convert(copy.deepcopy(base), fuse=False).cuda()
+    plain = plain.to(memory_format=torch.channels_last)
+    relus = [m for m in fused.modules() if isinstance(m, sg.BatchNorm2d) and m.activation]
+    assert len(relus) == 2 * 4 + 2  # the 4 layers', the stem's and the transition's
+    x = torch.randn(8, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    for _ in range(2):  # a second step: the nodes replayed
+        grads = []
+        for m in (fused, plain):
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", torch.bfloat16):
+                out = m(x)
+            out.float().square().sum().backward()
+            grads.append((out, [(n, p.grad) for n, p in m.named_parameters()]))
+        (one, a), (two, b) = grads
+        assert torch.isfinite(one).all() and torch.equal(one, two)
+        for (name, g), (_, h) in zip(a, b):
+            assert torch.isfinite(g).all(), name
+            if "conv" in name and name.endswith("weight"):
+                assert (g.double() - h.double()).abs().max() <= 2.0**-18 * h.double().abs().max()
+            else:
+                assert torch.equal(g, h), name

@@ -175,6 +175,34 @@ def test_convert_fuses_the_activations_and_keeps_the_models_values(name):
     assert not [m for m in plain.modules() if isinstance(m, sg.BatchNorm2d) and m.activation]
 
 
+def test_convert_hands_densenets_relus_to_the_batch_norms_before_them():
+    """Each of densenet121's 58 layers keeps its class and forward, and its two batch
+    norms take the ReLU after them (its place passes its input on); with the stem's and
+    the transitions' (sequences) 120 of its 121 batch norms apply their ReLU. The model
+    computes what it did on the CPU, in training and eval mode, with the same
+    state_dict."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    import specgen.torch as sg
+    from specgen.torch._fuse import Fused, describe
+
+    torch.manual_seed(0)
+    base = torchvision.models.densenet121(num_classes=10)
+    ours = sg.convert(copy.deepcopy(base))
+    layers = [m for m in ours.modules() if type(m).__name__ == "_DenseLayer"]
+    assert len(layers) == 58
+    assert all(m.norm1.activation == m.norm2.activation == "relu" for m in layers)
+    assert all(type(m.relu1) is Fused and type(m.relu2) is Fused for m in layers)
+    assert describe(ours).startswith("batch norm: 121 on specgen's kernels, 120 with")
+    assert ours.state_dict().keys() == base.state_dict().keys()
+    x = torch.randn(2, 3, 64, 64)
+    for mode in ("train", "eval"):
+        getattr(ours, mode)(), getattr(base, mode)()
+        assert torch.equal(ours(x), base(x)), mode
+    plain = sg.convert(copy.deepcopy(base), fuse=False)
+    assert not any(isinstance(m, Fused) for m in plain.modules())
+
+
 def _saved(model) -> bytes:
     import io
 

@@ -8,7 +8,8 @@ An activation on its own costs a pass over the tensor each way and an autograd n
 fused, the batch norm's kernels apply it as they write y and gate dy as they read it.
 The sequences that hold a convolution followed by a batch norm (``nn.Sequential``,
 torchvision's ``Conv2dNormActivation``), and the blocks above, run each such pair as
-one autograd node (``_convnorm``).
+one autograd node (``_convnorm``).  DenseNet's layers hand their two ReLUs to the batch
+norms before them.
 
 The parameters, buffers and state_dict stay as they were; eval mode, and the calls the
 kernels do not serve, run PyTorch's batch norm and then the same activation."""
@@ -69,7 +70,7 @@ def _torchvision_forms() -> tuple[dict, dict]:
     ``_torchvision`` is imported only then); else two empty tables."""
     if "torchvision.models.resnet" not in sys.modules:
         return {}, {}
-    from torchvision.models import mobilenetv2, resnet
+    from torchvision.models import densenet, mobilenetv2, resnet
     from torchvision.ops import misc
 
     from . import _torchvision as T
@@ -79,6 +80,7 @@ def _torchvision_forms() -> tuple[dict, dict]:
         resnet.BasicBlock: T.FusedBasicBlock,
         resnet.Bottleneck: T.FusedBottleneck,
         mobilenetv2.InvertedResidual: T.FusedInvertedResidual,
+        densenet._DenseLayer: T.DenseLayerNorms,
     }
     return blocks, {misc.Conv2dNormActivation: T.FusedConv2dNormActivation}
 

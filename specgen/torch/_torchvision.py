@@ -1,8 +1,10 @@
 """torchvision's blocks with their batch norms fused (``_fuse``): the same modules,
 parameters and state_dict, a forward that hands each ReLU to the batch norm before it
 and a residual block's shortcut to its last batch norm, and runs each convolution
-with the batch norm after it as one autograd node (``_convnorm``).  Imported only
-where torchvision is."""
+with the batch norm after it as one autograd node (``_convnorm``); DenseNet's layers
+(a batch norm, a ReLU and a convolution, twice) keep their forward and hand each ReLU
+to the batch norm before it (``DenseLayerNorms``).  Imported only where torchvision
+is."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import torch
 from torchvision.models import mobilenetv2, resnet
 from torchvision.ops import misc
 
-from ._batchnorm import BatchNorm2d
+from ._batchnorm import BatchNorm2d, Fused
 from ._convnorm import conv_norm, run_fused, shortcut
 
 
@@ -108,3 +110,28 @@ class FusedConv2dNormActivation(misc.Conv2dNormActivation):
 
     def forward(self, input):
         return run_fused(self, input)
+
+
+class DenseLayerNorms:
+    """DenseNet's layer (``_DenseLayer``), its own class and forward kept: each of its
+    two batch norms applies the ReLU after it, whose place passes its input on
+    (``Fused``), as in a fused sequence."""
+
+    NAMES = (("norm1", "relu1"), ("norm2", "relu2"))
+
+    @classmethod
+    def fits(cls, layer) -> bool:
+        return all(
+            _plain(getattr(layer, n, None)) and type(getattr(layer, r, None)) is torch.nn.ReLU
+            for n, r in cls.NAMES
+        )
+
+    @classmethod
+    def shares(cls, layer, shared: set) -> bool:
+        return any(id(getattr(layer, n)) in shared for n, _ in cls.NAMES)
+
+    @classmethod
+    def take(cls, layer) -> None:
+        for n, r in cls.NAMES:
+            getattr(layer, n).activation = "relu"
+            layer._modules[r] = Fused(layer._modules[r])
