@@ -36,7 +36,7 @@ from functools import partial
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..runtime import RECORDING, _driver_launch
+from ..runtime import RECORDING, _driver_launch, argument_slots
 from ._engine import on_device, raw_stream, workspace
 
 ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
@@ -68,10 +68,7 @@ class Step:
 
     def __init__(self, head: tuple, values: list, fill: list, maps: list):
         self.head = head
-        self.slots = (ctypes.c_uint64 * len(values))(*values)
-        base = ctypes.addressof(self.slots)
-        self.params = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
-        self.params_at = ctypes.addressof(self.params)
+        self.slots, self.params, self.params_at = argument_slots(values)
         self.fill = fill  # (slot, buffer, byte offset)
         self.maps = maps  # (parameter, tma.BoundMap, buffer, byte offset)
 
@@ -334,8 +331,9 @@ def _rebuilt(value, made: list, addresses: list, views: dict):
 
 class Recording(TorchDispatchMode):
     """Watches one call of a node's body (``run``): every tensor it allocates, every
-    launch, the scratch it takes; any other PyTorch op but a view sets ``failed`` (why
-    the call cannot be replayed).  Tensors are told apart by where they lie: a result,
+    launch, the scratch it takes, each op of ``IN_PLACE`` and ``COPIES`` (kept as a
+    step); any other PyTorch op but a view sets ``failed`` (why the call cannot be
+    replayed).  Tensors are told apart by where they lie: a result,
     a ctx attribute or a launch's argument is an address in one of the call's buffers
     (which are all held to the end, so that none is reused), else a constant."""
 
@@ -437,14 +435,15 @@ class Recording(TorchDispatchMode):
             if t is given:
                 return ("tensor", b)
         b = self._address(t.data_ptr()) if t.numel() else None
-        if b is None or self._kind(b) == "scratch":
+        kind = None if b is None else self._kind(b)
+        if kind is None or kind == "scratch":
             self.failed = f"{what} in memory the call did not allocate"
             return ("same", None)
-        base = self.inputs[b] if self._kind(b) == "input" else self.buffers[b - len(self.inputs)]
-        if self._kind(b) == "new" and t.data_ptr() == self.spans[b][0]:
+        base = self.inputs[b] if kind == "input" else self.buffers[b - len(self.inputs)]
+        if kind == "new" and t.data_ptr() == self.spans[b][0]:
             if (tuple(t.shape), t.stride(), t.dtype) == base[1:4]:
                 return ("tensor", b)
-        dtype = base.dtype if self._kind(b) == "input" else base[3]
+        dtype = base.dtype if kind == "input" else base[3]
         offset, rest = divmod(t.data_ptr() - self.spans[b][0], t.element_size())
         if rest or t.dtype is not dtype:
             self.failed = f"{what} that views its buffer as another dtype"
