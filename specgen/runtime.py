@@ -335,15 +335,6 @@ def stream_handle(stream) -> int:
     return stream.ptr
 
 
-def argument_slots(values: list) -> tuple:
-    """A launch's 8-byte argument slots holding ``values``, the array of their addresses
-    that ``cuLaunchKernel`` copies the arguments from, and that array's address."""
-    slots = (ctypes.c_uint64 * len(values))(*values)
-    base = ctypes.addressof(slots)
-    params = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
-    return slots, params, ctypes.addressof(params)
-
-
 class _Step:
     """One kernel launch through the driver, its arguments bound: each parameter is an
     8-byte slot (a device address, or the image count in the low four bytes, which is
@@ -355,7 +346,10 @@ class _Step:
     def __init__(self, func: int, grid, block, smem: int, binding):
         self.func, self.grid, self.block, self.smem = func, grid, block, smem
         self.head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
-        self.slots, self.params, self.params_at = argument_slots([0] * len(binding))
+        self.slots = (ctypes.c_uint64 * len(binding))()
+        base = ctypes.addressof(self.slots)
+        self.params = (ctypes.c_void_p * len(binding))(*(base + 8 * i for i in range(len(binding))))
+        self.params_at = ctypes.addressof(self.params)
         self.fill = []  # (slot, role, byte offset) filled at each call
         self.maps = []  # (parameter, role, tma.BoundMap, byte offset): pointed at per call
         for i, (role, value, *offset) in enumerate(binding):

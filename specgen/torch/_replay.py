@@ -36,7 +36,7 @@ from functools import partial
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..runtime import RECORDING, _driver_launch, argument_slots
+from ..runtime import RECORDING, _driver_launch
 from ._engine import on_device, raw_stream, workspace
 
 ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
@@ -68,7 +68,10 @@ class Step:
 
     def __init__(self, head: tuple, values: list, fill: list, maps: list):
         self.head = head
-        self.slots, self.params, self.params_at = argument_slots(values)
+        self.slots = (ctypes.c_uint64 * len(values))(*values)
+        base = ctypes.addressof(self.slots)
+        self.params = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+        self.params_at = ctypes.addressof(self.params)
         self.fill = fill  # (slot, buffer, byte offset)
         self.maps = maps  # (parameter, tma.BoundMap, buffer, byte offset)
 
