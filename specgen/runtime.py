@@ -241,11 +241,11 @@ class Conv:
         return out
 
     def scratch_bytes(self, batch: int) -> int:
-        """Device scratch one call at this batch needs: the plan's fixed workspace, or
-        im2col's unrolled segment."""
+        """Device scratch one call at this batch needs: the plan's fixed workspace and
+        its share of each image of the batch, or im2col's unrolled segment."""
         if self.plan.workspace_per_image:
             return self._segment(batch) * self.plan.workspace_per_image
-        return self.plan.workspace_bytes
+        return self.plan.workspace_bytes + batch * self.plan.batch_workspace
 
     def _segment(self, batch: int) -> int:
         per_image = self.plan.workspace_per_image

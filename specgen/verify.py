@@ -267,10 +267,25 @@ def judge_trial(trial: Trial, plan: Plan, outs) -> dict:
         plan, trial.batch, trial.largest, 0.0 if w is None else float(np.abs(w).max())
     )
     results = [
-        compare(_values(shape, role, outs[role], xp), ref, mag, gamma, xp, absolute)
+        compare(
+            _values(shape, role, outs[role], xp),
+            ref,
+            spread_magnitudes(mag, plan.spread, xp) if plan.spread and role is Role.DW else mag,
+            gamma,
+            xp,
+            absolute,
+        )
         for role, (ref, mag) in trial.refs.items()
     ]
     return max(results, key=lambda r: (not r["ok"], r["bound_ratio"]))  # the worst output
+
+
+def spread_magnitudes(mag, spread, xp) -> object:
+    """dw's magnitudes where each tap's sum takes every tap's products, weighted by
+    ``spread`` (``Plan.spread``) along each axis: from the reference's own, |x| with |dy|
+    at each tap."""
+    k = xp.asarray(spread, dtype=xp.float64)
+    return xp.einsum("rd,mcde,se->mcrs", k, mag, k)
 
 
 def judge(shape: ConvProblem, plan: Plan, batch: int, inputs, w, b, outs, xp=np) -> dict:

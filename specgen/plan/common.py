@@ -123,6 +123,9 @@ class Plan:
     context: dict = field(compare=False, hash=False, repr=False)
     workspace_per_image: int = 0  # bytes of scratch per image (im2col)
     workspace_bytes: int = 0  # bytes of scratch whatever the batch (partial sums)
+    # bytes of scratch per image of the whole batch, after workspace_bytes, never cut
+    # into segments (a batch reduction's transformed inputs: wgwino)
+    batch_workspace: int = 0
     # "dgrad": the host flips w in R and S and transposes it per group before packing
     weight_transform: str = ""
     view: ConvProblem | None = None  # the forward problem the kernels compute, if not shape
@@ -130,6 +133,11 @@ class Plan:
     # the batch is cut into, additions besides) on the longest path of its summation
     # tree: per_image * ceil(batch / slices) + besides.
     sum_depth: tuple[int, int, int] | None = None
+    # A wgrad whose taps' sums take other taps' products (the Winograd domain's, which
+    # cancel in exact arithmetic): spread[r][d], the largest weight with which a product
+    # of dy with x at the window's offset d enters tap r's sum, along each axis.  The
+    # error bound's magnitudes are those sums (verify.spread_magnitudes).
+    spread: tuple[tuple[float, ...], ...] | None = None
     # An architecture the kernels need exactly ("sm_90a" for wgmma), or "" for any.
     arch: str = ""
 
