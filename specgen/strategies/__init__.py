@@ -43,6 +43,7 @@ from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
 from .wgplanar import Wgplanar
 from .wgwgrad import Wgwdsm, Wgwgrad, Wgwhalo, Wgwtma
+from .wgwino import Wgwino
 from .wlane import Wlane
 from .wsplit import Wsplit
 from .wstrip import Wstrip
@@ -86,6 +87,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgwdsm,
     Wgwhalo,
     Wgnchw,
+    Wgwino,
     Tcwgrad,
     Tcwhalo,
     Tc3wgrad,
