@@ -473,11 +473,12 @@ def test_a_whole_model_tune_searches_each_math_where_the_operator_runs_it():
     assert floortf == 2 and keeptf[0].precision is Precision.TF32
     # each math in the other layout too: an fp32 wgrad has tensor-core kernels in both
     # (tcwgrad's three products in NHWC; in place in NCHW, tc3wgrad's one tf32 product
-    # on mma.sync and wgnchw's on wgmma, which the planner leaves to the tune)
+    # on mma.sync, wgnchw's on wgmma and wgwino's in the Winograd domain, which the
+    # planner leaves to the tune)
     assert found[(Precision.FP32, nhwc)][1][0].key == "tcwgrad"
     tf32_nchw = [(replace(wgrad, layout=nchw), Precision.TF32, *found[(Precision.TF32, nchw)])]
     found_keys = {it.variant.split("_")[0] for it in dist.work_items(tf32_nchw, None)}
-    assert found_keys == {"tc3wgrad", "wgnchw"}
+    assert found_keys == {"tc3wgrad", "wgnchw", "wgwino"}
     bf16 = replace(wgrad, dtype=DType.BF16, layout=TensorLayout.NHWC)
     assert [s[1] for s in dist.searched([bf16], "")] == [Precision.BF16]
     for p, precision, floor, keep in dist.searched([wgrad, bf16], ""):
