@@ -172,6 +172,31 @@ def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
     return view.R * view.S == 1 or view.Ho * view.Wo >= WGNCHW_FP32_MIN_PIXELS
 
 
+# wgwino (F(3, 2)'s 16 GEMMs on wgnchw's kernel) beside the picks of vgg11's and resnet's
+# stride-1 3x3 fp32 NCHW wgrads (H200, 2026-11-30, B=32 and 64, tune-wgwino-3x3-fp32-
+# wgrads-*): in three tf32 products it won from 128 x 256 weights a tap (vgg11's
+# features.6 0.74 ms against tc3wgrad's 0.98; resnet50's 256 x 256 over 14x14 maps 0.122
+# against wgnchw's 0.147) and lost below (128 x 128 over 28x28 maps, 0.199 against
+# wgnchw's 0.139); in tf32 from 256 x 512 (0.32-0.50 ms against wgnchw's 0.36-0.68), not
+# at 256 x 256 (0.135 against wgnchw's 0.097 at B=64) or 128 x 256 (0.47 against 0.39).
+# Its fp32 wins were over maps of 14x14 and wider (512 x 512 over 7x7 at B=64 only), its
+# tf32 ones over 7x7 and wider: smaller maps, untried, keep the other picks.
+WGWINO_LEAST = {  # math: (a group's maps x channels, output pixels a map)
+    Precision.FP32: (128 * 256, 14 * 14),
+    Precision.TF32: (256 * 512, 7 * 7),
+}
+
+
+def wgwino_suits(view: ConvProblem, math: Precision, allow_tf32: bool) -> bool:
+    """Whether wgwino in ``math`` is the untuned pick for the wgrad problem ``view``: a
+    group's maps x channels and the output maps from ``WGWINO_LEAST``; its three tf32
+    products not where tf32 is allowed (wgnchw's one product ran those layers faster)."""
+    if math is Precision.FP32 and allow_tf32 or math not in WGWINO_LEAST:
+        return False
+    weights, pixels = WGWINO_LEAST[math]
+    return view.Mg * view.Cg >= weights and view.Ho * view.Wo >= pixels
+
+
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's
 # zero padding of dy is widest: the 7x7 layers at B=10000 (H200, 2026-11-24, NCHW) in
 # 0.74, 1.58, 1.41 and 4.80 ms against stream's and persist's 1.37, 2.73, 2.53 and 8.90
@@ -255,6 +280,8 @@ PREFERENCE = {
     # 0.074 ms against tc3wgrad's 0.090-0.213 and cuDNN tf32's 0.044-0.090, in fp32 math in
     # 0.082-0.146 ms against tc3wgrad's or wtap's 0.113-0.292 and cuDNN fp32's 0.10-0.32;
     # the 3x3 layer of 7x7 maps keeps wtap's 0.227 in fp32 against wgnchw's 0.264 once tuned
+    # wgwino: stride-1 3x3 fp32 NCHW layers of many weights, in the Winograd domain on
+    # wgnchw's kernel (WGWINO_LEAST)
     # wfew: 16-bit channels-last layers of at most 8 channels (the stems) over their own
     # channels, each tile's patch and dy copied once, a window row's taps x channels one
     # run of dw's columns, where tcwgrad and tcwhalo take them padded to 8: bf16 on the
@@ -268,6 +295,7 @@ PREFERENCE = {
         "tcwhalo",
         "wstrip",
         "wlane",
+        "wgwino",
         "wgnchw",
         "tc3wgrad",
         "wtap",
@@ -432,6 +460,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
             "tcwhalo",
             "wstrip",
             "wlane",
+            "wgwino",
             "wgnchw",
             "tc3wgrad",
             "wtap",
@@ -485,6 +514,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "drow" and view.S < DROW_MIN_TAPS:
                     continue
                 if key == "wgnchw" and not wgnchw_suits(view, math):
+                    continue
+                if key == "wgwino" and not wgwino_suits(view, math, allow_tf32):
                     continue
                 # wgplanar's strided dgrad (a GEMM a stride phase) in place, tf32 and fp32:
                 # in three tf32 products its fit ran 16 of 18 strided dgrads of resnet18 (at

@@ -162,7 +162,7 @@ def test_the_tune_the_default_set_and_the_planner_take_it():
     """In the default set and tune's space of an fp32 NCHW wgrad, in tf32 and fp32 math,
     not for other layouts and dtypes; the planner's pick for wide layers on sm_90a, in
     the fastest math allowed, and not where wgmma is not."""
-    p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1,op=wgrad")
+    p = parse_shape("C=128,M=128,H=14,W=14,K=3,pad=1,op=wgrad")
     assert [v for v in default_set(p) if v.key == "wgnchw"]
     assert Wgnchw.space(p, TF32) and Wgnchw.space(p, FP32)
     assert planned(p, allow_tf32=True).variant == Wgnchw.default(p, TF32)

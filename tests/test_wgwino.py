@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from problems import DRAWN_COMPILES, GPU_DRAWS, default_and_drawn, parsed_or_rejected
 from problems import verify_on_the_gpu
+from specgen.choose import planned
 from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.shapes import parse_shape
@@ -172,3 +173,30 @@ def test_dw_is_as_close_to_float64_as_the_direct_three_products():
         conv.run({Role.X: cupy.asarray(x), Role.DY: cupy.asarray(dy)}, {Role.DW: dw})
         errors.append(float(np.abs(dw.get() - ref).max() / np.abs(ref).max()))
     assert np.isfinite(errors).all() and errors[0] <= 2 * errors[1], errors
+
+
+def test_the_planner_takes_it_for_layers_of_many_weights():
+    """Untuned (as measured beside the picks at B=32 and 64 on the H200): in three tf32
+    products from 128 x 256 weights a tap over maps from 14x14, in tf32 from 256 x 512
+    over maps from 7x7; fewer stay wgnchw's, smaller maps the others', and a strided
+    window never takes it."""
+    picks = {
+        spec: (
+            planned(parse_shape(spec), False).variant.key,
+            planned(parse_shape(spec), True).variant.key,
+        )
+        for spec in (
+            "C=384,M=384,H=20,W=20,K=3,pad=1,op=wgrad",
+            "C=192,M=192,H=20,W=20,K=3,pad=1,bias=1,op=wgrad",
+            "C=128,M=128,H=20,W=20,K=3,pad=1,op=wgrad",
+            "C=384,M=384,H=20,W=20,K=3,pad=1,stride=2,op=wgrad",
+            "C=512,M=512,H=6,W=6,K=3,pad=1,op=wgrad",
+        )
+    }
+    assert list(picks.values()) == [
+        ("wgwino", "wgwino"),
+        ("wgwino", "wgnchw"),
+        ("wgnchw", "wgnchw"),
+        ("wgnchw", "wgnchw"),
+        ("wtap", "wgnchw"),
+    ]
