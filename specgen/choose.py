@@ -174,15 +174,15 @@ def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
 
 # wgwino (F(3, 2)'s 16 GEMMs on wgnchw's kernel) beside the picks of vgg11's and resnet's
 # stride-1 3x3 fp32 NCHW wgrads (H200, 2026-11-30, B=32 and 64, tune-wgwino-3x3-fp32-
-# wgrads-*): in three tf32 products it won from 128 x 256 weights a tap (vgg11's
-# features.6 0.74 ms against tc3wgrad's 0.98; resnet50's 256 x 256 over 14x14 maps 0.122
-# against wgnchw's 0.147) and lost below (128 x 128 over 28x28 maps, 0.199 against
-# wgnchw's 0.139); in tf32 from 256 x 512 (0.32-0.50 ms against wgnchw's 0.36-0.68), not
-# at 256 x 256 (0.135 against wgnchw's 0.097 at B=64) or 128 x 256 (0.47 against 0.39).
-# Its fp32 wins were over maps of 14x14 and wider (512 x 512 over 7x7 at B=64 only), its
-# tf32 ones over 7x7 and wider: smaller maps, untried, keep the other picks.
+# wgrads-*): its fit won from 256 x 512 weights a tap in both maths (vgg11's features.13
+# 1.17 ms against wgnchw's 2.21 in three tf32 products, 0.50 against 0.68 in tf32;
+# 512 x 512 over 7x7 maps at B=64 0.205 against 0.317 and 0.112 against 0.136).  Below,
+# the tune's own tiles won where any did (resnet50's 256 x 256 over 14x14: the fit 0.155
+# against wgnchw's 0.147, b128x64 0.121) and the fit lost on the autoencoder's 128 x 256
+# over 16x16 at B=128 (0.65 against wgnchw's 0.34, bench-ae-wgwino-*).  Its fp32 wins
+# were over maps of 14x14 and wider at B=32, its tf32 ones over 7x7 and wider.
 WGWINO_LEAST = {  # math: (a group's maps x channels, output pixels a map)
-    Precision.FP32: (128 * 256, 14 * 14),
+    Precision.FP32: (256 * 512, 14 * 14),
     Precision.TF32: (256 * 512, 7 * 7),
 }
 
