@@ -8,8 +8,8 @@
 //          precision fp32: dy^ and x^ in fp32; x and dy split into tf32 hi + lo, lo x hi + hi x lo + hi x hi a chunk from zero, added to the sums in fp32; the slices added in order and G^T U G in fp32
 //
 // Derived sizes (computed by specgen's planner; every number below is a literal in the code):
-//   domain        8 x 8 tiles of 2x2 dy, 4x4 x   F(3, 2) a axis: 16 products a tile against 36 directly
-//   GEMM          128 x 256 x (B*64), 16 groups  maps x (r, s, c) columns of im2col(x) x every output pixel of the batch
+//   domain        8 x 8 tiles of 2x2 dy, 4x4 x   F(3, 2) along each axis: 16 products a tile of 4 dy pixels against 36 directly
+//   GEMM          16 x 128 x 256 x (B*64)        a position's maps x channels x the batch's tiles, as one grouped 1x1 wgrad
 //   block tile    128 maps x 128 channels of one tap 2 warpgroup(s) of m64n128k8, 64 fp32 sums per thread and 64 of a chunk's three products
 //   __shared__    197632 B (dynamic)             3 stages x (128 map + 128 channel) rows of 32 pixels x 4 B, hi and lo, 128B-swizzled; 1024 B of slack to align the ring
 //   copies        32 4-byte cp.async per thread per chunk lane l the chunk's pixel l of a row: one 128-byte line of shared memory a copy

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..plan.common import Launch, Plan, Size
+from ..plan.common import SMS, Launch, Plan, Size
 from ..shapes import ConvProblem, DType, Feature, Op, TensorLayout
 from ..tensors import Role
 from ..variants import Count, Pair, Precision, Variant, param
@@ -63,7 +63,7 @@ def weight(r: int, d: int) -> float:
 SPREAD = tuple(tuple(weight(r, d) for d in range(3)) for r in range(3))
 TRANSFORM_ROUNDINGS = 10  # x^ 3 adds, dy^ 3, G^T U G 4 on a tap's path
 TRANSFORM_BLOCK = 256
-TRANSFORM_BLOCKS = 132 * 8  # a grid that strides over the batch's tiles
+TRANSFORM_BLOCKS = SMS * 8  # a grid that strides over the batch's tiles
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,9 +239,14 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
         Size(
             "domain",
             f"{th} x {tw} tiles of 2x2 dy, 4x4 x",
-            f"F(3, 2) a axis: 16 products a tile against {9 * 4} directly",
+            "F(3, 2) along each axis: 16 products a tile of 4 dy pixels against 36 directly",
         ),
-        *inner.sizes[:-1],
+        Size(
+            "GEMM",
+            f"16 x {p.M} x {p.C} x (B*{T})",
+            "a position's maps x channels x the batch's tiles, as one grouped 1x1 wgrad",
+        ),
+        *inner.sizes[1:-1],
         Size(
             "workspace",
             f"{slices} B + B x {4 * (dy_image + x_image)} B",
