@@ -182,8 +182,6 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
     pt, _, pl, _ = p.pads
     ctx.update(
         winograd=True,
-        wino_dy_at=v.splits * row,  # dy^ after the slices' rows, then x^
-        wino_dy_image=dy_image,
         wino=dict(
             C=p.C,
             M=p.M,
@@ -200,7 +198,7 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
             blocks=TRANSFORM_BLOCKS,
             x_image=x_image,
             dy_image=dy_image,
-            dy_at=v.splits * row,
+            dy_at=v.splits * row,  # dy^ after the slices' rows, then x^
             row=row,
             splits=v.splits,
             weights=q.weight_count,  # U's words a slice, before the sums of dy^
