@@ -200,3 +200,28 @@ def test_the_planner_takes_it_for_layers_of_many_weights():
         ("wgnchw", "wgnchw"),
         ("wtap", "wgnchw"),
     ]
+
+
+def test_the_spread_bound_passes_the_exact_dw_and_catches_a_wrong_one():
+    """The verifier's judgment of a wgwino plan, on the CPU: dw computed in float64 and
+    rounded to fp32 passes; a tap's dw taken from its mirror, one weight 0.1% off, or a
+    NaN fails, under the bound's spread magnitudes as under the direct ones."""
+    from specgen.reference import conv2d_wgrad
+    from specgen.tensors import Role, from_storage
+    from specgen.verify import judge, random_inputs
+
+    p = parse_shape("C=16,M=16,H=9,W=7,K=3,pad=1,op=wgrad")
+    plan = make_plan(p, Wgwino.default(p, FP32))
+    inputs, w, b = random_inputs(p, 2, np.random.default_rng())
+    exact = conv2d_wgrad(
+        from_storage(inputs[Role.X], p.dtype), from_storage(inputs[Role.DY], p.dtype), p
+    ).astype(np.float32)
+    assert judge(p, plan, 2, inputs, w, b, {Role.DW: exact})["ok"]
+    mirrored = exact.copy()
+    mirrored[:, :, 0] = exact[:, :, 2]
+    off = exact.copy()
+    off[3, 5, 1, 2] *= np.float32(1.001)
+    poisoned = exact.copy()
+    poisoned[0, 0, 0, 0] = np.nan
+    for wrong in (mirrored, off, poisoned):
+        assert not judge(p, plan, 2, inputs, w, b, {Role.DW: wrong})["ok"]
