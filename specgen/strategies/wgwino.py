@@ -145,12 +145,7 @@ def gemm_problem(p: ConvProblem) -> ConvProblem:
 
 
 def _gemm(v: Variant) -> Wgnchw:
-    return Wgnchw(
-        blocktile=getattr(v, "blocktile", (128, 128)),
-        stages=getattr(v, "stages", 3),
-        splits=getattr(v, "splits", 4),
-        precision=v.precision,
-    )
+    return Wgnchw(blocktile=v.blocktile, stages=v.stages, splits=v.splits, precision=v.precision)
 
 
 def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
@@ -182,6 +177,8 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
     pt, _, pl, _ = p.pads
     ctx.update(
         winograd=True,
+        # the transforms' and the way back's literals; the slices' row, splits and
+        # weights (U's words a slice, before the sums of dy^) are wgnchw's sums context
         wino=dict(
             C=p.C,
             M=p.M,
@@ -195,14 +192,18 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
             TW=tw,
             T=T,
             block=TRANSFORM_BLOCK,
-            blocks=TRANSFORM_BLOCKS,
-            x_image=x_image,
+            stride=TRANSFORM_BLOCKS * TRANSFORM_BLOCK,  # the grid's threads
+            dy_plane=p.Ho * p.Wo,
+            dy_corner=p.Wo + 1,  # a tile's lower right pixel from its upper left
+            x_plane=p.H * p.W,
+            dy_position=p.M * T,  # words from one position's dy^ to the next's
+            x_position=p.C * T,
             dy_image=dy_image,
+            dy_maps=POSITIONS * p.M,  # dy^'s maps an image
+            x_channels=POSITIONS * p.C,
             dy_at=v.splits * row,  # dy^ after the slices' rows, then x^
-            row=row,
-            splits=v.splits,
-            weights=q.weight_count,  # U's words a slice, before the sums of dy^
             MC=p.M * p.C,
+            db_at=q.weight_count + 5 * p.M,  # the sums of dy^ at position (1, 1): db
         ),
         precision_note=(
             "dy^ and x^ in fp32; "
@@ -210,27 +211,17 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
             + "; the slices added in order and G^T U G in fp32"
         ),
     )
-    transform = (TRANSFORM_BLOCK, 1, 1), (TRANSFORM_BLOCKS, 1, 1)
     gemm = replace(
         inner.launches[0],
         kernel=name,
         args=(Role.WORKSPACE, Role.WORKSPACE, Role.WORKSPACE, Role.BATCH),
     )
     outs = (Role.DW, Role.DB) if p.bias else (Role.DW,)
-    out_blocks = -(-p.M * p.C // TRANSFORM_BLOCK)
     launches = (
-        Launch(f"{name}_dy", (Role.DY, Role.WORKSPACE, Role.BATCH), *transform, 0, 0, 1),
-        Launch(f"{name}_x", (Role.X, Role.WORKSPACE, Role.BATCH), *transform, 0, 0, 1),
+        _fixed(f"{name}_dy", (Role.DY, Role.WORKSPACE, Role.BATCH), TRANSFORM_BLOCKS),
+        _fixed(f"{name}_x", (Role.X, Role.WORKSPACE, Role.BATCH), TRANSFORM_BLOCKS),
         gemm,
-        Launch(
-            f"{name}_out",
-            (Role.WORKSPACE, *outs),
-            (TRANSFORM_BLOCK, 1, 1),
-            (out_blocks, 1, 1),
-            0,
-            0,
-            1,
-        ),
+        _fixed(f"{name}_out", (Role.WORKSPACE, *outs), -(-p.M * p.C // TRANSFORM_BLOCK)),
     )
     slices = 4 * v.splits * row
     sizes = (
@@ -265,4 +256,12 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
         batch_workspace=4 * (dy_image + x_image),
         sum_depth=(T, depth[1], depth[2] + TRANSFORM_ROUNDINGS),
         spread=SPREAD,
+    )
+
+
+def _fixed(kernel: str, args: tuple, blocks: int) -> Launch:
+    """A launch of ``blocks`` blocks whatever the batch: the transforms stride over the
+    batch's tiles, the way back walks U's maps x channels."""
+    return Launch(
+        kernel, args, (TRANSFORM_BLOCK, 1, 1), (blocks, 1, 1), axis=0, per_image=0, per_block=1
     )
