@@ -138,6 +138,7 @@ def gemm_problem(p: ConvProblem) -> ConvProblem:
         S=1,
         groups=POSITIONS,
         bias=p.bias,
+        batch=p.batch,
         dtype=DType.FP32,
         layout=TensorLayout.NCHW,
         op=Op.WGRAD,
