@@ -1133,12 +1133,14 @@ SHOWN = 10  # the refused or failed items a many-problem tune names at its end
 @click.option(
     "--batchnorm/--no-batchnorm",
     default=True,
-    help="specgen's run converts batch norm to specgen's kernels too (convert's default)",
+    help="specgen's run converts batch norm and max pool to specgen's kernels too "
+    "(convert's default)",
 )
 @click.option(
     "--fuse/--no-fuse",
     default=True,
-    help="and fuses each batch norm with the ReLU after it (convert's default)",
+    help="and fuses each batch norm with the ReLU after it, each max pool with the ReLU "
+    "before it (convert's default)",
 )
 def model(
     name,
@@ -1178,9 +1180,12 @@ def model(
                 f"{name}, batch {batch}, {image}x{image}: {len(found)} conv calls; "
                 f"the picks for {gpu} ({arch})"
             )
+            from functools import partial
+
             from .torch import convert
 
-            click.echo(m.batch_norms(net, lambda n: convert(n, batchnorm=batchnorm, fuse=fuse)))
+            convert_as = partial(convert, batchnorm=batchnorm, fuse=fuse, pool=batchnorm)
+            click.echo(m.batch_norms(net, convert_as))
             for mode in chosen:
                 click.echo(
                     f"\n{mode.name} ({mode.dtype.value}, {mode.layout.value}"

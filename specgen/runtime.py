@@ -506,6 +506,53 @@ def batchnorm_source(
     return name, text
 
 
+POOL_THREADS = 256
+POOL_NONE = 255  # a max pool's byte where no gradient flows
+POOL_ACTIVATIONS = ("relu",)  # what the max pool's kernels can apply to their input first
+
+
+def maxpool_source(
+    dtype: str, layout: str, C: int, H: int, W: int, KH: int, KW: int, act: str | None = None
+) -> tuple[str, str]:
+    """The max pool kernels' common name and CUDA source over ``C`` channels of HxW
+    pixels of ``dtype`` in ``layout`` ("nchw" or "nhwc"): KHxKW windows at a stride of
+    their own size, no padding, the floor of the outputs (``templates/torch/maxpool.cu.j2``);
+    with ``act`` (one of ``POOL_ACTIVATIONS``) applied to the input first."""
+    from .render import render_template
+
+    if act is not None and act not in POOL_ACTIVATIONS:
+        raise SpecError(
+            f"max pool's kernels apply {' or '.join(POOL_ACTIVATIONS)} first, not {act}"
+        )
+    if layout not in ("nchw", "nhwc") or min(KH, KW) < 1 or KH > H or KW > W:
+        raise SpecError(f"max pool {KH}x{KW} over {H}x{W} {layout}: not served")
+    if KH * KW >= POOL_NONE:
+        raise SpecError(
+            f"max pool {KH}x{KW}: a window's places are counted in a byte below {POOL_NONE}"
+        )
+    name = f"maxpool_{dtype}_{layout}_c{C}_{H}x{W}_k{KH}x{KW}" + (f"_{act}" if act else "")
+    text = render_template(
+        "torch/maxpool.cu.j2",
+        name=name,
+        dtype=dtype,
+        layout=layout,
+        word=WORDS[dtype],
+        C=C,
+        H=H,
+        W=W,
+        KH=KH,
+        KW=KW,
+        Ho=H // KH,
+        Wo=W // KW,
+        Hb=-(-H // KH),  # the backward's windows: the rows and columns past the last too
+        Wb=-(-W // KW),
+        act=act,
+        nowhere=POOL_NONE,
+        threads=POOL_THREADS,
+    )
+    return name, text
+
+
 class Launcher:
     """A plan's launches at one batch, in order.  The argument slots are shared, so a
     call fills and launches them under a lock (the driver copies them at the launch)."""

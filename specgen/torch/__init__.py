@@ -38,6 +38,7 @@ from ._args import arguments as _arguments
 from ._args import transposed as _transposed
 from ._batchnorm import BatchNorm2d, batch_norm
 from ._engine import autotune, autotuning
+from ._pool import MaxPool2d, max_pool2d
 
 __all__ = [
     "conv2d",
@@ -48,6 +49,8 @@ __all__ = [
     "ConvTranspose2d",
     "batch_norm",
     "BatchNorm2d",
+    "max_pool2d",
+    "MaxPool2d",
     "convert",
     "warmup",
     "autotune",
@@ -343,23 +346,32 @@ SPECGEN = {  # PyTorch's module -> ours
 }
 
 
-def convert(model: torch.nn.Module, batchnorm: bool = True, fuse: bool = True) -> torch.nn.Module:
+def convert(
+    model: torch.nn.Module, batchnorm: bool = True, fuse: bool = True, pool: bool = True
+) -> torch.nn.Module:
     """Every ``torch.nn.Conv2d``, ``Conv1d`` and ``ConvTranspose2d`` of ``model`` (the
-    model itself too) replaced in place by specgen's, sharing its parameters, and with
+    model itself too) replaced in place by specgen's, sharing its parameters, with
     ``batchnorm`` every ``torch.nn.BatchNorm2d`` too (its training-mode calls on
-    specgen's kernels, ``BatchNorm2d``); with ``fuse`` as well, each batch norm takes
-    the ReLU or ReLU6 after it where the model's structure shows it (an
-    ``nn.Sequential``; torchvision's ResNet blocks, their shortcut's add too:
+    specgen's kernels, ``BatchNorm2d``) and with ``pool`` every ``torch.nn.MaxPool2d``
+    whose windows tile its input (``MaxPool2d``); with ``fuse`` as well, each batch norm takes the ReLU or ReLU6
+    after it and each max pool the ReLU before it, where the model's structure shows
+    it (an ``nn.Sequential``; torchvision's ResNet blocks, their shortcut's add too:
     ``_fuse``); returns the model.
     Its first call on CUDA tensors compiles the kernels of every convolution it will
     meet at once, a process a core, before running (as ``warmup`` does): one after
     another, as the layers meet them, they take minutes on a deep model."""
-    table = {**SPECGEN, torch.nn.BatchNorm2d: BatchNorm2d} if batchnorm else SPECGEN
+    table = {**SPECGEN, torch.nn.BatchNorm2d: BatchNorm2d} if batchnorm else dict(SPECGEN)
+    if pool:
+        table[torch.nn.MaxPool2d] = MaxPool2d
     converted = _convert(model, table)
     if batchnorm and fuse:
         from ._fuse import fuse as fused
 
         converted = fused(converted)
+    if pool and fuse:
+        from ._fuse import fuse_pools
+
+        converted = fuse_pools(converted)
     if converted is model and not hasattr(model, AHEAD):  # a container, not one layer
         setattr(model, AHEAD, model.register_forward_pre_hook(_compile_ahead))
     return converted

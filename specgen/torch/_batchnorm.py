@@ -454,11 +454,12 @@ class BatchNorm2d(torch.nn.BatchNorm2d):
 
 
 class Fused(torch.nn.Identity):
-    """The place of an activation the batch norm before it applies: passes its input on."""
+    """The place of an activation that the layer next to it applies (``by``: the batch
+    norm before it, or the max pool after it): passes its input on."""
 
-    def __init__(self, activation: torch.nn.Module):
+    def __init__(self, activation: torch.nn.Module, by: str = "the batch norm before it"):
         super().__init__()
-        self.was = repr(activation)
+        self.was, self.by = repr(activation), by
 
     def extra_repr(self):
-        return f"{self.was}, applied by the batch norm before it"
+        return f"{self.was}, applied by {self.by}"

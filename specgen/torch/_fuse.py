@@ -23,6 +23,7 @@ import torch
 
 from ._batchnorm import ACTIVATIONS, BatchNorm2d, Fused
 from ._convnorm import FusedSequential, steps
+from ._pool import MaxPool2d
 
 NAMES = {module: name for name, (module, _) in ACTIVATIONS.items()}  # ReLU -> "relu"
 
@@ -64,6 +65,26 @@ def _fuse_sequence(seq: torch.nn.Sequential, shared: set) -> None:
                 seq._modules[b] = Fused(act)
 
 
+def fuse_pools(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with each of specgen's max pools that follows an ``nn.ReLU`` in an
+    ``nn.Sequential`` applying the ReLU itself (its place holds ``Fused``): a ReLU
+    before a max pool costs a pass over the tensor each way and an autograd node, and
+    fused, the pool's forward takes the ReLU's output as it reads x and its backward
+    gates dx by the byte it writes anyway (``_pool``); in place, and returned."""
+    uses = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    for seq in model.modules():
+        if not isinstance(seq, torch.nn.Sequential) or uses[id(seq)] > 1:
+            continue
+        names = list(seq._modules)
+        for a, b in zip(names, names[1:]):
+            act, pool = seq._modules[a], seq._modules[b]
+            if type(act) is torch.nn.ReLU and type(pool) is MaxPool2d:
+                if pool.activation is None and uses[id(act)] == uses[id(pool)] == 1:
+                    pool.activation = "relu"
+                    seq._modules[a] = Fused(act, "the max pool after it")
+    return model
+
+
 def _torchvision_forms() -> tuple[dict, dict]:
     """torchvision's block classes -> their fused forms, and its sequence classes ->
     theirs, where torchvision's models are imported already (a model of theirs is:
@@ -100,6 +121,20 @@ def describe(model: torch.nn.Module) -> str:
     line += f"{fused} with the activation after them" if fused else "none fused"
     line += f", {shortcuts} adding a shortcut" if shortcuts else ""
     return line + (f", {nodes} one node with the convolution before them" if nodes else "")
+
+
+def describe_pools(model: torch.nn.Module) -> str:
+    """What ``convert`` made of a model's max pools, in a line: how many run on
+    specgen's kernels (those whose windows tile the input: ``_pool``; the rest stay
+    PyTorch's) and how many of those apply the ReLU before them; "" where the model
+    has none."""
+    ours = [m for m in model.modules() if isinstance(m, MaxPool2d)]
+    every = [m for m in model.modules() if isinstance(m, torch.nn.MaxPool2d)]
+    if not every:
+        return ""
+    fused = sum(m.activation is not None for m in ours)
+    line = f"max pool: {len(ours)} of {len(every)} on specgen's kernels"
+    return line + (f", {fused} with the ReLU before them" if fused else "")
 
 
 def _nodes(m: torch.nn.Module) -> int:

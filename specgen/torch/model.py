@@ -116,11 +116,12 @@ def build_sizes(name: str):
 
 
 def batch_norms(net, convert) -> str:
-    """What ``convert`` makes of ``net``'s batch norms, in a line (``_fuse.describe``),
-    from a copy converted on the CPU."""
-    from ._fuse import describe
+    """What ``convert`` makes of ``net``'s batch norms and max pools, in a line
+    (``_fuse.describe`` and ``describe_pools``), from a copy converted on the CPU."""
+    from ._fuse import describe, describe_pools
 
-    return describe(convert(copy.deepcopy(net).cpu()))
+    converted = convert(copy.deepcopy(net).cpu())
+    return "; ".join(filter(None, (describe(converted), describe_pools(converted))))
 
 
 def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
@@ -510,8 +511,8 @@ def run(
     what it is doing through ``progress``.  With the layers, each mode's step is
     printed before its layers are timed (the long part: a run stopped there keeps its
     steps), and the steps of every mode together at the end where there are several.
-    The model is converted with batch norm on specgen's kernels too where
-    ``batchnorm``, fused with the ReLUs after them where ``fuse``
+    The model is converted with batch norm and max pool on specgen's kernels too
+    where ``batchnorm``, fused with the ReLUs beside them where ``fuse``
     (``specgen.torch.convert``'s)."""
     import specgen.torch as sg
 
@@ -521,7 +522,7 @@ def run(
     base = build(name)
     layers = layers_of(base, name, batch, image)
     gpu, arch = gpu_name(torch.cuda.current_device()), arch_of(torch.cuda.current_device())
-    convert = functools.partial(sg.convert, batchnorm=batchnorm, fuse=fuse)
+    convert = functools.partial(sg.convert, batchnorm=batchnorm, fuse=fuse, pool=batchnorm)
     echo(
         f"{name}, batch {batch}, {image}x{image} images, {len(layers)} conv calls; {gpu}; "
         f"in specgen's run {batch_norms(base, convert)}"
