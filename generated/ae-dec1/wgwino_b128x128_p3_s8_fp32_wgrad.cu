@@ -105,6 +105,26 @@ __device__ __forceinline__ void split_word(unsigned char* smem, unsigned at, uns
     *w = hi;
     *reinterpret_cast<float*>(smem + at + lo_off) = v - hi;
 }
+// fp32 in three tf32 products, a 16-byte unit of four words at a time: each word v = hi
+// + lo, hi v rounded to tf32 (to nearest, ties away from zero), lo = v - hi exactly, of
+// which the tensor cores read the leading 10 mantissa bits.  The unit at `at` (shared,
+// this thread's own copy) becomes hi, and lo goes `lo_off` bytes on, in the stage's tile
+// of lo words.  One vector load and two vector stores a unit: a warp's units (8 to a
+// 128-byte row) fill the 32 banks, where word by word four rows' words land in the same
+// eight banks.
+__device__ __forceinline__ void split_unit(unsigned char* smem, unsigned at, unsigned lo_off)
+{
+    float4* w = reinterpret_cast<float4*>(smem + at);
+    const float4 v = *w;
+    const float4 hi = make_float4(
+        __uint_as_float((__float_as_uint(v.x) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.y) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.z) + 0x1000u) & 0xffffe000u),
+        __uint_as_float((__float_as_uint(v.w) + 0x1000u) & 0xffffe000u));
+    *w = hi;
+    *reinterpret_cast<float4*>(smem + at + lo_off) =
+        make_float4(v.x - hi.x, v.y - hi.y, v.z - hi.z, v.w - hi.w);
+}
 
 // Byte offset of word `word` of row `row` in a tile of 128-byte rows, in the 128-byte
 // swizzle wgmma reads: the word's 16-byte unit XORed with the row's place in its 8-row group.
@@ -149,32 +169,32 @@ wgwino_b128x128_p3_s8_fp32_wgrad(const float* __restrict__ x, const float* __res
     int begin, end;
     slice_of(blockIdx.z, batch * 16, begin, end);
 
-    // The copies: lane l copies pixel l of the chunk, one 4-byte word a row, in the rows
-    // warp, warp + 8, ...: 16 of dy's and 16 of x's; a row's 32 words are one
-    // 128-byte line of shared memory, written by the warp's 32 lanes in one go.
-    const float* dys = dy + (size_t)(grp * 128 + m0 + warp) * 16;
-    const float* xs = x + (size_t)(grp * 128 + c0 + warp) * 16;
-    const int roff = tap / 1 * 1 - 0;
-    const int soff = tap % 1 * 1 - 0;
+    // The copies: 16 bytes a thread, a row's 8 lanes its pixels 4 (lane % 8).., a warp's
+    // copy 4 rows: rows 4 warp + lane / 8, + 32, ...: 4 of dy's and 4 of x's.  A
+    // 1x1 window at stride 1 reads x's pixels where dy's lie; the tiles an image and the
+    // slices' ends are multiples of 4, so no copy crosses an image or the slice.
+    const int unit = lane % 8;
+    const int row0 = 4 * warp + lane / 8;
+    const float* dys = dy + (size_t)(grp * 128 + m0 + row0) * 16;
+    const float* xs = x + (size_t)(grp * 128 + c0 + row0) * 16;
     int next = begin;  // first pixel of the next chunk to copy
     auto load_chunk = [&](int stage) {
         const unsigned a_dst = a_base + stage * 32768u;
         const unsigned b_dst = b_base + stage * 32768u;
-        const int p = next + lane;
+        const int p = next + 4 * unit;
         const int n = p / 16;
         const int op = p % 16;
-        const int ih = op / 4 * 1 + roff;
-        const int iw = op % 4 * 1 + soff;
-        const bool in_dy = p < end;
-        const bool in_x = in_dy && (unsigned)ih < 4u && (unsigned)iw < 4u;
-        const float* d = in_dy ? dys + (size_t)n * 32768 + op : dy;
-        const float* s = in_x ? xs + (size_t)n * 32768 + ih * 4 + iw : x;
+        const bool in = p < end;
+        const float* d = in ? dys + (size_t)n * 32768 + op : dy;
+        const float* s = in ? xs + (size_t)n * 32768 + op : x;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            cp_async4(a_dst + swizzled(warp + i * 8, lane), d + (in_dy ? i * 128 : 0), in_dy ? 4 : 0);
+        for (int i = 0; i < 4; ++i) {
+            const bool live = in;
+            cp_async16(a_dst + swizzled(row0 + i * 32, 4 * unit), d + (live ? i * 512 : 0), live ? 16 : 0);
+        }
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            cp_async4(b_dst + swizzled(warp + i * 8, lane), s + (in_x ? i * 128 : 0), in_x ? 4 : 0);
+        for (int i = 0; i < 4; ++i)
+            cp_async16(b_dst + swizzled(row0 + i * 32, 4 * unit), s + (in ? i * 512 : 0), in ? 16 : 0);
         next += 32;
     };
     const int chunks = (end - begin + 32 - 1) / 32;
@@ -204,11 +224,11 @@ wgwino_b128x128_p3_s8_fp32_wgrad(const float* __restrict__ x, const float* __res
             const unsigned a_own = (a_base - raw) + stage * 32768u;
             const unsigned b_own = (b_base - raw) + stage * 32768u;
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
-                split_word(smem_raw, a_own + swizzled(warp + i * 8, lane), 16384u);
+            for (int i = 0; i < 4; ++i)
+                split_unit(smem_raw, a_own + swizzled(row0 + i * 32, 4 * unit), 16384u);
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
-                split_word(smem_raw, b_own + swizzled(warp + i * 8, lane), 16384u);
+            for (int i = 0; i < 4; ++i)
+                split_unit(smem_raw, b_own + swizzled(row0 + i * 32, 4 * unit), 16384u);
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();

@@ -148,32 +148,32 @@ wgwino_b128x256_p4_s8_tf32_wgrad(const float* __restrict__ x, const float* __res
     int begin, end;
     slice_of(blockIdx.z, batch * 64, begin, end);
 
-    // The copies: lane l copies pixel l of the chunk, one 4-byte word a row, in the rows
-    // warp, warp + 8, ...: 16 of dy's and 32 of x's; a row's 32 words are one
-    // 128-byte line of shared memory, written by the warp's 32 lanes in one go.
-    const float* dys = dy + (size_t)(grp * 128 + m0 + warp) * 64;
-    const float* xs = x + (size_t)(grp * 256 + c0 + warp) * 64;
-    const int roff = tap / 1 * 1 - 0;
-    const int soff = tap % 1 * 1 - 0;
+    // The copies: 16 bytes a thread, a row's 8 lanes its pixels 4 (lane % 8).., a warp's
+    // copy 4 rows: rows 4 warp + lane / 8, + 32, ...: 4 of dy's and 8 of x's.  A
+    // 1x1 window at stride 1 reads x's pixels where dy's lie; the tiles an image and the
+    // slices' ends are multiples of 4, so no copy crosses an image or the slice.
+    const int unit = lane % 8;
+    const int row0 = 4 * warp + lane / 8;
+    const float* dys = dy + (size_t)(grp * 128 + m0 + row0) * 64;
+    const float* xs = x + (size_t)(grp * 256 + c0 + row0) * 64;
     int next = begin;  // first pixel of the next chunk to copy
     auto load_chunk = [&](int stage) {
         const unsigned a_dst = a_base + stage * 16384u;
         const unsigned b_dst = b_base + stage * 32768u;
-        const int p = next + lane;
+        const int p = next + 4 * unit;
         const int n = p / 64;
         const int op = p % 64;
-        const int ih = op / 8 * 1 + roff;
-        const int iw = op % 8 * 1 + soff;
-        const bool in_dy = p < end;
-        const bool in_x = in_dy && (unsigned)ih < 8u && (unsigned)iw < 8u;
-        const float* d = in_dy ? dys + (size_t)n * 131072 + op : dy;
-        const float* s = in_x ? xs + (size_t)n * 262144 + ih * 8 + iw : x;
+        const bool in = p < end;
+        const float* d = in ? dys + (size_t)n * 131072 + op : dy;
+        const float* s = in ? xs + (size_t)n * 262144 + op : x;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            cp_async4(a_dst + swizzled(warp + i * 8, lane), d + (in_dy ? i * 512 : 0), in_dy ? 4 : 0);
+        for (int i = 0; i < 4; ++i) {
+            const bool live = in;
+            cp_async16(a_dst + swizzled(row0 + i * 32, 4 * unit), d + (live ? i * 2048 : 0), live ? 16 : 0);
+        }
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
-            cp_async4(b_dst + swizzled(warp + i * 8, lane), s + (in_x ? i * 512 : 0), in_x ? 4 : 0);
+        for (int i = 0; i < 8; ++i)
+            cp_async16(b_dst + swizzled(row0 + i * 32, 4 * unit), s + (in ? i * 2048 : 0), in ? 16 : 0);
         next += 32;
     };
     const int chunks = (end - begin + 32 - 1) / 32;
