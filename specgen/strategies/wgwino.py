@@ -15,7 +15,11 @@ Four kernels:
 2. ``_x``: x's tiles to x^, [B][16 x C][tiles] (its x of 16 x C channels);
 3. the 16 GEMMs as one grouped 1x1 wgrad of 16 groups, wgnchw's kernel over those
    tensors (its tile, ring and slices are this variant's parameters), into its slices'
-   rows of U and, with a bias, the sums of dy^ (position (1, 1) is the tile's sum: db);
+   rows of U and, with a bias, the sums of dy^ (position (1, 1) is the tile's sum: db).
+   Where an image's tiles are a multiple of 4 (and the tile's rows a thread copies), it
+   copies 16-byte units of 4 tiles and splits them for 3xTF32 a unit at a time, a
+   quarter of the 4-byte path's instructions (vgg11's fp32 wgrads 1.17-1.24x faster,
+   nvidia-h200, ``docs/measurements/bench-vgg11-wgwino-vec4-2026-11-30-h200-605b65b.log``);
 4. ``_out``: the slices added in order, then dw = G^T U G and db.
 The transforms are adds and halvings in fp32.  x^ and dy^ take 16 values a tile, 4 a
 pixel of x or dy: the workspace holds them for the whole batch.
