@@ -176,25 +176,30 @@ def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
 # stride-1 3x3 fp32 NCHW wgrads (H200, 2026-11-30, B=32 and 64, tune-wgwino-3x3-fp32-
 # wgrads-*): its fit won from 256 x 512 weights a tap in both maths (vgg11's features.13
 # 1.17 ms against wgnchw's 2.21 in three tf32 products, 0.50 against 0.68 in tf32;
-# 512 x 512 over 7x7 maps at B=64 0.205 against 0.317 and 0.112 against 0.136).  Below,
-# the tune's own tiles won where any did (resnet50's 256 x 256 over 14x14: the fit 0.155
-# against wgnchw's 0.147, b128x64 0.121) and the fit lost on the autoencoder's 128 x 256
-# over 16x16 at B=128 (0.65 against wgnchw's 0.34, bench-ae-wgwino-*).  Its fp32 wins
-# were over maps of 14x14 and wider at B=32, its tf32 ones over 7x7 and wider.
-WGWINO_LEAST = {  # math: (a group's maps x channels, output pixels a map)
-    Precision.FP32: (256 * 512, 14 * 14),
-    Precision.TF32: (256 * 512, 7 * 7),
+# 512 x 512 over 7x7 maps at B=64 0.205 against 0.317 and 0.112 against 0.136); below,
+# over 14x14 maps the tune's own tiles won where any did (resnet50's 256 x 256: the fit
+# 0.155 against wgnchw's 0.147, b128x64 0.121).  With its 16-byte copies (over maps
+# whose tiles an image are a multiple of 4) its fp32 fit also takes 128 x 256 weights
+# over 16x16 maps and wider: the autoencoder's at B=128 in 0.194 ms against tc3wgrad's
+# 0.326 and cuDNN's 0.230 (bench-ae-wgwino-vec4-*), vgg11's features.6 (128 x 256 over
+# 56x56) 0.628 against wgnchw's 0.98 (bench-vgg11-wgwino-vec4-*).  Its tf32 wins were
+# over 7x7 maps and wider.
+WGWINO_LEAST = {  # math: (a group's maps x channels, output pixels a map), either of
+    Precision.FP32: ((256 * 512, 14 * 14), (128 * 256, 16 * 16)),
+    Precision.TF32: ((256 * 512, 7 * 7),),
 }
 
 
 def wgwino_suits(view: ConvProblem, math: Precision, allow_tf32: bool) -> bool:
     """Whether wgwino in ``math`` is the untuned pick for the wgrad problem ``view``: a
-    group's maps x channels and the output maps from ``WGWINO_LEAST``; its three tf32
+    group's maps x channels and the output maps at least one of ``WGWINO_LEAST``'s; its three tf32
     products not where tf32 is allowed (wgnchw's one product ran those layers faster)."""
     if math is Precision.FP32 and allow_tf32 or math not in WGWINO_LEAST:
         return False
-    weights, pixels = WGWINO_LEAST[math]
-    return view.Mg * view.Cg >= weights and view.Ho * view.Wo >= pixels
+    return any(
+        view.Mg * view.Cg >= weights and view.Ho * view.Wo >= pixels
+        for weights, pixels in WGWINO_LEAST[math]
+    )
 
 
 # Tried first for fp32 dgrad of windows of 5 taps a row or more, where the forward view's

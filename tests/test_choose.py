@@ -99,13 +99,18 @@ def test_wgrad_default_follows_the_weight_count():
     # NCHW fp32 3x3 windows over maps enough for m16 tiles: three tf32 products each
     assert choose(narrow, "some GPU").variant.key == "tc3wgrad"
     # maps and channels that fill wgmma's 64-wide tiles: wgnchw on sm_90a, whose copies
-    # are a pixel a lane, so any width; tc3wgrad on the GPUs without wgmma; from 256 x 512
-    # weights wgwino's Winograd domain on wgnchw's kernel
-    assert choose(wide, "some GPU").variant.key == "wgnchw"
-    assert choose(wide, "some GPU").variant.precision is Precision.FP32
-    assert choose(replace(wide, W=30), "some GPU").variant.key == "wgnchw"
+    # are a pixel a lane, so any width; tc3wgrad on the GPUs without wgmma; wgwino's
+    # Winograd domain on wgnchw's kernel from 256 x 512 weights over 14x14 maps, or from
+    # 128 x 256 over 16x16
+    fourteen = replace(wide, H=14, W=14)
+    assert choose(fourteen, "some GPU").variant.key == "wgnchw"
+    assert choose(fourteen, "some GPU").variant.precision is Precision.FP32
+    assert choose(replace(fourteen, M=512), "some GPU").variant.key == "wgwino"
+    assert choose(wide, "some GPU").variant.key == "wgwino"
+    assert choose(replace(wide, W=30), "some GPU").variant.key == "wgwino"
+    assert choose(replace(wide, C=128, M=128), "some GPU").variant.key == "wgnchw"
+    assert choose(replace(wide, C=128), "some GPU").variant.key == "wgwino"
     assert choose(wide, "some GPU", arch="sm_80").variant.key == "tc3wgrad"
-    assert choose(replace(wide, M=512), "some GPU").variant.key == "wgwino"
     # a window over outputs of fewer pixels than two of its rows: wtap's CUDA cores in
     # fp32 math, wgwino's tf32 where allowed; a 1x1 window keeps wgnchw
     small = replace(wide, H=7, W=7, C=512, M=512)

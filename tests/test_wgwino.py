@@ -176,10 +176,10 @@ def test_dw_is_as_close_to_float64_as_the_direct_three_products():
 
 
 def test_the_planner_takes_it_for_layers_of_many_weights():
-    """Untuned (as measured beside the picks at B=32 and 64 on the H200): from 256 x 512
-    weights a tap, in three tf32 products over maps from 14x14 (not where tf32 is
-    allowed), in tf32 over maps from 7x7; fewer weights stay wgnchw's, smaller maps the
-    others', and a strided window never takes it."""
+    """Untuned (as measured beside the picks on the H200): in three tf32 products (not
+    where tf32 is allowed) from 256 x 512 weights a tap over maps from 14x14, or from
+    128 x 256 over 16x16; in tf32 from 256 x 512 over maps from 7x7; fewer weights or
+    smaller maps stay the others', and a strided window never takes it."""
     picks = {
         spec: (
             planned(parse_shape(spec), False).variant.key,
@@ -188,6 +188,8 @@ def test_the_planner_takes_it_for_layers_of_many_weights():
         for spec in (
             "C=384,M=384,H=20,W=20,K=3,pad=1,op=wgrad",
             "C=256,M=256,H=20,W=20,K=3,pad=1,bias=1,op=wgrad",
+            "C=256,M=256,H=14,W=14,K=3,pad=1,bias=1,op=wgrad",
+            "C=128,M=128,H=20,W=20,K=3,pad=1,op=wgrad",
             "C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad",
             "C=384,M=384,H=20,W=20,K=3,pad=1,stride=2,op=wgrad",
             "C=512,M=512,H=6,W=6,K=3,pad=1,op=wgrad",
@@ -195,6 +197,8 @@ def test_the_planner_takes_it_for_layers_of_many_weights():
     }
     assert list(picks.values()) == [
         ("wgwino", "wgwino"),
+        ("wgwino", "wgnchw"),
+        ("wgnchw", "wgnchw"),
         ("wgnchw", "wgnchw"),
         ("wtap", "wgwino"),
         ("wgnchw", "wgnchw"),
