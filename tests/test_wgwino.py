@@ -59,6 +59,19 @@ def test_the_vgg_layers_compile_for_sm_90a_without_spills(spec, precision):
     assert products == (12 if precision is FP32 else 4)
 
 
+@pytest.mark.parametrize("precision", [TF32, FP32])
+@pytest.mark.parametrize("spec, units", list(zip(VGG, (True, False, False))))
+def test_the_gemm_copies_16_bytes_where_no_4_tiles_cross_an_image(spec, units, precision):
+    """28x28 maps: 14x14 tiles an image, whole units of 4, copied 16 bytes a thread (and
+    split a unit at a time in 3xTF32); 7x7 or 7x5 tiles an image: 4 bytes a thread."""
+    p = parse_shape(spec)
+    plan = make_plan(p, Wgwino.default(p, precision))
+    assert plan.context.get("vec4", False) is units
+    ptx = ptx_of(plan)
+    assert ("cp.async.cg.shared.global" in ptx) is units
+    assert ("cp.async.ca.shared.global" in ptx) is not units
+
+
 @settings(max_examples=DRAWN_COMPILES, deadline=None)
 @given(p=wino_wgrads(), precision=st.sampled_from([TF32, FP32]))
 def test_drawn_problems_plan_and_compile_without_spills(p, precision):
