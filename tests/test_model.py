@@ -84,6 +84,21 @@ def test_plan_lists_a_pick_for_every_problem_and_op():
 
 @needs_torchvision
 @pytest.mark.parametrize(
+    "flags, line",
+    [
+        ((), "no batch norm; max pool: 5 of 5 on specgen's kernels, 5 with the ReLU before them\n"),
+        (("--no-fuse",), "no batch norm; max pool: 5 of 5 on specgen's kernels\n"),
+        (("--no-batchnorm",), "no batch norm; max pool: 0 of 5 on specgen's kernels\n"),
+    ],
+)
+def test_the_plan_says_what_the_conversion_makes_of_vgg11s_max_pools(flags, line):
+    r = run("model", "vgg11", "--plan", "--batch", "8", "--modes", "fp32", *flags)
+    assert r.exit_code == 0, r.output
+    assert line in r.output
+
+
+@needs_torchvision
+@pytest.mark.parametrize(
     "args,words",
     [
         (("no_such_net", "--plan"), "torchvision has no model"),
