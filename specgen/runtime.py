@@ -546,6 +546,10 @@ def maxpool_source(
         Wo=W // KW,
         Hb=-(-H // KH),  # the backward's windows: the rows and columns past the last too
         Wb=-(-W // KW),
+        rows_left=H % KH,  # rows and columns that no window takes
+        cols_left=W % KW,
+        # a window's (r, s) from its first pixel, in words
+        offset="r * W + s" if layout == "nchw" else "(r * W + s) * C",
         act=act,
         nowhere=POOL_NONE,
         threads=POOL_THREADS,

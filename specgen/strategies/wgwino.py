@@ -188,6 +188,7 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
             vec4=True,
             a_units=ctx["a_rows"] // 4,
             b_units=ctx["b_rows"] // 4,
+            unit_rows=4 * warps,  # rows apart of a thread's units: a warp copies 4 rows
             dy_units=4 * warps * T,  # words from a thread's row of dy^ to its next
             x_units=4 * warps * T,
         )
