@@ -3,9 +3,9 @@ and gradients of ``torch.nn.functional.max_pool2d``, and where ``convert`` fuses
 ReLU before it, of ``max_pool2d(relu(x))``.
 
 PyTorch's max pool saves an int64 index an output and its backward scatters through
-them: in vgg11's fp32 training step (B=32, 224x224) its five backward calls took 1.89 ms
-and the forwards 0.60 ms, the ReLUs before them 0.45 ms more each way (nvidia-h200,
-``docs/measurements/kprof-vgg11-fp32-2026-11-30-h200x2-6d49182.log``).  Here a window's
+them: in vgg11's fp32 training step (B=32, 224x224) its five backward calls took 1.88 ms
+and the forwards 0.60 ms, its ten ReLUs 1.11 ms both ways (nvidia-h200,
+``docs/measurements/kprof-vgg11-fp32-maxpool-2026-11-30-h200-472e9dd.log``, cuDNN's model).  Here a window's
 forward writes its maximum and one byte, the maximum's place in the window (none where
 the ReLU before it passes no gradient), and the backward writes each input's gradient
 from that byte: one pass over each tensor, the ReLU's two passes gone.
