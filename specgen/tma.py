@@ -207,13 +207,19 @@ class BoundMap:
 
     def address(self, ptr: int) -> int:
         """The host address of the 128-byte map for a tensor at device address ``ptr``."""
+        return self.encoding(ptr)[1]
+
+    def encoding(self, ptr: int) -> tuple[ctypes.Array, int]:
+        """The buffer holding the map for a tensor at ``ptr``, and the map's host address
+        in it.  A caller that reads the map later than at once holds the buffer: past
+        ``MAPS_KEPT`` addresses this map lets go of the ones it kept."""
         found = self.encoded.get(ptr)
         if found is None:
             if len(self.encoded) >= MAPS_KEPT:
                 self.encoded.clear()
             buf = encode(self.map, ptr, self.images)
             found = self.encoded[ptr] = (buf, _aligned_address(buf))
-        return found[1]
+        return found
 
 
 def _aligned_address(buf) -> int:

@@ -117,6 +117,72 @@ def test_a_zero_fill_a_copy_and_a_cast_are_steps_between_the_launches():
     assert out[0] is made[1] and out[1] is made[2]
 
 
+def test_a_sum_into_a_new_tensor_is_a_step_between_the_launches():
+    """A body's sum of two tensors into one it allocates (a chain's gradients that
+    meet, ``_chain``) is recorded as a step; run on a second call's tensors, it sums
+    those."""
+    n = random.randrange(4, 32)
+    a, b = torch.randn(2, n), torch.randn(2, n)
+    rec = _replay.Recording((a, b))
+    with rec:
+        d = torch.empty_like(a)
+        launch(rec, [d.data_ptr()])
+        total = torch.empty_like(a)
+        torch.add(a, d, out=total)
+    record = rec.record(total, Ctx(), ())
+    assert record is not None, rec.failed
+    assert [type(st).__name__ for st in record.steps] == ["Step", "Op"]
+
+    made = [torch.randn(2, n), torch.randn(2, n), torch.randn(2, n), torch.empty(2, n)]
+    addresses, views = [t.data_ptr() for t in made], {}
+    record.steps[1].run(made, addresses, views)
+    assert torch.equal(made[3], made[0] + made[2])
+    assert _replay._rebuilt(record.results, made, addresses, views) is made[3]
+
+
+def test_results_of_whole_buffers_and_of_constants_rebuild_in_one_step():
+    """A tuple of whole buffers comes back as one lookup of them and a tuple of
+    constants as itself, inside a tuple that holds both; the replay gives the second
+    call's tensors in their places."""
+    x = torch.randn(8)
+    rec = _replay.Recording((x,))
+    with rec:
+        ys = [torch.empty(8) for _ in range(3)]
+    results = (tuple(ys), ("relu", 3, None), (x, ys[0][2:]))
+    record = rec.record(results, Ctx(), ())
+    kinds = [t[0] for t in record.results[1]]
+    assert record.results[0] == "tuple" and kinds == ["tensors", "same", "tuple"]
+    made = [torch.randn(8)] + [torch.randn(8) for _ in range(3)]
+    addresses, views = [t.data_ptr() for t in made], {}
+    out = _replay._rebuilt(record.results, made, addresses, views)
+    assert all(a is b for a, b in zip(out[0], made[1:])) and out[1] == ("relu", 3, None)
+    assert out[2][0] is made[0] and out[2][1].data_ptr() == made[1].data_ptr() + 8
+
+
+def test_a_replay_sets_only_the_arguments_whose_buffers_moved():
+    """Binding a record's launches to a call's addresses marks the launches whose
+    arguments change (their graph nodes are set again) and leaves the others as they
+    were: the same addresses change nothing."""
+    x, w = torch.randn(8), torch.randn(4)
+    rec = _replay.Recording((x, w))
+    with rec:
+        y = torch.empty(8)
+        launch(rec, [x.data_ptr(), y.data_ptr()])
+        launch(rec, [w.data_ptr(), 5])
+    record = rec.record(y, Ctx(), ())
+    first, second = record.kernels
+    addresses = [x.data_ptr(), w.data_ptr(), y.data_ptr()]
+    record._bind(addresses)
+    first.dirty = second.dirty = False
+    record._bind(list(addresses))
+    assert not first.dirty and not second.dirty
+    moved = addresses[:2] + [addresses[2] + 4096]
+    record._bind(moved)
+    assert first.dirty and not second.dirty
+    assert list(first.slots) == [x.data_ptr(), addresses[2] + 4096]
+    assert list(second.slots) == [w.data_ptr(), 5]
+
+
 def test_the_launches_between_ops_go_out_as_runs_in_their_order():
     """A record's steps split into runs of launches (each one graph where the driver
     builds it) and the ops between them, in the body's order."""

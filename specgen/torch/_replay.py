@@ -9,7 +9,7 @@ runs the node's body as usual while ``Recording`` watches it: every tensor the b
 allocates or views (a ``TorchDispatchMode``), every launch with its argument slots
 (``runtime.Launcher`` and ``_engine.launch_steps`` report them), the scratch it takes
 (``_engine.workspace``), and the few PyTorch ops it may run on those tensors (a zero
-fill, a copy, a cast: ``IN_PLACE``, ``COPIES``).  Each argument is then either an
+fill, a copy, a cast, a sum: ``IN_PLACE``, ``COPIES``).  Each argument is then either an
 address inside one of the call's tensors (an input, an allocation, the scratch; kept
 as that tensor and an offset) or a constant.  Later calls allocate the same tensors,
 write their addresses into the slots and launch: the same launches, and the same ops
@@ -32,6 +32,7 @@ import ctypes
 import os
 import threading
 from functools import partial
+from operator import itemgetter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,10 +48,11 @@ ALIGNED = 16
 
 _aten = torch.ops.aten
 ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default}
-# PyTorch ops that a body may run on the call's tensors: each is replayed as a step
-# between the launches; an op that makes a tensor as a copy of another (a cast, a
-# clone) as an allocation and then a copy into it.
-IN_PLACE = {_aten.zero_.default, _aten.copy_.default, _aten.fill_.Scalar}
+# PyTorch ops that a body may run on the call's tensors (a chain's sums of gradients,
+# ``_chain``, among them): each is replayed as a step between the launches; an op that
+# makes a tensor as a copy of another (a cast, a clone) as an allocation and then a
+# copy into it.
+IN_PLACE = {_aten.zero_.default, _aten.copy_.default, _aten.fill_.Scalar, _aten.add.out}
 COPIES = {_aten._to_copy.default, _aten.clone.default}
 VIEWS = {
     _aten.slice.Tensor,
@@ -74,6 +76,13 @@ class Step:
         self.params_at = ctypes.addressof(self.params)
         self.fill = fill  # (slot, buffer, byte offset)
         self.maps = maps  # (parameter, tma.BoundMap, buffer, byte offset)
+        # the buffers of the maps its parameters point to, held until the next replay:
+        # the driver reads them when a graph's node is set, after every step is bound,
+        # and steps of one record may share a map (two layers of one problem), which
+        # lets go of its oldest addresses as it meets new ones
+        self.held: list = [None] * len(maps)
+        self.mapped: list = [None] * len(maps)  # the device address each map was bound to
+        self.dirty = True  # its arguments changed since its graph's node was last set
 
 
 class Op:
@@ -95,8 +104,8 @@ class Record:
     and how to rebuild its results and ctx attributes from the buffers.
 
     Its launches go out as CUDA graphs (``Graph``), one for each run of them between
-    ops: each replay writes its addresses into a graph's kernel nodes and launches it,
-    a fraction of the driver's time for the launches one by one.  Where the driver
+    ops: each replay writes the addresses that changed into a graph's kernel nodes and
+    launches it, a fraction of the driver's time for the launches one by one.  Where the driver
     will not build a graph, or ``GRAPHED`` is off, they go one by one."""
 
     def __init__(self, index, buffers, steps, results, attrs):
@@ -109,6 +118,8 @@ class Record:
         self.graphed = 0  # graphs launched
         self.after: dict = {}  # records of the next node's calls (a forward's backward)
         self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
+        self.specs = [(kind == "new", tuple(spec)) for kind, *spec in buffers]
+        self.bound: list | None = None  # the addresses its slots and maps were last set to
 
     def replay(self, ctx, inputs: tuple, addresses: list):
         """The results of the recorded call for these ``inputs`` (at ``addresses``; the
@@ -122,8 +133,8 @@ class Record:
         addresses = list(addresses)
         keep = []
         scratch = None
-        for kind, *spec in self.buffers:
-            if kind == "new":
+        for new, spec in self.specs:
+            if new:
                 t = allocate(*spec)
                 made.append(t)
                 addresses.append(t.data_ptr())
@@ -140,12 +151,9 @@ class Record:
 
     def _launch(self, made: list, addresses: list, views: dict, stream: int) -> None:
         with self.lock:
-            for st in self.kernels:
-                slots = st.slots
-                for i, b, offset in st.fill:
-                    slots[i] = addresses[b] + offset
-                for i, bound, b, offset in st.maps:
-                    st.params[i] = bound.address(addresses[b] + offset)
+            if addresses != self.bound:
+                self._bind(addresses)
+                self.bound = addresses
             if not GRAPHED:
                 self._one_by_one(self.steps, made, addresses, views, stream)
                 return
@@ -158,6 +166,24 @@ class Record:
                     continue
                 run[0] = None  # never built, or the driver refused it: one by one
                 self._one_by_one(steps, made, addresses, views, stream)
+
+    def _bind(self, addresses: list) -> None:
+        """Each launch's slots and tensor maps set for the buffers at ``addresses``; a
+        step whose arguments change is marked for its graph's node to be set
+        (``Graph.launch``).  A training loop's calls mostly meet the addresses of the
+        call before (the caching allocator's reuse), and then nothing is set."""
+        for st in self.kernels:
+            slots, dirty = st.slots, st.dirty
+            for i, b, offset in st.fill:
+                at = addresses[b] + offset
+                if slots[i] != at:
+                    slots[i], dirty = at, True
+            for j, (i, bound, b, offset) in enumerate(st.maps):
+                at = addresses[b] + offset
+                if st.mapped[j] != at:
+                    st.held[j], st.params[i] = bound.encoding(at)
+                    st.mapped[j], dirty = at, True
+            st.dirty = dirty
 
     @staticmethod
     def _one_by_one(steps, made, addresses, views, stream) -> None:
@@ -202,16 +228,18 @@ class _NodeParams(ctypes.Structure):
 
 class Graph:
     """A record's launches as a CUDA graph of kernel nodes, each after the one before,
-    on the current device.  ``launch`` sets each node's arguments from its step's
-    argument slots as they are now (the driver copies them) and launches the graph on
-    a stream: one driver call for each node's arguments, one for all the launches
-    (``docs/measurements/launch-cost-*``).  A launch of it still under way keeps the
+    on the current device.  ``launch`` sets the arguments of each node whose step's
+    argument slots changed since it last set them (the driver copies them) and launches
+    the graph on a stream: one driver call for each node set, one for all the launches
+    (``docs/measurements/launch-cost-*``).  The caching allocator hands a training
+    loop's calls the same memory, call after call, so most replays set few nodes.  A launch of it still under way keeps the
     arguments it was launched with, and the next waits for it (the driver orders the
     launches of one graph)."""
 
-    def __init__(self, graph: int, executable: int, nodes: list):
+    def __init__(self, graph: int, executable: int, nodes: list, steps: list):
         self.graph, self.executable = graph, executable
         self.nodes = nodes  # (node, its params, a reference to them)
+        self.steps = steps  # each node's step
         cuda, runtime = _cuda(), _runtime()
         self.set = cuda.cuGraphExecKernelNodeSetParams_v2
         self.enqueue = partial(runtime.graphLaunch, executable)
@@ -243,14 +271,18 @@ class Graph:
         except _errors():
             runtime.graphDestroy(graph.value)
             return None
-        return cls(graph.value, executable, nodes)
+        return cls(graph.value, executable, nodes, steps)
 
     def launch(self, stream: int) -> bool:
-        """Whether the graph went out (else the driver refused a node's arguments)."""
+        """Whether the graph went out (else the driver refused a node's arguments).
+        Only the nodes whose step's arguments changed (``Step.dirty``) are set: the
+        graph keeps the others' from their last setting."""
         set_params, executable = self.set, self.executable
-        for node, _, params in self.nodes:
-            if set_params(executable, node, params):
-                return False
+        for st, (node, _, params) in zip(self.steps, self.nodes):
+            if st.dirty:
+                if set_params(executable, node, params):
+                    return False
+                st.dirty = False
         self.enqueue(stream)
         return True
 
@@ -329,6 +361,8 @@ def _rebuilt(value, made: list, addresses: list, views: dict):
         return t
     if kind == "address":
         return addresses[value[1]] + value[2]
+    if kind == "tensors":
+        return value[1](made)
     return tuple(_rebuilt(v, made, addresses, views) for v in value[1])  # "tuple"
 
 
@@ -454,11 +488,24 @@ class Recording(TorchDispatchMode):
         return ("view", b, offset, tuple(t.shape), t.stride())
 
     def record(self, results, ctx, names: tuple) -> Record | None:
-        attrs = [(n, self._template(getattr(ctx, n))) for n in names if hasattr(ctx, n)]
-        template = self._template(results)
+        attrs = [(n, _folded(self._template(getattr(ctx, n)))) for n in names if hasattr(ctx, n)]
+        template = _folded(self._template(results))
         if self.failed:
             return None
         return Record(self.index, self.buffers, self.steps, template, attrs)
+
+
+def _folded(template):
+    """``template`` with each tuple of constants one constant, and each tuple of two or
+    more whole buffers one lookup of them: each rebuilt in one step."""
+    if template[0] != "tuple":
+        return template
+    parts = tuple(_folded(v) for v in template[1])
+    if all(p[0] == "same" for p in parts):
+        return ("same", tuple(p[1] for p in parts))
+    if len(parts) > 1 and all(p[0] == "tensor" for p in parts):
+        return ("tensors", itemgetter(*(p[1] for p in parts)))
+    return ("tuple", parts)
 
 
 def _span(t) -> tuple[int, int]:
