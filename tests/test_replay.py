@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
 from specgen.torch import _batchnorm as B  # noqa: E402
-from specgen.torch import _convnorm, _ops, _replay  # noqa: E402
+from specgen.torch import _chain, _convnorm, _ops, _replay  # noqa: E402
 from specgen.torch._convnorm import conv_norm  # noqa: E402
 from test_convnorm import CASES, FORMATS, agree, drawing, pair, same, summed_alike  # noqa: E402
 
@@ -218,6 +218,8 @@ def test_a_converted_network_replays_its_nodes_and_trains_as_without(monkeypatch
     model = model.to(memory_format=torch.channels_last)
     twin = copy.deepcopy(model)
     convs = {id(c.weight) for c in model.modules() if isinstance(c, torch.nn.Conv2d)}
+
+    monkeypatch.setattr(_chain, "ENABLED", False)  # each pair a node (test_chain.py: chains)
 
     def step(m, x, enabled):
         monkeypatch.setattr(_replay, "ENABLED", enabled)

@@ -15,7 +15,9 @@ so (``FusedSequential``), and ``shortcut`` a residual block's downsampling pair.
 
 from __future__ import annotations
 
+import threading
 import weakref
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -129,6 +131,7 @@ def conv_norm(conv, bn, x, residual=None):
     form = _form(conv, bn, x, residual)
     found = _calls.get(bn)
     if found is not None and found[0] == form:
+        _collect(bn, found[1], found[2])
         return _apply(x, *found[1], residual, found[2])
     try:
         args = PACKAGE["arguments"](conv.stride, conv.padding, conv.dilation, conv.weight)
@@ -159,7 +162,32 @@ def conv_norm(conv, bn, x, residual=None):
     kept = bn.momentum is not None and (counted or count is None)  # no count added here
     if kept and x_in is x and weight is conv.weight and bias is conv.bias:
         _remember(conv, bn, form, tensors, (lay, norm))
+        _collect(bn, tensors, (lay, norm))
     return _apply(x_in, *tensors, residual, (lay, norm))
+
+
+# Where a chain of pairs (``_chain``) runs its blocks' forwards, what each pair's node
+# is handed that a later call may take again, in turn: (bn, its tensors after x, its
+# last argument).
+_collecting = threading.local()
+
+
+@contextmanager
+def collecting(into: list):
+    """Within: each pair's node that takes remembered lookups (``_calls``) appends
+    (bn, the tensors it is handed after x, its last argument) to ``into``."""
+    before = getattr(_collecting, "into", None)
+    _collecting.into = into
+    try:
+        yield
+    finally:
+        _collecting.into = before
+
+
+def _collect(bn, tensors, last) -> None:
+    into = getattr(_collecting, "into", None)
+    if into is not None:
+        into.append((bn, tensors, last))
 
 
 # The last call's lookups of each pair of modules, by its batch norm (the entry goes
@@ -174,26 +202,30 @@ _calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _form(conv, bn, x, residual) -> tuple:
     """What ``conv_norm``'s lookups depend on, read from the modules and tensors in a
-    few microseconds: which convolution, x's and the residual's sizes, strides, dtypes
-    and devices, the autocast and tf32 state, the modules' arguments, and each
-    parameter and buffer (its id and its data's address: a tensor given new data, as
-    ``module.to`` does, reads otherwise)."""
-    marks = tuple(None if t is None else (id(t), t.data_ptr()) for t in _read(conv, bn))
+    few microseconds: x's and the residual's sizes, strides, dtypes and devices, the
+    autocast and tf32 state (``_math``) and the modules (``_modules_form``)."""
     r = None
     if residual is not None:
         r = (residual.shape, residual.stride(), residual.dtype, residual.get_device())
         r += (residual.data_ptr() % 16,)
+    head = (x.shape, x.stride(), x.dtype, x.get_device(), _math())
+    return head, r, _modules_form(conv, bn)
+
+
+def _math() -> tuple:
+    """The autocast dtype (False where autocast is off) and whether tf32 is allowed."""
+    return torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"), _tf32()
+
+
+def _modules_form(conv, bn) -> tuple:
+    """Which convolution, the modules' arguments, and each parameter and buffer they
+    read (its id and its data's address: a tensor given new data, as ``module.to``
+    does, reads otherwise)."""
+    marks = tuple(None if t is None else (id(t), t.data_ptr()) for t in _read(conv, bn))
     return (
         id(conv),
-        x.shape,
-        x.stride(),
-        x.dtype,
-        x.get_device(),
-        torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"),
-        _tf32(),
         (conv.stride, conv.padding, conv.dilation, conv.groups),
         (bn.momentum, bn.eps, bn.activation, bn.track_running_stats),
-        r,
         marks,
     )
 

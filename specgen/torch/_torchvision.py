@@ -13,7 +13,8 @@ from torchvision.models import mobilenetv2, resnet
 from torchvision.ops import misc
 
 from ._batchnorm import BatchNorm2d, Fused
-from ._convnorm import conv_norm, run_fused, shortcut
+from ._chain import run_chain
+from ._convnorm import FusedSequential, _bare, conv_norm, pair, run_fused, shortcut
 
 
 class _Fusing:
@@ -56,7 +57,7 @@ class FusedResNet(_Fusing, resnet.ResNet):
 
     def _forward_impl(self, x):
         x = self.maxpool(conv_norm(self.conv1, self.bn1, x))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = run_chain(self, (self.layer1, self.layer2, self.layer3, self.layer4), x)
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
@@ -68,6 +69,12 @@ class FusedBasicBlock(_Fusing, resnet.BasicBlock):
         out = conv_norm(self.conv1, self.bn1, x)
         return conv_norm(self.conv2, self.bn2, out, shortcut(self.downsample, x))
 
+    def chain_steps(self) -> list | None:
+        """The block's pairs as a chain runs them (``_chain``): (conv, bn, the value the
+        convolution reads, the value the batch norm adds), 0 the block's input and
+        k + 1 the k-th pair's output, in ``forward``'s order; None where it cannot."""
+        return _steps(self, FusedBasicBlock, [(self.conv1, self.bn1)], (self.conv2, self.bn2))
+
 
 class FusedBottleneck(_Fusing, resnet.Bottleneck):
     relu_norms = ("bn1", "bn2", "bn3")
@@ -76,6 +83,32 @@ class FusedBottleneck(_Fusing, resnet.Bottleneck):
     def forward(self, x):
         out = conv_norm(self.conv2, self.bn2, conv_norm(self.conv1, self.bn1, x))
         return conv_norm(self.conv3, self.bn3, out, shortcut(self.downsample, x))
+
+    def chain_steps(self) -> list | None:
+        """As ``FusedBasicBlock.chain_steps``."""
+        body = [(self.conv1, self.bn1), (self.conv2, self.bn2)]
+        return _steps(self, FusedBottleneck, body, (self.conv3, self.bn3))
+
+
+def _steps(block, cls, body: list, last: tuple) -> list | None:
+    """A residual block's chain steps (``chain_steps``): the ``body`` pairs, each
+    reading the one before, then the downsampling pair where there is one, reading the
+    block's input, then the ``last`` pair, which adds the shortcut; None where the
+    block is not of class ``cls`` itself, a pair would not run as one node or the
+    downsampling is not a bare fused sequence of one pair."""
+    if type(block) is not cls:
+        return None
+    found = [(conv, bn, k, None) for k, (conv, bn) in enumerate(body)]
+    shortcut = 0
+    ds = block.downsample
+    if ds is not None:
+        modules = tuple(ds._modules.values())
+        if type(ds) is not FusedSequential or len(modules) != 2 or not _bare(ds):
+            return None
+        found.append((*modules, 0, None))
+        shortcut = len(found)
+    found.append((*last, len(body), shortcut))
+    return found if all(pair(conv, bn) for conv, bn, *_ in found) else None
 
 
 class FusedInvertedResidual(mobilenetv2.InvertedResidual):

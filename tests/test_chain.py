@@ -1,0 +1,219 @@
+"""GPU tier: a ResNet's residual stages as one autograd node (``specgen.torch._chain``).
+Skipped without PyTorch, torchvision or a GPU.
+
+The chain's node runs the blocks' pairs' kernels in the blocks' order, so its values,
+gradients and running statistics are those of the blocks' own forwards (a node for
+each pair) bit for bit: each check trains a converted network beside its copy with
+chains off, on the same fresh random inputs, every tensor a replay allocates poisoned
+with NaN, and asserts equality (which NaN never passes); but for the convolutions' dw,
+whose split sums some wgrad kernels add atomically in an order that varies from run to
+run: those agree to fp32's last bits of their largest value.  The pairs' own numbers
+are checked against float64 in tests/test_torch.py and tests/test_batchnorm.py."""
+
+import copy
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
+
+import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
+from specgen.torch import _chain, _replay  # noqa: E402
+
+FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def networks(name: str, layout: str):
+    """A converted torchvision network of 10 classes on the GPU, with random weights,
+    and a copy of it."""
+    torch.manual_seed(random.randrange(1 << 30))
+    model = sg.convert(getattr(torchvision.models, name)(num_classes=10)).cuda()
+    model = model.to(memory_format=FORMATS[layout])
+    return model, copy.deepcopy(model)
+
+
+def stages(model) -> tuple:
+    return (model.layer1, model.layer2, model.layer3, model.layer4)
+
+
+def nodes_of(out) -> list[str]:
+    """The names of the autograd nodes that ``out`` was computed through."""
+    found, todo, seen = [], [out.grad_fn], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        found.append(type(f).__name__)
+        todo.extend(g for g, _ in f.next_functions)
+    return found
+
+
+def step(m, x, chained: bool, math: str, monkeypatch, create_graph=False):
+    """One training step's output, its autograd nodes, and (whether a convolution's,
+    the gradient) for every parameter and x, with chains on or off."""
+    monkeypatch.setattr(_chain, "ENABLED", chained)
+    m.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    with torch.autocast("cuda", torch.bfloat16, enabled=math == "bf16"):
+        out = m(x)
+    loss = out.float().square().sum()
+    if create_graph:  # a gradient penalty: the gradients' own gradients
+        params = [p for p in m.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        loss = sum(g.float().square().sum() for g in grads)
+    loss.backward()
+    convs = {id(c.weight) for c in m.modules() if isinstance(c, torch.nn.Conv2d)}
+    grads = [(id(p) in convs, p.grad) for p in m.parameters()]
+    return out, nodes_of(out), grads + [(False, x.grad)]
+
+
+def same(a, b, what):
+    """Equal, and finite."""
+    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
+    assert torch.equal(a, b), f"{what}: {(a.double() - b.double()).abs().max().item():.3g} apart"
+
+
+def summed_alike(a, b, what):
+    """Finite, and within fp32's last bits of the largest value: sums of the same
+    terms, added in either order (a wgrad's atomic adds)."""
+    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
+    assert (a.double() - b.double()).abs().max() <= 2.0**-18 * b.double().abs().max(), what
+
+
+def agree(found, twin_found, model, twin):
+    """Two steps' outputs, gradients and the networks' buffers (running statistics
+    and counts) alike, as above."""
+    (out, _, grads), (out2, _, grads2) = found, twin_found
+    same(out, out2, "out")
+    for (conv, a), (_, b) in zip(grads, grads2):
+        assert (a is None) == (b is None), "a gradient on one side only"
+        if a is not None:
+            (summed_alike if conv else same)(a, b, "a gradient")
+    for (name, a), (_, b) in zip(model.named_buffers(), twin.named_buffers()):
+        same(a.double(), b.double(), name)
+
+
+def poisoned(allocate):
+    """Allocations that start as NaN (bytes as all ones, NaN in every float dtype)."""
+
+    def allocated(*spec):
+        t = allocate(*spec)
+        return t.fill_(float("nan") if t.is_floating_point() else 255)
+
+    return allocated
+
+
+def draw(batch: int, image: int, layout: str, grad: bool = False):
+    x = torch.randn(batch, 3, image, image, device="cuda")
+    return x.contiguous(memory_format=FORMATS[layout]).requires_grad_(grad)
+
+
+# tf32 channels_last: some of the pairs' kernels read through tensor maps over memory a
+# call does not allocate, so neither their own nodes nor a chain can replay them; the
+# chain's node runs its body every call.
+REFUSED = "a tensor map over memory the call does not hold"
+CASES = [  # (network, math, layout, batch, image, why its chain's forward is not replayed)
+    ("resnet18", "fp32", "nchw", 8, 32, None),
+    ("resnet18", "bf16", "nhwc", 8, 32, None),
+    ("resnet50", "bf16", "nhwc", 4, 64, None),
+    ("resnet34", "tf32", "nhwc", 4, 32, REFUSED),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_chain_trains_a_resnet_as_its_blocks_do(case, monkeypatch):
+    """From its second step on, a converted ResNet runs its four stages as one node
+    (the stem's pair stays a node of its own), which records its forward and backward
+    on the second step and replays them after (but where its kernels cannot be
+    replayed, above); every step's output, gradient and running statistic is that of
+    the same network with chains off (above)."""
+    name, math, layout, batch, image, refused = case
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", math == "tf32")
+    model, twin = networks(name, layout)
+    for k in range(4):
+        if k == 3:
+            monkeypatch.setattr(_replay, "allocate", poisoned(_replay.allocate))
+        x = draw(batch, image, layout)
+        found = step(model, x, True, math, monkeypatch)
+        agree(found, step(twin, x, False, math, monkeypatch), model, twin)
+        chains = found[1].count("ChainFunctionBackward")
+        assert chains == (0 if k == 0 else 1), (k, chains)
+        pairs = found[1].count("ConvNormFunctionBackward")  # the stem's, after the first
+        assert pairs == (1 if k else len(_chain.program(stages(model))) + 1), (k, pairs)
+    chain = _chain._memos[model].chain
+    records = list(chain.records.values())
+    assert len(records) == 1
+    if refused is not None:
+        assert records[0].why == refused
+        return
+    assert isinstance(records[0], _replay.Record), records[0].why
+    assert records[0].replays == 2, records[0].replays
+    backward = list(records[0].after.values())
+    assert len(backward) == 1
+    assert isinstance(backward[0], _replay.Record), backward[0].why
+    assert backward[0].replays == 2
+
+
+def test_frozen_stages_and_an_input_that_wants_its_gradient(monkeypatch):
+    """A chain whose first stage's parameters want no gradient, and an x that wants
+    its own: the gradients of x and of every parameter that wants one are the
+    blocks' own, and a frozen parameter gets none."""
+    model, twin = networks("resnet18", "nchw")
+    for m in (model, twin):
+        for p in m.layer1.parameters():
+            p.requires_grad_(False)
+    for _ in range(3):
+        x = draw(4, 32, "nchw", grad=True)
+        found = step(model, x, True, "fp32", monkeypatch)
+        agree(found, step(twin, x, False, "fp32", monkeypatch), model, twin)
+    assert found[1].count("ChainFunctionBackward") == 1
+    assert all(p.grad is None for p in model.layer1.parameters())
+    assert found[2][-1][1] is not None  # x's
+
+
+def test_a_new_batch_a_hook_and_eval_mode_leave_the_chain(monkeypatch):
+    """A call that reads otherwise than the chain's last runs the blocks' forwards
+    (a new batch size: then the chain again, for it); a hook on a block is called
+    every call, and eval mode runs PyTorch's batch norm: both on the blocks' path."""
+    model, twin = networks("resnet18", "nhwc")
+    for batch in (4, 4, 6, 6, 6):
+        x = draw(batch, 32, "nhwc")
+        found = step(model, x, True, "bf16", monkeypatch)
+        agree(found, step(twin, x, False, "bf16", monkeypatch), model, twin)
+    assert found[1].count("ChainFunctionBackward") == 1
+    seen = []
+    handle = model.layer3[1].register_forward_hook(lambda *args: seen.append(1))
+    for _ in range(2):
+        x = draw(6, 32, "nhwc")
+        found = step(model, x, True, "bf16", monkeypatch)
+        agree(found, step(twin, x, False, "bf16", monkeypatch), model, twin)
+        assert "ChainFunctionBackward" not in found[1]
+    assert len(seen) == 2
+    handle.remove()
+    model.eval(), twin.eval()
+    x = draw(6, 32, "nhwc")
+    with torch.no_grad():
+        same(model(x), twin(x), "eval out")
+
+
+def test_a_gradient_of_the_chains_gradients(monkeypatch):
+    """A gradient penalty (the parameters' gradients, differentiated again) through a
+    chain: its node recomputes the pairs by differentiable ops, as each pair's node
+    does, so the two agree to fp32's rounding of the recomputation, not bit for bit."""
+    model, twin = networks("resnet18", "nchw")
+    for _ in range(3):
+        x = draw(2, 32, "nchw")
+        found = step(model, x, True, "fp32", monkeypatch, create_graph=True)
+        twin_found = step(twin, x, False, "fp32", monkeypatch, create_graph=True)
+    assert found[1].count("ChainFunctionBackward") == 1
+    for (_, a), (_, b) in zip(found[2], twin_found[2]):
+        if a is None:
+            assert b is None
+            continue
+        assert torch.isfinite(a).all()
+        scale = b.double().abs().max()
+        assert (a.double() - b.double()).abs().max() <= 1e-3 * scale
