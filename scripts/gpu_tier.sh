@@ -9,7 +9,8 @@
 #   PART=3  test_gpu.py: drawn problems and the networks
 #   PART=4  test_gpu.py: the long reductions and streamed batches
 #   PART=op the PyTorch operator's tests (tests/test_torch.py, tests/test_batchnorm.py,
-#           tests/test_convnorm.py, tests/test_replay.py, tests/test_pool.py)
+#           tests/test_convnorm.py, tests/test_replay.py, tests/test_pool.py,
+#           tests/test_chain.py)
 #   PART=verify  specgen verify --all-shapes --op all --all (every preset's default sets)
 #   PART="1 2 3 4"  several parts at once on the one GPU, WORKERS (default 16) split among them
 #   PART=two    the whole tier over two GPUs: parts 1 3 4 on the first, parts 2 and op then
@@ -70,8 +71,8 @@ case "${PART:-all}" in
   2) FILES="$TC" ;;
   3) FILES="tests/test_gpu.py"; K="random or network" ;;
   4) FILES="tests/test_gpu.py"; K="default_batch or batch_128 or streamed" ;;
-  op) FILES="tests/test_torch.py tests/test_batchnorm.py tests/test_convnorm.py tests/test_replay.py tests/test_pool.py" ;;
-  *) FILES="tests/test_gpu.py $TC tests/test_torch.py tests/test_batchnorm.py tests/test_convnorm.py tests/test_replay.py tests/test_pool.py" ;;
+  op) FILES="tests/test_torch.py tests/test_batchnorm.py tests/test_convnorm.py tests/test_replay.py tests/test_pool.py tests/test_chain.py" ;;
+  *) FILES="tests/test_gpu.py $TC tests/test_torch.py tests/test_batchnorm.py tests/test_convnorm.py tests/test_replay.py tests/test_pool.py tests/test_chain.py" ;;
 esac
 LOG="$OUT/gpu-tier${PART:+-$PART}.log"
 XDIST=""

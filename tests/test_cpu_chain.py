@@ -96,3 +96,11 @@ def test_a_cpu_tensor_runs_the_blocks_forwards():
     x = torch.randn(2, 3, 32, 32)
     out = model(x)
     assert out.shape == (2, 10) and model not in _chain._memos
+
+
+def test_the_plan_names_the_chains_a_model_runs():
+    """``specgen model``'s line on a converted model names its chain's pairs, and
+    a model with none (an unfused ResNet, a VGG) says nothing of chains."""
+    assert _chain.describe(converted("resnet50")).startswith("residual stages: 52 pairs as one")
+    assert _chain.describe(sg.convert(torchvision.models.resnet18(), fuse=False)) == ""
+    assert _chain.describe(sg.convert(torchvision.models.vgg11())) == ""

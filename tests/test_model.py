@@ -74,6 +74,7 @@ def test_plan_lists_a_pick_for_every_problem_and_op():
     fused = "batch norm: 20 on specgen's kernels, 17 with the activation after them, 8 adding"
     assert fused in r.output  # the stem's and every block's; a shortcut a block
     assert "8 adding a shortcut, 20 one node with the convolution before them" in r.output
+    assert "residual stages: 19 pairs as one chain" in r.output
     r2 = run("model", "resnet18", "--plan", "--batch", "8", "--modes", "bf16", "--no-fuse")
     assert "batch norm: 20 on specgen's kernels, none fused; max pool: 0 of 1 on" in r2.output
     assert "wgmma_" in r.output and "bf16 (bf16, nhwc)" in r.output

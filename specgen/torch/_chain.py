@@ -258,6 +258,18 @@ def run_chain(owner: torch.nn.Module, stages: tuple, x):
     return out
 
 
+def describe(model: torch.nn.Module) -> str:
+    """The chains a model's forward runs, in a line: how many pairs in how many
+    chains (each module's ``chain_stages`` that can be one); "" where there are none."""
+    found = [program(m.chain_stages()) for m in model.modules() if hasattr(m, "chain_stages")]
+    found = [steps for steps in found if steps]
+    if not found:
+        return ""
+    pairs = sum(len(steps) for steps in found)
+    chains = f"{len(found)} chains" if len(found) > 1 else "one chain"
+    return f"residual stages: {pairs} pairs as {chains}, one node each way from the second call"
+
+
 def _in_turn(stages: tuple, x):
     for stage in stages:
         x = stage(x)

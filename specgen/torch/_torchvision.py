@@ -57,8 +57,12 @@ class FusedResNet(_Fusing, resnet.ResNet):
 
     def _forward_impl(self, x):
         x = self.maxpool(conv_norm(self.conv1, self.bn1, x))
-        x = run_chain(self, (self.layer1, self.layer2, self.layer3, self.layer4), x)
+        x = run_chain(self, self.chain_stages(), x)
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    def chain_stages(self) -> tuple:
+        """The stages its forward runs as one chain (``_chain``) where they can be."""
+        return (self.layer1, self.layer2, self.layer3, self.layer4)
 
 
 class FusedBasicBlock(_Fusing, resnet.BasicBlock):

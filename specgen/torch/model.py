@@ -116,12 +116,15 @@ def build_sizes(name: str):
 
 
 def batch_norms(net, convert) -> str:
-    """What ``convert`` makes of ``net``'s batch norms and max pools, in a line
-    (``_fuse.describe`` and ``describe_pools``), from a copy converted on the CPU."""
+    """What ``convert`` makes of ``net``'s batch norms, max pools and residual stages,
+    in a line (``_fuse.describe``, ``describe_pools`` and ``_chain.describe``), from a
+    copy converted on the CPU."""
+    from ._chain import describe as describe_chains
     from ._fuse import describe, describe_pools
 
     converted = convert(copy.deepcopy(net).cpu())
-    return "; ".join(filter(None, (describe(converted), describe_pools(converted))))
+    lines = (describe(converted), describe_pools(converted), describe_chains(converted))
+    return "; ".join(filter(None, lines))
 
 
 def layers_of(net, name: str, batch: int, image: int) -> list[ConvLayer]:
