@@ -217,3 +217,35 @@ def test_a_gradient_of_the_chains_gradients(monkeypatch):
         assert torch.isfinite(a).all()
         scale = b.double().abs().max()
         assert (a.double() - b.double()).abs().max() <= 1e-3 * scale
+
+
+def test_a_training_step_with_a_chain_captured_as_a_cuda_graph(monkeypatch):
+    """A step whose chain runs its node's body while a CUDA graph is captured (no
+    replay records then), replayed on a new input, gives the output, gradients and
+    running statistics of the same network's eager step with chains off (above)."""
+    model, twin = networks("resnet18", "nhwc")
+    static_x = draw(4, 32, "nhwc")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # the chain's memo and records, on the side stream
+            step(model, static_x, True, "bf16", monkeypatch)
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=False)  # gradients the graph adds into, in place
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with torch.autocast("cuda", torch.bfloat16):
+            static_out = model(static_x)
+        static_out.float().square().sum().backward()
+    x = draw(4, 32, "nhwc")
+    static_x.copy_(x)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.grad.zero_()
+        for a, b in zip(model.buffers(), twin.buffers()):
+            a.copy_(b)  # the running statistics as the twin's before its step
+    graph.replay()
+    out, _, grads = step(twin, x, False, "bf16", monkeypatch)
+    grads = grads[:-1]  # x's
+    found = (static_out, [], [(c, p.grad) for p, (c, _) in zip(model.parameters(), grads)])
+    agree(found, (out, [], grads), model, twin)

@@ -77,7 +77,7 @@ class FusedBasicBlock(_Fusing, resnet.BasicBlock):
         """The block's pairs as a chain runs them (``_chain``): (conv, bn, the value the
         convolution reads, the value the batch norm adds), 0 the block's input and
         k + 1 the k-th pair's output, in ``forward``'s order; None where it cannot."""
-        return _steps(self, FusedBasicBlock, [(self.conv1, self.bn1)], (self.conv2, self.bn2))
+        return _steps(self, FusedBasicBlock, ("conv1", "bn1"), ("conv2", "bn2"))
 
 
 class FusedBottleneck(_Fusing, resnet.Bottleneck):
@@ -90,28 +90,31 @@ class FusedBottleneck(_Fusing, resnet.Bottleneck):
 
     def chain_steps(self) -> list | None:
         """As ``FusedBasicBlock.chain_steps``."""
-        body = [(self.conv1, self.bn1), (self.conv2, self.bn2)]
-        return _steps(self, FusedBottleneck, body, (self.conv3, self.bn3))
+        body = ("conv1", "bn1", "conv2", "bn2")
+        return _steps(self, FusedBottleneck, body, ("conv3", "bn3"))
 
 
-def _steps(block, cls, body: list, last: tuple) -> list | None:
-    """A residual block's chain steps (``chain_steps``): the ``body`` pairs, each
-    reading the one before, then the downsampling pair where there is one, reading the
-    block's input, then the ``last`` pair, which adds the shortcut; None where the
-    block is not of class ``cls`` itself, a pair would not run as one node or the
-    downsampling is not a bare fused sequence of one pair."""
+def _steps(block, cls, body: tuple, last: tuple) -> list | None:
+    """A residual block's chain steps (``chain_steps``): the ``body`` pairs (their
+    modules' names, a convolution's and then its batch norm's), each reading the one
+    before, then the downsampling pair where there is one, reading the block's input,
+    then the ``last`` pair, which adds the shortcut; None where the block is not of
+    class ``cls`` itself, a pair would not run as one node or the downsampling is not a
+    bare fused sequence of one pair.  (Read from ``_modules``: a chain reads them every
+    call.)"""
     if type(block) is not cls:
         return None
-    found = [(conv, bn, k, None) for k, (conv, bn) in enumerate(body)]
+    m = block._modules
+    found = [(m[body[i]], m[body[i + 1]], i // 2, None) for i in range(0, len(body), 2)]
     shortcut = 0
-    ds = block.downsample
+    ds = m.get("downsample")
     if ds is not None:
         modules = tuple(ds._modules.values())
         if type(ds) is not FusedSequential or len(modules) != 2 or not _bare(ds):
             return None
         found.append((*modules, 0, None))
         shortcut = len(found)
-    found.append((*last, len(body), shortcut))
+    found.append((m[last[0]], m[last[1]], len(body) // 2, shortcut))
     return found if all(pair(conv, bn) for conv, bn, *_ in found) else None
 
 
