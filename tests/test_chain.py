@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
 from specgen.torch import _chain, _replay  # noqa: E402
-
-FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+from test_convnorm import FORMATS, nodes_of, same, summed_alike  # noqa: E402
+from test_replay import _poisoned as poisoned  # noqa: E402
 
 
 def networks(name: str, layout: str):
@@ -37,19 +37,6 @@ def networks(name: str, layout: str):
 
 def stages(model) -> tuple:
     return (model.layer1, model.layer2, model.layer3, model.layer4)
-
-
-def nodes_of(out) -> list[str]:
-    """The names of the autograd nodes that ``out`` was computed through."""
-    found, todo, seen = [], [out.grad_fn], set()
-    while todo:
-        f = todo.pop()
-        if f is None or f in seen:
-            continue
-        seen.add(f)
-        found.append(type(f).__name__)
-        todo.extend(g for g, _ in f.next_functions)
-    return found
 
 
 def step(m, x, chained: bool, math: str, monkeypatch, create_graph=False):
@@ -71,19 +58,6 @@ def step(m, x, chained: bool, math: str, monkeypatch, create_graph=False):
     return out, nodes_of(out), grads + [(False, x.grad)]
 
 
-def same(a, b, what):
-    """Equal, and finite."""
-    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
-    assert torch.equal(a, b), f"{what}: {(a.double() - b.double()).abs().max().item():.3g} apart"
-
-
-def summed_alike(a, b, what):
-    """Finite, and within fp32's last bits of the largest value: sums of the same
-    terms, added in either order (a wgrad's atomic adds)."""
-    assert torch.isfinite(a).all(), f"{what}: NaN or Inf"
-    assert (a.double() - b.double()).abs().max() <= 2.0**-18 * b.double().abs().max(), what
-
-
 def agree(found, twin_found, model, twin):
     """Two steps' outputs, gradients and the networks' buffers (running statistics
     and counts) alike, as above."""
@@ -95,16 +69,6 @@ def agree(found, twin_found, model, twin):
             (summed_alike if conv else same)(a, b, "a gradient")
     for (name, a), (_, b) in zip(model.named_buffers(), twin.named_buffers()):
         same(a.double(), b.double(), name)
-
-
-def poisoned(allocate):
-    """Allocations that start as NaN (bytes as all ones, NaN in every float dtype)."""
-
-    def allocated(*spec):
-        t = allocate(*spec)
-        return t.fill_(float("nan") if t.is_floating_point() else 255)
-
-    return allocated
 
 
 def draw(batch: int, image: int, layout: str, grad: bool = False):

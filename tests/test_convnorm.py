@@ -234,6 +234,19 @@ def test_a_hook_or_eval_mode_takes_the_two_modules():
         assert torch.equal(conv_norm(conv, bn, x), want)
 
 
+def nodes_of(out) -> list[str]:
+    """The names of the autograd nodes that ``out`` was computed through."""
+    found, todo, seen = [], [out.grad_fn], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        found.append(type(f).__name__)
+        todo.extend(g for g, _ in f.next_functions)
+    return found
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
 def test_a_converted_network_trains_through_the_nodes_as_through_the_modules(name, monkeypatch):
     """A converted torchvision network takes one node for each convolution and its
@@ -253,14 +266,7 @@ def test_a_converted_network_trains_through_the_nodes_as_through_the_modules(nam
         torch.manual_seed(seed)  # the same dropout masks (mobilenet_v2's classifier)
         with torch.autocast("cuda", torch.bfloat16):
             out = m(x)
-        nodes, todo, seen = [], [out.grad_fn], set()
-        while todo:
-            f = todo.pop()
-            if f is None or f in seen:
-                continue
-            seen.add(f)
-            nodes.append(type(f).__name__)
-            todo.extend(g for g, _ in f.next_functions)
+        nodes = nodes_of(out)
         out.float().square().sum().backward()
         convs = {id(c.weight) for c in m.modules() if isinstance(c, torch.nn.Conv2d)}
         return out, nodes, [(id(p) in convs, p.grad) for p in m.parameters()]
