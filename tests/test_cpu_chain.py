@@ -104,3 +104,60 @@ def test_the_plan_names_the_chains_a_model_runs():
     assert _chain.describe(converted("resnet50")).startswith("residual stages: 52 pairs as one")
     assert _chain.describe(sg.convert(torchvision.models.resnet18(), fuse=False)) == ""
     assert _chain.describe(sg.convert(torchvision.models.vgg11())) == ""
+
+
+def test_the_chains_form_changes_with_everything_its_node_depends_on():
+    """A chain's node is taken only where the call reads as the last did (``_form``):
+    the same again reads the same; x's strides, dtype or 16-byte start, autocast, tf32,
+    a module's argument or momentum, a parameter replaced or given new data, and a
+    batch norm put in eval mode each read otherwise."""
+    model = converted("resnet18")
+    steps = _chain.program(stages(model))
+    x = torch.randn(2, 64, 8, 8)
+    form = _chain._form(steps, x)
+    assert _chain._form(steps, x.clone()) == form
+    block = model.layer2[0]
+    changes = [
+        lambda: _chain._form(steps, x.contiguous(memory_format=torch.channels_last)),
+        lambda: _chain._form(steps, x.half()),
+        lambda: _chain._form(steps, torch.randn(2 * 64 * 8 * 8 + 1)[1:].view(2, 64, 8, 8)),
+        lambda: _chain._form(steps, torch.randn(3, 64, 8, 8)),
+    ]
+    for change in changes:
+        assert change() != form
+    torch.set_autocast_enabled("cuda", True)  # as torch.autocast sets it (off the GPU too)
+    try:
+        assert _chain._form(steps, x) != form
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not tf32
+    try:
+        assert _chain._form(steps, x) != form
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+    def reads_otherwise(edit, undo):
+        edit()
+        try:
+            return _chain._form(steps, x) != form
+        finally:
+            undo()
+
+    conv, bn, w = block.conv1, block.bn1, block.conv1.weight
+    assert reads_otherwise(
+        lambda: setattr(conv, "stride", (1, 1)), lambda: setattr(conv, "stride", (2, 2))
+    )
+    assert reads_otherwise(
+        lambda: setattr(bn, "momentum", 0.2), lambda: setattr(bn, "momentum", 0.1)
+    )
+    assert reads_otherwise(
+        lambda: setattr(conv, "weight", torch.nn.Parameter(w.detach().clone())),
+        lambda: setattr(conv, "weight", w),
+    )
+    data = w.data
+    assert reads_otherwise(
+        lambda: setattr(w, "data", data.clone()), lambda: setattr(w, "data", data)
+    )
+    assert reads_otherwise(bn.eval, bn.train)
+    assert _chain._form(steps, x) == form
