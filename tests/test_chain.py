@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 import specgen.torch as sg  # noqa: E402  (after the skip: it imports torch)
 from specgen.torch import _chain, _replay  # noqa: E402
 from test_convnorm import FORMATS, nodes_of, same, summed_alike  # noqa: E402
-from test_replay import _poisoned as poisoned  # noqa: E402
+from test_replay import poison_replays  # noqa: E402
 
 
 def networks(name: str, layout: str):
@@ -100,7 +100,7 @@ def test_a_chain_trains_a_resnet_as_its_blocks_do(case, monkeypatch):
     model, twin = networks(name, layout)
     for k in range(4):
         if k == 3:
-            monkeypatch.setattr(_replay, "allocate", poisoned(_replay.allocate))
+            poison_replays(monkeypatch)
         x = draw(batch, image, layout)
         found = step(model, x, True, math, monkeypatch)
         agree(found, step(twin, x, False, math, monkeypatch), model, twin)
@@ -120,6 +120,7 @@ def test_a_chain_trains_a_resnet_as_its_blocks_do(case, monkeypatch):
     assert len(backward) == 1
     assert isinstance(backward[0], _replay.Record), backward[0].why
     assert backward[0].replays == 2
+    assert backward[0].arena > 0  # the buffers only launches touch: in the stream's scratch
 
 
 def test_frozen_stages_and_an_input_that_wants_its_gradient(monkeypatch):

@@ -233,3 +233,46 @@ def test_a_node_called_inside_a_body_being_recorded_runs_as_usual(monkeypatch):
 
     out, record = _replay.run(Ctx(), {}, "outer", (x,), body, ())
     assert record is not None and inner == {}
+
+
+def test_allocations_only_launches_touch_share_one_allocation():
+    """A body's allocations that no result, ctx attribute or op reads (only its launches
+    write and read them) are placed in one allocation of bytes, each at a multiple of
+    ``ARENA_ALIGN`` and none over another; a result, an attribute, an op's operand, a
+    view's buffer and an allocation past ``ARENA_MOST`` bytes each keep their own."""
+    x = torch.randn(8)
+    sizes = [random.randrange(1, 300) for _ in range(3)]
+    rec = _replay.Recording((x,))
+    with rec:
+        inner = [torch.empty(n) for n in sizes]  # only launched
+        y, kept, summed, viewed = (torch.empty(8) for _ in range(4))
+        large = torch.empty(_replay.ARENA_MOST // 4 + 1)
+        torch.add(x, summed, out=summed)
+        launch(rec, [t.data_ptr() for t in (*inner, y, kept, summed, viewed, large)])
+    ctx = Ctx()
+    ctx.kept = kept
+    record = rec.record((y, viewed[2:]), ctx, ("kept",))
+    kinds = [kind for kind, _ in record.specs]
+    assert kinds == ["arena"] * 3 + ["new"] * 5
+    offsets = [spec[0] for kind, spec in record.specs if kind == "arena"]
+    assert all(at % _replay.ARENA_ALIGN == 0 for at in offsets)
+    ends = [at + 4 * n for at, n in zip(offsets, sizes)]
+    assert all(end <= following for end, following in zip(ends, offsets[1:]))
+    assert ends[-1] <= record.arena < ends[-1] + _replay.ARENA_ALIGN
+    assert [spec[1][0] for kind, spec in record.specs if kind == "arena"] == [(n,) for n in sizes]
+
+
+def test_a_tuple_of_constants_and_buffers_rebuilds_in_one_step():
+    """A result that mixes constants and whole buffers (a chain's ctx attributes of a
+    pair) is rebuilt as the constants with the second call's tensors in their places."""
+    x = torch.randn(8)
+    rec = _replay.Recording((x,))
+    with rec:
+        y = torch.empty(8)
+    record = rec.record((("relu", y, None, x, 3),), Ctx(), ())
+    (part,) = record.results[1]
+    assert part[0] == "mixed"
+    made = [torch.randn(8), torch.randn(8)]
+    out = _replay._rebuilt(record.results, made, [t.data_ptr() for t in made], {})
+    assert out == (("relu", made[1], None, made[0], 3),)
+    assert out[0][1] is made[1] and out[0][3] is made[0]

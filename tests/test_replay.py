@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 torch = pytest.importorskip("torch")
+cupy = pytest.importorskip("cupy")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fp32_math")]
 
@@ -57,7 +58,7 @@ def replayed(monkeypatch, records: dict, call, twin, draw):
         after = SimpleNamespace(replays=0)
     before = (record.replays, after.replays)
     with monkeypatch.context() as m:
-        m.setattr(_replay, "allocate", _poisoned(_replay.allocate))
+        poison_replays(m)
         inputs = draw()
         first = call(*inputs)
         m.setattr(_replay, "ENABLED", False)
@@ -195,15 +196,24 @@ def test_a_replayed_batch_norm_gives_the_bodys_values_and_gradients(math, layout
         same(a, b, "running statistics")
 
 
-def _poisoned(allocate):
-    """Allocations that start as NaN: floats filled with it, bytes (packed weights)
-    with all ones, which read as NaN in every float dtype."""
+def poison_replays(m) -> None:
+    """With monkeypatch ``m``: every tensor a replay allocates starts as NaN (floats
+    filled with it, bytes, which packed weights are, with all ones, which read as NaN
+    in every float dtype), and so do the buffers it places in the stream's scratch
+    (``_replay.arena_at``)."""
+    allocate, arena_at = _replay.allocate, _replay.arena_at
 
     def poisoned(*spec):
         t = allocate(*spec)
         return t.fill_(float("nan") if t.is_floating_point() else 255)
 
-    return poisoned
+    def poisoned_arena(scratch, start, nbytes, stream):
+        at = arena_at(scratch, start, nbytes, stream)
+        cupy.cuda.runtime.memsetAsync(at, 255, nbytes, stream)
+        return at
+
+    m.setattr(_replay, "allocate", poisoned)
+    m.setattr(_replay, "arena_at", poisoned_arena)
 
 
 def test_a_converted_network_replays_its_nodes_and_trains_as_without(monkeypatch):
@@ -240,7 +250,7 @@ def test_a_converted_network_replays_its_nodes_and_trains_as_without(monkeypatch
     afters = [a for r in records for a in r.after.values()]
     assert all(isinstance(a, _replay.Record) for a in afters), [a.why for a in afters]
     counts = [r.replays for r in records], [a.replays for a in afters]
-    monkeypatch.setattr(_replay, "allocate", _poisoned(_replay.allocate))
+    poison_replays(monkeypatch)
     x = torch.randn(8, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
     out, grads = step(model, x, True)
     out2, grads2 = step(twin, x, False)

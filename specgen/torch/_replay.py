@@ -11,8 +11,9 @@ allocates or views (a ``TorchDispatchMode``), every launch with its argument slo
 (``_engine.workspace``), and the few PyTorch ops it may run on those tensors (a zero
 fill, a copy, a cast, a sum: ``IN_PLACE``, ``COPIES``).  Each argument is then either an
 address inside one of the call's tensors (an input, an allocation, the scratch; kept
-as that tensor and an offset) or a constant.  Later calls allocate the same tensors,
-write their addresses into the slots and launch: the same launches, and the same ops
+as that tensor and an offset) or a constant.  Later calls allocate the same tensors
+(those that only the launches read, in the stream's scratch: ``ARENA``), write their
+addresses into the slots and launch: the same launches, and the same ops
 between them, on the same current stream, with no Python in between; each run of
 launches goes out as one CUDA graph (``Graph``).  The convolution's node
 (``_ops.Conv2dFunction``), the batch norm's (``_batchnorm.BatchNormFunction``) and the
@@ -45,6 +46,18 @@ GRAPHED = True  # a replay launches each run of its kernels as one CUDA graph (`
 TRIES = 3  # failed recordings of a key before it is run as usual for good
 KEPT = 4096  # records kept (a stream of new shapes: start over)
 ALIGNED = 16
+# A replay's allocations that no result, ctx attribute or op reads (only its launches
+# write and read them: a chain's gradients between its pairs, a backward's dy) lie in
+# the stream's scratch (``_engine.workspace``) past the scratch the body took, each at
+# a multiple of ``ARENA_ALIGN`` bytes as the caching allocator places its own: no call
+# to the allocator for them, and the same addresses replay after replay (no graph node
+# set again).  A stream runs its launches in order, so whatever next uses the scratch
+# comes after this call's last launch, which is the last to read them.  Up to
+# ``ARENA_MOST`` bytes in all; past it a buffer keeps an allocation of its own, as each
+# does with ``ARENA`` off (the tests compare the two).
+ARENA = True
+ARENA_MOST = 1 << 26
+ARENA_ALIGN = 512
 
 _aten = torch.ops.aten
 ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default}
@@ -108,7 +121,7 @@ class Record:
     launches it, a fraction of the driver's time for the launches one by one.  Where the driver
     will not build a graph, or ``GRAPHED`` is off, they go one by one."""
 
-    def __init__(self, index, buffers, steps, results, attrs):
+    def __init__(self, index, buffers, steps, results, attrs, read, inputs: int):
         self.index, self.buffers, self.steps = index, buffers, steps
         self.results, self.attrs = results, attrs
         self.lock = threading.Lock()  # the slots are the record's own, shared by calls
@@ -118,7 +131,12 @@ class Record:
         self.graphed = 0  # graphs launched
         self.after: dict = {}  # records of the next node's calls (a forward's backward)
         self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
-        self.specs = [(kind == "new", tuple(spec)) for kind, *spec in buffers]
+        # each buffer's allocation: ("new", allocate's arguments), ("arena", (its byte
+        # offset in the one allocation of those only launches touch, allocate's
+        # arguments)) or ("scratch", ...); ``read``: the buffers (by index, the inputs
+        # first) that a result, a ctx attribute or an op reads
+        self.specs, self.arena = _placed(buffers, read, inputs)
+        self.arena_device = next((b[4] for b in buffers if b[0] == "new"), None)
         self.bound: list | None = None  # the addresses its slots and maps were last set to
 
     def replay(self, ctx, inputs: tuple, addresses: list):
@@ -133,9 +151,17 @@ class Record:
         addresses = list(addresses)
         keep = []
         scratch = None
-        for new, spec in self.specs:
-            if new:
-                t = allocate(*spec)
+        base = None
+        if self.arena and ARENA:  # the scratch, then the buffers only launches touch
+            start = -(-self.scratch_need // ARENA_ALIGN) * ARENA_ALIGN
+            scratch = workspace(start + self.arena, self.arena_device, stream, keep)
+            base = arena_at(scratch, start, self.arena, stream)
+        for kind, spec in self.specs:
+            if kind == "arena" and base is not None:
+                made.append(None)  # no tensor: only its launches' slots read it
+                addresses.append(base + spec[0])
+            elif kind != "scratch":
+                t = allocate(*spec if kind == "new" else spec[1])
                 made.append(t)
                 addresses.append(t.data_ptr())
             else:
@@ -193,6 +219,24 @@ class Record:
                 st.run(made, addresses, views)
             else:
                 launch(*st.head, stream, st.params_at, 0)
+
+
+def _placed(buffers: list, read, inputs: int) -> tuple[list, int]:
+    """Each buffer's allocation in a replay (``Record.specs``) and the bytes past the
+    scratch for those no result, attribute or op reads (``read``: by index, ``inputs``
+    first), ``ARENA_MOST`` in all; 0 where there are none."""
+    specs, arena = [], 0
+    for b, (kind, *spec) in enumerate(buffers, inputs):
+        if kind == "new" and b not in read:
+            size, stride, dtype = spec[:3]
+            extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+            nbytes = -(-max(extent * dtype.itemsize, 1) // ARENA_ALIGN) * ARENA_ALIGN
+            if arena + nbytes <= ARENA_MOST:
+                specs.append(("arena", (arena, tuple(spec))))
+                arena += nbytes
+                continue
+        specs.append((kind, tuple(spec)))
+    return specs, arena
 
 
 def _runs(steps: list) -> list:
@@ -332,6 +376,12 @@ def _errors() -> tuple:
     return (runtime.CUDARuntimeError,)
 
 
+def arena_at(scratch: int, start: int, nbytes: int, stream: int) -> int:
+    """Where a replay's buffers that only its launches touch begin: ``start`` bytes into
+    the stream's scratch at ``scratch`` (the tests poison their ``nbytes``)."""
+    return scratch + start
+
+
 def allocate(size, stride, dtype, device) -> torch.Tensor:
     """A replay's allocation of a tensor the body allocated (the tests poison it)."""
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
@@ -363,6 +413,11 @@ def _rebuilt(value, made: list, addresses: list, views: dict):
         return addresses[value[1]] + value[2]
     if kind == "tensors":
         return value[1](made)
+    if kind == "mixed":
+        out = list(value[1])
+        for at, b in value[2]:
+            out[at] = made[b]
+        return tuple(out)
     return tuple(_rebuilt(v, made, addresses, views) for v in value[1])  # "tuple"
 
 
@@ -488,16 +543,37 @@ class Recording(TorchDispatchMode):
         return ("view", b, offset, tuple(t.shape), t.stride())
 
     def record(self, results, ctx, names: tuple) -> Record | None:
-        attrs = [(n, _folded(self._template(getattr(ctx, n)))) for n in names if hasattr(ctx, n)]
-        template = _folded(self._template(results))
+        attrs = [(n, self._template(getattr(ctx, n))) for n in names if hasattr(ctx, n)]
+        template = self._template(results)
         if self.failed:
             return None
-        return Record(self.index, self.buffers, self.steps, template, attrs)
+        read: set = set()
+        for t in [template, *(a for _, a in attrs)]:
+            _read(t, read)
+        for op in self.steps:
+            if type(op) is Op:
+                for t in (*op.args, *op.kwargs.values()):
+                    _read(t, read)
+        attrs = [(n, _folded(a)) for n, a in attrs]
+        inputs = len(self.inputs)
+        return Record(self.index, self.buffers, self.steps, _folded(template), attrs, read, inputs)
+
+
+def _read(template, into: set) -> None:
+    """The buffers that a template (``Recording._template``) rebuilds from, added to
+    ``into``: a tensor, a view of one, an address in one."""
+    kind = template[0]
+    if kind in ("tensor", "view", "address"):
+        into.add(template[1])
+    elif kind == "tuple":
+        for t in template[1]:
+            _read(t, into)
 
 
 def _folded(template):
-    """``template`` with each tuple of constants one constant, and each tuple of two or
-    more whole buffers one lookup of them: each rebuilt in one step."""
+    """``template`` with each tuple of constants one constant, each tuple of two or
+    more whole buffers one lookup of them, and each tuple of both the constants with
+    the buffers put in their places: each rebuilt in one step."""
     if template[0] != "tuple":
         return template
     parts = tuple(_folded(v) for v in template[1])
@@ -505,6 +581,10 @@ def _folded(template):
         return ("same", tuple(p[1] for p in parts))
     if len(parts) > 1 and all(p[0] == "tensor" for p in parts):
         return ("tensors", itemgetter(*(p[1] for p in parts)))
+    if all(p[0] in ("same", "tensor") for p in parts):
+        constants = tuple(p[1] if p[0] == "same" else None for p in parts)
+        places = tuple((at, p[1]) for at, p in enumerate(parts) if p[0] == "tensor")
+        return ("mixed", constants, places)
     return ("tuple", parts)
 
 
