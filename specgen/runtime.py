@@ -390,6 +390,23 @@ def transpose_source(dtype: str) -> tuple[str, str]:
     return name, render_template("torch/transpose.cu.j2", name=name, word=WORDS[dtype])
 
 
+def sum_source(dtype: str) -> tuple[str, str]:
+    """The operator's sum of two tensors of ``dtype`` (``templates/torch/sum.cu.j2``):
+    its name and source."""
+    from .render import render_template
+
+    name = f"sum_{dtype}"
+    text = render_template(
+        "torch/sum.cu.j2",
+        name=name,
+        dtype=dtype,
+        word=WORDS[dtype],
+        per=16 // (4 if dtype == "fp32" else 2),
+        ptx=PTX.get(dtype),
+    )
+    return name, text
+
+
 _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once imported
 # The recorder of this thread's launches, where a node's call is being recorded to be
 # replayed (``specgen.torch._replay``): ``RECORDING.rec``, else absent or None.

@@ -120,7 +120,34 @@ def test_a_chain_trains_a_resnet_as_its_blocks_do(case, monkeypatch):
     assert len(backward) == 1
     assert isinstance(backward[0], _replay.Record), backward[0].why
     assert backward[0].replays == 2
-    assert backward[0].arena > 0  # the buffers only launches touch: in the stream's scratch
+    # the gradients that meet are summed by launches, not PyTorch's add; the buffers
+    # only launches touch lie in the stream's scratch
+    adds = [st for st in backward[0].steps if getattr(st, "func", None) == torch.ops.aten.add.out]
+    assert not adds and backward[0].arena > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_sum_of_two_gradients_is_pytorchs_add_bit_for_bit(dtype, monkeypatch):
+    """specgen's sum (``_engine.summed``) of fresh random tensors, dense in either
+    memory format, of a size whose last 16-byte run is short, gives PyTorch's add bit
+    for bit into a tensor of a's strides, its output poisoned first; tensors it does
+    not serve (strides unlike, a start off 16 bytes) take PyTorch's add."""
+    from specgen.torch import _engine
+
+    n, c = random.randrange(1, 5), random.choice([3, 5, 8, 13])
+    fmt = random.choice(list(FORMATS.values()))
+    a, b = (torch.randn(n, c, 7, 9, device="cuda").to(dtype, memory_format=fmt) for _ in "ab")
+    off = torch.randn(n * c * 63 + 1, device="cuda", dtype=dtype)[1:].view(n, c, 7, 9)
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
+    out = _engine.summed(a, b)
+    moved = _engine.summed(a.contiguous(), off)
+    unlike = _engine.summed(a.contiguous(), b.contiguous(memory_format=torch.channels_last))
+    monkeypatch.undo()
+    assert out.stride() == a.stride()
+    same(out, a + b, "a + b")
+    same(moved, a.contiguous() + off, "a + b off 16 bytes")
+    same(unlike, a + b, "a + b of unlike strides")
 
 
 def test_frozen_stages_and_an_input_that_wants_its_gradient(monkeypatch):

@@ -447,6 +447,21 @@ def test_the_operators_autocast_weight_cast_compiles_without_spills(dtype, a, b)
     assert binary.spills == 0 and set(binary.resources) == {name}
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_the_operators_sum_compiles_without_spills(dtype):
+    """The PyTorch operator's sum of two gradients (a residual block's input's) compiles
+    for sm_90 without spills; 16-bit sums round once from fp32 with PTX's
+    round-to-nearest-even conversion, as PyTorch's add does, and fp32 sums add alone.
+    tests/test_chain.py checks its sums bit for bit against autograd's."""
+    from specgen.runtime import sum_source
+
+    name, text = sum_source(dtype)
+    rounds = f"cvt.rn.{'bf16' if dtype == 'bf16' else 'f16'}.f32"
+    assert (rounds in text) == (dtype != "fp32") and "fma" not in text
+    binary = compile_source(text, name, "sm_90")
+    assert binary.spills == 0 and set(binary.resources) == {name}
+
+
 # The autoencoder's layers as the PyTorch operator meets them under bf16 autocast
 # (channels_last, bias), and one fp16 layer of groups: their wgrad plans on the kernels
 # whose second pass is backward/tc_sums.j2.

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from . import _batchnorm as B
 from . import _convnorm as C
-from . import _replay
+from . import _engine, _replay
 from ._ops import _apply_of
 
 ENABLED = os.environ.get("SPECGEN_CHAIN", "1") != "0"
@@ -80,11 +80,18 @@ class Chain:
         self.res = tuple(st.res for st in steps)
         self.calls = tuple(calls)
         self.records: dict = {}
+        self.wanted: dict = {}  # ``needs`` by the chain's needs_input_grad
 
     def needs(self, wanted: tuple) -> list[tuple]:
         """Each pair's ``needs_input_grad`` as its own node would see it, from the
         chain's (x, then each pair's six tensors): a value wants its gradient where
-        anything it is computed from does."""
+        anything it is computed from does.  Worked out once for each ``wanted``."""
+        found = self.wanted.get(wanted)
+        if found is None:
+            found = self.wanted[wanted] = self._needs(wanted)
+        return found
+
+    def _needs(self, wanted: tuple) -> list[tuple]:
         flows = [wanted[0]]
         found = []
         for k, (src, res) in enumerate(zip(self.src, self.res)):
@@ -137,7 +144,7 @@ class ChainFunction(torch.autograd.Function):
         held = [dout, *saved]
         for p in parts:
             held += (p.scratch, getattr(p, "packed", None))
-        inputs = tuple(dict.fromkeys(held))  # each tensor once (None too)
+        inputs = tuple({id(t): t for t in held}.values())  # each tensor once (None too)
         body = partial(_backward, parts, chain, tensors, values, ys, dout)
         grads = _replay.backward(ctx, (dout.stride(), dout.dtype), inputs, body)
         return (*grads, None)
@@ -185,14 +192,11 @@ def _backward(parts, chain, tensors, values, ys, dout):
 
 def _add(grads: list, v: int, g) -> None:
     """Gradient ``g`` added to value ``v``'s, into a tensor of its own (the first may be
-    dout itself, which is autograd's)."""
+    dout itself, which is autograd's) by specgen's sum, which a replay records as one
+    more launch (``_engine.summed``)."""
     if g is None:
         return
-    if grads[v] is None:
-        grads[v] = g
-        return
-    total = torch.empty_like(grads[v])
-    grads[v] = torch.add(grads[v], g, out=total)
+    grads[v] = g if grads[v] is None else _engine.summed(grads[v], g)
 
 
 def _differentiable(ctx, chain, tensors, values, dout):

@@ -16,7 +16,15 @@ from ..choose import WGEMM_MIN_MAPS, Choice, choose, computed_problem, crop_orig
 from ..choose import search_floor, searched_math, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
-from ..runtime import RECORDING, Conv, _driver_launch, _Step, device_arch, transpose_source
+from ..runtime import (
+    RECORDING,
+    Conv,
+    _driver_launch,
+    _Step,
+    device_arch,
+    sum_source,
+    transpose_source,
+)
 from ..runtime import weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
@@ -212,6 +220,43 @@ def transposed(t: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
         at = done * A * B * t.element_size()
         launch_step(step, index, t.data_ptr() + at, out.data_ptr() + at)
         done += n
+    return out
+
+
+_sums: dict[tuple, _Step] = {}  # (device, dtype, values) -> its bound launch
+
+
+def summed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b in a new tensor, dense as a is: by one launch of the operator's sum
+    (``templates/torch/sum.cu.j2``) where a and b are CUDA tensors of one size, dtype
+    (fp32, bf16 or fp16) and dense strides, 16-byte aligned; else by PyTorch's add.
+    Each value rounds as PyTorch's add rounds it, and a replay records the launch
+    (``_replay``) where it would record the add as an op of its own."""
+    out = torch.empty_like(a)
+    if not (
+        a.is_cuda
+        and a.dtype is b.dtype
+        and a.dtype in DTYPES
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.device == b.device
+        and out.stride() == a.stride()  # a dense (``empty_like`` keeps a dense tensor's)
+        and not (a.data_ptr() % ALIGNED or b.data_ptr() % ALIGNED)
+    ):
+        return torch.add(a, b, out=out)
+    n, index = a.numel(), a.device.index
+    if n == 0:
+        return out
+    key = (index, a.dtype, n)
+    step = _sums.get(key)
+    if step is None:
+        if len(_sums) >= LAYERS_KEPT:
+            _sums.clear()
+        func = _load(index, *sum_source(DTYPES[a.dtype].value))
+        runs = -(-n // (16 // a.element_size()))  # a thread a 16-byte run
+        binding = [("t", 0), ("t", 0), ("t", 0), (None, n)]
+        step = _sums[key] = _Step(func, (-(-runs // 256), 1, 1), (256, 1, 1), 0, binding)
+    launch_step(step, index, a.data_ptr(), b.data_ptr(), out.data_ptr())
     return out
 
 
