@@ -413,6 +413,11 @@ _launch_kernel: list = []  # the driver's cuLaunchKernel through CuPy, once impo
 RECORDING = threading.local()
 
 
+def recording():
+    """This thread's recorder (``RECORDING.rec``), or None where no call is recorded."""
+    return getattr(RECORDING, "rec", None)
+
+
 def _driver_launch():
     """CuPy's cuLaunchKernel: (function, grid x y z, block x y z, shared bytes, stream,
     address of the parameters' addresses, extra)."""
@@ -584,7 +589,7 @@ class Launcher:
 
     def __call__(self, bufs: dict, stream: int) -> None:
         launch = _driver_launch()
-        rec = getattr(RECORDING, "rec", None)
+        rec = recording()
         with self.lock:
             for st in self.steps:
                 slots = st.slots

@@ -36,7 +36,7 @@ ENABLED = os.environ.get("SPECGEN_CHAIN", "1") != "0"
 PER_PAIR = 6  # tensors a pair hands its node after x: w, b, gamma, beta, mean, var
 
 
-class Step:
+class PairStep:
     """One pair of a chain: its modules, the value its convolution reads (0 the chain's
     input, k + 1 step k's output) and the value its batch norm adds, or None."""
 
@@ -46,11 +46,11 @@ class Step:
         self.conv, self.bn, self.src, self.res = conv, bn, src, res
 
 
-def program(stages) -> list[Step] | None:
+def program(stages) -> list[PairStep] | None:
     """The steps of ``stages`` (``nn.Sequential`` modules of blocks, applied in turn),
     each block's (``chain_steps``, in its values: 0 its input, k + 1 its step k's
     output) renumbered into the chain's; None where a stage or block cannot join."""
-    steps: list[Step] = []
+    steps: list[PairStep] = []
     modules = []
     for stage in stages:
         if type(stage) is not torch.nn.Sequential:
@@ -63,7 +63,7 @@ def program(stages) -> list[Step] | None:
                 return None
             base = len(steps)  # the block's input is the chain's value ``base``
             for conv, bn, src, res in found:  # the block's value v is the chain's base + v
-                steps.append(Step(conv, bn, base + src, None if res is None else base + res))
+                steps.append(PairStep(conv, bn, base + src, None if res is None else base + res))
             modules.append(block)
     for st in steps:
         modules += (st.conv, st.bn)
@@ -71,11 +71,11 @@ def program(stages) -> list[Step] | None:
 
 
 class Chain:
-    """What a chain's node runs: its steps' values (``Step.src``, ``Step.res``) and each
+    """What a chain's node runs: its steps' values (``PairStep.src``, ``PairStep.res``) and each
     pair's last argument (``_convnorm``'s: the layer and the batch norm's call), and
     the records of its replays (``_replay``), by which gradients are wanted."""
 
-    def __init__(self, steps: list[Step], calls: list):
+    def __init__(self, steps: list[PairStep], calls: list):
         self.src = tuple(st.src for st in steps)
         self.res = tuple(st.res for st in steps)
         self.calls = tuple(calls)
@@ -289,7 +289,7 @@ def _served(x) -> bool:
     )
 
 
-def _form(steps: list[Step], x) -> tuple:
+def _form(steps: list[PairStep], x) -> tuple:
     """What a chain's node depends on, read in microseconds: x's size, strides, dtype,
     device and 16-byte start, the autocast and tf32 state, and each pair's modules
     (``_convnorm._modules_form``; the values between the pairs follow from x's and

@@ -17,11 +17,11 @@ from ..choose import search_floor, searched_math, three_tf32_suits
 from ..errors import SpecError
 from ..plan import make_plan
 from ..runtime import (
-    RECORDING,
     Conv,
     _driver_launch,
     _Step,
     device_arch,
+    recording,
     sum_source,
     transpose_source,
 )
@@ -273,7 +273,7 @@ def launch_steps(index: int, *calls) -> None:
     """Each (step, addresses) of ``calls`` launched in order on device ``index``'s
     current stream, under one hold of the slots' lock."""
     stream, launch = raw_stream(index), _driver_launch()
-    rec = getattr(RECORDING, "rec", None)
+    rec = recording()
     with _step_lock:  # the slots are shared
         for step, addresses in calls:
             for (i, _, _), at in zip(step.fill, addresses):
@@ -1061,7 +1061,7 @@ def launch(k: Kernel, tensors: dict, batch: int, device, w=None, bias=None) -> N
             keep.append(packed)
             at, nbytes = packed.data_ptr(), packed.numel() * packed.element_size()
         if k.constant:  # the plan reads them from __constant__: copied there first
-            rec = getattr(RECORDING, "rec", None)
+            rec = recording()
             if rec is not None:  # a copy, no launch: not replayed
                 rec.failed = "weights uploaded to __constant__"
             k.conv.upload_weights(at, nbytes, stream)
@@ -1098,7 +1098,7 @@ def workspace(need: int, device: torch.device, stream: int, keep: list) -> int:
             found = torch.empty(need, dtype=torch.uint8, device=device)
             _workspaces[(device.index, stream)] = found
     keep.append(found)  # held to the enqueue, even where another thread replaces it
-    rec = getattr(RECORDING, "rec", None)
+    rec = recording()
     if rec is not None:
         rec.scratch(found, need, device)
     return found.data_ptr()

@@ -38,7 +38,7 @@ from operator import itemgetter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..runtime import RECORDING, _driver_launch
+from ..runtime import RECORDING, _driver_launch, recording
 from ._engine import on_device, raw_stream, workspace
 
 ENABLED = os.environ.get("SPECGEN_REPLAY", "1") != "0"
@@ -609,7 +609,7 @@ def run(ctx, records: dict, key, inputs: tuple, body, names: tuple):
     addresses = [0 if t is None else t.data_ptr() for t in inputs]
     if not ENABLED or any(a % ALIGNED for a in addresses):
         return body(), None
-    if torch.cuda.is_current_stream_capturing() or getattr(RECORDING, "rec", None):
+    if torch.cuda.is_current_stream_capturing() or recording():
         return body(), None  # captured, or inside a body being recorded: as usual
     found = records.get(key)
     if isinstance(found, Record):
