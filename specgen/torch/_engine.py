@@ -731,8 +731,14 @@ def _packing(k: Kernel, w: torch.Tensor):
             return Gather(k.at_cl, w.dtype, dtype)
         at = k.gather_cl
         return lambda w: w.as_strided((w.numel(),), (1,)).index_select(0, at).to(dtype)
-    if k.at is not None and w.is_contiguous() and (w.dtype is dtype or dtype is torch.float32):
-        return Gather(k.at, w.dtype, dtype)  # one launch for index_select's and the cast's
+    if k.at is not None and (w.dtype is dtype or dtype is torch.float32):
+        if w.is_contiguous():
+            return Gather(k.at, w.dtype, dtype)  # one launch for index_select's and the cast's
+        # other strides (a cropped window's view of the whole weights, ``Layer.window``):
+        # the gather at the packed order's places in them, from the view's first weight
+        at = storage_offsets(k, w.stride())
+        if at.size and at.max() < 2**31:
+            return Gather(torch.as_tensor(at.astype("int32"), device=k.at.device), w.dtype, dtype)
     at = k.gather
     return lambda w: w.reshape(-1).index_select(0, at).to(dtype)
 

@@ -494,7 +494,7 @@ class Recording(TorchDispatchMode):
         for i, m, address in maps:
             b = self._address(address)
             if b is None:
-                self.failed = "a tensor map over memory the call does not hold"
+                self.failed = self.failed or "a tensor map over memory the call does not hold"
                 return
             bound.append((i, m, b, address - self.spans[b][0]))
         self.steps.append(Step(st.head, values, fill, bound))
@@ -529,7 +529,7 @@ class Recording(TorchDispatchMode):
         b = self._address(t.data_ptr()) if t.numel() else None
         kind = None if b is None else self._kind(b)
         if kind is None or kind == "scratch":
-            self.failed = f"{what} in memory the call did not allocate"
+            self.failed = self.failed or f"{what} in memory the call did not allocate"
             return ("same", None)
         base = self.inputs[b] if kind == "input" else self.buffers[b - len(self.inputs)]
         if kind == "new" and t.data_ptr() == self.spans[b][0]:
@@ -538,7 +538,7 @@ class Recording(TorchDispatchMode):
         dtype = base.dtype if kind == "input" else base[3]
         offset, rest = divmod(t.data_ptr() - self.spans[b][0], t.element_size())
         if rest or t.dtype is not dtype:
-            self.failed = f"{what} that views its buffer as another dtype"
+            self.failed = self.failed or f"{what} that views its buffer as another dtype"
             return ("same", None)
         return ("view", b, offset, tuple(t.shape), t.stride())
 
