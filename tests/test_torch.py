@@ -775,26 +775,26 @@ def test_channels_last_weights_pack_from_their_storage_like_contiguous_ones(dtyp
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize("H", [1, 2])
+@pytest.mark.parametrize("H,stride", [(1, 1), (2, 2)])
 @pytest.mark.parametrize("dtype,tf32", [("fp32", False), ("fp32", True), ("bf16", False)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_cropped_windows_weights_pack_in_one_gather_as_index_select_would(
-    H, dtype, tf32, channels_last
+    H, stride, dtype, tf32, channels_last
 ):
     """A layer whose maps are smaller than its window (resnet's layer4 at 32x32 images:
-    1x1 maps, 3x3 taps) runs its kernels over the taps that reach a pixel, reading a
-    view of the weights (``Layer.window``) that is dense in neither memory format: its
-    packing is one launch of specgen's gather at the packed order's places in the
-    view's strides, which a replay can record, and gives the bits of PyTorch's
-    index_select of the view (the packing before it), weights contiguous or
-    channels_last, fresh random values each run."""
+    1x1 maps of 3x3 taps, and 2x2 maps at stride 2 into 1x1) runs its kernels over the
+    taps that reach a pixel, reading a view of the weights (``Layer.window``) that is
+    dense in neither memory format: its packing is one launch of specgen's gather at
+    the packed order's places in the view's strides, which a replay can record, and
+    gives the bits of PyTorch's index_select of the view (the packing before it),
+    weights contiguous or channels_last, fresh random values each run."""
     from specgen.runtime import weight_dtype
 
     torch.backends.cudnn.allow_tf32 = tf32
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(4, 32, H, H, device="cuda", dtype=DT[dtype]).contiguous(memory_format=fmt)
     w = torch.randn(64, 32, 3, 3, device="cuda", dtype=DT[dtype]).contiguous(memory_format=fmt)
-    lay, _ = E.layer(x, w, None, (1, 1), (1,) * 4, (1, 1), 1)
+    lay, _ = E.layer(x, w, None, (stride,) * 2, (1,) * 4, (1, 1), 1)
     cropped = 0
     for op in (Op.FPROP, Op.DGRAD):
         k = lay.kernel(op, False, 4)
