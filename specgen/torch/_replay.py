@@ -132,9 +132,10 @@ class Record:
         self.after: dict = {}  # records of the next node's calls (a forward's backward)
         self.scratch_need = max((b[1] for b in buffers if b[0] == "scratch"), default=0)
         # each buffer's allocation: ("new", allocate's arguments), ("arena", (its byte
-        # offset in the one allocation of those only launches touch, allocate's
-        # arguments)) or ("scratch", ...); ``read``: the buffers (by index, the inputs
-        # first) that a result, a ctx attribute or an op reads
+        # offset past the scratch, where those only launches touch lie (``ARENA``),
+        # allocate's arguments where ``ARENA`` is off)) or ("scratch", ...); ``read``:
+        # the buffers (by index, the inputs first) that a result, a ctx attribute or an
+        # op reads
         self.specs, self.arena = _placed(buffers, read, inputs)
         self.arena_device = next((b[4] for b in buffers if b[0] == "new"), None)
         self.bound: list | None = None  # the addresses its slots and maps were last set to
