@@ -28,8 +28,8 @@ from torch.nn.modules.utils import _pair
 
 from ..runtime import POOL_THREADS, _Step, maxpool_source
 from . import _engine
+from ._batchnorm import STORED  # the dtypes the kernels take, by their names in the templates
 
-STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 MAX_IMAGES = 65535  # the kernels' grid y: an image a row of blocks
 
 
