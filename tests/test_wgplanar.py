@@ -16,7 +16,13 @@ from specgen.errors import SpecError
 from specgen.plan import make_plan
 from specgen.shapes import Op, TensorLayout, parse_shape
 from specgen.strategies import default_set
-from specgen.strategies.wgplanar import TILE_RATES, Wgplanar, _filled_fit, _splits_for
+from specgen.strategies.wgplanar import (
+    TILE_RATES,
+    Wgplanar,
+    _filled_fit,
+    _one_tap_phase,
+    _splits_for,
+)
 from specgen.tensors import Role
 from specgen.variants import Precision
 from ptx import SERIALIZED, compiled, ptx_of
@@ -296,6 +302,32 @@ def test_a_1x1_strided_dgrad_clears_dx_and_multiplies_its_one_phase(precision):
     assert make_plan(padded, Wgplanar.default(padded, precision)).context["VEC"] == 1
 
 
+@pytest.mark.parametrize("precision", [TF32, FP32])
+def test_a_1x1_strided_dgrad_over_few_blocks_may_slice_its_one_phase(precision):
+    """resnet18's 1x1 stride-2 dgrad over 2x2 dx at B=128 leaves most SMs idle whole (16
+    blocks of 16 chunks): the tune's space cuts its one phase's reduction in 2, 4 and 8
+    slices (the fit keeps it whole).  Sliced, the GEMM writes each slice's sums to the
+    workspace as the phase's pixels lie, and a second kernel adds them in order into dx
+    and writes the other phases' zeros, so no first kernel clears dx; no spills, not
+    serialized.  A 3x3 one's phases of unequal taps stay whole."""
+    p = replace(parse_shape("C=256,M=512,H=2,W=2,K=1,stride=2,op=dgrad"), batch=128)
+    assert {2, 4, 8} <= {v.splits for v in Wgplanar.space(p, precision)}
+    whole = Wgplanar.default(p, precision)
+    assert whole.splits == 1
+    plan = make_plan(p, replace(whole, splits=4))
+    main, total = plan.launches
+    assert main.args == (Role.DY, Role.W, Role.WORKSPACE, Role.BATCH) and main.grid[2] == 4
+    assert total.kernel == plan.name + "_sum"
+    assert total.args == (Role.WORKSPACE, Role.DX, Role.BATCH) and total.per_image == 256 * 4
+    assert plan.workspace_per_image == 4 * 4 * 256 * 1  # 4 slices of 256 channels x 1 pixel
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    three = replace(parse_shape("C=128,M=128,H=8,W=8,K=3,pad=1,stride=2,op=dgrad"), batch=128)
+    assert {v.splits for v in Wgplanar.space(three, precision)} == {1}
+    with pytest.raises(SpecError, match="one phase of one tap"):
+        make_plan(three, replace(Wgplanar.default(three, precision), splits=2))
+
+
 def test_the_tune_and_the_default_set_take_it_for_fp32_nchw_only():
     p = parse_shape("C=256,M=256,H=14,W=14,K=3,pad=1")
     assert [v for v in default_set(p) if v.key == "wgplanar"]
@@ -383,6 +415,47 @@ def test_slices_of_the_reduction_on_the_gpu(p, batch, splits, precision):
     assume(Wgplanar.problem_for(p).op is Op.FPROP)  # a strided dgrad's phases take it whole
     v = Wgplanar.default(Wgplanar.problem_for(p), precision)
     kt = p.R * p.S * -(-(Wgplanar.problem_for(p).Cg) // 32)
+    assume(kt >= 2)
+    verify_on_the_gpu(p, [replace(v, splits=min(splits, kt))], batch)
+
+
+@st.composite
+def one_tap_dgrads(draw):
+    """Strided dgrads of a 1x1 window, whose taps reach one stride phase of dx (which
+    one the padding decides; an image smaller than the stride has fewer phases): dx's
+    channels a group any count, dy's a multiple of 4 from 16, groups."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cg, mg = draw(st.integers(1, 70)), 4 * draw(st.integers(4, 40))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(2, 3)))
+    pads = "x".join(str(draw(st.integers(0, 1))) for _ in range(4))
+    H, W = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    spec = (
+        f"C={groups * cg},M={groups * mg},H={H},W={W},K=1,pad={pads},"
+        f"stride={stride[0]}x{stride[1]},groups={groups},op=dgrad"
+    )
+    try:
+        p = parse_shape(spec)
+        make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
+    except SpecError:
+        assume(False)
+    assume(_one_tap_phase(Wgplanar.problem_for(p)) is not None)
+    return p
+
+
+@pytest.mark.gpu
+@settings(max_examples=8, **GPU_DRAWS)
+@given(
+    p=one_tap_dgrads(),
+    batch=st.integers(1, 5),
+    splits=st.integers(2, 8),
+    precision=st.sampled_from([TF32, FP32]),
+)
+def test_a_sliced_one_phase_dgrad_on_the_gpu(p, batch, splits, precision):
+    """A 1x1 strided dgrad's one phase in slices, added in order into dx by the second
+    kernel with the other phases' zeros (dx poisoned first): against the float64
+    reference."""
+    v = Wgplanar.default(Wgplanar.problem_for(p), precision)
+    kt = -(-(p.M // p.groups) // 32)
     assume(kt >= 2)
     verify_on_the_gpu(p, [replace(v, splits=min(splits, kt))], batch)
 

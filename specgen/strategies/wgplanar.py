@@ -46,6 +46,9 @@ planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx'
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
 the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
 reaches (a 1x1 window's but one) are cleared by a first kernel over all of dx instead.
+Where one phase alone has taps, one a pixel (a 1x1 window's), its reduction may be cut
+in slices as a forward pass's: the second kernel adds them into the phase's pixels and
+writes the other phases' zeros, so no first kernel clears dx.
 ``wgplanar`` exists on sm_90a only.
 """
 
@@ -198,8 +201,9 @@ class Wgplanar(Variant):
     def space(cls, problem, precision):
         """Pixel tiles of one to four warpgroups by map tiles up to the group's maps
         (one past them; at most 128 in fp32 math), with 3 and the most stages up to 6
-        that fit; each with the reduction in one piece, and in ``_splits_for``'s slices
-        where it prices more than one cheaper."""
+        that fit; each with the reduction in one piece, in ``_splits_for``'s slices
+        where it prices more than one cheaper, and in ``_few_block_splits``' where the
+        grid leaves most SMs idle."""
         if precision not in cls.precisions or problem.dtype is not DType.FP32:
             return []
         if problem.layout is not TensorLayout.NCHW:
@@ -213,9 +217,8 @@ class Wgplanar(Variant):
                 for stages in sorted({3, min(6, most)}):
                     v = cls(blocktile=(bm, bn), stages=stages, precision=precision)
                     out.append(v)
-                    splits = _splits_for(problem, v)
-                    if splits > 1:
-                        out.append(replace(v, splits=splits))
+                    counts = {_splits_for(problem, v)} | _few_block_splits(problem, v)
+                    out.extend(replace(v, splits=s) for s in sorted(counts - {1}))
         return out
 
 
@@ -254,6 +257,8 @@ def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
     best = max(filled(bm) for bm, _ in fits)
     bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
     fitted = replace(seed, blocktile=(bm, bn), stages=stages)
+    if p.op is Op.DGRAD:  # one phase's slices are the tune's to time (``space``)
+        return fitted
     return replace(fitted, splits=_splits_for(p, fitted))
 
 
@@ -295,6 +300,20 @@ def _pixels(p: ConvProblem) -> int:
     return p.Ho * p.Wo
 
 
+def _one_tap_phase(p: ConvProblem) -> ConvProblem | None:
+    """The GEMM of a strided dgrad whose taps all reach one stride phase of dx, one tap
+    a pixel (a 1x1 window's: the other phases are zeros), as a forward problem over the
+    phase's pixels (a 1x1 window of dy's channels into dx's): a reduction that may be
+    cut in slices as a forward pass's is.  None for any other problem."""
+    if p.op is not Op.DGRAD:
+        return None
+    phases, _ = _grid_phases(p)
+    if len(phases) != 1 or phases[0]["RT"] * phases[0]["ST"] != 1:
+        return None
+    ph = phases[0]
+    return replace(gemm_view(p), H=ph["Hq"], W=ph["Wq"], R=1, S=1, pads=(0,) * 4, dil=(1, 1))
+
+
 def _one_to_one(ph: dict, g: ConvProblem) -> bool:
     """Whether a stride phase reads dy's pixels one to one: one tap, no offset, dy's
     own sizes (a 1x1 window's phase at a stride, unpadded)."""
@@ -315,9 +334,14 @@ def _splits_for(p: ConvProblem, v: Wgplanar, per_sm: int | None = None) -> int:
     beside the work: resnet50's 3x3 layers over 7x7 maps (100 blocks of 144 chunks,
     0.084 ms in one piece, 0.065 in five slices at B=32, tf32), not its 1x1 layers
     of 16 to 32 chunks (0.027 ms in one piece, 0.044 in two; H200, 2026-11-28).
-    ``per_sm``: the blocks an SM holds, where the caller has planned ``v`` already."""
-    kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
-    if kt < 2 * MIN_SLICE_CHUNKS or p.op is Op.DGRAD:  # (phases: whole)
+    ``per_sm``: the blocks an SM holds, where the caller has planned ``v`` already.
+    A strided dgrad's phases take the reduction whole, but for one phase of one tap
+    (``_one_tap_phase``), priced as its GEMM."""
+    q = _one_tap_phase(p) if p.op is Op.DGRAD else p
+    if q is None:
+        return 1
+    kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
+    if kt < 2 * MIN_SLICE_CHUNKS:
         return 1
     if per_sm is None:
         try:
@@ -325,7 +349,23 @@ def _splits_for(p: ConvProblem, v: Wgplanar, per_sm: int | None = None) -> int:
         except SpecError:
             return 1
     counts = range(1, kt // MIN_SLICE_CHUNKS + 1)
-    return min(counts, key=lambda s: (_sliced_seconds(p, v, per_sm, kt, s), s))
+    return min(counts, key=lambda s: (_sliced_seconds(q, v, per_sm, kt, s), s))
+
+
+def _few_block_splits(p: ConvProblem, v: Wgplanar) -> set[int]:
+    """More slices for the tune to time where the grid in one piece leaves most SMs idle
+    and the reduction is short (a small map's 1x1 layer: resnet18's 1x1 stride-2 dgrad
+    over 2x2 dx at B=128, 16 blocks of 16 chunks), which ``_splits_for`` leaves whole by
+    its ``MIN_SLICE_CHUNKS``: 2, 4 and 8 slices of at least 2 chunks each."""
+    q = _one_tap_phase(p) if p.op is Op.DGRAD else p
+    if q is None:
+        return set()
+    bm, bn = v.blocktile
+    blocks = ceil_div(q.batch * q.Ho * q.Wo, bm) * ceil_div(q.Mg, bn) * q.groups
+    kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
+    if blocks >= SMS // 2:
+        return set()
+    return {s for s in (2, 4, 8) if 2 * s <= kt}
 
 
 def _sliced_seconds(
@@ -399,6 +439,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     # a strided dgrad's phases (``_grid_phases``): those no tap reaches cleared by a
     # first kernel over all of dx, the grid the rest
     phases, zero_first = _grid_phases(p, chunks_per_tap) if phased else (None, False)
+    sliced = v.splits > 1
+    zero_first = zero_first and not sliced  # the slices' sum writes the zeros too
     # a 1x1 window at stride 1 without padding maps 4 neighbouring pixels of an image
     # onto 4 neighbouring input words: 16-byte copies where no 4 cross an image; so does
     # a phase that reads dy's pixels one to one (a 1x1 window's at stride 2, unpadded)
@@ -422,8 +464,11 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     if not 2 <= v.stages <= 8:
         raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
     kt = max(ph["kt"] for ph in phases) if phased else p.R * p.S * chunks_per_tap
-    if phased and v.splits != 1:
-        raise SpecError(f"wgplanar s{v.splits}: a strided dgrad's phases take the reduction whole")
+    if phased and v.splits != 1 and _one_tap_phase(p) is None:
+        raise SpecError(
+            f"wgplanar s{v.splits}: a strided dgrad's phases take the reduction whole, but "
+            "for one phase of one tap (a 1x1 window's)"
+        )
     if not 1 <= v.splits <= kt:
         raise SpecError(
             f"wgplanar s{v.splits}: the reduction's {kt} chunks are cut into 1 to {kt} slices"
@@ -449,6 +494,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             out_W=p.W,
             sh=p.stride[0],
             sw=p.stride[1],
+            slice_image=p.C * phases[0]["HW"],  # a sliced one phase's sums an image
         )
     zero_vec = 4 if p.C * p.H * p.W % 4 == 0 else 1  # dx cleared 16 bytes a store
     ctx.update(
@@ -511,11 +557,13 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
                 f"{len(phases)} phases of (B*phase pixels) x {g.Mg} x (phase taps*{g.Cg})"
                 + (f", {p.groups} groups" if p.groups > 1 else ""),
                 "dx pixels of a stride phase x dx channels x (its taps, dy maps): D = dY W^T "
-                "with w flipped and transposed, blockIdx.z the phase",
+                "with w flipped and transposed, "
+                + ("the one phase in slices" if sliced else "blockIdx.z the phase"),
             ),
             Size(
                 "phases",
-                f"{len(phases)} of {p.stride[0]} x {p.stride[1]}, blockIdx.z",
+                f"{len(phases)} of {p.stride[0]} x {p.stride[1]}"
+                + ("" if sliced else ", blockIdx.z"),
                 "pixels x taps: "
                 + ", ".join(f"{ph['HW']} x {ph['RT'] * ph['ST']}" for ph in phases),
             ),
@@ -565,9 +613,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         ),
     )
     name = v.kernel_name(p)
-    sliced = v.splits > 1
     if phased:
-        args = (Role.DY, Role.W, Role.DX)
+        args = (Role.DY, Role.W, Role.WORKSPACE if sliced else Role.DX)
     else:
         args = (Role.X, Role.W, *((Role.WORKSPACE,) if sliced else y_args(p)))
     launches = ()
@@ -597,14 +644,36 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             name,
             (*args, Role.BATCH),
             (threads, 1, 1),
-            (0, map_tiles * p.groups, len(phases) if phased else v.splits),
+            (0, map_tiles * p.groups, len(phases) if phased and not sliced else v.splits),
             0,
             max(ph["HW"] for ph in phases) if phased else p.Ho * p.Wo,
             bm,
             smem,
         ),
     )
-    if sliced:
+    if sliced and phased:
+        launches += (
+            Launch(
+                name + "_sum",
+                (Role.WORKSPACE, Role.DX, Role.BATCH),
+                (SUM_BLOCK, 1, 1),
+                (0, 1, 1),
+                0,
+                p.C * p.H * p.W,
+                SUM_BLOCK,
+            ),
+        )
+        sizes += (
+            Size(
+                "slices",
+                f"{v.splits} x about {kt // v.splits} chunks",
+                f"grid z: the one phase's reduction cut in {v.splits}, each slice's sums to its "
+                f"plane of the workspace ({v.splits} x B x {ctx['slice_image']} fp32); a second "
+                "kernel adds them in order into dx and writes the zeros of the phases no tap "
+                "reaches",
+            ),
+        )
+    elif sliced:
         launches += (
             Launch(
                 name + "_sum",
@@ -637,7 +706,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         weight_transform="dgrad" if phased else "",
         sizes=sizes,
         context={**ctx, **descriptor()},  # 128-byte rows
-        workspace_per_image=4 * v.splits * p.M * p.Ho * p.Wo if sliced else 0,
+        workspace_per_image=(
+            4 * v.splits * (ctx["slice_image"] if phased else p.M * p.Ho * p.Wo) if sliced else 0
+        ),
         # 3xTF32: a chunk's three products a channel summed apart by the tensor cores,
         # which truncate (twice fp32's rounding: counted twice), then the chunks' sums
         # (and the slices')
