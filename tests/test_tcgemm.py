@@ -257,6 +257,59 @@ def test_a_groups_channels_short_of_a_chunk_are_walked_flat(spec, kt):
     assert not make_plan(strided, Tcgemm.default(strided, MATH[strided.dtype])).context["flat_k"]
 
 
+SMALL_TILES = {(32, 64), (64, 32), (32, 32), (32, 128)}
+
+
+@pytest.mark.parametrize(
+    "spec, precision",
+    [
+        ("C=256,M=512,H=2,W=2,K=1,stride=2,layout=nhwc,op=dgrad", Precision.FP32),
+        ("C=256,M=512,H=2,W=2,K=1,stride=2,layout=nhwc,op=dgrad", Precision.TF32),
+        ("C=512,M=512,H=1,W=1,K=1,dtype=bf16,layout=nhwc", Precision.BF16),
+    ],
+)
+def test_a_grid_of_few_blocks_adds_32_pixel_and_32_map_tiles_to_the_space(spec, precision):
+    """resnet18's layer4 at 32x32 images (B=128): 64x64 tiles leave most SMs idle, so
+    the tune also times tiles of 32 pixels or maps, warps down to 16x16; each plans and
+    compiles for sm_90 without spills.  A wide layer's space has none of them."""
+    p = replace(parse_shape(spec), batch=128)
+    small = [v for v in Tcgemm.space(p, precision) if v.blocktile in SMALL_TILES]
+    assert {v.blocktile for v in small} == SMALL_TILES
+    for v in small[:: len(small) // 4]:  # one of each tile
+        plan = make_plan(p, v)
+        binary = compile_source(render(plan), plan.name, plan.target("sm_90"))
+        assert binary.spills == 0, (plan.name, binary.resources)
+    wide = replace(parse_shape(AE_ENC2_BF16), batch=128)
+    assert not [v for v in Tcgemm.space(wide, Precision.BF16) if v.blocktile in SMALL_TILES]
+
+
+@pytest.mark.gpu
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+@given(p=tc_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_small_tiles_on_the_gpu(p, batch, pick):
+    """A 32-pixel or 32-map tile (warps of 16 to 32 pixels and maps) drawn for a
+    forward pass or dgrad, against the float64 reference: the same tails as the wide
+    tiles', more tiles to a map and to the batch."""
+    assume(p.op is not Op.WGRAD)
+    precision = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(p.dtype)
+    if precision is None:
+        precision = Precision.FP32 if pick % 2 else Precision.TF32
+    seed = Tcgemm.default(Tcgemm.problem_for(p), precision)
+    tiles = {(32, 64): (2, 2), (64, 32): (2, 2), (32, 32): (2, 2), (32, 128): (1, 4)}
+    tile = sorted(tiles)[pick % 4]
+    v = replace(seed, blocktile=tile, warpgrid=tiles[tile], stages=3 + pick % 3)
+    try:
+        make_plan(p, v)
+    except SpecError:
+        assume(False)
+    verify_on_the_gpu(p, [v], batch)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shard", range(2))  # two draws, side by side
 @settings(

@@ -117,8 +117,10 @@ class Tcgemm(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        out = []
-        for bm, bn, wm, wn in (
+        """Block tiles from 64x64 to 256x128 with warps of 32 to 64 pixels and maps, and
+        where 64x64 tiles leave most SMs idle (``few_blocks``) tiles of 32 pixels or maps
+        with warps down to 16x16, each in chunks of both row lengths, 3 to 5 deep."""
+        tiles = [
             (128, 128, 2, 4),
             (128, 128, 4, 2),
             (128, 64, 2, 2),
@@ -126,7 +128,11 @@ class Tcgemm(Variant):
             (64, 64, 2, 2),
             (256, 128, 4, 4),
             (128, 256, 2, 8),
-        ):
+        ]
+        if few_blocks(problem):
+            tiles += [(32, 64, 2, 2), (64, 32, 2, 2), (32, 32, 2, 2), (32, 128, 1, 4)]
+        out = []
+        for bm, bn, wm, wn in tiles:
             for chunk in (32, 64) if precision.value not in ("tf32", "fp32") else (16, 32):
                 for stages in (3, 4, 5):
                     out.append(
@@ -139,6 +145,17 @@ class Tcgemm(Variant):
                         )
                     )
         return out
+
+
+def few_blocks(problem: ConvProblem) -> bool:
+    """Whether 64x64 tiles of the GEMM's output (a strided dgrad's over all of dx, its
+    phases together) give fewer blocks than half of ``TARGET_BLOCKS``: resnet18's
+    layer4 at 32x32 images, whose 1x1 stride-2 dgrad in 64x128 tiles ran 8 blocks of
+    GEMM (0.12 waves, H200)."""
+    out = problem.H * problem.W if problem.op is Op.DGRAD else problem.Ho * problem.Wo
+    g = gemm_view(problem)
+    blocks = ceil_div(problem.batch * out, 64) * ceil_div(g.Mg, 64) * g.groups
+    return blocks < TARGET_BLOCKS // 2
 
 
 def maths_of(dtype: DType) -> tuple[Precision, ...]:
