@@ -314,6 +314,16 @@ def _one_tap_phase(p: ConvProblem) -> ConvProblem | None:
     return replace(gemm_view(p), H=ph["Hq"], W=ph["Wq"], R=1, S=1, pads=(0,) * 4, dil=(1, 1))
 
 
+def _sliced_gemm(p: ConvProblem) -> tuple[ConvProblem, int] | None:
+    """The GEMM whose reduction slices would cut, as a forward problem, and its chunks:
+    the problem itself, or a strided dgrad's one phase of one tap (``_one_tap_phase``);
+    None for a strided dgrad whose phases take the reduction whole."""
+    q = _one_tap_phase(p) if p.op is Op.DGRAD else p
+    if q is None:
+        return None
+    return q, q.R * q.S * ceil_div(q.Cg, CHUNK)
+
+
 def _one_to_one(ph: dict, g: ConvProblem) -> bool:
     """Whether a stride phase reads dy's pixels one to one: one tap, no offset, dy's
     own sizes (a 1x1 window's phase at a stride, unpadded)."""
@@ -337,10 +347,10 @@ def _splits_for(p: ConvProblem, v: Wgplanar, per_sm: int | None = None) -> int:
     ``per_sm``: the blocks an SM holds, where the caller has planned ``v`` already.
     A strided dgrad's phases take the reduction whole, but for one phase of one tap
     (``_one_tap_phase``), priced as its GEMM."""
-    q = _one_tap_phase(p) if p.op is Op.DGRAD else p
-    if q is None:
+    sliceable = _sliced_gemm(p)
+    if sliceable is None:
         return 1
-    kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
+    q, kt = sliceable
     if kt < 2 * MIN_SLICE_CHUNKS:
         return 1
     if per_sm is None:
@@ -357,12 +367,12 @@ def _few_block_splits(p: ConvProblem, v: Wgplanar) -> set[int]:
     and the reduction is short (a small map's 1x1 layer: resnet18's 1x1 stride-2 dgrad
     over 2x2 dx at B=128, 16 blocks of 16 chunks), which ``_splits_for`` leaves whole by
     its ``MIN_SLICE_CHUNKS``: 2, 4 and 8 slices of at least 2 chunks each."""
-    q = _one_tap_phase(p) if p.op is Op.DGRAD else p
-    if q is None:
+    sliceable = _sliced_gemm(p)
+    if sliceable is None:
         return set()
+    q, kt = sliceable
     bm, bn = v.blocktile
     blocks = ceil_div(q.batch * q.Ho * q.Wo, bm) * ceil_div(q.Mg, bn) * q.groups
-    kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
     if blocks >= SMS // 2:
         return set()
     return {s for s in (2, 4, 8) if 2 * s <= kt}
