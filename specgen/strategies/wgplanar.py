@@ -661,15 +661,22 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             smem,
         ),
     )
-    if sliced and phased:
+    if sliced:  # the second kernel: into dx and its zeros, or into y with the epilogue
+        if phased:
+            out, per_image, words = (Role.DX,), p.C * p.H * p.W, ctx["slice_image"]
+            what = "the one phase's reduction"
+            then = " into dx and writes the zeros of the phases no tap reaches"
+        else:
+            out, per_image, words = y_args(p), p.M * p.Ho * p.Wo, p.M * p.Ho * p.Wo
+            what, then = "the reduction", ", then the bias and activation"
         launches += (
             Launch(
                 name + "_sum",
-                (Role.WORKSPACE, Role.DX, Role.BATCH),
+                (Role.WORKSPACE, *out, Role.BATCH),
                 (SUM_BLOCK, 1, 1),
                 (0, 1, 1),
                 0,
-                p.C * p.H * p.W,
+                per_image,
                 SUM_BLOCK,
             ),
         )
@@ -677,31 +684,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
             Size(
                 "slices",
                 f"{v.splits} x about {kt // v.splits} chunks",
-                f"grid z: the one phase's reduction cut in {v.splits}, each slice's sums to its "
-                f"plane of the workspace ({v.splits} x B x {ctx['slice_image']} fp32); a second "
-                "kernel adds them in order into dx and writes the zeros of the phases no tap "
-                "reaches",
-            ),
-        )
-    elif sliced:
-        launches += (
-            Launch(
-                name + "_sum",
-                (Role.WORKSPACE, *y_args(p), Role.BATCH),
-                (SUM_BLOCK, 1, 1),
-                (0, 1, 1),
-                0,
-                p.M * p.Ho * p.Wo,
-                SUM_BLOCK,
-            ),
-        )
-        sizes += (
-            Size(
-                "slices",
-                f"{v.splits} x about {kt // v.splits} chunks",
-                f"grid z: the reduction cut in {v.splits}, each slice's sums to its plane of "
-                f"the workspace ({v.splits} x B x {p.M * p.Ho * p.Wo} fp32); a second kernel "
-                "adds them in order, then the bias and activation",
+                f"grid z: {what} cut in {v.splits}, each slice's sums to its plane of the "
+                f"workspace ({v.splits} x B x {words} fp32); a second kernel adds them in "
+                f"order{then}",
             ),
         )
     return Plan(
