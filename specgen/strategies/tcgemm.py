@@ -117,10 +117,9 @@ class Tcgemm(Variant):
 
     @classmethod
     def space(cls, problem, precision):
-        """Block tiles from 64x64 to 256x128 with warps of 32 to 64 pixels and maps;
+        """Block tiles from 64x64 to 256x128 with warps of 32 to 64 pixels and maps, and
         where 64x64 tiles leave most SMs idle (``few_blocks``) tiles of 32 pixels or maps
-        with warps down to 16x16; and tiles as wide as the group's maps where no power of
-        two is (``exact_maps``); each in chunks of both row lengths, 3 to 5 deep."""
+        with warps down to 16x16, each in chunks of both row lengths, 3 to 5 deep."""
         tiles = [
             (128, 128, 2, 4),
             (128, 128, 4, 2),
@@ -132,9 +131,6 @@ class Tcgemm(Variant):
         ]
         if few_blocks(problem):
             tiles += [(32, 64, 2, 2), (64, 32, 2, 2), (32, 32, 2, 2), (32, 128, 1, 4)]
-        bn = exact_maps(problem)
-        if bn:  # warps of 16 pixels x every map
-            tiles += [(64, bn, 4, 1), (32, bn, 2, 1)]
         out = []
         for bm, bn, wm, wn in tiles:
             for chunk in (32, 64) if precision.value not in ("tf32", "fp32") else (16, 32):
@@ -160,15 +156,6 @@ def few_blocks(problem: ConvProblem) -> bool:
     g = gemm_view(problem)
     blocks = ceil_div(problem.batch * out, 64) * ceil_div(g.Mg, 64) * g.groups
     return blocks < TARGET_BLOCKS // 2
-
-
-def exact_maps(problem: ConvProblem) -> int | None:
-    """A map tile as wide as the group's maps (to a multiple of 16) where that is no
-    power of two up to 256: mobilenet_v2's 144 maps over 24 channels (a 1x1 forward
-    pass and its dgrad, memory-bound), which tiles of 128 maps cover in two, reading
-    x twice, and tiles of 256 leave 44% idle; else None."""
-    bn = ceil_div(gemm_view(problem).Mg, 16) * 16
-    return bn if 16 < bn <= 256 and bn & (bn - 1) else None
 
 
 def maths_of(dtype: DType) -> tuple[Precision, ...]:
