@@ -1142,6 +1142,13 @@ SHOWN = 10  # the refused or failed items a many-problem tune names at its end
     help="and fuses each batch norm with the ReLU after it, each max pool with the ReLU "
     "before it (convert's default)",
 )
+@click.option(
+    "--slow-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="with the layers: write the problems of the layer ops below 0.8x cuDNN here, a "
+    "file for specgen tune --problems (rewritten after each mode)",
+)
 def model(
     name,
     batch,
@@ -1156,6 +1163,7 @@ def model(
     first_step,
     batchnorm,
     fuse,
+    slow_out,
 ):
     """Run the torchvision model NAME (resnet50, vgg11, mobilenet_v2, ...) on specgen
     beside cuDNN: accuracy against float64, the training step, and a per-layer table
@@ -1168,6 +1176,10 @@ def model(
         chosen = [m.MODES[k.strip()] for k in modes.split(",")]
     except KeyError as e:
         fail(f"--modes: {e.args[0]!r} is not one of {', '.join(m.MODES)}")
+    if slow_out and (plan_only or not layers):
+        fail("--slow-out lists the slow ops of the timed layer tables: drop --plan and --no-layers")
+    if slow_out and not Path(slow_out).resolve().parent.is_dir():
+        fail(f"--slow-out {slow_out}: its directory does not exist")
     default_batch, default_image = m.MODELS.get(name, (32, 224))
     batch, image = batch or default_batch, image or default_image
     try:
@@ -1207,6 +1219,7 @@ def model(
             first_step,
             batchnorm,
             fuse,
+            slow_out,
         )
     except SpecError as e:
         fail(str(e))

@@ -292,6 +292,61 @@ def test_a_run_stopped_while_timing_layers_has_printed_its_steps(monkeypatch):
 
 
 @needs_torchvision
+def test_the_slow_layer_ops_are_written_as_a_problems_file_after_each_mode(monkeypatch, tmp_path):
+    """--slow-out: after each mode's layer table, the problems of its ops below 0.8x
+    cuDNN go to the file, each once with the modes it was slow in, as specgen tune
+    --problems reads them; a run stopped in a later mode keeps the modes timed before.
+    The GPU's parts stubbed: the built-in U-Net planned on the CPU."""
+    import torch
+
+    from specgen.dist import problems_file
+    from specgen.torch import _engine
+    from specgen.torch import model as m
+
+    monkeypatch.setattr(_engine, "gpu_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(_engine, "arch_of", lambda index: "sm_90")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(m, "precompile", lambda *args: {})
+    monkeypatch.setattr(m, "accuracy", lambda *args: {"cuDNN": (0, 0), "specgen": (0, 0)})
+    monkeypatch.setattr(
+        m, "step_ms", lambda *args: {("cuDNN", "eager"): 1, ("specgen", "eager"): 1}
+    )
+    slow = {}
+
+    def layer_times(layers, rows, mode, sg):
+        if mode.name == "bf16":
+            raise KeyboardInterrupt
+        for i, r in enumerate(rows):  # every third row at 0.5x (fp32) or 0.7x (tf32)
+            r.specgen_ms, r.cudnn_ms = 1.0, (0.5 if mode.name == "fp32" else 0.7, 0.8, 2.0)[i % 3]
+        slow[mode.name] = {r.spec for r in rows[::3]}
+
+    monkeypatch.setattr(m, "layer_times", layer_times)
+    path = tmp_path / "slow.txt"
+    modes = [m.MODES[k] for k in ("fp32", "tf32", "bf16")]
+    with pytest.raises(KeyboardInterrupt):
+        m.run(
+            "unet", 2, 32, modes, 5, False, True, lambda t: None, lambda t: None, slow_out=str(path)
+        )
+    text = path.read_text()
+    assert (
+        text.startswith("# specgen model unet --batch 2 --image 32: ") and "in fp32, tf32\n" in text
+    )
+    assert f"# specgen tune --problems {path} --batch 2\n" in text
+    found = {p.spec for p in problems_file(path)}
+    assert found == slow["fp32"] | slow["tf32"] and len(found) == len(text.splitlines()) - 2
+    assert all(line.endswith("# fp32, tf32") for line in text.splitlines()[2:])  # fp32 specs
+
+
+@needs_torchvision
+@pytest.mark.parametrize("flag", ["--plan", "--no-layers"])
+def test_slow_out_without_timed_layers_is_one_line_and_status_2(flag, tmp_path):
+    r = run("model", "resnet18", flag, "--slow-out", str(tmp_path / "slow.txt"))
+    assert r.exit_code == 2 and "--slow-out" in r.output and "Traceback" not in r.output
+    r = run("model", "resnet18", "--slow-out", str(tmp_path / "no" / "slow.txt"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+@needs_torchvision
 def test_the_layer_table_is_summed_by_op():
     """Below the per-layer table: each op's problems, the two sums, their ratio and how
     many fall below 0.8x cuDNN; untimed rows left out."""

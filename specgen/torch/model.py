@@ -24,11 +24,13 @@ import copy
 import functools
 import os
 import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import SpecError
+from ..files import atomic_write
 from ..parallel import precompile
 from ..shapes import DType, Op, TensorLayout
 from ._trace import ConvLayer, Mode, Row, conv_layers, on_meta, plan_rows
@@ -171,16 +173,41 @@ def _columns(lines: list[list]) -> str:
     )
 
 
+SLOW = 0.8  # the speed against cuDNN's below which a layer op is slow (issue 44's floor)
+
+
+def slow_rows(rows: list[Row]) -> list[Row]:
+    """The timed rows whose op ran below ``SLOW`` times cuDNN's speed."""
+    return [r for r in rows if r.specgen_ms and r.cudnn_ms and r.cudnn_ms < SLOW * r.specgen_ms]
+
+
+def slow_problems(title: str, batch: int, path: str, found: dict[str, list[Row]]) -> str:
+    """A problems file of the slow rows of each mode run (``found``: mode -> its timed
+    rows), each problem once (a spec serves fp32 and tf32 alike: a tune searches both
+    maths), as ``specgen tune --problems`` reads it; its comments say what it holds and
+    the tune that takes it."""
+    specs = {}  # spec -> the modes it was slow in
+    for mode, rows in found.items():
+        for r in slow_rows(rows):
+            specs.setdefault(r.spec, []).append(mode)
+    lines = [
+        f"# {title}: {len(specs)} layer op(s) below {SLOW}x cuDNN in {', '.join(found)}",
+        f"# specgen tune --problems {path} --batch {batch}",
+    ]
+    lines += [f"{spec}  # {', '.join(modes)}" for spec, modes in specs.items()]
+    return "\n".join(lines) + "\n"
+
+
 def format_op_sums(rows: list[Row]) -> str:
     """The timed rows summed by op: where a model's kernels lose to cuDNN's at a glance
     (each distinct problem once, as the rows hold them: not weighted by its layers)."""
-    head = ["op", "problems", "specgen ms", "cuDNN ms", "speedup", "below 0.8x"]
+    head = ["op", "problems", "specgen ms", "cuDNN ms", "speedup", f"below {SLOW}x"]
     lines = [head]
     timed = [r for r in rows if r.specgen_ms and r.cudnn_ms]
     for op in (*dict.fromkeys(r.op for r in timed), "all"):
         mine = [r for r in timed if op in (r.op, "all")]
         ours, theirs = sum(r.specgen_ms for r in mine), sum(r.cudnn_ms for r in mine)
-        slow = sum(r.cudnn_ms < 0.8 * r.specgen_ms for r in mine)
+        slow = len(slow_rows(mine))
         ratio = f"{theirs / ours:.2f}x" if ours else "-"  # "all" of no timed row
         lines.append([op, len(mine), f"{ours:.3f}", f"{theirs:.3f}", ratio, slow])
     return _columns(lines)
@@ -508,6 +535,7 @@ def run(
     first_too: bool = False,
     batchnorm: bool = True,
     fuse: bool = True,
+    slow_out: str | None = None,
 ) -> None:
     """The whole of ``specgen model NAME`` on this GPU: per mode, the accuracy, the
     training step and (``layers_too``) the per-layer table, printed through ``echo``;
@@ -516,7 +544,9 @@ def run(
     steps), and the steps of every mode together at the end where there are several.
     The model is converted with batch norm and max pool on specgen's kernels too
     where ``batchnorm``, fused with the ReLUs beside them where ``fuse``
-    (``specgen.torch.convert``'s)."""
+    (``specgen.torch.convert``'s).  ``slow_out``: with the layers, a path that each
+    mode's timed layers rewrite whole (``slow_problems``), so that a run stopped later
+    keeps the modes it timed."""
     import specgen.torch as sg
 
     from ._engine import arch_of, gpu_name
@@ -531,6 +561,7 @@ def run(
         f"in specgen's run {batch_norms(base, convert)}"
     )
     summary = []
+    slow = {}  # mode -> its timed rows, for ``slow_out``
     for mode in modes:
         torch.backends.cudnn.allow_tf32 = mode.tf32
         torch.backends.cuda.matmul.allow_tf32 = mode.tf32
@@ -555,6 +586,14 @@ def run(
             echo(format_rows(rows, timed=True))
             echo("\nsummed by op:")
             echo(format_op_sums(rows))
+            if slow_out:
+                slow[mode.name] = rows
+                title = f"specgen model {name} --batch {batch} --image {image}"
+                text = slow_problems(title, batch, slow_out, slow)
+                try:
+                    atomic_write(Path(slow_out), text.encode())
+                except OSError as e:  # the tables above are printed: only the file is lost
+                    raise SpecError(f"cannot write --slow-out {slow_out}: {e.strerror or e}")
     if not layers_too or len(summary) > 1:
         echo("\n" + format_steps(summary, graph))
     if first_too:
