@@ -1178,8 +1178,12 @@ def model(
         fail(f"--modes: {e.args[0]!r} is not one of {', '.join(m.MODES)}")
     if slow_out and (plan_only or not layers):
         fail("--slow-out lists the slow ops of the timed layer tables: drop --plan and --no-layers")
-    if slow_out and not Path(slow_out).resolve().parent.is_dir():
-        fail(f"--slow-out {slow_out}: its directory does not exist")
+    if slow_out:  # checked before the run, whose end writes it
+        where = Path(slow_out).resolve().parent
+        if not where.is_dir():
+            fail(f"--slow-out {slow_out}: its directory does not exist")
+        if not os.access(where, os.W_OK):
+            fail(f"--slow-out {slow_out}: its directory is not writable")
     default_batch, default_image = m.MODELS.get(name, (32, 224))
     batch, image = batch or default_batch, image or default_image
     try:

@@ -347,6 +347,15 @@ def test_slow_out_without_timed_layers_is_one_line_and_status_2(flag, tmp_path):
 
 
 @needs_torchvision
+def test_slow_out_into_a_directory_it_cannot_write_is_refused_before_the_run(monkeypatch, tmp_path):
+    import specgen.cli as cli
+
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)  # (root writes anywhere)
+    r = run("model", "resnet18", "--slow-out", str(tmp_path / "slow.txt"))
+    assert r.exit_code == 2 and "not writable" in r.output and r.output.count("\n") == 1
+
+
+@needs_torchvision
 def test_the_layer_table_is_summed_by_op():
     """Below the per-layer table: each op's problems, the two sums, their ratio and how
     many fall below 0.8x cuDNN; untimed rows left out."""
