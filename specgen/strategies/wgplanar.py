@@ -564,8 +564,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         gemm = (
             Size(
                 "GEMM",
-                f"{len(phases)} phases of (B*phase pixels) x {g.Mg} x (phase taps*{g.Cg})"
-                + (f", {p.groups} groups" if p.groups > 1 else ""),
+                f"{len(phases)} phase{'s' if len(phases) > 1 else ''} of (B*phase pixels) x "
+                f"{g.Mg} x (phase taps*{g.Cg})" + (f", {p.groups} groups" if p.groups > 1 else ""),
                 "dx pixels of a stride phase x dx channels x (its taps, dy maps): D = dY W^T "
                 "with w flipped and transposed, "
                 + ("the one phase in slices" if sliced else "blockIdx.z the phase"),
