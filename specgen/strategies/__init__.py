@@ -37,6 +37,7 @@ from .tcwgrad import Tcwgrad
 from .tcwhalo import Tcwhalo
 from .tiled import Tiled
 from .wband import Wband
+from .wdw import Wdw
 from .wfew import Wfew
 from .wgemm import Wgemm
 from .wgmma import Wgdsm, Wgmma
@@ -93,6 +94,7 @@ TABLE: tuple[type[Variant], ...] = (
     Tc3wgrad,
     Wfew,
     Wstrip,
+    Wdw,
     Wlane,
     Wsplit,
 )
