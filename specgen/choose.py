@@ -78,6 +78,13 @@ FEW_MAPS = {"wlane"}
 # 0.10-3.05 ms against cuDNN's 0.04-0.14, wlane's lane a channel 0.145 against 0.091 on
 # the one it was picked for.
 GROUP_TILED_WGRAD = {"wgwgrad", "wgwtma", "wgnchw", "tcwgrad", "tcwhalo", "tc3wgrad"}
+# wdw (a band of rows a block in shared memory) is tried for depthwise wgrads whose input
+# rows are at least this wide.  Tuned on mobilenet_v2's at B=64 (bf16, H200, 2026-11-30,
+# tune-wdw-*), it ran those of 112-, 56- and 28-wide inputs (at stride 1 and 2) in
+# 0.017-0.056 ms against wlane's 0.030-0.122; on 14- and 7-wide inputs wlane kept them
+# (0.021-0.025 against 0.022-0.036, and 0.014 against 0.035 on 960 channels of 7x7,
+# whose two bands fill an SM's shared memory).
+WDW_MIN_WIDTH = 28
 
 
 def depthwise(view: ConvProblem) -> bool:
@@ -299,6 +306,7 @@ PREFERENCE = {
         "tcwgrad",
         "tcwhalo",
         "wstrip",
+        "wdw",
         "wlane",
         "wgwino",
         "wgnchw",
@@ -464,6 +472,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
             "tcwgrad",
             "tcwhalo",
             "wstrip",
+            "wdw",
             "wlane",
             "wgwino",
             "wgnchw",
@@ -490,6 +499,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key in GEMM_FP32 and math is Precision.FP32 and not gemm_fp32_suits(view):
                     continue
                 if key in FEW_MAPS and view.Mg >= WGEMM_MIN_MAPS:
+                    continue
+                if key == "wdw" and view.W < WDW_MIN_WIDTH:
                     continue
                 if key in GROUP_TILED_WGRAD and depthwise(view):
                     continue

@@ -171,14 +171,29 @@ def test_the_networks_depthwise_wgrads_compile_without_spills(spec):
 
 
 def test_the_untuned_pick_fills_the_row_evenly():
-    """112 outputs a row at 4 channel words a column: two blocks of 56 columns, not 64
-    and 48; the widest word whose sums fit."""
+    """112 outputs a row at 8 channel words a column: four blocks of 28 columns, not 32
+    and a tail of 16; words of 8 bytes; bands of 8 rows at stride 1, 4 past it."""
     p = parse_shape(LAYERS[0])
     v = Wdw.default(p, Precision.FP32)
-    assert (v.vec, v.cols) == (8, 56)
-    assert make_plan(p, v).launches[0].grid[0] == 2
+    assert (v.vec, v.cols, v.rows) == (4, 28, 8)
+    assert make_plan(p, v).launches[0].grid[0] == 4
+    assert Wdw.default(parse_shape(LAYERS[2]), Precision.FP32).rows == 4
     p7 = parse_shape("C=96,M=96,H=56,W=56,K=7,pad=3,groups=96,dtype=bf16,layout=nhwc,op=wgrad")
-    assert Wdw.default(p7, Precision.FP32).vec == 2  # 49 taps x 2 channels: 98 sums
+    assert Wdw.default(p7, Precision.FP32).vec == 2  # 49 taps x 2 channels and 7 dy rows
+
+
+def test_the_planner_picks_wdw_for_wide_depthwise_wgrads():
+    """The untuned pick of mobilenet_v2's depthwise wgrads over inputs 28 wide or more is
+    wdw, at stride 1 and 2; over 14- and 7-wide inputs wlane keeps them, and NCHW
+    layers never take it."""
+    from specgen.choose import planned
+
+    for spec in LAYERS[:4]:
+        assert planned(parse_shape(spec), False).variant.key == "wdw", spec
+    for spec in LAYERS[4:6]:
+        assert planned(parse_shape(spec), False).variant.key == "wlane", spec
+    nchw = parse_shape("C=144,M=144,H=56,W=56,K=3,pad=1,groups=144,dtype=bf16,op=wgrad")
+    assert planned(nchw, False).variant.key != "wdw"
 
 
 @pytest.mark.parametrize(
