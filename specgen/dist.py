@@ -140,21 +140,33 @@ def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tu
     problems, maths and layouts) where the strategy computes the op in a math it has,
     each over the whole of its space (no floor), the strategy's key a fifth member.
     With ``gpu`` named, the kernel the operator runs there now is kept beside the space
-    where it is of that math (``_search``'s keep, the planner's pick left out), so the
+    where it is of that math (the planner's pick only where it is that kernel), so the
     winner is one that ran faster than it in the same run: a winner shipped on its
     tune's time beside an older tune's (resnet18's layer3.0.conv1 wgrad at 32x32,
     0.0098 ms against 0.0099) had run 0.0102 ms against that kernel's 0.0066 in the
-    model's layer table.  A search whose problem the strategy cannot serve lists no
+    model's layer table; and where the shipped winner was the planner's pick and was
+    left out, a wdw-only tune recorded a winner twice its time (mobilenet_v2's 7x7
+    depthwise wgrad of 960 channels, 0.035 ms against wlane's 0.014), which the
+    operator then ran.  A search whose problem the strategy cannot serve lists no
     items."""
+    from .choose import choose
+
     out = []
-    for p, precision, _, keep in searched(problems, gpu, arch):
+    for p, precision, _, _ in searched(problems, gpu, arch):
         if precision not in strategy.precisions:
             continue
         try:
             strategy.problem_for(p)
         except SpecError:
             continue  # another op
-        out.append((p, precision, 0, keep[1:], strategy.key))
+        keep = ()
+        if gpu:
+            try:
+                now = choose(p, gpu, precision is Precision.TF32, arch).variant
+                keep = (now,) if now.precision is precision else ()
+            except SpecError:
+                pass
+        out.append((p, precision, 0, keep, strategy.key))
     return list(dict.fromkeys(out))
 
 

@@ -761,6 +761,25 @@ def test_a_strategy_search_keeps_the_kernel_the_operator_runs_now_beside_its_spa
     assert all(n.startswith("wgwgrad_") for n in names - {shipped.name})
 
 
+def test_a_strategy_search_keeps_the_kernel_the_operator_runs_now_where_it_is_the_pick():
+    """--strategy with the GPU named, where this GPU's shipped winner is the planner's pick
+    too (mobilenet_v2's 7x7 depthwise wgrad of 960 channels: wlane both): that kernel is
+    kept beside the space, so a slower winner of the strategy cannot replace it."""
+    from specgen.choose import choose, planned
+    from specgen.strategies import Wdw
+    from specgen.variants import Precision
+
+    spec = "C=960,M=960,H=7,W=7,K=3,pad=1,groups=960,dtype=bf16,layout=nhwc,op=wgrad"
+    p = replace(parse_shape(spec), batch=64)
+    shipped = choose(p, "NVIDIA H200", False, "sm_90").variant
+    assert shipped == planned(p, False, "sm_90").variant and shipped.key == "wlane"
+    ((*_, keep, key),) = dist.searched([p], "NVIDIA H200", "sm_90", Wdw)
+    ((*_, bare, _),) = dist.searched([p], "", "sm_90", Wdw)
+    assert keep == (shipped,) and bare == () and key == "wdw"
+    names = {it.variant for it in dist.work_items([(p, Precision.FP32, 0, keep, key)], 4)}
+    assert shipped.name in names
+
+
 def test_a_search_keeps_the_kernel_the_operator_runs_now_beside_the_pick():
     """With the GPU named, each search keeps this GPU's shipped winner beside the
     planner's pick (sampled spaces then time the kernel a winner replaces); without it
