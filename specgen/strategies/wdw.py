@@ -36,6 +36,7 @@ from ..plan.common import (
     Plan,
     Size,
     smem_blocks,
+    thread_registers,
     ceil_div,
 )
 from ..shapes import Op, TensorLayout
@@ -54,6 +55,9 @@ COPY = 16  # bytes a cp.async copies
 # copies a thread issues unrolled: unrolled whole, the next band's addresses were held
 # across the multiplies (50 registers more and spills, 5x5 at 144 channels)
 COPY_UNROLL = 2
+# registers besides the kept values: addresses, indices, a word of x; a 5x5 window at 4
+# channels and 4 rows (116 values) spilled at a block of 288 threads' 168 registers
+REGISTER_OVERHEAD = 56
 MIN_REGISTERS = 128  # a thread's sums, a band's dy values and a word of x, with room
 
 
@@ -82,12 +86,15 @@ class Wdw(Variant):
         """Tuned on mobilenet_v2's depthwise bf16 wgrads at B=64 (H200, 2026-11-30), every
         winner took words of 8 bytes (not 16: half the sums, two blocks an SM), about
         256 threads (128 on 32 channels), bands of 8 rows at stride 1 and 4 past it, and
-        slices for two blocks an SM: so the fit, where the values fit ``MAX_KEPT``."""
+        slices for two blocks an SM: so the fit, with fewer rows or a narrower word where
+        a thread's values would not fit its registers (``holds``)."""
         p = problem
-        rows = min(8 if p.stride[0] == 1 else 4, p.Ho)
-        fits = [w for w in widths(p) if w * p.dtype.bytes <= 8 and kept(p, w, rows) <= MAX_KEPT]
-        vec = fits[0] if fits else widths(p)[-1] if widths(p) else 1
-        cols = even_columns(p.Wo, max(1, TARGET_THREADS * vec // p.C))
+        top = min(8 if p.stride[0] == 1 else 4, p.Ho)
+        words = [w for w in widths(p) if w * p.dtype.bytes <= 8] or widths(p) or [1]
+        for vec, rows in [(w, r) for w in words for r in dict.fromkeys((top, -(-top // 2), 1))]:
+            cols = even_columns(p.Wo, max(1, TARGET_THREADS * vec // p.C))
+            if holds(p, vec, rows, cols):
+                break
         splits = max(1, min(TARGET_BLOCKS // ceil_div(p.Wo, cols), 65535))
         return replace(seed, vec=vec, cols=cols, rows=rows, splits=splits)
 
@@ -117,6 +124,14 @@ def widths(p) -> list[int]:
 def kept(p, vec: int, rows: int) -> int:
     """fp32 values a thread keeps (``MAX_KEPT``): the sums, and a window's rows of dy."""
     return vec * (p.R * p.S + min(rows, p.R))
+
+
+def holds(p, vec: int, rows: int, cols: int) -> bool:
+    """Whether a thread's values (``kept``) fit ``MAX_KEPT`` and, with
+    ``REGISTER_OVERHEAD``, the registers a block of its threads gets."""
+    values = kept(p, vec, rows)
+    threads = p.C // vec * cols
+    return values <= MAX_KEPT and values + REGISTER_OVERHEAD <= thread_registers(threads, 1)
 
 
 def even_columns(width: int, most: int) -> int:
@@ -179,6 +194,13 @@ def plan_wdw(p, v: Wdw) -> Plan:
             f"wdw c{v.cols} takes {threads} threads ({v.cols} columns x {lanes} words of "
             f"{v.vec} channels), over {MAX_THREADS}; choose --cols "
             f"{max(1, MAX_THREADS // lanes)} or fewer"
+        )
+    registers = thread_registers(threads, 1)
+    if kept(p, v.vec, v.rows) + REGISTER_OVERHEAD > registers:
+        raise SpecError(
+            f"wdw v{v.vec} c{v.cols} r{v.rows} keeps {kept(p, v.vec, v.rows)} values a "
+            f"thread, and with its addresses more than the {registers} registers a block of "
+            f"{threads} threads gets; choose a smaller --vec or fewer --rows"
         )
     if v.cols > p.Wo:
         raise SpecError(f"wdw c{v.cols}: a row has only Wo={p.Wo} outputs")
