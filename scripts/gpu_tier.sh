@@ -5,7 +5,7 @@
 #   PART=1  test_gpu.py: the presets' default sets (the short reductions)
 #   PART=2  the tensor-core strategies' own GPU tests (tcgemm, wgmma, wgdsm, tcwhalo, wgwgrad,
 #           kn2row, mmafew, tc3wgrad, mmarows, wgnchw, wgwino, wgplanar) and the depthwise ones (dwlane,
-#           dwplane, wlane)
+#           dwplane, wlane, wdw)
 #   PART=3  test_gpu.py: drawn problems and the networks
 #   PART=4  test_gpu.py: the long reductions and streamed batches
 #   PART=op the PyTorch operator's tests (tests/test_torch.py, tests/test_batchnorm.py,
@@ -64,7 +64,7 @@ fi
 TC="tests/test_tcgemm.py tests/test_wgmma.py tests/test_tcwhalo.py tests/test_wgwgrad.py
     tests/test_kn2row.py tests/test_tc3wgrad.py tests/test_mmarows.py tests/test_dwlane.py
     tests/test_wlane.py tests/test_wgdsm.py tests/test_mmafew.py tests/test_dwplane.py
-    tests/test_wgnchw.py tests/test_wgwino.py tests/test_wgplanar.py"
+    tests/test_wgnchw.py tests/test_wgwino.py tests/test_wgplanar.py tests/test_wdw.py"
 K=""
 case "${PART:-all}" in
   1) FILES="tests/test_gpu.py"; K="not random and not network and not default_batch and not batch_128 and not streamed" ;;
