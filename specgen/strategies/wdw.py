@@ -43,7 +43,7 @@ from ..shapes import Op, TensorLayout
 from ..tensors import Role
 from ..variants import EVERY_FEATURE, Count, Variant, param
 from .dwlane import channel_words, depthwise, vector_widths
-from .wsplit import TC_SUMS, second_pass, sums_context
+from .tcwgrad import slice_sums
 
 # fp32 values a thread keeps: its R x S x vec sums and the dy rows a window's rows hold
 # at once (7x7 at 2 channels: 112); a 4x3 window at 8 fp16 channels (128) spilled
@@ -234,10 +234,9 @@ def plan_wdw(p, v: Wdw) -> Plan:
     col_tiles = ceil_div(p.Wo, v.cols)
     slices = v.splits * col_tiles  # workspace rows: a (slice, column tile) block each
     bands = ceil_div(p.Ho, v.rows)
-    ctx = dict(sums_context(p, 1, slices, False, p.bias), second_pass=TC_SUMS)
-    row = ctx["row"]
-    workspace = 4 * slices * row
     name = v.kernel_name(p)
+    ctx, workspace, reduce, _, _ = slice_sums(p, name, slices)
+    row = ctx["row"]
     upp = pixel // COPY
     x_units = len(x_rows) * xcols * upp
     dy_units = v.rows * v.cols * upp
@@ -252,7 +251,7 @@ def plan_wdw(p, v: Wdw) -> Plan:
             1,
             smem,
         ),
-        second_pass(name, row, slices, p.bias),
+        reduce,
     )
     ctx.update(
         threads=threads,
