@@ -35,9 +35,9 @@ from ..plan.common import (
     Launch,
     Plan,
     Size,
+    ceil_div,
     smem_blocks,
     thread_registers,
-    ceil_div,
 )
 from ..shapes import Op, TensorLayout
 from ..tensors import Role
