@@ -81,6 +81,7 @@ BEYOND_PRESETS = {
     "dwplane": "C=960,M=960,H=7,W=7,K=3,pad=1,groups=960",  # depthwise in NCHW
     "mmafew": "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc",  # a stem
     "wfew": "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
+    "wdw": "C=32,M=32,H=112,W=112,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc,op=wgrad",
 }
 
 
