@@ -265,7 +265,29 @@ def plan_wdw(p, v: Wdw) -> Plan:
         bands=bands,
         col_tiles=col_tiles,
         xcols=xcols,
-        x_rows=x_rows,
+        # each staged row as the template reads it: a dy row's byte offset where it is
+        # first read, and the row's word under each window column
+        x_rows=[
+            dict(
+                row,
+                loads=[(j, j * v.cols * pixel) for j in row["loads"]],
+                words=[(q, (row["at"] * xcols + q * p.dil[1]) * pixel) for q in range(p.S)],
+            )
+            for row in x_rows
+        ],
+        # the sums the block adds over its columns, in order: each tap's, then db's
+        # (C expressions of the thread's value and of its column c's place in the row)
+        sums=[
+            (f"acc[{r}][{q}][e]", f"c * {taps} + {r * p.S + q}")
+            for r in range(p.R)
+            for q in range(p.S)
+        ]
+        + ([("dbacc[e]", f"{ctx['weights']} + c")] if p.bias else []),
+        column_bytes=p.stride[1] * pixel,
+        x_row_units=xcols * upp,
+        dy_row_units=v.cols * upp,
+        x_ragged=x_units % threads != 0,
+        dy_ragged=dy_units % threads != 0,
         span=len(x_rows),
         pixel_bytes=pixel,
         word_bytes=v.vec * p.dtype.bytes,
