@@ -409,3 +409,22 @@ def few_channel_problems(draw, cls, op="fprop"):
         return p
     except SpecError:
         assume(False)
+
+
+def shipped_layer_winners(key: str) -> list:
+    """(problem, variant) of every winner ``specgen/layer_winners.json`` ships for
+    strategy ``key``, on every GPU and in every math."""
+    import json
+
+    from specgen import tunedb
+    from specgen.strategies import parse_variant_name
+
+    shipped = json.loads(tunedb.LAYER_WINNERS.read_text())["winners"]
+    out = []
+    for table in shipped.values():
+        for spec, maths in table.items():
+            for entry in (e for entries in maths.values() for e in entries):
+                if entry["variant"].startswith(key + "_"):
+                    p = parse_shape(spec)
+                    out.append((p, parse_variant_name(entry["variant"], p)))
+    return out

@@ -17,6 +17,7 @@ from problems import (
     default_and_drawn,
     parsed_or_rejected,
     planned_space,
+    shipped_layer_winners,
     verify_on_the_gpu,
 )
 from specgen.compile import compile_source
@@ -289,18 +290,7 @@ def test_the_networks_layers_at_their_batch(spec):
 def test_every_shipped_winner_plans():
     """The shipped wdw winners (mobilenet_v2's and efficientnet_b0's depthwise wgrads)
     plan under today's limits: the operator runs the kernels they were timed as."""
-    import json
-
-    from specgen import tunedb
-    from specgen.strategies import parse_variant_name
-
-    shipped = json.loads(tunedb.LAYER_WINNERS.read_text())["winners"]
-    found = 0
-    for table in shipped.values():
-        for spec, maths in table.items():
-            for entry in (e for entries in maths.values() for e in entries):
-                if entry["variant"].startswith("wdw_"):
-                    p = parse_shape(spec)
-                    make_plan(p, parse_variant_name(entry["variant"], p))
-                    found += 1
+    found = shipped_layer_winners("wdw")
+    for p, v in found:
+        make_plan(p, v)
     assert found

@@ -19,6 +19,7 @@ from problems import (
     default_and_drawn,
     depthwise_problems,
     problem_specs,
+    shipped_layer_winners,
     verify_on_the_gpu,
 )
 from specgen.compile import compile_source
@@ -27,7 +28,6 @@ from specgen.plan import make_plan
 from specgen.reference import bias_grad, conv2d_wgrad
 from specgen.render import render
 from specgen.shapes import Op, TensorLayout, parse_shape
-from specgen.strategies import parse_variant_name
 from specgen.strategies.wlane import Wlane
 from specgen.variants import Precision
 
@@ -185,20 +185,9 @@ def test_a_wide_rows_middle_is_one_loop_that_compiles_without_spills(spec):
 def test_no_shipped_winner_loops_over_its_rows():
     """The bound on a row's unrolled products sits above every shipped wlane winner's
     rows: the winners run the kernels they were timed as."""
-    import json
-
-    from specgen import tunedb
-
-    shipped = json.loads(tunedb.LAYER_WINNERS.read_text())["winners"]
-    found = 0
-    for table in shipped.values():
-        for spec, maths in table.items():
-            for entry in (e for entries in maths.values() for e in entries):
-                if entry["variant"].startswith("wlane_"):
-                    p = parse_shape(spec)
-                    plan = make_plan(p, parse_variant_name(entry["variant"], p))
-                    assert plan.context["looped"] == 0, (spec, entry["variant"])
-                    found += 1
+    found = shipped_layer_winners("wlane")
+    for p, v in found:
+        assert make_plan(p, v).context["looped"] == 0, (p.spec, v.name)
     assert found
 
 
