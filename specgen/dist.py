@@ -149,8 +149,6 @@ def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tu
     depthwise wgrad of 960 channels, 0.035 ms against wlane's 0.014), which the
     operator then ran.  A search whose problem the strategy cannot serve lists no
     items."""
-    from .choose import choose
-
     out = []
     for p, precision, _, _ in searched(problems, gpu, arch):
         if precision not in strategy.precisions:
@@ -159,15 +157,25 @@ def strategy_searches(problems, gpu: str, arch: str | None, strategy) -> list[tu
             strategy.problem_for(p)
         except SpecError:
             continue  # another op
-        keep = ()
-        if gpu:
-            try:
-                now = choose(p, gpu, precision is Precision.TF32, arch).variant
-                keep = (now,) if now.precision is precision else ()
-            except SpecError:
-                pass
-        out.append((p, precision, 0, keep, strategy.key))
+        now = running(p, precision, gpu, arch)
+        out.append((p, precision, 0, (now,) if now else (), strategy.key))
     return list(dict.fromkeys(out))
+
+
+def running(p: ConvProblem, precision: Precision, gpu: str, arch: str | None):
+    """The kernel the operator runs for ``p`` on ``gpu`` now (its tuned or shipped
+    winner, else the planner's pick: ``choose.choose``) where it is of ``precision``'s
+    math; None where it is not, where ``gpu`` is "" (a compile phase) or where nothing
+    serves ``p``."""
+    from .choose import choose
+
+    if not gpu:
+        return None
+    try:
+        now = choose(p, gpu, precision is Precision.TF32, arch).variant
+    except SpecError:
+        return None
+    return now if now.precision is precision else None
 
 
 def _on_tensor_cores(p: ConvProblem, tf32: bool, arch: str | None) -> bool:
@@ -188,7 +196,7 @@ def _search(p: ConvProblem, precision: Precision, arch: str | None, gpu: str = "
     runs there now (its shipped or tuned winner, ``choose.choose``) is kept too where it
     is of that math and at or above the floor, so that a tune that samples its space
     times the kernel its winner replaces beside it, and never ends slower than that."""
-    from .choose import choose, planned, search_floor, searched_math, speed_class
+    from .choose import planned, search_floor, searched_math, speed_class
 
     tf32 = precision is Precision.TF32
     try:
@@ -198,11 +206,8 @@ def _search(p: ConvProblem, precision: Precision, arch: str | None, gpu: str = "
     floor = search_floor(p, pick)
     if pick.precision is precision:
         keep = (pick,)
-        try:
-            now = choose(p, gpu, tf32, arch).variant if gpu else pick
-        except SpecError:
-            now = pick
-        if now != pick and now.precision is precision and speed_class(now) >= floor:
+        now = running(p, precision, gpu, arch)
+        if now not in (None, pick) and speed_class(now) >= floor:
             keep += (now,)
         return [(p, precision, floor, keep)]
     return [(p, precision, 0, ())] if searched_math(p, precision, floor) else []
