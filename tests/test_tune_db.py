@@ -215,6 +215,33 @@ def test_shipping_that_keeps_the_faster_winner_compares_times_over_cudnns(tmp_pa
     assert tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path) == 2  # replaces all
 
 
+def test_shipping_that_keeps_the_faster_winner_takes_the_tunes_own_time_of_the_old(tmp_path):
+    """Where the tune timed the shipped winner too (a finalist, else the first pass),
+    ``keep_faster`` compares the two times of that run, whatever cuDNN's times say."""
+    spec = "C=144,M=24,H=56,W=56,K=1,pad=0,dtype=bf16,layout=nhwc,op=dgrad"
+    common = dict(gpu="GPU A", shape=spec, batch=64, date="2026-11-30", precision="bf16")
+    path = tmp_path / "layer_winners.json"
+
+    def ship(*records, old_ms=0.0357, old_cudnn=0.0363):
+        db = tmp_path / f"tune{len(list(tmp_path.glob('tune*')))}.jsonl"  # each a new file
+        db.write_text("".join(json.dumps(dict(common, **r)) + "\n" for r in records))
+        old = dict(variant="old", ms=old_ms, cudnn_ms=old_cudnn, batch=64, date="2026-11-29")
+        table = {spec: {"bf16": [old]}}
+        path.write_text(json.dumps(dict(about="", tunes=[], winners={"GPU A": table})))
+        tunedb.ship_layer_winners(db, "GPU A", dict(model="m"), path, keep_faster=True)
+        return json.loads(path.read_text())["winners"]["GPU A"][spec]["bf16"][0]["variant"]
+
+    # 0.0317 against cuDNN's 0.0308 is a worse ratio than the old 0.0357 against 0.0363
+    won = dict(kind="winner", variant="new", ms=0.0317, cudnn_ms=0.0308)
+    assert ship(won) == "old"
+    # but the same tune timed the old one at 0.0357: the new one is faster
+    assert ship(dict(won, finalists={"old": 0.0357, "new": 0.0317})) == "new"
+    first = dict(kind="timing", variant="old", ms=0.0357, nvrtc="13.0", source="h", driver=13000)
+    assert ship(won, first) == "new"
+    # and where that run timed the old one faster, it stays, whatever the ratios
+    assert ship(dict(won, finalists={"old": 0.0300}), old_ms=0.05) == "old"
+
+
 def test_records_read_again_see_what_was_appended_or_rewritten(tmp_path, monkeypatch):
     """``records`` parses only what was appended since its last read, and gives what a
     fresh read of the whole file gives: after appends, a record cut short and then
