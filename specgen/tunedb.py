@@ -354,7 +354,7 @@ def ship_layer_winners(
             name = before[0]["variant"]
             again = r.get("finalists", {}).get(name)
             again = again or timed.get((r["shape"], r["batch"], name))
-            if not _faster(entry, before[0], r["ms"], again):
+            if not _faster(r, before[0], again):
                 continue
         at[:] = [old for old in at if old["batch"] != r["batch"]]
         at.append(entry)
@@ -367,15 +367,15 @@ def ship_layer_winners(
     return taken
 
 
-def _faster(new: dict, old: dict, new_ms: float, old_ms: float | None = None) -> bool:
-    """Whether winner ``new`` (``new_ms``, unrounded) ran faster than ``old``: where the
-    new one's tune timed the old one too (``old_ms``), their times in that run; else
-    their times over cuDNN's in their own runs where both have cuDNN's, else their
-    times.  Across runs cuDNN's own time moves: mobilenet_v2's dgrad of 144 channels
-    into 24 took 0.0363 ms in one tune and 0.0308 in the next (H200), which made a
-    kernel 11% slower in the second run look the faster by its ratio."""
+def _faster(new: dict, old: dict, old_ms: float | None = None) -> bool:
+    """Whether winner ``new`` (a database record) ran faster than ``old`` (a shipped
+    one): where the new one's tune timed the old one too (``old_ms``), their times in
+    that run; else their times over cuDNN's in their own runs where both have cuDNN's,
+    else their times.  Across runs cuDNN's own time moves: mobilenet_v2's dgrad of 144
+    channels into 24 took 0.0363 ms in one tune and 0.0308 in the next (H200), which
+    made a kernel 11% slower in the second run look the faster by its ratio."""
     if old_ms is not None:
-        return new_ms < old_ms
+        return new["ms"] < old_ms
     if new.get("cudnn_ms") and old.get("cudnn_ms"):
         return new["ms"] / new["cudnn_ms"] < old["ms"] / old["cudnn_ms"]
     return new["ms"] < old["ms"]
