@@ -500,20 +500,19 @@ def layer_times(layers: list[ConvLayer], rows: list[Row], mode: Mode, sg) -> Non
         # the model's fp32 bias reaches the operator uncast (``specgen.torch._autocast``).
         # Timed with a 16-bit bias and weights packed per call, efficientnet_b0's
         # squeeze-and-excitation layers took 0.0118 ms where their kernel took 0.0044.
-        wf = wd = w
-        bf = b
+        wk, bk = w, b  # the weights and bias the row's kernel reads
         if mode.autocast is not None:
             if r.op in ("fprop", "dgrad"):
                 k = lay.kernel(Op(r.op), r.op == "fprop" and b is not None, x.shape[0])
                 packed = _engine.pack_weights(k, lay.window(w, k))
-                wf = wd = (packed.data_ptr(), packed.numel() * packed.element_size())
-            bf = None if b is None else b.float()
+                wk = (packed.data_ptr(), packed.numel() * packed.element_size())
+            bk = None if b is None else b.float()
         # and takes dw (db) in fp32 in the weights' memory format where the fp32
         # parameters want them so: under autocast's cast, or fp32 channels_last weights
         grads32 = lay.dw_order if mode.autocast is not None else lay.fp32_dw
         ours = {
-            "fprop": lambda: _engine.forward(lay, xs, wf, bf),
-            "dgrad": lambda: _engine.input_grad(lay, dys, wd),
+            "fprop": lambda: _engine.forward(lay, xs, wk, bk),
+            "dgrad": lambda: _engine.input_grad(lay, dys, wk),
             "wgrad": lambda: _engine.weight_grads(lay, xs, dys, b is not None, grads32),
         }
         r.cudnn_ms = held_ms(cu[r.op])
