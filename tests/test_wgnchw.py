@@ -111,6 +111,36 @@ def test_ragged_maps_and_narrow_channels_compile_with_their_guards(spec):
     assert n >= 2
 
 
+# 1x1 layers at stride 1 without padding, whose x is read at dy's own pixel: resnet50's
+# 512 -> 256 at 28x28, two groups with a bias, ragged maps, and maps of 49 pixels (no 16-byte
+# copy of 4 pixels stays in one image there).
+FLAT = (
+    "C=512,M=256,H=28,W=28,K=1,pad=0,op=wgrad",
+    "C=64,M=128,H=6,W=10,K=1,pad=0,groups=2,bias=1,op=wgrad",
+    "C=96,M=24,H=14,W=14,K=1,pad=0,op=wgrad",
+    "C=128,M=64,H=7,W=7,K=1,pad=0,op=wgrad",
+)
+
+
+@pytest.mark.parametrize("spec", FLAT)
+def test_flat_layers_copy_four_pixels_a_thread(spec):
+    """Where a 1x1 window at stride 1 reads x at dy's pixel and an image's pixels are a
+    multiple of 4, every member of the space copies 16 bytes (4 pixels of a row) a
+    cp.async, with no spills and the multiplies unserialized; elsewhere 4 bytes."""
+    p = parse_shape(spec)
+    four = (p.H * p.W) % 4 == 0
+    for precision in (TF32, FP32):
+        space = Wgnchw.space(p, precision)
+        for v in dict.fromkeys([Wgnchw.default(p, precision), space[0], space[-1]]):
+            plan = make_plan(p, v)
+            assert plan.context.get("vec4", False) == four, v.name
+            ptx = ptx_of(plan)
+            assert ("cp.async.cg.shared.global" in ptx and ", 16, " in ptx) == four
+            assert ("cp.async.ca.shared.global" in ptx and ", 4, " in ptx) != four
+            binary = compiled(plan)
+            assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+
+
 def test_the_fit_fills_the_sms_with_slices_where_the_tiles_are_few():
     """A 1x1 layer of 96 channels into 24 maps is one tile: a slice of the batch's pixels
     a block, one an SM (before, at most 16 slices kept 116 SMs idle); 24 channels into
@@ -259,3 +289,12 @@ def test_ragged_maps_and_narrow_channels_on_the_gpu(spec):
 def test_resnet50s_widest_7x7_layer_on_the_gpu(precision):
     p = parse_shape(RESNET_7X7)
     verify_on_the_gpu(p, [Wgnchw.default(p, precision)], 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", FLAT)
+def test_flat_layers_on_the_gpu(spec):
+    """Every member of the space of the 1x1 layers, 16-byte copies and 4-byte ones, in
+    tf32 and 3xTF32, against float64: chunks and slices across images, groups, db."""
+    p = parse_shape(spec)
+    verify_on_the_gpu(p, Wgnchw.space(p, TF32) + Wgnchw.space(p, FP32), 3)
