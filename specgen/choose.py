@@ -190,9 +190,11 @@ def wgnchw_suits(view: ConvProblem, math: Precision) -> bool:
 # over 16x16 maps and wider: the autoencoder's at B=128 in 0.194 ms against tc3wgrad's
 # 0.326 and cuDNN's 0.230 (bench-ae-wgwino-vec4-*), vgg11's features.6 (128 x 256 over
 # 56x56) 0.628 against wgnchw's 0.98 (bench-vgg11-wgwino-vec4-*).  Its tf32 wins were
-# over 7x7 maps and wider.
+# over 7x7 maps and wider, and so are its fp32 ones from 512 x 512 weights: resnet50's
+# layer4 3x3 at B=32 in 0.098 ms against cuDNN fp32's 0.097, wgnchw's 0.183 and wtap's
+# 0.225 (bench-wgwino-7x7-fp32-*; at B=64 0.157 against 0.163, 0.314 and 0.416).
 WGWINO_LEAST = {  # math: (a group's maps x channels, output pixels a map), either of
-    Precision.FP32: ((256 * 512, 14 * 14), (128 * 256, 16 * 16)),
+    Precision.FP32: ((512 * 512, 7 * 7), (256 * 512, 14 * 14), (128 * 256, 16 * 16)),
     Precision.TF32: ((256 * 512, 7 * 7),),
 }
 

@@ -112,9 +112,12 @@ def test_wgrad_default_follows_the_weight_count():
     assert choose(replace(wide, C=128), "some GPU").variant.key == "wgwino"
     assert choose(wide, "some GPU", arch="sm_80").variant.key == "tc3wgrad"
     # a window over outputs of fewer pixels than two of its rows: wtap's CUDA cores in
-    # fp32 math, wgwino's tf32 where allowed; a 1x1 window keeps wgnchw
+    # fp32 math, but wgwino's three products from 512 x 512 weights, and its tf32 where
+    # allowed; a 1x1 window keeps wgnchw
     small = replace(wide, H=7, W=7, C=512, M=512)
-    assert choose(small, "some GPU").variant.key == "wtap"
+    assert choose(replace(small, C=256), "some GPU").variant.key == "wtap"
+    assert choose(small, "some GPU").variant.key == "wgwino"
+    assert choose(small, "some GPU").variant.precision is Precision.FP32
     assert choose(small, "some GPU", True).variant.key == "wgwino"
     assert choose(replace(small, R=1, S=1, pads=(0,) * 4), "some GPU").variant.key == "wgnchw"
     # without them (a row of pixels tc3wgrad cannot copy 16 bytes at a time): wband for
