@@ -12,7 +12,7 @@
 //   GEMM          16 x 256 x 128 x (B*64)        a position's maps x channels x the batch's tiles, as one grouped 1x1 wgrad
 //   block tile    128 maps x 128 channels of one tap 2 warpgroup(s) of m64n128k8, 64 fp32 sums per thread and 64 of a chunk's three products
 //   __shared__    197632 B (dynamic)             3 stages x (128 map + 128 channel) rows of 32 pixels x 4 B, hi and lo, 128B-swizzled; 1024 B of slack to align the ring
-//   copies        32 4-byte cp.async per thread per chunk lane l the chunk's pixel l of a row: one 128-byte line of shared memory a copy
+//   copies        8 16-byte cp.async per thread per chunk lanes 8r.. four pixels each of row r: a warp's copy four 128-byte lines
 //   grid          1 x 32 x 4                     (tap, channel tiles) x map tiles x groups x slices of the batch's pixels (contiguous, chunk-aligned)
 //   workspace     8388608 B + B x 1572864 B      4 slices x 524288 fp32 sums of U and dy^; dy^ and x^, 16 values a tile, for the whole batch
 // Kernel   wgwino_b128x128_p3_s4_fp32_wgrad_dy: block 256x1x1, grid (1056, 1, 1)

@@ -180,20 +180,9 @@ def plan_wgwino(p: ConvProblem, v: Wgwino) -> Plan:
     dy_image = POSITIONS * p.M * T  # dy^'s words an image
     x_image = POSITIONS * p.C * T
     pt, _, pl, _ = p.pads
-    # 16-byte copies where no 4 pixels cross an image or a slice's end and the rows'
-    # 16-byte units are whole: a quarter of the copies and of the 3xTF32 split's passes
-    warps = ctx["warps"]
-    if T % 4 == 0 and ctx["a_rows"] % 4 == 0 and ctx["b_rows"] % 4 == 0 and v.splits * row % 4 == 0:
-        ctx.update(
-            vec4=True,
-            a_units=ctx["a_rows"] // 4,
-            b_units=ctx["b_rows"] // 4,
-            unit_rows=4 * warps,  # rows apart of a thread's units: a warp copies 4 rows
-            dy_units=4 * warps * T,  # words from a thread's row of dy^ to its next
-            x_units=4 * warps * T,
-        )
-    else:  # the GEMM's own test knows the tensors' alignment, not the workspace's
-        ctx["vec4"] = False
+    # The GEMM's 16-byte copies (wgnchw's, where its tiles an image are a multiple of 4)
+    # read dy^ and x^ after the slices' rows, 16 x (M x C + M) words each: 16-byte
+    # aligned as a tensor is.
     ctx.update(
         winograd=True,
         # the transforms' and the way back's literals; the slices' row, splits and
