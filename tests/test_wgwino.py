@@ -192,8 +192,8 @@ def test_the_planner_takes_it_for_layers_of_many_weights():
     """Untuned (as measured beside the picks on the H200): in three tf32 products (not
     where tf32 is allowed) from 256 x 512 weights a tap over maps from 14x14, from 128 x
     256 over 16x16, or from 512 x 512 over 7x7; in tf32 from 256 x 512 over maps from
-    7x7; fewer weights or
-    smaller maps stay the others', and a strided window never takes it."""
+    7x7; fewer weights or smaller maps stay the others', and a strided window never
+    takes it."""
     picks = {
         spec: (
             planned(parse_shape(spec), False).variant.key,
