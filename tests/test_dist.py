@@ -506,6 +506,22 @@ def test_a_whole_model_tune_searches_an_fp32_layer_in_both_layouts_on_tensor_cor
     assert found == {(TensorLayout.NHWC, m) for m in maths}
 
 
+def test_a_whole_model_tune_times_wgwino_on_the_widest_7x7_fp32_wgrad_in_nchw():
+    """resnet's layer4 3x3 wgrad (512 x 512 weights over 7x7 maps): its fp32 pick in NCHW
+    is wgwino's three tf32 products, so the tune searches NCHW in fp32 math too.  While
+    the pick there was wtap's CUDA cores, only NHWC was searched, and the layer ran on
+    tcwgrad at 0.43-0.47x cuDNN (H200, B=32) where wgwino ran 0.98x."""
+    from specgen.shapes import TensorLayout, parse_shape
+    from specgen.variants import Precision
+
+    p = parse_shape("C=512,M=512,H=7,W=7,K=3,pad=1,op=wgrad")
+    found = {(s[0].layout, s[1]) for s in dist.searched([p], "", "sm_90")}
+    assert (TensorLayout.NCHW, Precision.FP32) in found
+    nchw = [s for s in dist.searched([p], "", "sm_90") if s[0].layout is TensorLayout.NCHW]
+    keys = {it.variant.split("_")[0] for it in dist.work_items(nchw, None)}
+    assert "wgwino" in keys
+
+
 def test_a_whole_model_tune_searches_the_same_with_winners_shipped_or_none():
     """The compile phase lists its searches without a GPU (no winners), the timed phase
     with this GPU's shipped winners, which move ops between layouts: both search the
