@@ -581,6 +581,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         guard_b_rows=bn * 8 % threads != 0,
         rsc=p.R * p.S * g.Cg,
         w_columns=w_columns,
+        warps=threads // 32,
+        b_groups=ceil_div(bn // 8, threads // 32),  # a warp's groups of 8 rows (w_columns)
+        guard_b_groups=bn // 8 % (threads // 32) != 0,
         x_image=g.C * g.H * g.W,
         guard_maps=g.Mg % bn != 0,
         guard_chans=g.Cg % CHUNK != 0,
@@ -653,11 +656,16 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         Size(
             "copies",
             f"{a_vecs} of x ({4 * vec} B) + "
-            + (f"{4 * b_vecs} of w (4 B)" if w_columns else f"{b_vecs} of w (16 B)")
+            + (
+                f"{8 * ceil_div(bn // 8, threads // 32)} of w (4 B)"
+                if w_columns
+                else f"{b_vecs} of w (16 B)"
+            )
             + " per thread per chunk",
             "cp.async, zero-filled outside the image, past the batch and past the channels; "
             + (
-                "w read as PyTorch lays it out, [M][C/g], a column a row of the view; "
+                "w read as PyTorch lays it out, [M][C/g], a column a row of the view, a warp "
+                "a unit of 8 rows; "
                 if w_columns
                 else ""
             )
