@@ -302,63 +302,6 @@ def test_a_1x1_strided_dgrad_clears_dx_and_multiplies_its_one_phase(precision):
     assert make_plan(padded, Wgplanar.default(padded, precision)).context["VEC"] == 1
 
 
-# 1x1 dgrads: mobilenet_v2's features.7.conv.2 (B=64); resnet50's stride-2 one; ragged
-# maps and channels of a group (the view's 50 rows past a tile, its 36 channels past a chunk)
-ONE_BY_ONE_DGRADS = [
-    "C=192,M=64,H=14,W=14,K=1,op=dgrad",
-    "C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad",
-    "C=100,M=72,H=9,W=9,K=1,groups=2,op=dgrad",
-]
-
-
-@pytest.mark.parametrize("precision", [TF32, FP32])
-@pytest.mark.parametrize("spec", ONE_BY_ONE_DGRADS)
-def test_a_1x1_dgrad_reads_pytorchs_weights_where_they_lie(spec, precision):
-    """A 1x1 window's dgrad, at stride 1 too, is planned as itself (one phase of one tap)
-    and reads w[M][C/g] as PyTorch lays it out, a unit's four words four 4-byte copies
-    down a column: the plan's weights are PyTorch's own (``f32``, no transform), so the
-    operator gathers none a call.  No spills, not serialized.  At stride 1 the fit is its
-    forward view's; a 3x3 window's dgrad keeps the view and the packed weights."""
-    p = replace(parse_shape(spec), batch=64)
-    assert Wgplanar.problem_for(p) is p
-    v = Wgplanar.default(p, precision)
-    plan = make_plan(p, v)
-    assert (plan.weight_format, plan.weight_transform) == ("f32", "")
-    assert plan.context["w_columns"] and plan.name.endswith("_dgrad")
-    binary = compiled(plan)
-    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
-    if p.stride == (1, 1):
-        assert v == Wgplanar.default(p.dgrad_view(), precision)
-    three = replace(parse_shape(spec.replace("K=1", "K=3,pad=1")), batch=64)
-    if three.stride == (1, 1):
-        assert Wgplanar.problem_for(three).op is Op.FPROP
-    assert (
-        make_plan(three, Wgplanar.default(Wgplanar.problem_for(three), precision)).weight_format
-        == "mrsc.fp32"
-    )
-
-
-def test_every_tile_of_a_wide_1x1_dgrad_compiles_without_spills():
-    """resnet50's layer3.0.conv3 dgrad (256 <- 1024 channels over 14x14 maps): each tile of
-    the tune's space, in tf32 and 3xTF32, whole and in slices, reading w's columns
-    without spills (a warp's 8 rows a step, their offsets immediates: copied a unit a
-    thread, the widest tiles spilled up to 984 bytes)."""
-    p = replace(parse_shape("C=256,M=1024,H=14,W=14,K=1,op=dgrad"), batch=32)
-    n = 0
-    for precision in (TF32, FP32):
-        tiles = {(v.blocktile, v.splits > 1): v for v in Wgplanar.space(p, precision)}
-        for v in tiles.values():
-            try:
-                plan = make_plan(p, v)
-            except SpecError as e:  # registers or shared memory: refused in one line
-                assert "\n" not in str(e)
-                continue
-            binary = compiled(plan)
-            assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
-            n += 1
-    assert n >= 20
-
-
 @pytest.mark.parametrize("precision", [TF32, FP32])
 def test_a_1x1_strided_dgrad_over_few_blocks_may_slice_its_one_phase(precision):
     """resnet18's 1x1 stride-2 dgrad over 2x2 dx at B=128 leaves most SMs idle whole (16
@@ -523,17 +466,3 @@ def test_a_sliced_one_phase_dgrad_on_the_gpu(p, batch, splits, precision):
 def test_resnet50_layers_on_the_gpu(spec, precision):
     p = parse_shape(spec)
     verify_on_the_gpu(p, [Wgplanar.default(p, precision)], 3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision", [TF32, FP32])
-@pytest.mark.parametrize("spec", ONE_BY_ONE_DGRADS)
-def test_1x1_dgrads_read_pytorchs_weights_on_the_gpu(spec, precision):
-    """w[M][C/g] read where it lies, down its columns: the default, every tile of the
-    tune's space at 3 stages and one in slices (the view's rows past a tile, its
-    channels past a chunk, groups, stride), against the float64 reference."""
-    p = parse_shape(spec)
-    space = Wgplanar.space(p, precision)
-    tiles = {v.blocktile: v for v in space if v.stages == 3 and v.splits == 1}
-    sliced = [v for v in space if v.splits > 1][:1]
-    verify_on_the_gpu(p, [Wgplanar.default(p, precision), *tiles.values(), *sliced], 3)

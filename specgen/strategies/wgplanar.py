@@ -41,13 +41,7 @@ slowest), and takes the cheapest where it prices clearly below the tile that bes
 the SMs' waves; a strided dgrad, whose phases' taps are unequal, takes the latter.
 
 dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
-planes are x's, dx's are y's.  A 1x1 window's is planned as itself at stride 1 too (one
-phase of one tap, below), so that its kernel reads the weights as PyTorch lays them out,
-w[M][C/g]: a row of the view's B is a column there, and a thread copies its unit's four
-words down it, 4 bytes each.  Packed per call instead (flipped and transposed), their
-gather was a launch of its own in every backward pass: mobilenet_v2's features.7.conv.2
-dgrad (192 <- 64 channels, 14x14, B=64, tf32) took 0.0136 ms with it against the
-kernel's 0.0107 and cuDNN's 0.0107 (H200, 2026-11-30).  A strided dgrad is a GEMM per stride phase of dx's pixels
+planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
 the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
@@ -172,15 +166,6 @@ class Wgplanar(Variant):
         return plan_wgplanar(problem, self)
 
     @classmethod
-    def problem_for(cls, problem):
-        """As every strategy's, but a 1x1 window's dgrad is planned as itself at stride 1
-        too (one phase of one tap), not as its forward view: its kernel then reads
-        PyTorch's weights where they lie, w[M][C/g], and the operator packs none a call."""
-        if problem.op is Op.DGRAD and problem.R * problem.S == 1:
-            return problem
-        return super().problem_for(problem)
-
-    @classmethod
     def fit(cls, problem, seed):
         """The block tile and slices of the reduction that ``_sliced_seconds`` prices
         cheapest at each tile's ``TILE_RATES``, with the most stages up to 4 that fit,
@@ -188,12 +173,10 @@ class Wgplanar(Variant):
         (``_filled_fit``); else, and for a strided dgrad's phases, the wave-filling one."""
         p = problem
         filled = _filled_fit(p, seed)
-        # a dgrad at stride 1 of a 1x1 window is priced as its GEMM, its forward view
-        q = _one_tap_phase(p) if _rated_dgrad(p) else p
-        if q.op is Op.DGRAD:
+        if p.op is Op.DGRAD:
             return filled
         three = seed.precision is Precision.FP32
-        kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
+        kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
         widest = _widest_maps(p, three)
         prices = {}  # each rated tile, whole and in its slices: its seconds
         for (bm, bn, tile_three), rate in TILE_RATES.items():
@@ -207,7 +190,7 @@ class Wgplanar(Variant):
             except SpecError:
                 continue
             for splits in {1, _splits_for(p, v, per_sm)}:
-                prices[replace(v, splits=splits)] = _sliced_seconds(q, v, per_sm, kt, splits, rate)
+                prices[replace(v, splits=splits)] = _sliced_seconds(p, v, per_sm, kt, splits, rate)
         if not prices:
             return filled
         best = min(prices, key=lambda v: (prices[v], *v.blocktile))
@@ -274,19 +257,9 @@ def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
     best = max(filled(bm) for bm, _ in fits)
     bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
     fitted = replace(seed, blocktile=(bm, bn), stages=stages)
-    if p.op is Op.DGRAD and not _rated_dgrad(p):  # one phase's slices are the tune's to time
+    if p.op is Op.DGRAD:  # one phase's slices are the tune's to time (``space``)
         return fitted
     return replace(fitted, splits=_splits_for(p, fitted))
-
-
-def _rated_dgrad(p: ConvProblem) -> bool:
-    """Whether ``p`` is a dgrad that ``fit`` prices as a forward pass: a 1x1 window's at
-    stride 1 (``Wgplanar.problem_for``), the GEMM of its forward view, which it was
-    planned as before it read PyTorch's weights; strided ones keep the wave-filling
-    tile."""
-    return (
-        p.op is Op.DGRAD and p.R * p.S == 1 and p.stride == (1, 1) and _one_tap_phase(p) is not None
-    )
 
 
 def _widest_maps(p: ConvProblem, three: bool) -> int:
@@ -486,9 +459,6 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     else:
         whole = (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads) == (1, 1, (1, 1), 0, (0,) * 4)
     vec = 4 if whole else 1
-    # a 1x1 window's dgrad reads PyTorch's weights where they lie, w[M][C/g]: the view's
-    # rows are its columns, a unit's 4 words 4 copies (no gather packs them a call)
-    w_columns = phased and p.R * p.S == 1
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
@@ -580,10 +550,6 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         b_rows=threads // 8,
         guard_b_rows=bn * 8 % threads != 0,
         rsc=p.R * p.S * g.Cg,
-        w_columns=w_columns,
-        warps=threads // 32,
-        b_groups=ceil_div(bn // 8, threads // 32),  # a warp's groups of 8 rows (w_columns)
-        guard_b_groups=bn // 8 % (threads // 32) != 0,
         x_image=g.C * g.H * g.W,
         guard_maps=g.Mg % bn != 0,
         guard_chans=g.Cg % CHUNK != 0,
@@ -601,11 +567,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
                 f"{len(phases)} phase{'s' if len(phases) > 1 else ''} of (B*phase pixels) x "
                 f"{g.Mg} x (phase taps*{g.Cg})" + (f", {p.groups} groups" if p.groups > 1 else ""),
                 "dx pixels of a stride phase x dx channels x (its taps, dy maps): D = dY W^T "
-                + (
-                    "with w read where it lies, "
-                    if w_columns
-                    else "with w flipped and transposed, "
-                )
+                "with w flipped and transposed, "
                 + ("the one phase in slices" if sliced else "blockIdx.z the phase"),
             ),
             Size(
@@ -655,21 +617,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         ),
         Size(
             "copies",
-            f"{a_vecs} of x ({4 * vec} B) + "
-            + (
-                f"{8 * ceil_div(bn // 8, threads // 32)} of w (4 B)"
-                if w_columns
-                else f"{b_vecs} of w (16 B)"
-            )
-            + " per thread per chunk",
+            f"{a_vecs} of x ({4 * vec} B) + {b_vecs} of w (16 B) per thread per chunk",
             "cp.async, zero-filled outside the image, past the batch and past the channels; "
-            + (
-                "w read as PyTorch lays it out, [M][C/g], a column a row of the view, a warp "
-                "a unit of 8 rows; "
-                if w_columns
-                else ""
-            )
-            + "a barrier a chunk",
+            "a barrier a chunk",
         ),
     )
     name = v.kernel_name(p)
@@ -747,8 +697,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
-        weight_format="f32" if w_columns else "mrsc.fp32",
-        weight_transform="dgrad" if phased and not w_columns else "",
+        weight_format="mrsc.fp32",
+        weight_transform="dgrad" if phased else "",
         sizes=sizes,
         context={**ctx, **descriptor()},  # 128-byte rows
         workspace_per_image=(
