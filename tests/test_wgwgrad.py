@@ -540,6 +540,61 @@ def test_wgwdsm_drawn_problems_on_the_gpu(p, batch, pick):
     verify_on_the_gpu(p, default_and_drawn(p, Wgwdsm, MATH[p.dtype], pick), batch)
 
 
+# ---- ragged tiles: a group's maps or channels that no tile divides ----
+
+RAGGED = [
+    # efficientnet_b0's 1x1 wgrads of 112 and 672 channels (B=64 in its table)
+    "C=672,M=112,H=14,W=14,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=112,M=672,H=14,W=14,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+    "C=672,M=192,H=7,W=7,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+    # banded: a 3x3 window at stride 2, two groups of 104 channels and 72 maps, db
+    "C=208,M=144,H=9,W=9,K=3,pad=1,stride=2,groups=2,bias=1,dtype=fp16,layout=nhwc,op=wgrad",
+]
+
+
+@pytest.mark.parametrize("spec", RAGGED)
+def test_ragged_tiles_cover_a_group_that_no_tile_divides(spec):
+    """wgwtma and wgwdsm tile a group's maps or channels that no tile divides with tiles
+    that end past them: the copy unit zero-fills a box past the tensor's extent, and
+    the stores skip what lies past the group.  Their spaces take such tiles along that
+    extent only; no spills, not serialized.  wgwgrad's copies take dividing tiles only,
+    and say so in one line."""
+    p = replace(parse_shape(spec), batch=64)
+    math = MATH[p.dtype]
+    for cls in (Wgwtma, Wgwdsm):
+        v = cls.default(p, math)
+        plan = make_plan(p, v)
+        bm, bn = v.blocktile
+        guards = plan.context["guard_maps"], plan.context["guard_chans"]
+        assert guards == (p.Mg % bm != 0, p.Cg % bn != 0) and any(guards)
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+        space = cls.space(p, math)
+        assert space and all(w.blocktile[0] <= -(-p.Mg // 64) * 64 for w in space)
+        for w in space:
+            if p.Mg % 64 == 0:
+                assert p.Mg % w.blocktile[0] == 0, w.name
+            if p.Cg % 64 == 0:
+                assert p.Cg % w.blocktile[1] == 0, w.name
+    with pytest.raises(SpecError) as e:
+        make_plan(p, Wgwgrad.default(p, math))
+    assert "tcwgrad" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", RAGGED)
+def test_ragged_tiles_on_the_gpu(spec):
+    """wgwtma's and wgwdsm's defaults and two drawn members of each space (whole or in
+    slices, one block or a cluster) against the float64 reference, dw poisoned first:
+    the maps and channels past a group's neither read nor written."""
+    p = parse_shape(spec)
+    math = MATH[p.dtype]
+    variants = []
+    for cls in (Wgwtma, Wgwdsm):
+        variants += default_and_drawn(p, cls, math, 7) + default_and_drawn(p, cls, math, 1000)[1:]
+    verify_on_the_gpu(p, list(dict.fromkeys(variants)), 3)
+
+
 def _autocast_tensors(weights: str):
     """x, fp32 weights (in ``weights``' memory format), bias and dy of a 128-channel 3x3
     layer over 14x14 maps, B=3, channels-last activations."""

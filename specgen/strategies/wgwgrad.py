@@ -123,18 +123,19 @@ class Wgwgrad(Variant):
 
     @classmethod
     def fit(cls, problem, seed):
-        """The tensors' own math; the widest tile of channels that divides a group's, then
-        the widest of maps that does with at most 128 x 256 sums a block; the most stages
-        that fit; slices for one block an SM."""
+        """The tensors' own math; the widest tile of channels that divides a group's (or
+        covers them, ``ragged_tiles``), then the widest of maps that does with at most
+        128 x 256 sums a block; the most stages that fit; slices for one block an SM."""
         p = problem
         _math_of(p, seed)
-        bn = max((d for d in CHANNEL_TILES if p.Cg % d == 0), default=seed.blocktile[1])
+        ragged = ragged_tiles(cls, p)
+        bn = max(covering(p.Cg, CHANNEL_TILES, ragged), default=seed.blocktile[1])
         bm = max(
-            (d for d in MAP_TILES if p.Mg % d == 0 and d * bn <= MOST_SUMS),
+            (d for d in covering(p.Mg, MAP_TILES, ragged) if d * bn <= MOST_SUMS),
             default=seed.blocktile[0],
         )
         chunks = reduction_chunks(p, CHUNK)
-        bm, bn = fuller_tile(p, (bm, bn), chunks)
+        bm, bn = fuller_tile(p, (bm, bn), chunks, ragged)
         stages = max(2, min(6, _most_stages(bm, bn)))
         tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
         splits = slices_for(SMS, tiles, chunks) if tiles else seed.splits
@@ -148,7 +149,13 @@ class Wgwgrad(Variant):
         if precision is not MATH[problem.dtype]:
             return []
         space = tiled_space(
-            cls, problem, precision, _most_stages, lambda most: {3, 4, min(6, most)}, CHUNK
+            cls,
+            problem,
+            precision,
+            _most_stages,
+            lambda most: {3, 4, min(6, most)},
+            CHUNK,
+            ragged=ragged_tiles(cls, problem),
         )
         return list(dict.fromkeys(space + [replace(v, splits=1) for v in space]))
 
@@ -517,14 +524,21 @@ def _most_stages(bm: int, bn: int) -> int:
 
 
 def tiled_space(
-    cls, p, precision, most_stages, stage_choices, chunk: int, fits=lambda bm, bn: True
+    cls,
+    p,
+    precision,
+    most_stages,
+    stage_choices,
+    chunk: int,
+    fits=lambda bm, bn: True,
+    ragged: bool = False,
 ):
     """A warpgroup wgrad's tune space: each tile of MAP_TILES x CHANNEL_TILES that divides
     the group's maps and channels and ``fits``, with each of ``stage_choices(most)`` up
     to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM
     (``slices_for`` over the reduction's chunks of ``chunk`` pixels)."""
     out = []
-    for bm, bn in dividing_tiles(p, fits):
+    for bm, bn in dividing_tiles(p, fits, ragged):
         most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
         for stages in sorted(s for s in stage_choices(most) if s <= most):
             for blocks in (SMS, 2 * SMS):
@@ -535,18 +549,37 @@ def tiled_space(
     return list(dict.fromkeys(out))
 
 
-def dividing_tiles(p, fits=lambda bm, bn: True) -> list[tuple[int, int]]:
+def dividing_tiles(p, fits=lambda bm, bn: True, ragged: bool = False) -> list[tuple[int, int]]:
     """The tiles of MAP_TILES x CHANNEL_TILES (maps x channels) that divide the group's
-    maps and channels and ``fits``."""
+    maps and channels (or cover them, where ``ragged``: ``covering``) and ``fits``."""
     return [
         (bm, bn)
-        for bm in MAP_TILES
-        for bn in CHANNEL_TILES
-        if p.Mg % bm == 0 and p.Cg % bn == 0 and fits(bm, bn)
+        for bm in covering(p.Mg, MAP_TILES, ragged)
+        for bn in covering(p.Cg, CHANNEL_TILES, ragged)
+        if fits(bm, bn)
     ]
 
 
-def fuller_tile(p, widest: tuple[int, int], chunks: int) -> tuple[int, int]:
+def covering(extent: int, tiles, ragged: bool) -> list[int]:
+    """The tiles along a group's ``extent`` maps or channels: those that divide it; where
+    none does and ``ragged``, each up to the extent rounded up to 64 (the last tile ends
+    past it)."""
+    dividing = [t for t in tiles if extent % t == 0]
+    if dividing or not ragged:
+        return dividing
+    return [t for t in tiles if t <= ceil_div(extent, BLOCK) * BLOCK]
+
+
+def ragged_tiles(cls, p) -> bool:
+    """Whether ``cls``'s tiles may end past a group's maps or channels where no tile divides
+    them (efficientnet_b0's 112 and 672): ``wgwtma``'s and ``wgwdsm``'s, whose copy unit
+    zero-fills a box past the tensor's extent and whose stores skip it, where the group
+    has at least one whole tile of each.  wgwgrad's copies and wgwhalo's 64 x 64 tile
+    take dividing tiles only."""
+    return issubclass(cls, Wgwtma) and not issubclass(cls, Wgwhalo) and min(p.Mg, p.Cg) >= BLOCK
+
+
+def fuller_tile(p, widest: tuple[int, int], chunks: int, ragged: bool = False) -> tuple[int, int]:
     """``widest`` (maps x channels), or where its grid at the most slices the reduction
     allows holds under half a wave of blocks, the widest tile whose grid holds that
     (else the one whose grid is largest).  resnet18's bf16 wgrads at 32x32 images, B=128
@@ -558,9 +591,9 @@ def fuller_tile(p, widest: tuple[int, int], chunks: int) -> tuple[int, int]:
     def blocks(t):
         return tile_count(p, *t) * most
 
-    if p.Mg % widest[0] or p.Cg % widest[1] or blocks(widest) >= SMS // 2:
+    if widest not in dividing_tiles(p, ragged=ragged) or blocks(widest) >= SMS // 2:
         return widest
-    fits = dividing_tiles(p, lambda bm, bn: bm * bn <= MOST_SUMS)
+    fits = dividing_tiles(p, lambda bm, bn: bm * bn <= MOST_SUMS, ragged)
     half = [t for t in fits if blocks(t) >= SMS // 2]
     if half:  # the widest of them, the squarest of equal ones (each reads fewer rows)
         return max(half, key=lambda t: (t[0] * t[1], -abs(t[0] - t[1])))
@@ -568,8 +601,9 @@ def fuller_tile(p, widest: tuple[int, int], chunks: int) -> tuple[int, int]:
 
 
 def tile_count(p, bm: int, bn: int) -> int:
-    """The blocks of one slice: a tile of bm maps x bn channels of each tap and group."""
-    return p.R * p.S * (p.Cg // bn) * (p.Mg // bm) * p.groups
+    """The blocks of one slice: a tile of bm maps x bn channels of each tap and group (the
+    last of a group's past its maps or channels, where tiles are ragged)."""
+    return p.R * p.S * ceil_div(p.Cg, bn) * ceil_div(p.Mg, bm) * p.groups
 
 
 MOST_SLICES = 16  # slices tried for a fuller last wave: each adds a row of the sums' pass
@@ -616,23 +650,30 @@ def slices_for(blocks: int, tiles: int, chunks: int | None = None) -> int:
     return next((s for s in options if filled(s) >= 0.9), None) or max(options, key=filled)
 
 
-def tile_limits(p, v, fallback: str) -> None:
+def tile_limits(p, v, fallback: str, ragged: bool = False) -> None:
     """The block tile of a warpgroup wgrad (``v.key``'s, v.blocktile maps x channels of one
-    tap): 64, 128 or 256 of each, dividing a group's maps and channels; ``fallback``,
-    the strategy named where no tile divides them."""
+    tap): 64, 128 or 256 of each, dividing a group's maps and channels (or covering
+    them, where ``ragged``: ``covering``); ``fallback``, the strategy named where no tile
+    divides them."""
     bm, bn = v.blocktile
     at = f"{v.key} b{bm}x{bn}"
     if bm not in MAP_TILES:
         raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
     if bn not in CHANNEL_TILES:
         raise SpecError(f"{at}: the channels of a tile are wgmma's N, 64, 128 or 256")
-    if p.Mg % bm:
+    for tile, extent, what in ((bm, p.Mg, "maps"), (bn, p.Cg, "channels")):
+        if ragged and extent % BLOCK and tile not in covering(extent, MAP_TILES, True):
+            raise SpecError(
+                f"{at}: a tile of {tile} {what} lies past the {extent} {what} of a group "
+                f"rounded up to {BLOCK}; choose fewer"
+            )
+    if p.Mg % bm and not (ragged and p.Mg % BLOCK):
         fits = [d for d in MAP_TILES if p.Mg % d == 0]
         raise SpecError(
             f"{at}: {bm} maps must divide the {p.Mg} maps of a group; "
             + (f"choose one of {choices(fits)} maps" if fits else f"use --strategy {fallback}")
         )
-    if p.Cg % bn:
+    if p.Cg % bn and not (ragged and p.Cg % BLOCK):
         fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
         raise SpecError(
             f"{at}: {bn} channels must divide the {p.Cg} channels of a group "
@@ -705,7 +746,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         )
     _math_of(p, v)
     bm, bn = v.blocktile
-    tile_limits(p, v, "tcwgrad")
+    ragged = ragged_tiles(type(v), p)
+    tile_limits(p, v, "tcwgrad", ragged)
     if bm * bn > MOST_SUMS:
         raise SpecError(
             f"wgwgrad b{bm}x{bn}: {bm * bn // (128 * bm // BLOCK)} sums a thread leave no "
@@ -759,7 +801,8 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
     rows_per_pass = 16 * warpgroups  # a thread copies one 16-byte unit of a row
     passes = CHUNK // rows_per_pass  # rows of one block a thread copies
     CgRS = p.Cg * p.R * p.S
-    col_tiles, map_tiles = p.R * p.S // taps * (p.Cg // bn), p.Mg // bm
+    c_tiles = ceil_div(p.Cg, bn)  # the last one past a group's channels where ragged
+    col_tiles, map_tiles = p.R * p.S // taps * c_tiles, ceil_div(p.Mg, bm)
     P = p.Ho * p.Wo
     name = v.kernel_name(p)
     ctx, workspace, reduce, gemm, scratch = slice_sums(p, name, v.splits)
@@ -787,7 +830,10 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         ones_words=ONES_BYTES // 4,
         a_ring=v.stages * a_stage,
         ksteps=CHUNK // 16,
-        c_tiles=p.Cg // bn,
+        c_tiles=c_tiles,
+        # ragged tiles: the stores skip the maps and channels past a group's
+        guard_maps=p.Mg % bm != 0,
+        guard_chans=p.Cg % bn != 0,
         CgRS=CgRS,
         P=P,
         sh=sh,
@@ -806,7 +852,7 @@ def plan_wgwgrad(p, v: Wgwgrad) -> Plan:
         db_partials_at=4 * bm * bn,
         prune=prune,
         tap_rects=rects,
-        db_block=db_tap * (p.Cg // bn),
+        db_block=db_tap * c_tiles,
         halo=halo,
     )
     grid = (col_tiles, map_tiles * p.groups, v.splits)
