@@ -137,8 +137,8 @@ class Wgwgrad(Variant):
         chunks = reduction_chunks(p, CHUNK)
         bm, bn = fuller_tile(p, (bm, bn), chunks, ragged)
         stages = max(2, min(6, _most_stages(bm, bn)))
-        tiles = tile_count(p, bm, bn)  # none where no tile divides: the plan says why
-        splits = slices_for(SMS, tiles, chunks) if tiles else seed.splits
+        # (where no tile divides a group's maps or channels, the plan says why)
+        splits = slices_for(SMS, tile_count(p, bm, bn), chunks)
         return replace(seed, blocktile=(bm, bn), stages=stages, splits=splits)
 
     @classmethod
@@ -661,8 +661,11 @@ def tile_limits(p, v, fallback: str, ragged: bool = False) -> None:
         raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
     if bn not in CHANNEL_TILES:
         raise SpecError(f"{at}: the channels of a tile are wgmma's N, 64, 128 or 256")
-    for tile, extent, what in ((bm, p.Mg, "maps"), (bn, p.Cg, "channels")):
-        if ragged and extent % BLOCK and tile not in covering(extent, MAP_TILES, True):
+    for tile, extent, tiles, what in (
+        (bm, p.Mg, MAP_TILES, "maps"),
+        (bn, p.Cg, CHANNEL_TILES, "channels"),
+    ):
+        if ragged and extent % BLOCK and tile not in covering(extent, tiles, True):
             raise SpecError(
                 f"{at}: a tile of {tile} {what} lies past the {extent} {what} of a group "
                 f"rounded up to {BLOCK}; choose fewer"
