@@ -6,10 +6,11 @@ import re
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from problems import (
+    DRAWN_COMPILES,
     GPU_DRAWS,
     default_and_drawn,
     parsed_or_rejected,
@@ -593,6 +594,46 @@ def test_ragged_tiles_on_the_gpu(spec):
     for cls in (Wgwtma, Wgwdsm):
         variants += default_and_drawn(p, cls, math, 7) + default_and_drawn(p, cls, math, 1000)[1:]
     verify_on_the_gpu(p, list(dict.fromkeys(variants)), 3)
+
+
+def ragged_wgrad_problems():
+    """wgwgrad_problems whose group's maps and channels are multiples of 8 from 64, one or
+    both of which no 64-wide tile divides."""
+    dtypes = st.sampled_from(["bf16", "fp16"]).map(lambda d: f",dtype={d},layout=nhwc")
+    return tiled_wgrads(channel_blocks=3, tail=dtypes, unit=8).filter(
+        lambda p: min(p.Mg, p.Cg) >= 64 and (p.Mg % 64 or p.Cg % 64)
+    )
+
+
+@settings(max_examples=DRAWN_COMPILES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(p=ragged_wgrad_problems())
+def test_drawn_ragged_defaults_compile_without_spills(p):
+    """wgwtma's and wgwdsm's defaults on drawn ragged problems (windows, strides,
+    dilation, groups, db): no spills, not serialized; a refusal (a box the copy unit
+    cannot take) in one line."""
+    for cls in (Wgwtma, Wgwdsm):
+        try:
+            plan = make_plan(p, cls.default(p, MATH[p.dtype]))
+        except SpecError as e:
+            assert "\n" not in str(e)
+            continue
+        binary = compiled(plan)
+        assert binary.spills == 0 and SERIALIZED not in binary.log, (p.spec, binary.resources)
+
+
+@pytest.mark.gpu
+@settings(max_examples=8, **GPU_DRAWS)
+@given(p=ragged_wgrad_problems(), batch=st.integers(1, 5), pick=st.integers(0, 10**6))
+def test_drawn_ragged_problems_on_the_gpu(p, batch, pick):
+    """wgwtma's and wgwdsm's defaults and a drawn member of each space on drawn ragged
+    problems, against the float64 reference."""
+    variants = []
+    for cls in (Wgwtma, Wgwdsm):
+        try:
+            variants += default_and_drawn(p, cls, MATH[p.dtype], pick)
+        except SpecError:  # a box the copy unit cannot take: the compile test says so
+            continue
+    verify_on_the_gpu(p, variants, batch)
 
 
 def _autocast_tensors(weights: str):
