@@ -35,6 +35,12 @@ own pixel, so its chunk is 64 consecutive pixels of the batch instead (``flat_pi
 none past a band: resnet50's such wgrads of 7x7-28x28 maps (B=32, H200) took
 0.0142-0.0203 ms where they had 0.0160-0.0244.
 
+Where no 64-wide tile divides a group's maps or channels (efficientnet_b0's 112 and 672,
+mobilenet_v2's 96 and 160), ``wgwtma`` and ``wgwdsm`` take tiles that end past them
+(``ragged_tiles``): the copy unit zero-fills the part of a box past the tensor's extent,
+and the stores skip the maps and channels past the group's.  Tuned, they ran those 1x1
+wgrads at 0.90-1.50x cuDNN where tcwgrad had 0.74-0.96x (H200, 2026-12-01).
+
 ``wgwdsm`` is ``wgwtma`` whose slices (1, 2, 4 or 8) are the blocks of one thread block
 cluster along z: each block leaves its fp32 sums (and db's) in its shared memory, adds
 one share of the tile's 8-channel columns of every block's in rank order through
