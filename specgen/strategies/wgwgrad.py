@@ -539,12 +539,12 @@ def tiled_space(
     fits=lambda bm, bn: True,
     ragged: bool = False,
 ):
-    """A warpgroup wgrad's tune space: each tile of MAP_TILES x CHANNEL_TILES that divides
-    the group's maps and channels and ``fits``, with each of ``stage_choices(most)`` up
+    """A warpgroup wgrad's tune space: each tile of ``covering_tiles`` (``ragged``) that
+    ``fits``, with each of ``stage_choices(most)`` up
     to the ``most_stages(bm, bn)`` that fit, and slices for one and two blocks an SM
     (``slices_for`` over the reduction's chunks of ``chunk`` pixels)."""
     out = []
-    for bm, bn in dividing_tiles(p, fits, ragged):
+    for bm, bn in covering_tiles(p, fits, ragged):
         most, tiles = most_stages(bm, bn), tile_count(p, bm, bn)
         for stages in sorted(s for s in stage_choices(most) if s <= most):
             for blocks in (SMS, 2 * SMS):
@@ -555,9 +555,10 @@ def tiled_space(
     return list(dict.fromkeys(out))
 
 
-def dividing_tiles(p, fits=lambda bm, bn: True, ragged: bool = False) -> list[tuple[int, int]]:
-    """The tiles of MAP_TILES x CHANNEL_TILES (maps x channels) that divide the group's
-    maps and channels (or cover them, where ``ragged``: ``covering``) and ``fits``."""
+def covering_tiles(p, fits=lambda bm, bn: True, ragged: bool = False) -> list[tuple[int, int]]:
+    """The tiles of MAP_TILES x CHANNEL_TILES (maps x channels) along the group's maps and
+    channels (``covering``: those that divide them, or where ``ragged`` and none does,
+    those that cover them) that ``fits``."""
     return [
         (bm, bn)
         for bm in covering(p.Mg, MAP_TILES, ragged)
@@ -597,9 +598,9 @@ def fuller_tile(p, widest: tuple[int, int], chunks: int, ragged: bool = False) -
     def blocks(t):
         return tile_count(p, *t) * most
 
-    if widest not in dividing_tiles(p, ragged=ragged) or blocks(widest) >= SMS // 2:
+    if widest not in covering_tiles(p, ragged=ragged) or blocks(widest) >= SMS // 2:
         return widest
-    fits = dividing_tiles(p, lambda bm, bn: bm * bn <= MOST_SUMS, ragged)
+    fits = covering_tiles(p, lambda bm, bn: bm * bn <= MOST_SUMS, ragged)
     half = [t for t in fits if blocks(t) >= SMS // 2]
     if half:  # the widest of them, the squarest of equal ones (each reads fewer rows)
         return max(half, key=lambda t: (t[0] * t[1], -abs(t[0] - t[1])))
@@ -667,27 +668,21 @@ def tile_limits(p, v, fallback: str, ragged: bool = False) -> None:
         raise SpecError(f"{at}: a warpgroup multiplies 64 maps; choose 64, 128 or 256")
     if bn not in CHANNEL_TILES:
         raise SpecError(f"{at}: the channels of a tile are wgmma's N, 64, 128 or 256")
-    for tile, extent, tiles, what in (
-        (bm, p.Mg, MAP_TILES, "maps"),
-        (bn, p.Cg, CHANNEL_TILES, "channels"),
+    for tile, extent, tiles, what, note in (
+        (bm, p.Mg, MAP_TILES, "maps", ""),
+        (bn, p.Cg, CHANNEL_TILES, "channels", " (a tile is one tap's)"),
     ):
-        if ragged and extent % BLOCK and tile not in covering(extent, tiles, True):
+        if tile in covering(extent, tiles, ragged):
+            continue
+        if ragged and extent % BLOCK:
             raise SpecError(
                 f"{at}: a tile of {tile} {what} lies past the {extent} {what} of a group "
                 f"rounded up to {BLOCK}; choose fewer"
             )
-    if p.Mg % bm and not (ragged and p.Mg % BLOCK):
-        fits = [d for d in MAP_TILES if p.Mg % d == 0]
+        fits = [d for d in tiles if extent % d == 0]
         raise SpecError(
-            f"{at}: {bm} maps must divide the {p.Mg} maps of a group; "
-            + (f"choose one of {choices(fits)} maps" if fits else f"use --strategy {fallback}")
-        )
-    if p.Cg % bn and not (ragged and p.Cg % BLOCK):
-        fits = [d for d in CHANNEL_TILES if p.Cg % d == 0]
-        raise SpecError(
-            f"{at}: {bn} channels must divide the {p.Cg} channels of a group "
-            "(a tile is one tap's); "
-            + (f"choose one of {choices(fits)} channels" if fits else f"use --strategy {fallback}")
+            f"{at}: {tile} {what} must divide the {extent} {what} of a group{note}; "
+            + (f"choose one of {choices(fits)} {what}" if fits else f"use --strategy {fallback}")
         )
 
 
