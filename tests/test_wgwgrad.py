@@ -582,6 +582,30 @@ def test_ragged_tiles_cover_a_group_that_no_tile_divides(spec):
     assert "tcwgrad" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # regnet_y_400mf's squeeze-and-excitation layers: 110 channels or maps, 220-byte
+        # pixels of x or dy, which the copy unit's tensor maps cannot step by
+        "C=110,M=440,H=1,W=1,K=1,pad=0,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        "C=440,M=110,H=1,W=1,K=1,pad=0,bias=1,dtype=bf16,layout=nhwc,op=wgrad",
+        # shufflenet_v2's 116 channels
+        "C=116,M=116,H=14,W=14,K=1,pad=0,dtype=bf16,layout=nhwc,op=wgrad",
+    ],
+)
+def test_ragged_tiles_refuse_pixels_short_of_16_byte_units(spec):
+    """Ragged tiles take x's and dy's pixels as rows of 16-byte units: elsewhere wgwtma
+    and wgwdsm refuse in one line (not the tensor map's own error), and the planner
+    takes another strategy."""
+    p = replace(parse_shape(spec), batch=64)
+    math = MATH[p.dtype]
+    for cls in (Wgwtma, Wgwdsm):
+        with pytest.raises(SpecError) as e:
+            make_plan(p, cls.default(p, math))
+        assert "tcwgrad" in str(e.value) and "\n" not in str(e.value)
+    assert planned(p, False).variant.key not in ("wgwtma", "wgwdsm")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", RAGGED)
 def test_ragged_tiles_on_the_gpu(spec):

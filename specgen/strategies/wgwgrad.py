@@ -581,9 +581,15 @@ def ragged_tiles(cls, p) -> bool:
     """Whether ``cls``'s tiles may end past a group's maps or channels where no tile divides
     them (efficientnet_b0's 112 and 672): ``wgwtma``'s and ``wgwdsm``'s, whose copy unit
     zero-fills a box past the tensor's extent and whose stores skip it, where the group
-    has at least one whole tile of each.  wgwgrad's copies and wgwhalo's 64 x 64 tile
-    take dividing tiles only."""
-    return issubclass(cls, Wgwtma) and not issubclass(cls, Wgwhalo) and min(p.Mg, p.Cg) >= BLOCK
+    has at least one whole tile of each and x's and dy's pixels are rows of 16-byte units
+    (the copy unit's strides; 110 channels refused).  wgwgrad's copies and wgwhalo's
+    64 x 64 tile take dividing tiles only."""
+    return (
+        issubclass(cls, Wgwtma)
+        and not issubclass(cls, Wgwhalo)
+        and min(p.Mg, p.Cg) >= BLOCK
+        and p.C % 8 == p.M % 8 == 0
+    )
 
 
 def fuller_tile(p, widest: tuple[int, int], chunks: int, ragged: bool = False) -> tuple[int, int]:
