@@ -302,9 +302,17 @@ PREFERENCE = {
     # H200 (2026-11-29, tuned), resnet's 7x7 stem at B=32 in 0.068 ms against tcwgrad's
     # 0.137 and cuDNN's 0.162, at 32x32 and B=128 0.021 against 0.027 and 0.036; vgg11's
     # 3x3 layer at B=32 0.113 against wstrip's 0.491 (in NCHW) and cuDNN's 0.328
+    # wgwtma: 1x1 windows whose maps or channels no 64-wide tile divides (wgwgrad
+    # refuses), on its ragged tiles.  Its fit beat tcwgrad's on all 13 of
+    # efficientnet_b0's and mobilenet_v2's 1x1 bf16 wgrads of that kind at B=64,
+    # 0.0107-0.0162 ms against 0.0140-0.0194 (H200, 2026-12-01, tune-ragged-wgrads-*),
+    # and on 4 of 4 of other torchvision models' at B=32, 0.010-0.022 against
+    # 0.013-0.031; of their 3x3 ones on 2 of 4, 0.020-0.044 against 0.019-0.032
+    # (wgwtma-fit-ragged-wgrads-*), so tcwgrad keeps the larger windows
     Op.WGRAD: (
         "wfew",
         "wgwgrad",
+        "wgwtma",
         "tcwgrad",
         "tcwhalo",
         "wstrip",
@@ -471,6 +479,7 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
         keys = (
             "wfew",
             "wgwgrad",
+            "wgwtma",
             "tcwgrad",
             "tcwhalo",
             "wstrip",
@@ -530,6 +539,8 @@ def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> 
                 if key == "wtap" and not (lane_tiled(view) if wide else view.S >= WTAP_MIN_TAPS):
                     continue
                 if key == "drow" and view.S < DROW_MIN_TAPS:
+                    continue
+                if key == "wgwtma" and view.R * view.S > 1:
                     continue
                 if key == "wgnchw" and not wgnchw_suits(view, math):
                     continue

@@ -606,6 +606,21 @@ def test_ragged_tiles_refuse_pixels_short_of_16_byte_units(spec):
     assert planned(p, False).variant.key not in ("wgwtma", "wgwdsm")
 
 
+def test_the_planner_puts_ragged_1x1_wgrads_on_wgwtma_and_not_off_hopper():
+    """Untuned, a 1x1 16-bit wgrad that no 64-wide tile divides runs wgwtma's ragged
+    tiles on sm_90a (its fit beat tcwgrad's on 17 of 17 measured); larger windows keep
+    tcwgrad (2 of 4), as does every layer off Hopper."""
+    for spec in RAGGED[:3] + [
+        "C=512,M=1000,H=13,W=13,K=1,pad=0,bias=1,dtype=bf16,layout=nhwc,op=wgrad"
+    ]:
+        p = parse_shape(spec)
+        assert planned(p, False).variant.key == "wgwtma", spec
+        assert planned(p, False, arch="sm_90").variant.key == "wgwtma", spec
+        assert planned(p, False, arch="sm_80").variant.key == "tcwgrad", spec
+    three = parse_shape("C=144,M=288,H=14,W=14,K=3,pad=1,dtype=bf16,layout=nhwc,op=wgrad")
+    assert planned(three, False).variant.key == "tcwgrad"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", RAGGED)
 def test_ragged_tiles_on_the_gpu(spec):
