@@ -475,24 +475,8 @@ def shipped_layer(problem: ConvProblem, gpu: str, allow_tf32: bool, arch=None) -
 def planned(problem: ConvProblem, allow_tf32: bool, arch: str | None = None) -> Choice:
     keys = PREFERENCE[problem.op]
     wide = problem.op is Op.WGRAD and wide_wgrad(problem)
-    if wide:
-        keys = (
-            "wfew",
-            "wgwgrad",
-            "wgwtma",
-            "tcwgrad",
-            "tcwhalo",
-            "wstrip",
-            "wdw",
-            "wlane",
-            "wgwino",
-            "wgnchw",
-            "tc3wgrad",
-            "wtap",
-            "wgemm",
-            "wsplit",
-            "wband",
-        )
+    if wide:  # wgemm's register-tiled GEMM before wband (wide_wgrad)
+        keys = tuple(k for k in keys if k != "wband") + ("wband",)
     for key in keys:
         cls = BY_KEY[key]
         # 16-bit tensors on tensor cores in their own dtype: the products are exact and
