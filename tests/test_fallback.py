@@ -460,3 +460,54 @@ def test_one_launch_packs_two_kernels_weights_where_both_pack_them_or_it_rounds(
     in_place = kernel(DType.BF16, "mrsc.bf16", storage_order=True)
     assert not E.Cast.serves([b16, in_place], torch.bfloat16, cl)
     assert E.Cast.serves([b16, in_place], torch.bfloat16, plain)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ([1, 1], [1, 1], [1, 1], 1),
+            r"padding as 4 ints \(top, bottom, left, right\), got padding=\[1, 1\]",
+        ),
+        (([1], [1, 1, 1, 1], [1, 1], 1), r"stride as 2 ints, got stride=\[1\]"),
+        (([1, 1], [1, 1, 1, 1], [1, 1, 1], 1), r"dilation as 2 ints"),
+        (([0, 1], [1, 1, 1, 1], [1, 1], 1), "non-positive stride"),
+        (([1, 1], [1, 1, 1, 1], [1, 0], 1), "dilation should be greater than zero"),
+        (([1, 1], [1, -1, 1, 1], [1, 1], 1), "negative padding"),
+        (([1, 1], [1, 1, 1, 1], [1, 1], 0), "non-positive groups"),
+    ],
+)
+def test_the_registered_ops_refuse_malformed_arguments_as_pytorch_does(args, message):
+    """Called directly, every registered op (and its fake, which torch.compile traces)
+    checks its argument lists before reading a tensor: a RuntimeError naming the
+    argument, where a 2-int padding (aten's form) used to end in an IndexError deep in
+    the engine."""
+    ops = torch.ops.specgen
+    x, dy = torch.randn(2, 4, 8, 8), torch.randn(2, 6, 8, 8)
+    w = torch.randn(6, 4, 3, 3)
+    calls = [
+        lambda: ops.conv2d(x, w, None, *args),
+        lambda: ops.conv2d_input(dy, w, [2, 4, 8, 8], *args, False),
+        lambda: ops.conv2d_weight(x, dy, [6, 4, 3, 3], *args),
+        lambda: ops.conv2d_weight_bias(x, dy, [6, 4, 3, 3], *args),
+        lambda: ops.conv2d_bias(dy, [6, 4, 3, 3], [2, 4, 8, 8], *args),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, dy = torch.empty(2, 4, 8, 8, device="cuda"), torch.empty(2, 6, 8, 8, device="cuda")
+        w = torch.empty(6, 4, 3, 3, device="cuda")
+        for call in calls:
+            with pytest.raises(RuntimeError, match=message):
+                call()
+
+
+def test_well_formed_arguments_still_reach_the_tensor_checks():
+    """The argument check lets a well-formed call through to the tensors' own check:
+    CPU tensors are refused in one line, as before."""
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    with pytest.raises(SpecError, match="runs on CUDA tensors"):
+        torch.ops.specgen.conv2d(x, w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1)

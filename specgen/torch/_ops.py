@@ -53,6 +53,32 @@ def _layout(channels_last: bool) -> TensorLayout:
     return TensorLayout.NHWC if channels_last else TensorLayout.NCHW
 
 
+# (name, values it takes): the ops' normalized arguments, as ``specgen.torch`` passes them
+_LENGTHS = (("stride", 2), ("padding", 4), ("dilation", 2))
+
+
+def _checked(stride, padding, dilation, groups) -> None:
+    """The arguments of a registered op checked before any tensor is read, as PyTorch's
+    convolution checks its own: a RuntimeError that names the argument, where a list of
+    another length or a value no convolution takes would fail deeper down or compute
+    something else."""
+    for (name, n), values in zip(_LENGTHS, (stride, padding, dilation)):
+        if len(values) != n:
+            raise RuntimeError(
+                f"specgen's convolution ops take {name} as {n} ints"
+                + (" (top, bottom, left, right)" if name == "padding" else "")
+                + f", got {name}={list(values)}"
+            )
+    if min(stride) < 1:
+        raise RuntimeError("non-positive stride is not supported")
+    if min(dilation) < 1:
+        raise RuntimeError("dilation should be greater than zero")
+    if min(padding) < 0:
+        raise RuntimeError("negative padding is not supported")
+    if groups < 1:
+        raise RuntimeError("non-positive groups is not supported")
+
+
 @_op(
     "conv2d(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
     "int groups) -> Tensor"
@@ -66,19 +92,23 @@ def conv2d(
     dilation: List[int],
     groups: int,
 ) -> Tensor:
+    _checked(stride, padding, dilation, groups)
     lay, x = E.layer(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
     return E.forward(lay, x, weight, bias)
 
 
 @_fake("conv2d")
 def _(x, weight, bias, stride, padding, dilation, groups):
+    _checked(stride, padding, dilation, groups)
     size = out_size(x.shape, weight.shape, stride, padding, dilation)
     fmt = _fmt(E.layout_of(x) is TensorLayout.NHWC)
     return torch.empty(size, dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
 def _layer(t: Tensor, weight: Optional[Tensor], x_size, layout, w_size, args):
-    """The layer a gradient op of the registered path runs on (its tensors checked)."""
+    """The layer a gradient op of the registered path runs on (its arguments and
+    tensors checked)."""
+    _checked(*args)
     E.check_tensors(t, weight)
     w_stride = None if weight is None else weight.stride()
     return E.layer_of(x_size, layout, E.dtype_of(t), t.get_device(), w_size, w_stride, *args)
@@ -107,6 +137,7 @@ def conv2d_input(
 
 @_fake("conv2d_input")
 def _(dy, weight, x_size, stride, padding, dilation, groups, channels_last):
+    _checked(stride, padding, dilation, groups)
     fmt = _fmt(channels_last)
     return torch.empty(x_size, dtype=dy.dtype, device=dy.device, memory_format=fmt)
 
@@ -135,6 +166,7 @@ def conv2d_weight(
 
 @_fake("conv2d_weight")
 def _(x, dy, w_size, stride, padding, dilation, groups):
+    _checked(stride, padding, dilation, groups)
     return x.new_empty(w_size)
 
 
@@ -157,6 +189,7 @@ def conv2d_weight_bias(
 
 @_fake("conv2d_weight_bias")
 def _(x, dy, w_size, stride, padding, dilation, groups):
+    _checked(stride, padding, dilation, groups)
     return x.new_empty(w_size), x.new_empty(w_size[0])
 
 
@@ -181,6 +214,7 @@ def conv2d_bias(
 
 @_fake("conv2d_bias")
 def _(dy, w_size, x_size, stride, padding, dilation, groups):
+    _checked(stride, padding, dilation, groups)
     return dy.new_empty(w_size[0])
 
 
