@@ -128,6 +128,15 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi)
     return r;
 }
 
+// Four 8x8 blocks of 16-bit values from registers into shared memory, transposed on the
+// way: lane l names row l % 8 of block l / 8, and register k of a thread holds its pair of
+// block k as an mma accumulator lies (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1).
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
 // Byte offset of 16-byte unit `unit` of row `row` in a tile of 128-byte rows, in the
 // 128-byte swizzle wgmma reads: the unit XORed with the row's place in its 8-row group.
 __device__ __forceinline__ unsigned swizzle(int row, int unit)
@@ -317,16 +326,20 @@ wgdsm_b256x128_p3_q1_gr_tma_k2_bf16_iobf16_nhwc(const unsigned short* __restrict
         return;  // the producer
     {
         unsigned short* tile = (unsigned short*)(smem);
+        // By stmatrix, transposed: registers k of a thread hold, rounded in pairs, its two
+        // pixels of 8 x 8 block k (maps 8h of its warp's 16, pixels 8 (j + k / 2)), and lane
+        // 8k + r names pixel row r of block k; each row of 8 maps lands as one 16-byte piece.
+        const int mw = wg * 64 + warp % 4 * 16;  // the warp's first map
+        const unsigned row = shared_u32(tile + (lane % 8 + 8 * (lane / 16)) * 136 + mw + 8 * (lane / 8 % 2));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int ml = wg * 64 + warp % 4 * 16 + lane / 4 + 8 * h;
+        for (int j = 0; j < 16; j += 2) {
+            unsigned r[4];
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                unsigned short* two = tile + (8 * j + 2 * (lane % 4)) * 136 + ml;
-                const unsigned pair = pack2(sums[4 * j + 2 * h], sums[4 * j + 2 * h + 1]);
-                two[0] = (unsigned short)(pair & 0xffff);
-                two[136] = (unsigned short)(pair >> 16);
+            for (int k = 0; k < 4; ++k) {
+                const int at = 4 * (j + k / 2) + 2 * (k % 2);
+                r[k] = pack2(sums[at], sums[at + 1]);
             }
+            stmatrix_x4_trans(row + j * 2176u, r[0], r[1], r[2], r[3]);
         }
     }
 
