@@ -383,8 +383,15 @@ def to_json(rows: list[Timing]) -> list[dict]:
     return [asdict(r) for r in rows]
 
 
+def report_key(shape: ConvProblem) -> str:
+    """A problem's key in bench's variant lists and report: its slug, and its op after a
+    space where that is not the forward pass (``--op all`` times every op of one slug)."""
+    return shape.slug if shape.op is Op.FPROP else f"{shape.slug} {shape.op.value}"
+
+
 def run_bench(shapes, batch, variants, best, echo) -> dict:
-    """Verify then time each variant of each shape, with cuDNN and the floor."""
+    """Verify then time each variant of each shape, with cuDNN and the floor;
+    ``variants``: the variants to time by ``report_key``, the default set where none."""
     import cupy
 
     from .runtime import Conv, device_arch
@@ -410,7 +417,7 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
                 echo(f"{shape.slug}: not timed: {e}")
                 continue
         else:
-            chosen = (variants or {}).get(shape.slug) or default_set(fitted)
+            chosen = (variants or {}).get(report_key(shape)) or default_set(fitted)
         xs = input_sets(shape, b, rng)
         _, w, bias = random_inputs(shape, 1, rng)
         rows = cudnn_timings(shape, xs, w, bias, b, ceil)
@@ -428,8 +435,9 @@ def run_bench(shapes, batch, variants, best, echo) -> dict:
         attach_cudnn_ratio(rows, shape.dtype)
         echo(format_timings(shape, b, rows, ceil))
         echo("")
-        report["shapes"][shape.slug] = dict(
+        report["shapes"][report_key(shape)] = dict(
             batch=b,
+            spec=shape.spec,  # op included: the plot reads the problem back from it
             floor_ms=floor_ms(shape, b, ceil),
             memory_floor_ms=floor_ms(shape, b, ceil, True),
             rows=to_json(rows),

@@ -567,7 +567,7 @@ def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, 
     --all for the default set, --best for the tuned winners."""
     import json
 
-    from .bench import run_bench
+    from .bench import report_key, run_bench
 
     shapes = _shapes(shape_text, all_shapes, op_text)
     if sum((bool(names), all_, best)) > 1:
@@ -579,7 +579,9 @@ def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, 
 
         require_matplotlib()
     variants = (
-        {s.slug: [parse_variant_name(n, s) for n in names] for s in shapes} if names else None
+        {report_key(s): [parse_variant_name(n, s) for n in names] for s in shapes}
+        if names
+        else None
     )
     _need_gpu("bench")
     if not (names or all_ or best):  # the pick, fitted to the batch timed
@@ -589,7 +591,7 @@ def bench(shape_text, all_shapes, op_text, batch, names, all_, best, json_path, 
         for s in shapes:
             v, note = the_pick(replace(s, batch=batch or s.batch), device_name())
             click.echo(f"{s.slug}: {v.kernel_name(s)}, {note}")
-            variants[s.slug] = [v]
+            variants[report_key(s)] = [v]
     report = run_bench(shapes, batch, variants, best, echo=click.echo)
     if json_path:
         from .files import atomic_write

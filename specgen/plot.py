@@ -43,7 +43,7 @@ def roofline(report: dict, path: Path) -> None:
         )
     markers = {"cudnn": "x", "fp32": "o", "tf32": "s", "fp16": "^", "bf16": "v"}
     for i, (slug, data) in enumerate(report["shapes"].items()):
-        shape = PRESETS.get(slug) or parse_shape(slug)
+        shape = parse_shape(data["spec"]) if "spec" in data else PRESETS[slug]
         intensity = shape.flops(data["batch"]) / shape.bytes_moved(data["batch"])
         color = f"C{i % 10}"
         for row in data["rows"]:

@@ -356,3 +356,64 @@ def test_timings_from_resumes_many_problem_tunes_only(tmp_path):
     r = run("tune", "--problems", str(problems), "--compile-only", "--timings-from", str(missing))
     assert r.exit_code == 2 and "cannot read timings from" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_bench_of_every_op_times_each_ops_own_pick(monkeypatch, tmp_path):
+    """``bench --shape P --op all``: every op of the preset gets its own pick and its own
+    row of the report.  Keyed by the preset's name alone, the last op's pick (bgrad's
+    wsplit) was handed to the forward pass, which refused it.  (The GPU and the timing
+    stood in for: this checks what the command hands the bench.)"""
+    import json
+
+    from specgen import bench, cli
+
+    from specgen.plan import make_plan
+
+    handed = {}
+
+    def fake_bench(shapes, batch, variants, best, echo):
+        handed.update({bench.report_key(s): (s, variants[bench.report_key(s)]) for s in shapes})
+        return dict(shapes={bench.report_key(s): dict(spec=s.spec) for s in shapes})
+
+    monkeypatch.setattr(cli, "_need_gpu", lambda verb: None)
+    monkeypatch.setattr(bench, "device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(bench, "run_bench", fake_bench)
+    out = tmp_path / "report.json"
+    r = run("bench", "--shape", "ae-enc2-bf16", "--op", "all", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    assert sorted(handed) == [
+        "ae-enc2-bf16",
+        "ae-enc2-bf16 bgrad",
+        "ae-enc2-bf16 dgrad",
+        "ae-enc2-bf16 wgrad",
+    ]
+    for key, (shape, (v,)) in handed.items():
+        assert shape.op.value == (key.partition(" ")[2] or "fprop")
+        make_plan(shape, v)  # the pick serves its own op (the forward pass refused wsplit)
+    report = json.loads(out.read_text())
+    assert [d["spec"].endswith("op=dgrad") for d in report["shapes"].values()].count(True) == 1
+
+
+def test_the_roofline_reads_each_problem_back_from_the_report(tmp_path):
+    """``--plot`` draws every row of a report, an inline problem's and another op's
+    included: it reads each problem from the spec the report keeps (an inline
+    problem's slug does not parse, and a preset's name does not say the op)."""
+    pytest.importorskip("matplotlib")
+    from specgen.bench import report_key
+    from specgen.plot import roofline
+    from specgen.shapes import PRESETS, Op, parse_shape
+
+    shapes = [
+        parse_shape("C=144,M=24,H=56,W=56,K=1,pad=0,dtype=bf16,layout=nhwc,op=dgrad"),
+        PRESETS["ae-enc2-bf16"],
+        PRESETS["ae-enc2-bf16"].with_op(Op.WGRAD),
+    ]
+    row = dict(label="cudnn-bf16", precision="bf16", tflops=40.0)
+    report = dict(
+        device="NVIDIA H200",
+        ceilings=dict(copy_bytes_per_s=3e12, fp32_flops_per_s=6e13, tensor_flops_per_s=7e14),
+        shapes={report_key(s): dict(batch=64, spec=s.spec, rows=[row]) for s in shapes},
+    )
+    assert len(report["shapes"]) == 3
+    roofline(report, tmp_path / "roof.png")
+    assert (tmp_path / "roof.png").read_bytes()[:4] == b"\x89PNG"
