@@ -54,7 +54,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // (k), and lane l receives k = 2*(l%4), 2*(l%4)+1 of column l/4, as an mma fragment wants.
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
 // Byte offsets in a stage: 16-byte unit `unit` of dy's pixel row `row` (2 units a row),
@@ -254,7 +255,8 @@ tcwhalo_b16x128_w1x8_r2_p4_s66_bf16_wgrad_iobf16_nhwc(const unsigned short* __re
             for (int f = 0; f < 18; ++f)
                 asm volatile(
                     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                    : "+f"(acc[i][f][0]), "+f"(acc[i][f][1]), "+f"(acc[i][f][2]), "+f"(acc[i][f][3])
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                    : "+f"(acc[i][f][0]), "+f"(acc[i][f][1]), "+f"(acc[i][f][2]), "+f"(acc[i][f][3])
                     : "r"(a[set][i][0]), "r"(a[set][i][1]), "r"(a[set][i][2]), "r"(a[set][i][3]),
                       "r"(b[set][f][0]), "r"(b[set][f][1]));
     };

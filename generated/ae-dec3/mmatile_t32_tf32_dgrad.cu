@@ -128,7 +128,8 @@ mmatile_t32_tf32_dgrad(const float* __restrict__ x, const float* __restrict__ w,
                 for (int j = 0; j < 1; ++j)
                     asm volatile(
                         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+
                         : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
                         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b[j][0]), "r"(b[j][1]));
             }

@@ -53,7 +53,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // (k), and lane l receives k = 2*(l%4), 2*(l%4)+1 of column l/4, as an mma fragment wants.
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
 // Byte offset of 16-byte unit `unit` of pixel row `row` in a tile of `units` units a row:
@@ -194,7 +195,8 @@ tcwgrad_b128x128_w2x2_k32_p4_s14_bf16_wgrad_iobf16_nhwc(const unsigned short* __
                 for (int j = 0; j < 8; ++j)
                     asm volatile(
                         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
                         : "r"(a[kk % 2][i][0]), "r"(a[kk % 2][i][1]), "r"(a[kk % 2][i][2]), "r"(a[kk % 2][i][3]),
                           "r"(b[kk % 2][j][0]), "r"(b[kk % 2][j][1]));
         }

@@ -53,7 +53,8 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
 {
     asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -103,7 +104,8 @@ __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const unsigned
 // address matrix i's rows; each lane gets word lane%4 of row lane/4 of each, an mma A fragment.
 __device__ __forceinline__ void ldsm_x4(unsigned (&a)[4], unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
 }
 
 // The weight that column n of the n side gives run element k of window row ky: map n / 2 at

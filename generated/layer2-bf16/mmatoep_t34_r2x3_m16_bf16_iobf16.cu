@@ -53,7 +53,8 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
 {
     asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -103,7 +104,8 @@ __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const unsigned
 // rows, lanes 8-15 the second's; each lane gets row lane/4, elements 2(lane%4), +1 of each.
 __device__ __forceinline__ void ldsm_x2(unsigned& r0, unsigned& r1, unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"                 : "=r"(r0), "=r"(r1) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
 // Lay the raw band out as the band: row r of channel c holds image row iy0 + r at elements

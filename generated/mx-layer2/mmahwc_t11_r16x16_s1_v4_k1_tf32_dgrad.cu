@@ -34,7 +34,8 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
 {
     asm(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -90,7 +91,8 @@ __device__ __forceinline__ void fetch(unsigned* __restrict__ raw, const float* _
 // address matrix i's rows; each lane gets word lane%4 of row lane/4 of each, an mma A fragment// (of tf32 words: row g, element t of matrices 0 and 1 (pixels g, g+8), then 2 and 3 (elements t+4)).
 __device__ __forceinline__ void ldsm_x4(unsigned (&a)[4], unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
 }
 
 // The band's byte `at` where it lies: 16-byte unit u of 128-byte line l at unit u ^ (l % 8), so
