@@ -274,7 +274,7 @@ wgmma_b256x128_p3_q1_gr_tma_bf16_iobf16_nhwc(const unsigned short* __restrict__ 
                 const int at = 4 * (j + k / 2) + 2 * (k % 2);
                 r[k] = pack2(acc[at], acc[at + 1]);
             }
-            stmatrix_x4_trans(row + j * 2176u, r[0], r[1], r[2], r[3]);
+            stmatrix_x4_trans(row + j * 2176u, r[0], r[1], r[2], r[3]);  // 8j pixel rows down, 272 bytes each
         }
     }
 

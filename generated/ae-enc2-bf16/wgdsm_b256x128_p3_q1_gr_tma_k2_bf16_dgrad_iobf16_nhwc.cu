@@ -341,7 +341,7 @@ wgdsm_b256x128_p3_q1_gr_tma_k2_bf16_dgrad_iobf16_nhwc(const unsigned short* __re
                 const int at = 4 * (j + k / 2) + 2 * (k % 2);
                 r[k] = pack2(sums[at], sums[at + 1]);
             }
-            stmatrix_x4_trans(row + j * 2176u, r[0], r[1], r[2], r[3]);
+            stmatrix_x4_trans(row + j * 2176u, r[0], r[1], r[2], r[3]);  // 8j pixel rows down, 272 bytes each
         }
     }
 
