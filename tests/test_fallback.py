@@ -475,7 +475,7 @@ def test_one_launch_packs_two_kernels_weights_where_both_pack_them_or_it_rounds(
         (([1], [1, 1, 1, 1], [1, 1], 1), r"stride as 2 ints, got stride=\[1\]"),
         (([1, 1], [1, 1, 1, 1], [1, 1, 1], 1), r"dilation as 2 ints"),
         (([0, 1], [1, 1, 1, 1], [1, 1], 1), "non-positive stride"),
-        (([1, 1], [1, 1, 1, 1], [1, 0], 1), "dilation should be greater than zero"),
+        (([1, 1], [1, 1, 1, 1], [1, 0], 1), "non-positive dilation"),
         (([1, 1], [1, -1, 1, 1], [1, 1], 1), "negative padding"),
         (([1, 1], [1, 1, 1, 1], [1, 1], 0), "non-positive groups"),
     ],

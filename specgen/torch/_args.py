@@ -35,6 +35,17 @@ def _padding(padding, weight, stride, dilation) -> list[int]:
     return [ph, ph, pw, pw]
 
 
+def refusal(stride, pads, dilation) -> str | None:
+    """What PyTorch's convolution would say of normalized arguments no convolution takes
+    (stride or dilation below 1, negative padding), or None where it takes them."""
+    for what, pair in (("stride", stride), ("dilation", dilation)):
+        if min(pair) < 1:
+            return f"non-positive {what} {tuple(pair)} is not supported"
+    if min(pads) < 0:
+        return f"negative padding {tuple(pads)} is not supported"
+    return None
+
+
 _normal: dict = {}  # (stride, padding, dilation, window) as given -> as the ops take them
 
 
@@ -48,12 +59,10 @@ def arguments(stride, padding, dilation, weight) -> tuple:
         key = found = None
     if found is None:
         stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
-        for what, pair in (("stride", stride), ("dilation", dilation)):
-            if min(pair) < 1:
-                raise SpecError(f"non-positive {what} {tuple(pair)} is not supported")
         pads = _padding(padding, weight, stride, dilation)
-        if min(pads) < 0:
-            raise SpecError(f"negative padding {tuple(pads)} is not supported")
+        message = refusal(stride, pads, dilation)
+        if message:
+            raise SpecError(message)
         found = (tuple(stride), tuple(pads), tuple(dilation))
         if key is not None and len(_normal) < 4096:
             _normal[key] = found

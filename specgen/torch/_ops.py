@@ -18,6 +18,7 @@ from torch import Tensor
 from ..shapes import Op, TensorLayout
 from . import _engine as E
 from . import _replay
+from ._args import refusal
 
 # The ops are defined on a Library and their Python kernels registered for the CUDA
 # and CPU dispatch keys directly: the same dispatcher entries that
@@ -69,12 +70,9 @@ def _checked(stride, padding, dilation, groups) -> None:
                 + (" (top, bottom, left, right)" if name == "padding" else "")
                 + f", got {name}={list(values)}"
             )
-    if min(stride) < 1:
-        raise RuntimeError("non-positive stride is not supported")
-    if min(dilation) < 1:
-        raise RuntimeError("dilation should be greater than zero")
-    if min(padding) < 0:
-        raise RuntimeError("negative padding is not supported")
+    message = refusal(stride, padding, dilation)
+    if message:
+        raise RuntimeError(message)
     if groups < 1:
         raise RuntimeError("non-positive groups is not supported")
 
