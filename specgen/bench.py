@@ -322,11 +322,65 @@ def timed_plan(shape: ConvProblem, v: Variant):
     return (with_fp32_grads(plan, grads) or plan) if grads else plan
 
 
+def operator_pack(shape: ConvProblem, plan) -> "np.ndarray | None":
+    """Where the PyTorch operator packs ``plan``'s weights in a launch of its own every
+    call, the offset of each packed weight in the weights' storage as the model holds
+    them (channels_last beside NHWC activations, contiguous beside NCHW ones); else
+    None.  fp32 layers only: a 16-bit layer's pack rides in the launch that stands for
+    autocast's cast of its fp32 weights (``Layer.packing``), and a plan of PyTorch's
+    own order, or of the storage's (``Kernel.storage_order``), packs nothing."""
+    from .runtime import channels_last_offsets, packed_ids
+
+    if shape.dtype is not DType.FP32 or shape.op not in (Op.FPROP, Op.DGRAD):
+        return None
+    ids = packed_ids(plan, shape)
+    if ids is None:
+        return None
+    at = channels_last_offsets(shape) if shape.layout is TensorLayout.NHWC else None
+    offsets = ids if at is None else at[ids]
+    return None if np.array_equal(offsets, np.arange(len(offsets))) else offsets
+
+
+# How a tune times a candidate whose weights the operator packs a call (``operator_pack``):
+# with the operator's own gather before each launch, so that a kernel reading PyTorch's
+# order (wgcols) meets the packed ones at what the step pays.  mobilenet_v2's
+# features.7.conv.2 tf32 dgrad took 0.0107 ms alone packed, 0.0136 in its layer table
+# with the gather, and 0.0126 reading w's columns (H200, 2026-11-30).
+def with_operator_pack(conv, shape: ConvProblem, w, launch):
+    """``launch(i)`` preceded by the operator's gather of ``w`` (PyTorch's [M][C/g][R][S],
+    on the host) into ``conv``'s packed weights, where the operator packs them a call;
+    else ``launch`` itself."""
+    import cupy
+
+    from .runtime import gather_source
+
+    offsets = operator_pack(shape, conv.plan)
+    if offsets is None or conv.w is None or conv.w.dtype != np.float32:
+        return launch
+    host = cupy.asnumpy(w).astype(np.float32)
+    if shape.layout is TensorLayout.NHWC:
+        host = host.transpose(0, 2, 3, 1)  # the channels_last storage
+    storage = cupy.asarray(np.ascontiguousarray(host).reshape(-1))
+    at = cupy.asarray(offsets.astype(np.int32))
+    n = len(offsets)
+    name, text = gather_source("fp32", "fp32")
+    gather = cupy.RawKernel(text, name)
+    grid = (-(-n // 256),)
+
+    def packed(i):
+        gather(grid, (256,), (storage, at, conv.w, np.int32(n)))
+        launch(i)
+
+    return packed
+
+
 def bench_variant(
-    shape: ConvProblem, variant: Variant, batch: int, xs, w, b, ceil, conv=None
+    shape: ConvProblem, variant: Variant, batch: int, xs, w, b, ceil, conv=None, pack=False
 ) -> Timing:
     """``conv`` timed (else the plan the tune times, ``timed_plan``): its outputs
-    poisoned with NaN first, in fp32 where its plan writes the operator's fp32 grads."""
+    poisoned with NaN first, in fp32 where its plan writes the operator's fp32 grads;
+    with the operator's weight pack before each launch where ``pack`` asks and the
+    operator packs them a call (``with_operator_pack``)."""
     import cupy
 
     from .runtime import Conv
@@ -338,7 +392,13 @@ def bench_variant(
     for r in outputs(shape):
         nan = cupy.full(role_shape(r, shape, batch), np.nan, np.float32)
         outs[r] = nan if wide else to_storage(nan, shape.dtype, cupy)
-    times = time_launches(lambda i: conv.run(xs[i], outs), rotate=len(xs))
+
+    def launch(i):
+        conv.run(xs[i], outs)
+
+    if pack:
+        launch = with_operator_pack(conv, shape, w, launch)
+    times = time_launches(launch, rotate=len(xs))
     t = summarize(conv.plan.name, variant.precision.value, times, shape, batch, ceil)
     t.x_floor = t.ms / floor_ms(shape, batch, ceil, tensor=variant.precision is not Precision.FP32)
     stored = (o if wide else from_storage(o, shape.dtype, cupy) for o in outs.values())

@@ -613,7 +613,9 @@ def time_item(item: Item, arch: str, env: dict) -> dict:
             return dict(
                 record, kind="dropped", status="wrong", reason=reason, seconds=_since(start)
             )
-        t = bench_variant(shape, v, item.batch, met["xs"], met["w"], met["bias"], met["ceil"])
+        t = bench_variant(
+            shape, v, item.batch, met["xs"], met["w"], met["bias"], met["ceil"], pack=True
+        )
         parts["bench_s"] = _since(start) - parts["met_s"] - parts["verify_s"]
         if t.verified:
             return dict(

@@ -610,3 +610,24 @@ def dgrad_weights(w: np.ndarray, groups: int) -> np.ndarray:
     M, Cg, R, S = w.shape
     g = w.reshape(groups, M // groups, Cg, R, S)[:, :, :, ::-1, ::-1]
     return np.ascontiguousarray(g.transpose(0, 2, 1, 3, 4)).reshape(groups * Cg, M // groups, R, S)
+
+
+def packed_ids(plan: Plan, p: ConvProblem) -> np.ndarray | None:
+    """The flat index of PyTorch's weight (of its [M][C/g][R][S]) that ``plan`` reads at
+    each packed position, or None where the packed layout is PyTorch's own: the host
+    packers applied once to the weights' own indices, so that a gather by them on the
+    device (the operator's) and the host's packing cannot disagree."""
+    if plan.weight_format == "f32" and not plan.weight_transform:
+        return None
+    ids = np.arange(p.weight_count, dtype=np.int64).reshape(w_shape(p))
+    if plan.weight_transform == "dgrad":
+        ids = dgrad_weights(ids, p.groups)
+    return pack_weights(ids, plan.weight_format)
+
+
+def channels_last_offsets(p: ConvProblem) -> np.ndarray:
+    """Where each weight of PyTorch's [M][C/g][R][S] lies in a channels_last tensor's
+    storage ([M][R][S][C/g]), by its flat logical index."""
+    M, Cg, R, S = w_shape(p)
+    at = np.arange(M * R * S * Cg, dtype=np.int64).reshape(M, R, S, Cg).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(at).reshape(-1)

@@ -178,7 +178,8 @@ def run_tune(
 ) -> dict:
     """Tune ``shape`` in ``precision``: its candidates (``strategy``'s only where one is
     named; ``prune``d to ``floor`` with ``keep`` first) compiled at once, verified and
-    timed, the top three timed again interleaved, the winner recorded."""
+    timed as the operator runs them (the weights' pack a call included, where it packs
+    them), the top three timed again interleaved, the winner recorded."""
     import os
 
     import numpy as np
@@ -222,7 +223,7 @@ def run_tune(
                 counts["dropped"] += 1  # spills, wrong numbers: never timed
                 continue
             counts["verified"] += 1
-            t = bench_variant(shape, v, batch, xs, w, bias, ceil)
+            t = bench_variant(shape, v, batch, xs, w, bias, ceil, pack=True)
             counts["timed"] += 1
             tunedb.append(
                 dict(
@@ -268,17 +269,21 @@ def run_tune(
 
 def retime(shape: ConvProblem, top: list[Variant], xs, w, bias, extra=None):
     """The finalists timed again, interleaved round by round so that drift in clocks or
-    temperature hits all alike (``extra``: name -> a launch timed in the same rounds,
-    cuDNN's).  Returns the winner, each one's median and deciles (by variant, and by
+    temperature hits all alike, each with the operator's weight pack where it packs them
+    a call (``bench.with_operator_pack``; ``extra``: name -> a launch timed in the same
+    rounds, cuDNN's).  Returns the winner, each one's median and deciles (by variant, and by
     name for ``extra``), the finalists fastest first, and whether the runner-up's p10
     reaches the winner's p90 (a tie)."""
-    from .bench import time_launches, timed_plan
+    from .bench import time_launches, timed_plan, with_operator_pack
     from .runtime import Conv
 
     convs = {v: Conv(shape, v, plan=timed_plan(shape, v)) for v in top}
     for c in convs.values():
         c.set_weights(w, bias)
-    launches = {v: (lambda i, c=c: c.run(xs[i % len(xs)])) for v, c in convs.items()}
+    launches = {
+        v: with_operator_pack(c, shape, w, lambda i, c=c: c.run(xs[i % len(xs)]))
+        for v, c in convs.items()
+    }
     launches.update(extra or {})
     samples = {k: [] for k in launches}
     for _ in range(RETIME_ROUNDS):

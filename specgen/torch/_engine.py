@@ -25,7 +25,7 @@ from ..runtime import (
     sum_source,
     transpose_source,
 )
-from ..runtime import weight_dtype
+from ..runtime import channels_last_offsets, packed_ids, weight_dtype
 from ..shapes import ConvProblem, DType, Op, TensorLayout
 from ..strategies.wlane import MAX_ACCUMULATORS as LANE_SUMS
 from ..strategies.wsplit import with_fp32_grads
@@ -875,36 +875,15 @@ def _compile_and_load(index: int, name: str, text: str, names: tuple) -> tuple:
 _modules: list = []
 
 
-def channels_last_offsets(p: ConvProblem):
-    """Where each weight of PyTorch's [M][C/g][R][S] lies in a channels_last tensor's
-    storage ([M][R][S][C/g]), by its flat logical index (a NumPy array)."""
-    import numpy as np
-
-    M, Cg, R, S = w_shape(p)
-    at = np.arange(M * R * S * Cg, dtype=np.int64).reshape(M, R, S, Cg).transpose(0, 3, 1, 2)
-    return np.ascontiguousarray(at).reshape(-1)
-
-
 def _packed_ids(conv: Conv):
-    """The flat index of PyTorch's weight read at each packed position (a NumPy array),
-    or None where the packed layout is PyTorch's own."""
-    import numpy as np
-
-    from ..runtime import dgrad_weights
-    from ..runtime import pack_weights as host_pack
-
-    plan, p = conv.plan, conv.shape
+    """``runtime.packed_ids`` of conv's plan, where the operator serves its format."""
+    plan = conv.plan
     if plan.weight_format not in ("f32", "ckkm", "mrsc.fp16", "mrsc.bf16", "mrsc.fp32"):
         raise SpecError(
             f"{plan.name} packs weights as {plan.weight_format}, which the PyTorch operator "
             "does not serve"
         )
-    if plan.weight_format == "f32" and not plan.weight_transform:
-        return None
-    ids = np.arange(p.weight_count, dtype=np.int64).reshape(w_shape(p))
-    if plan.weight_transform == "dgrad":
-        ids = dgrad_weights(ids, p.groups)
-    return host_pack(ids, plan.weight_format)
+    return packed_ids(plan, conv.shape)
 
 
 def _gather(conv: Conv, index: int):
