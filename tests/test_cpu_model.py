@@ -82,6 +82,7 @@ BEYOND_PRESETS = {
     "mmafew": "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc",  # a stem
     "wfew": "C=3,M=64,H=224,W=224,K=7,pad=3,stride=2,dtype=bf16,layout=nhwc,op=wgrad",
     "wdw": "C=32,M=32,H=112,W=112,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc,op=wgrad",
+    "wgcols": "C=192,M=64,H=14,W=14,K=1,op=dgrad",  # a 1x1 fp32 NCHW dgrad
 }
 
 

@@ -404,6 +404,7 @@ def test_every_count_option_refuses_a_value_past_the_hardware(tmp_path):
         "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32,dtype=bf16,layout=nhwc",
         "C=3,M=16,H=16,W=16,K=3,pad=1,stride=2,dtype=bf16,layout=nhwc",  # a stem
         "C=32,M=32,H=16,W=16,K=3,pad=1,groups=32",  # depthwise in NCHW
+        "C=64,M=64,H=16,W=16,K=1",  # a 1x1 window (wgcols: its dgrad)
     ]
     checked = 0
     for cls in TABLE:

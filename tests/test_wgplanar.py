@@ -18,6 +18,7 @@ from specgen.shapes import Op, TensorLayout, parse_shape
 from specgen.strategies import default_set
 from specgen.strategies.wgplanar import (
     TILE_RATES,
+    Wgcols,
     Wgplanar,
     _filled_fit,
     _one_tap_phase,
@@ -302,6 +303,102 @@ def test_a_1x1_strided_dgrad_clears_dx_and_multiplies_its_one_phase(precision):
     assert make_plan(padded, Wgplanar.default(padded, precision)).context["VEC"] == 1
 
 
+# 1x1 dgrads: mobilenet_v2's features.7.conv.2 (B=64); resnet50's stride-2 one; ragged
+# maps and channels of a group (the view's 50 rows past a tile, its 36 channels past a chunk)
+ONE_BY_ONE_DGRADS = [
+    "C=192,M=64,H=14,W=14,K=1,op=dgrad",
+    "C=512,M=1024,H=28,W=28,K=1,stride=2,op=dgrad",
+    "C=100,M=72,H=9,W=9,K=1,groups=2,op=dgrad",
+]
+
+
+@pytest.mark.parametrize("precision", [TF32, FP32])
+@pytest.mark.parametrize("spec", ONE_BY_ONE_DGRADS)
+def test_wgcols_reads_pytorchs_weights_where_they_lie(spec, precision):
+    """wgcols plans a 1x1 window's dgrad, at stride 1 too, as itself (one phase of one
+    tap) and reads w[M][C/g] as PyTorch lays it out, a unit's four words four 4-byte
+    copies down a column: the plan's weights are PyTorch's own (``f32``, no transform),
+    so the operator gathers none a call.  No spills, not serialized.  At stride 1 the fit
+    is its forward view's; wgplanar keeps the view and the packed weights, and wgcols
+    refuses a 3x3 window in one line."""
+    p = replace(parse_shape(spec), batch=64)
+    assert Wgcols.problem_for(p) is p
+    v = Wgcols.default(p, precision)
+    plan = make_plan(p, v)
+    assert (plan.weight_format, plan.weight_transform) == ("f32", "")
+    assert plan.context["w_columns"] and plan.name.startswith("wgcols_")
+    binary = compiled(plan)
+    assert binary.spills == 0 and SERIALIZED not in binary.log, binary.resources
+    if p.stride == (1, 1):
+        assert v.blocktile == Wgplanar.default(p.dgrad_view(), precision).blocktile
+        assert Wgplanar.problem_for(p).op is Op.FPROP
+    packed = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), precision))
+    assert packed.weight_transform == "dgrad" and not packed.context["w_columns"]
+    three = replace(parse_shape(spec.replace("K=1", "K=3,pad=1")), batch=64)
+    with pytest.raises(SpecError, match="wgcols computes the dgrad of a 1x1 window") as e:
+        make_plan(three, Wgcols(precision=precision))
+    assert "\n" not in str(e.value)
+
+
+def test_a_tune_times_packed_weights_with_their_gather_where_the_operator_packs_them():
+    """``bench.operator_pack``: a tune charges a candidate the operator's gather where the
+    operator packs its weights in a launch of their own every call (fp32 weights, an
+    order that neither of the model's memory formats stores), and reads the right
+    weights: the storage at its offsets is the host's packing.  wgcols, a 1x1 forward
+    pass beside channels_last weights and a 16-bit layer (whose pack rides in autocast's
+    cast) pay none."""
+    import numpy as np
+
+    from specgen.bench import operator_pack
+    from specgen.runtime import dgrad_weights, pack_weights
+    from specgen.shapes import DType
+    from specgen.strategies import Wgmma
+    from specgen.tensors import w_shape
+
+    p = replace(parse_shape("C=192,M=64,H=14,W=14,K=1,op=dgrad"), batch=64)
+    packed = make_plan(p, Wgplanar.default(Wgplanar.problem_for(p), TF32))
+    at = operator_pack(p, packed)
+    w = np.random.default_rng().standard_normal(w_shape(p)).astype(np.float32)
+    want = pack_weights(dgrad_weights(w, p.groups), packed.weight_format)
+    assert at is not None and np.array_equal(w.reshape(-1)[at], want)
+    assert operator_pack(p, make_plan(p, Wgcols.default(p, TF32))) is None
+
+    # a 3x3 forward pass: mrsc beside contiguous weights is packed, beside channels_last
+    # ones it is their storage
+    three = replace(parse_shape("C=64,M=64,H=14,W=14,K=3,pad=1"), batch=8)
+    planar = make_plan(three, Wgplanar.default(three, TF32))
+    at = operator_pack(three, planar)
+    w = np.random.default_rng().standard_normal(w_shape(three)).astype(np.float32)
+    assert at is not None and np.array_equal(w.reshape(-1)[at], pack_weights(w, "mrsc.fp32"))
+    nhwc = replace(three, layout=TensorLayout.NHWC)
+    assert operator_pack(nhwc, make_plan(nhwc, Wgmma.default(nhwc, TF32))) is None
+    bf16 = replace(p, dtype=DType.BF16, layout=TensorLayout.NHWC)
+    v = Wgmma.default(Wgmma.problem_for(bf16), Precision.BF16)
+    assert make_plan(bf16, v).weight_transform == "dgrad"
+    assert operator_pack(bf16, make_plan(bf16, v)) is None
+
+
+def test_every_wgcols_tile_of_a_wide_1x1_dgrad_compiles_without_spills():
+    """resnet50's layer3.0.conv3 dgrad (256 <- 1024 channels over 14x14 maps): each tile of
+    the tune's space, in tf32 and 3xTF32, whole and in slices, reading w's columns
+    without spills (a warp's 8 rows a step, their offsets immediates: copied a unit a
+    thread, the widest tiles spilled up to 984 bytes)."""
+    p = replace(parse_shape("C=256,M=1024,H=14,W=14,K=1,op=dgrad"), batch=32)
+    n = 0
+    for precision in (TF32, FP32):
+        tiles = {(v.blocktile, v.splits > 1): v for v in Wgcols.space(p, precision)}
+        for v in tiles.values():
+            try:
+                plan = make_plan(p, v)
+            except SpecError as e:  # registers or shared memory: refused in one line
+                assert "\n" not in str(e)
+                continue
+            binary = compiled(plan)
+            assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
+            n += 1
+    assert n >= 20
+
+
 @pytest.mark.parametrize("precision", [TF32, FP32])
 def test_a_1x1_strided_dgrad_over_few_blocks_may_slice_its_one_phase(precision):
     """resnet18's 1x1 stride-2 dgrad over 2x2 dx at B=128 leaves most SMs idle whole (16
@@ -466,3 +563,47 @@ def test_a_sliced_one_phase_dgrad_on_the_gpu(p, batch, splits, precision):
 def test_resnet50_layers_on_the_gpu(spec, precision):
     p = parse_shape(spec)
     verify_on_the_gpu(p, [Wgplanar.default(p, precision)], 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", [TF32, FP32])
+@pytest.mark.parametrize("spec", ONE_BY_ONE_DGRADS)
+def test_wgcols_reads_pytorchs_weights_on_the_gpu(spec, precision):
+    """w[M][C/g] read where it lies, down its columns: the default, every tile of the
+    tune's space at 3 stages and one in slices (the view's rows past a tile, its
+    channels past a chunk, groups, stride), against the float64 reference."""
+    p = parse_shape(spec)
+    space = Wgcols.space(p, precision)
+    tiles = {v.blocktile: v for v in space if v.stages == 3 and v.splits == 1}
+    sliced = [v for v in space if v.splits > 1][:1]
+    verify_on_the_gpu(p, [Wgcols.default(p, precision), *tiles.values(), *sliced], 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "spec", ["C=192,M=64,H=14,W=14,K=1,op=dgrad", "C=64,M=96,H=14,W=14,K=3,pad=1,groups=2"]
+)
+def test_the_tunes_weight_pack_writes_what_the_host_packs_on_the_gpu(spec):
+    """The gather a tune times before a packed candidate (``with_operator_pack``: a 1x1
+    dgrad's transposed weights, a grouped 3x3 forward pass's mrsc) leaves in the kernel's
+    weights exactly the host's packing of fresh weights, over NaN, before the launch it
+    precedes."""
+    import cupy
+    import numpy as np
+
+    from specgen.bench import with_operator_pack
+    from specgen.runtime import Conv
+    from specgen.verify import random_inputs
+
+    p = replace(parse_shape(spec), batch=2)
+    v = Wgplanar.default(Wgplanar.problem_for(p), TF32)
+    conv = Conv(p, v)
+    rng = np.random.default_rng()
+    _, w, bias = random_inputs(p, 1, rng)
+    conv.set_weights(w, bias)
+    want = cupy.asnumpy(conv.w).copy()
+    conv.w.fill(np.nan)
+    ran = []
+    with_operator_pack(conv, p, w, ran.append)(0)
+    cupy.cuda.Device().synchronize()
+    assert ran == [0] and np.array_equal(cupy.asnumpy(conv.w), want)

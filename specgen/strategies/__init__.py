@@ -42,7 +42,7 @@ from .wfew import Wfew
 from .wgemm import Wgemm
 from .wgmma import Wgdsm, Wgmma
 from .wgnchw import Wgnchw
-from .wgplanar import Wgplanar
+from .wgplanar import Wgcols, Wgplanar
 from .wgwgrad import Wgwdsm, Wgwgrad, Wgwhalo, Wgwtma
 from .wgwino import Wgwino
 from .wlane import Wlane
@@ -76,6 +76,7 @@ TABLE: tuple[type[Variant], ...] = (
     Wgmma,
     Wgdsm,
     Wgplanar,
+    Wgcols,
     Kn2row,
     Mmafew,
     Phased,

@@ -41,7 +41,16 @@ slowest), and takes the cheapest where it prices clearly below the tile that bes
 the SMs' waves; a strided dgrad, whose phases' taps are unequal, takes the latter.
 
 dgrad at stride 1 comes through the forward view, as for every forward strategy: dy's
-planes are x's, dx's are y's.  A strided dgrad is a GEMM per stride phase of dx's pixels
+planes are x's, dx's are y's, and the operator packs the weights flipped and transposed
+for it, in fp32 a launch of its own every call.  ``wgcols`` is the same kernel for a 1x1
+window's dgrad that packs none: planned as itself at any stride (one phase of one tap),
+it reads w[M][C/g] where PyTorch lays it out, a row of the view's B a column there, a
+warp copying 8 neighbouring rows' 4-byte words a step.  Four times the copy
+instructions of the packed 16-byte units, and every block reads all of its maps' w: on
+resnet50's wide 1x1 dgrads 5-47% slower, and on mobilenet_v2's features.7.conv.2 (192 <-
+64 channels, 14x14, B=64, tf32) 0.0126 ms against 0.0136 with the gather (H200,
+2026-11-30, ``wgplanar-1x1-dgrad-weight-columns-*``); so it is the tune's to pick a
+layer, the packed kernels timed with their gather (``bench.operator_pack``).  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
 the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
@@ -55,6 +64,7 @@ writes the other phases' zeros, so no first kernel clears dx.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ..errors import SpecError
 from ..plan.common import (
@@ -161,6 +171,7 @@ class Wgplanar(Variant):
 
     ops = frozenset({Op.FPROP, Op.DGRAD})
     phased_dgrad = True  # a strided dgrad a GEMM per stride phase (``phases_of``)
+    columns: ClassVar[bool] = False  # a 1x1 dgrad's w read down its columns (``Wgcols``)
 
     def plan(self, problem):
         return plan_wgplanar(problem, self)
@@ -173,10 +184,12 @@ class Wgplanar(Variant):
         (``_filled_fit``); else, and for a strided dgrad's phases, the wave-filling one."""
         p = problem
         filled = _filled_fit(p, seed)
-        if p.op is Op.DGRAD:
+        # a dgrad at stride 1 of a 1x1 window is priced as its GEMM, its forward view
+        q = _one_tap_phase(p) if _rated_dgrad(p) else p
+        if q.op is Op.DGRAD:
             return filled
         three = seed.precision is Precision.FP32
-        kt = p.R * p.S * ceil_div(p.Cg, CHUNK)
+        kt = q.R * q.S * ceil_div(q.Cg, CHUNK)
         widest = _widest_maps(p, three)
         prices = {}  # each rated tile, whole and in its slices: its seconds
         for (bm, bn, tile_three), rate in TILE_RATES.items():
@@ -190,7 +203,7 @@ class Wgplanar(Variant):
             except SpecError:
                 continue
             for splits in {1, _splits_for(p, v, per_sm)}:
-                prices[replace(v, splits=splits)] = _sliced_seconds(p, v, per_sm, kt, splits, rate)
+                prices[replace(v, splits=splits)] = _sliced_seconds(q, v, per_sm, kt, splits, rate)
         if not prices:
             return filled
         best = min(prices, key=lambda v: (prices[v], *v.blocktile))
@@ -220,6 +233,32 @@ class Wgplanar(Variant):
                     counts = {_splits_for(problem, v)} | _few_block_splits(problem, v)
                     out.extend(replace(v, splits=s) for s in sorted(counts - {1}))
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wgcols(Wgplanar):
+    """``wgplanar``'s kernel for a 1x1 window's dgrad, reading w where PyTorch lays it
+    out (the module's docstring): its parameters, fit and space are wgplanar's."""
+
+    key = "wgcols"
+    description = (
+        "dgrad of a 1x1 window over fp32 NCHW tensors on Hopper's warpgroup tensor cores "
+        "(sm_90a), in tf32 or in 3xTF32: wgplanar's kernel reading the weights where "
+        "PyTorch lays them out, down w's columns, so that no gather packs them a call"
+    )
+    ops = frozenset({Op.DGRAD})
+    columns = True
+
+    @classmethod
+    def problem_for(cls, problem):
+        """The dgrad itself at any stride (one phase of one tap): its kernel reads w's
+        columns where a forward view's would read the packed, transposed weights."""
+        if problem.op is not Op.DGRAD or problem.R * problem.S != 1:
+            raise SpecError(
+                f"wgcols computes the dgrad of a 1x1 window, not op={problem.op.value} with a "
+                f"{problem.R}x{problem.S} one; use --strategy wgplanar"
+            )
+        return problem
 
 
 def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
@@ -257,9 +296,19 @@ def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
     best = max(filled(bm) for bm, _ in fits)
     bm, stages = max(f for f in fits if filled(f[0]) >= 0.9 * best)
     fitted = replace(seed, blocktile=(bm, bn), stages=stages)
-    if p.op is Op.DGRAD:  # one phase's slices are the tune's to time (``space``)
+    if p.op is Op.DGRAD and not _rated_dgrad(p):  # one phase's slices are the tune's to time
         return fitted
     return replace(fitted, splits=_splits_for(p, fitted))
+
+
+def _rated_dgrad(p: ConvProblem) -> bool:
+    """Whether ``p`` is a dgrad that ``fit`` prices as a forward pass: a 1x1 window's at
+    stride 1 (``Wgcols.problem_for``), the GEMM of its forward view, which it was
+    planned as before it read PyTorch's weights; strided ones keep the wave-filling
+    tile."""
+    return (
+        p.op is Op.DGRAD and p.R * p.S == 1 and p.stride == (1, 1) and _one_tap_phase(p) is not None
+    )
 
 
 def _widest_maps(p: ConvProblem, three: bool) -> int:
@@ -408,7 +457,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     # 1. limits
     if p.layout is not TensorLayout.NCHW or p.dtype is not DType.FP32:
         raise SpecError(
-            f"wgplanar reads fp32 NCHW tensors ({p.dtype.value} {p.layout.value} given): "
+            f"{v.key} reads fp32 NCHW tensors ({p.dtype.value} {p.layout.value} given): "
             "use --strategy wgmma"
         )
     # a strided dgrad: the GEMM of dy (channels M) into dx's C maps, a stride phase of
@@ -417,29 +466,29 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     g = gemm_view(p)
     if g.Cg < FEW_CHANNELS:
         raise SpecError(
-            f"wgplanar multiplies chunks of {CHUNK} channels: the {g.Cg} channels per group "
+            f"{v.key} multiplies chunks of {CHUNK} channels: the {g.Cg} channels per group "
             "would leave most of each chunk zeros; use --strategy mmahwc or mmapersist"
         )
     if g.Cg % 4:
         raise SpecError(
-            f"wgplanar copies a map's weights 4 channels at a time: the {g.Cg} channels per "
+            f"{v.key} copies a map's weights 4 channels at a time: the {g.Cg} channels per "
             "group are not a multiple of 4; use --strategy mma"
         )
     three = v.precision is Precision.FP32
     bm, bn = v.blocktile
     if bm not in PIXEL_TILES:
         raise SpecError(
-            f"wgplanar b{bm}x{bn}: a warpgroup multiplies 64 pixels; choose "
+            f"{v.key} b{bm}x{bn}: a warpgroup multiplies 64 pixels; choose "
             f"{', '.join(map(str, PIXEL_TILES))} pixels"
         )
     if bn not in MAP_TILES:
         raise SpecError(
-            f"wgplanar b{bm}x{bn}: the block's maps are wgmma's N, one of "
+            f"{v.key} b{bm}x{bn}: the block's maps are wgmma's N, one of "
             f"{', '.join(map(str, MAP_TILES))}"
         )
     if three and bn > THREE_MOST_MAPS:
         raise SpecError(
-            f"wgplanar b{bm}x{bn}: fp32 math keeps a chunk's sums and x's lo words beside "
+            f"{v.key} b{bm}x{bn}: fp32 math keeps a chunk's sums and x's lo words beside "
             f"the sums, at most {THREE_MOST_MAPS} maps a block; choose fewer maps"
         )
     warpgroups = bm // 64
@@ -459,6 +508,9 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     else:
         whole = (p.R, p.S, p.stride, p.Ho * p.Wo % 4, p.pads) == (1, 1, (1, 1), 0, (0,) * 4)
     vec = 4 if whole else 1
+    # wgcols: a 1x1 window's dgrad reads PyTorch's weights where they lie, w[M][C/g]:
+    # the view's rows are its columns, a unit's 4 words 4 copies (no gather packs them)
+    w_columns = type(v).columns
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
@@ -467,27 +519,27 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     need = nacc * (2 if three else 1) + (32 if three else 16) + 2 * b_vecs + 40
     if need > budget:
         raise SpecError(
-            f"wgplanar b{bm}x{bn}: {nacc} fp32 sums a thread and its copies need about "
+            f"{v.key} b{bm}x{bn}: {nacc} fp32 sums a thread and its copies need about "
             f"{need} registers, over the {budget} that {threads} threads get; choose fewer "
             "maps or pixels"
         )
     if not 2 <= v.stages <= 8:
-        raise SpecError(f"wgplanar p{v.stages}: the ring holds 2 to 8 chunks")
+        raise SpecError(f"{v.key} p{v.stages}: the ring holds 2 to 8 chunks")
     kt = max(ph["kt"] for ph in phases) if phased else p.R * p.S * chunks_per_tap
     if phased and v.splits != 1 and _one_tap_phase(p) is None:
         raise SpecError(
-            f"wgplanar s{v.splits}: a strided dgrad's phases take the reduction whole, but "
+            f"{v.key} s{v.splits}: a strided dgrad's phases take the reduction whole, but "
             "for one phase of one tap (a 1x1 window's)"
         )
     if not 1 <= v.splits <= kt:
         raise SpecError(
-            f"wgplanar s{v.splits}: the reduction's {kt} chunks are cut into 1 to {kt} slices"
+            f"{v.key} s{v.splits}: the reduction's {kt} chunks are cut into 1 to {kt} slices"
         )
     a_stage, b_stage = _stage_bytes(bm, bn, three)
     smem = v.stages * (a_stage + b_stage) + 1024  # and the slack to align B to 1024 B
     if smem > STAGE_LIMIT:
         raise SpecError(
-            f"wgplanar's ring of {v.stages} chunks needs {smem} B of shared memory, over the "
+            f"{v.key}'s ring of {v.stages} chunks needs {smem} B of shared memory, over the "
             f"{STAGE_LIMIT} B a block may opt in to; choose --stages {_most_stages(bm, bn, three)} "
             "or a smaller tile"
         )
@@ -550,6 +602,10 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         b_rows=threads // 8,
         guard_b_rows=bn * 8 % threads != 0,
         rsc=p.R * p.S * g.Cg,
+        w_columns=w_columns,
+        warps=threads // 32,
+        b_groups=ceil_div(bn // 8, threads // 32),  # a warp's groups of 8 rows (w_columns)
+        guard_b_groups=bn // 8 % (threads // 32) != 0,
         x_image=g.C * g.H * g.W,
         guard_maps=g.Mg % bn != 0,
         guard_chans=g.Cg % CHUNK != 0,
@@ -567,7 +623,11 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
                 f"{len(phases)} phase{'s' if len(phases) > 1 else ''} of (B*phase pixels) x "
                 f"{g.Mg} x (phase taps*{g.Cg})" + (f", {p.groups} groups" if p.groups > 1 else ""),
                 "dx pixels of a stride phase x dx channels x (its taps, dy maps): D = dY W^T "
-                "with w flipped and transposed, "
+                + (
+                    "with w read where it lies, "
+                    if w_columns
+                    else "with w flipped and transposed, "
+                )
                 + ("the one phase in slices" if sliced else "blockIdx.z the phase"),
             ),
             Size(
@@ -617,9 +677,21 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         ),
         Size(
             "copies",
-            f"{a_vecs} of x ({4 * vec} B) + {b_vecs} of w (16 B) per thread per chunk",
+            f"{a_vecs} of x ({4 * vec} B) + "
+            + (
+                f"{8 * ceil_div(bn // 8, threads // 32)} of w (4 B)"
+                if w_columns
+                else f"{b_vecs} of w (16 B)"
+            )
+            + " per thread per chunk",
             "cp.async, zero-filled outside the image, past the batch and past the channels; "
-            "a barrier a chunk",
+            + (
+                "w read as PyTorch lays it out, [M][C/g], a column a row of the view, a warp "
+                "a unit of 8 rows; "
+                if w_columns
+                else ""
+            )
+            + "a barrier a chunk",
         ),
     )
     name = v.kernel_name(p)
@@ -697,8 +769,8 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         static_smem=0,
         dynamic_smem=smem,
         const_bytes=0,
-        weight_format="mrsc.fp32",
-        weight_transform="dgrad" if phased else "",
+        weight_format="f32" if w_columns else "mrsc.fp32",
+        weight_transform="dgrad" if phased and not w_columns else "",
         sizes=sizes,
         context={**ctx, **descriptor()},  # 128-byte rows
         workspace_per_image=(
