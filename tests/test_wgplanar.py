@@ -569,14 +569,14 @@ def test_resnet50_layers_on_the_gpu(spec, precision):
 @pytest.mark.parametrize("precision", [TF32, FP32])
 @pytest.mark.parametrize("spec", ONE_BY_ONE_DGRADS)
 def test_wgcols_reads_pytorchs_weights_on_the_gpu(spec, precision):
-    """w[M][C/g] read where it lies, down its columns: the default, every tile of the
-    tune's space at 3 stages and one in slices (the view's rows past a tile, its
-    channels past a chunk, groups, stride), against the float64 reference."""
+    """w[M][C/g] read where it lies, down its columns: the default, the narrowest and
+    widest tiles of the tune's space at 3 stages and one in slices (the view's rows past
+    a tile, its channels past a chunk, groups, stride), against the float64 reference."""
     p = parse_shape(spec)
     space = Wgcols.space(p, precision)
-    tiles = {v.blocktile: v for v in space if v.stages == 3 and v.splits == 1}
+    tiles = [v for v in space if v.stages == 3 and v.splits == 1]
     sliced = [v for v in space if v.splits > 1][:1]
-    verify_on_the_gpu(p, [Wgcols.default(p, precision), *tiles.values(), *sliced], 3)
+    verify_on_the_gpu(p, [Wgcols.default(p, precision), tiles[0], tiles[-1], *sliced], 3)
 
 
 @pytest.mark.gpu
