@@ -261,10 +261,10 @@ wgmma_b256x128_p3_q1_gr_tma_bf16_iobf16_nhwc(const unsigned short* __restrict__ 
     asm volatile("bar.sync 1, 256;" ::: "memory");  // the ring is free: it holds the tile on its way out
     {
         unsigned short* tile = (unsigned short*)(smem);
+        const int mw = wg * 64 + warp % 4 * 16;  // the warp's first map
         // By stmatrix, transposed: registers k of a thread hold, rounded in pairs, its two
         // pixels of 8 x 8 block k (maps 8h of its warp's 16, pixels 8 (j + k / 2)), and lane
         // 8k + r names pixel row r of block k; each row of 8 maps lands as one 16-byte piece.
-        const int mw = wg * 64 + warp % 4 * 16;  // the warp's first map
         const unsigned row = shared_u32(tile + (lane % 8 + 8 * (lane / 16)) * 136 + mw + 8 * (lane / 8 % 2));
 #pragma unroll
         for (int j = 0; j < 32; j += 2) {
