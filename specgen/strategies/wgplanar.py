@@ -50,7 +50,9 @@ instructions of the packed 16-byte units, and every block reads all of its maps'
 resnet50's wide 1x1 dgrads 5-47% slower, and on mobilenet_v2's features.7.conv.2 (192 <-
 64 channels, 14x14, B=64, tf32) 0.0126 ms against 0.0136 with the gather (H200,
 2026-11-30, ``wgplanar-1x1-dgrad-weight-columns-*``); so it is the tune's to pick a
-layer, the packed kernels timed with their gather (``bench.operator_pack``).  A strided dgrad is a GEMM per stride phase of dx's pixels
+layer, the packed kernels timed with their gather (``bench.operator_pack``).  It runs
+in tf32 with the reduction whole: a strided 3xTF32 one failed against float64 on the
+GPU (2026-12-01), and slices were not proved there.  A strided dgrad is a GEMM per stride phase of dx's pixels
 (``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
 the kernel sets at run time), over the taps that reach the phase, its sums stored to
 the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
@@ -243,10 +245,13 @@ class Wgcols(Wgplanar):
     key = "wgcols"
     description = (
         "dgrad of a 1x1 window over fp32 NCHW tensors on Hopper's warpgroup tensor cores "
-        "(sm_90a), in tf32 or in 3xTF32: wgplanar's kernel reading the weights where "
+        "(sm_90a), in tf32: wgplanar's kernel reading the weights where "
         "PyTorch lays them out, down w's columns, so that no gather packs them a call"
     )
     ops = frozenset({Op.DGRAD})
+    # tf32 only, the reduction whole: in 3xTF32 and in slices its kernels were not yet
+    # proved on the GPU (a strided 3xTF32 one failed against float64, 2026-12-01)
+    precisions = (Precision.TF32,)
     columns = True
 
     @classmethod
@@ -259,6 +264,21 @@ class Wgcols(Wgplanar):
                 f"{problem.R}x{problem.S} one; use --strategy wgplanar"
             )
         return problem
+
+    @classmethod
+    def fit(cls, problem, seed):
+        """wgplanar's fit, the reduction whole."""
+        return replace(super().fit(problem, seed), splits=1)
+
+    @classmethod
+    def space(cls, problem, precision):
+        """wgplanar's space, the reduction whole."""
+        return [v for v in super().space(problem, precision) if v.splits == 1]
+
+    def plan(self, problem):
+        if self.splits != 1:
+            raise SpecError(f"wgcols s{self.splits}: wgcols takes the reduction whole (s1)")
+        return plan_wgplanar(problem, self)
 
 
 def _filled_fit(p: ConvProblem, seed: Wgplanar) -> Wgplanar:
