@@ -531,6 +531,10 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     # wgcols: a 1x1 window's dgrad reads PyTorch's weights where they lie, w[M][C/g]:
     # the view's rows are its columns, a unit's 4 words 4 copies (no gather packs them)
     w_columns = type(v).columns
+    if w_columns and three:
+        raise SpecError(
+            f"{v.key} reads w's columns in tf32 only; for 3xTF32 use --strategy wgplanar"
+        )
     a_vecs = CHUNK * bm // vec // threads  # a thread's copies of x a chunk
     b_vecs = ceil_div(bn * 8, threads)  # the last pass of some threads past the maps' rows
     budget = min(255, REGISTERS // threads // 8 * 8)
