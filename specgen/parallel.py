@@ -44,7 +44,10 @@ def _compile_one(shape, variant, arch, grads32: str = ""):
             return shape.name, None
         except RuntimeError as e:
             return shape.name, str(e)
-    plan = _plan(shape, variant, grads32)
+    try:
+        plan = _plan(shape, variant, grads32)
+    except SpecError as e:  # a plan refused: that item's error, not the rest's
+        return variant.name, str(e)
     try:
         compile_source(render(plan), plan.name, plan.target(arch))
         return plan.name, None
@@ -155,7 +158,9 @@ def _pool(processes: int):
 def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[str, str | None]:
     """Fill the disk cache for every (shape, variant) or (shape, variant, grads32) (the
     wgrad the operator runs for fp32 weights, ``_plan``), or (``Source``, None); returns
-    name -> error or None.
+    name -> error or None, a plan the planner refuses under its variant's name.  (Raised
+    in a worker, a refusal once ended the pool, and the cleanup below then waited forever
+    on the task queue's lock, which a killed idle worker held.)
     With no writable cache there is nothing to fill: each variant compiles when used.
     Interrupted (Ctrl-C, or SIGTERM through the CLI), it ends its workers at once rather
     than finish the queue; every cache entry is whole (written, then renamed)."""
@@ -194,10 +199,7 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
 
 def _compile_numbered(numbered):
     i, item = numbered
-    try:
-        return i, _compile_item(item)
-    except SpecError as e:  # a plan refused: that item's error, not the rest's
-        return i, (item[1].name, str(e))
+    return i, _compile_item(item)
 
 
 class Compiling:

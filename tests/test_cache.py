@@ -147,6 +147,38 @@ def test_a_background_compile_lets_its_caller_wait_for_one_problem(tmp_path, mon
     assert stuck.wait(small.spec, timeout=0.05) is False
 
 
+REFUSED_IN_A_POOL = """
+from dataclasses import replace
+from specgen import parallel
+from specgen.shapes import parse_shape
+from specgen.strategies import default_set
+
+shape = parse_shape("C=2,M=4,H=9,W=9,K=3")
+good = default_set(shape)[:2]
+refused = replace(good[0], tile=7)  # no tile of 7 plans
+found = parallel.precompile([(shape, v) for v in [*good, refused]], "sm_90", jobs=2)
+assert len(found) == 3 and found.pop(refused.name), found
+assert not any(found.values()), found
+print("ok")
+"""
+
+
+def test_a_refused_plan_among_pooled_compiles_is_its_own_error(tmp_path):
+    """precompile with a pool: a variant the planner refuses comes back as its error,
+    beside the others compiled.  Raised in a worker, it once ended the pool and hung its
+    caller (the wgcols GPU tests, whose widest tiles plan too many registers), so this
+    runs in a process of its own, under a timeout."""
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_IN_A_POOL],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
     """precompile finds what the disk cache holds before it starts a pool: with every
     kernel there it starts none (a converted model's first call in a new process pays
