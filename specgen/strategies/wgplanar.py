@@ -52,10 +52,12 @@ resnet50's wide 1x1 dgrads 5-47% slower, and on mobilenet_v2's features.7.conv.2
 2026-11-30, ``wgplanar-1x1-dgrad-weight-columns-*``); so it is the tune's to pick a
 layer, the packed kernels timed with their gather (``bench.operator_pack``).  It runs
 in tf32 with the reduction whole: a strided 3xTF32 one failed against float64 on the
-GPU (2026-12-01), and slices were not proved there.  A strided dgrad is a GEMM per stride phase of dx's pixels
-(``tcgemm.phases_of``; blockIdx.z the phase, whose sizes, dy offsets and flipped taps
-the kernel sets at run time), over the taps that reach the phase, its sums stored to
-the phase's pixels of dx's planes; its reduction stays whole.  The phases that no tap
+GPU (2026-12-01), and slices were not proved there.
+
+A strided dgrad is a GEMM per stride phase of dx's pixels (``tcgemm.phases_of``;
+blockIdx.z the phase, whose sizes, dy offsets and flipped taps the kernel sets at run
+time), over the taps that reach the phase, its sums stored to the phase's pixels of
+dx's planes; its reduction stays whole.  The phases that no tap
 reaches (a 1x1 window's but one) are cleared by a first kernel over all of dx instead.
 Where one phase alone has taps, one a pixel (a 1x1 window's), its reduction may be cut
 in slices as a forward pass's: the second kernel adds them into the phase's pixels and
@@ -531,6 +533,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
     # wgcols: a 1x1 window's dgrad reads PyTorch's weights where they lie, w[M][C/g]:
     # the view's rows are its columns, a unit's 4 words 4 copies (no gather packs them)
     w_columns = type(v).columns
+    b_groups = ceil_div(bn // 8, threads // 32)  # a warp's groups of 8 rows of w (w_columns)
     if w_columns and three:
         raise SpecError(
             f"{v.key} reads w's columns in tf32 only; for 3xTF32 use --strategy wgplanar"
@@ -628,7 +631,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         rsc=p.R * p.S * g.Cg,
         w_columns=w_columns,
         warps=threads // 32,
-        b_groups=ceil_div(bn // 8, threads // 32),  # a warp's groups of 8 rows (w_columns)
+        b_groups=b_groups,
         guard_b_groups=bn // 8 % (threads // 32) != 0,
         x_image=g.C * g.H * g.W,
         guard_maps=g.Mg % bn != 0,
@@ -702,11 +705,7 @@ def plan_wgplanar(p: ConvProblem, v: Wgplanar) -> Plan:
         Size(
             "copies",
             f"{a_vecs} of x ({4 * vec} B) + "
-            + (
-                f"{8 * ceil_div(bn // 8, threads // 32)} of w (4 B)"
-                if w_columns
-                else f"{b_vecs} of w (16 B)"
-            )
+            + (f"{8 * b_groups} of w (4 B)" if w_columns else f"{b_vecs} of w (16 B)")
             + " per thread per chunk",
             "cp.async, zero-filled outside the image, past the batch and past the channels; "
             + (
