@@ -204,19 +204,34 @@ def test_the_reduction_is_sliced_where_its_price_is_lower(spec, tile, tf32, fp32
         assert _splits_for(p, Wgplanar(blocktile=tile, stages=4, precision=precision)) == splits
 
 
-def test_every_tune_candidate_plans_and_compiles_unserialized():
-    p = replace(parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1"), batch=32)
+def planned_or_refused(p, v):
+    """``v``'s plan for ``p``, or None where the planner refuses it, in one line: wgplanar's
+    space holds tiles whose registers or shared memory it refuses, more of them where
+    wgcols reads w's columns."""
+    try:
+        return make_plan(p, v)
+    except SpecError as e:
+        assert "\n" not in str(e)
+        return None
+
+
+def clean_compiles(p, variants) -> int:
+    """How many of ``variants`` the planner takes for ``p``; each of them compiles with no
+    spills and no serialized wgmma."""
     n = 0
-    for v in Wgplanar.space(p, TF32) + Wgplanar.space(p, FP32):
-        try:
-            plan = make_plan(p, v)
-        except SpecError as e:
-            assert "\n" not in str(e)
+    for v in variants:
+        plan = planned_or_refused(p, v)
+        if plan is None:
             continue
         binary = compiled(plan)
         assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
         n += 1
-    assert n >= 30
+    return n
+
+
+def test_every_tune_candidate_plans_and_compiles_unserialized():
+    p = replace(parse_shape("C=128,M=256,H=14,W=14,K=3,pad=1"), batch=32)
+    assert clean_compiles(p, Wgplanar.space(p, TF32) + Wgplanar.space(p, FP32)) >= 30
 
 
 @pytest.mark.parametrize(
@@ -390,17 +405,8 @@ def test_every_wgcols_tile_of_a_wide_1x1_dgrad_compiles_without_spills():
     8 rows a step, their offsets immediates: copied a unit a thread, the widest tiles
     spilled up to 984 bytes)."""
     p = replace(parse_shape("C=256,M=1024,H=14,W=14,K=1,op=dgrad"), batch=32)
-    n = 0
-    for v in {v.blocktile: v for v in Wgcols.space(p, TF32)}.values():
-        try:
-            plan = make_plan(p, v)
-        except SpecError as e:  # registers or shared memory: refused in one line
-            assert "\n" not in str(e)
-            continue
-        binary = compiled(plan)
-        assert binary.spills == 0 and SERIALIZED not in binary.log, (v.name, binary.resources)
-        n += 1
-    assert n >= 15
+    tiles = {v.blocktile: v for v in Wgcols.space(p, TF32)}.values()
+    assert clean_compiles(p, tiles) >= 15
 
 
 @pytest.mark.parametrize("precision", [TF32, FP32])
@@ -577,18 +583,8 @@ def test_wgcols_reads_pytorchs_weights_on_the_gpu(spec):
     (the view's rows past a tile, its channels past a chunk, groups, stride), against
     the float64 reference."""
     p = parse_shape(spec)
-    tiles = [v for v in Wgcols.space(p, TF32) if v.stages == 3 and plans(p, v)]
+    tiles = [v for v in Wgcols.space(p, TF32) if v.stages == 3 and planned_or_refused(p, v)]
     verify_on_the_gpu(p, [Wgcols.default(p, TF32), tiles[0], tiles[-1]], 3)
-
-
-def plans(p, v) -> bool:
-    """Whether the planner takes ``v`` for ``p``: wgplanar's space holds tiles whose
-    registers it refuses, more of them where wgcols reads w's columns."""
-    try:
-        make_plan(p, v)
-    except SpecError:
-        return False
-    return True
 
 
 @pytest.mark.gpu
