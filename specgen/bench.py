@@ -352,8 +352,6 @@ def with_operator_pack(conv, shape: ConvProblem, w, launch):
     else ``launch`` itself."""
     import cupy
 
-    from .runtime import gather_source
-
     offsets = operator_pack(shape, conv.plan)
     if offsets is None or conv.w is None or conv.w.dtype != np.float32:
         return launch
@@ -363,8 +361,7 @@ def with_operator_pack(conv, shape: ConvProblem, w, launch):
     storage = cupy.asarray(np.ascontiguousarray(host).reshape(-1))
     at = cupy.asarray(offsets.astype(np.int32))
     n = len(offsets)
-    name, text = gather_source("fp32", "fp32")
-    gather = cupy.RawKernel(text, name)
+    gather = _fp32_gather()
     grid = (-(-n // 256),)
 
     def packed(i):
@@ -372,6 +369,18 @@ def with_operator_pack(conv, shape: ConvProblem, w, launch):
         launch(i)
 
     return packed
+
+
+@functools.cache
+def _fp32_gather():
+    """The operator's fp32-to-fp32 weight gather as a CuPy kernel, built once for every
+    candidate a tune times (as the engine keeps its gathers, ``_engine._gathers``)."""
+    import cupy
+
+    from .runtime import gather_source
+
+    name, text = gather_source("fp32", "fp32")
+    return cupy.RawKernel(text, name)
 
 
 def bench_variant(
