@@ -185,16 +185,28 @@ def precompile(items, arch: str, jobs: int, label: str = "compiling") -> dict[st
         pool.close()
         pool.join()
     except BaseException:  # an interrupt mid-compile, or while the workers were exiting
-        # The workers end now, killed: a compile's entry is not renamed until whole, so
-        # there is nothing to save.  terminate()'s SIGTERM is not enough: a worker that
-        # Ctrl-C caught while it was still starting (before it ignores SIGINT) was seen
-        # to live on, and terminate() then waited for it forever (2 busy cores).
-        for worker in getattr(pool, "_pool", ()):
-            worker.kill()
-        pool.terminate()
-        pool.join()
+        # a compile's entry is not renamed until whole: there is nothing to save
+        _end_now(pool)
         raise
     return results
+
+
+def _end_now(pool) -> None:
+    """``pool`` ended at once: its workers killed, then its own cleanup.  terminate()'s
+    SIGTERM alone is not enough: a worker that Ctrl-C caught while it was still starting
+    (before it ignores SIGINT) was seen to live on, and terminate() then waited for it
+    forever (2 busy cores).  But a worker waiting for work holds the task queue's read
+    lock, and killed it never lets go: terminate()'s drain of the queue then waited on
+    that lock forever (Ctrl-C while the last compiles ran, with workers idle).  With no
+    worker left to read the queue, the drain takes a lock of its own."""
+    workers = list(getattr(pool, "_pool", ()))
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join()
+    pool._inqueue._rlock = multiprocessing.get_context("spawn").Lock()
+    pool.terminate()
+    pool.join()
 
 
 def _compile_numbered(numbered):

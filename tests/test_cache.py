@@ -179,6 +179,55 @@ def test_a_refused_plan_among_pooled_compiles_is_its_own_error(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+INTERRUPTED_WITH_WORKERS_IDLE = """
+import time
+from specgen import parallel
+from specgen.shapes import parse_shape
+from specgen.strategies import default_set
+
+
+class Interrupting:  # click.progressbar's stand-in: Ctrl-C once every item is in
+    def __init__(self, length, **kwargs):
+        self.left = length
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n):
+        self.left -= n
+        if not self.left:
+            time.sleep(0.5)  # the workers back at the queue, waiting for work
+            raise KeyboardInterrupt
+
+
+parallel.click.progressbar = Interrupting
+shape = parse_shape("C=2,M=4,H=9,W=9,K=3")
+try:
+    parallel.precompile([(shape, v) for v in default_set(shape)[:2]], "sm_90", jobs=2)
+except KeyboardInterrupt:
+    print("ok")
+"""
+
+
+def test_ctrl_c_with_compile_workers_waiting_for_work_ends_the_pool(tmp_path):
+    """precompile interrupted once its workers wait for work: it kills them and ends the
+    pool at once.  A worker waiting on the task queue holds the queue's read lock, and
+    killed it never let go: the pool's cleanup then waited on that lock forever.  In a
+    process of its own, under a timeout."""
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WITH_WORKERS_IDLE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
     """precompile finds what the disk cache holds before it starts a pool: with every
     kernel there it starts none (a converted model's first call in a new process pays
