@@ -163,20 +163,22 @@ print("ok")
 """
 
 
+def _prints_ok_alone(script: str, tmp_path) -> None:
+    """``script`` run in a Python process of its own, at a cache of its own, under a
+    timeout (a hang fails the test, not the run): it must print "ok" and exit 0."""
+    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_a_refused_plan_among_pooled_compiles_is_its_own_error(tmp_path):
     """precompile with a pool: a variant the planner refuses comes back as its error,
     beside the others compiled.  Raised in a worker, it once ended the pool and hung its
     caller (the wgcols GPU tests, whose widest tiles plan too many registers), so this
     runs in a process of its own, under a timeout."""
-    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-c", REFUSED_IN_A_POOL],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    _prints_ok_alone(REFUSED_IN_A_POOL, tmp_path)
 
 
 INTERRUPTED_WITH_WORKERS_IDLE = """
@@ -217,15 +219,7 @@ def test_ctrl_c_with_compile_workers_waiting_for_work_ends_the_pool(tmp_path):
     pool at once.  A worker waiting on the task queue holds the queue's read lock, and
     killed it never let go: the pool's cleanup then waited on that lock forever.  In a
     process of its own, under a timeout."""
-    env = dict(os.environ, SPECGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_WITH_WORKERS_IDLE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    _prints_ok_alone(INTERRUPTED_WITH_WORKERS_IDLE, tmp_path)
 
 
 def test_a_warm_cache_starts_no_compile_processes(tmp_path, monkeypatch):
